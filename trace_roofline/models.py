@@ -1,0 +1,151 @@
+"""Decoder shapes: a frozen `ModelSpec`, presets, and loading from a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trace_roofline.errors import InputError
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element for a dtype name (torch, HF or short form)."""
+    key = dtype.lower().removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise InputError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a Llama/Qwen-style decoder (GQA attention, SwiGLU MLP, RMSNorm)."""
+
+    name: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_layers: int
+    vocab_size: int
+    qkv_bias: bool
+    dtype: str = "bfloat16"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def bytes_per_element(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    def linears(self) -> dict[str, tuple[int, int, bool]]:
+        """HF-named projections of one layer: name -> (K, N, has_bias)."""
+        h, i = self.hidden_size, self.intermediate_size
+        b = self.qkv_bias
+        return {
+            "q_proj": (h, self.q_size, b),
+            "k_proj": (h, self.kv_size, b),
+            "v_proj": (h, self.kv_size, b),
+            "o_proj": (self.q_size, h, False),
+            "gate_proj": (h, i, False),
+            "up_proj": (h, i, False),
+            "down_proj": (i, h, False),
+        }
+
+    def fused_linears(self) -> dict[str, tuple[int, int, bool]]:
+        """vLLM-style fused projections: qkv_proj and gate_up_proj."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "qkv_proj": (h, self.q_size + 2 * self.kv_size, self.qkv_bias),
+            "gate_up_proj": (h, 2 * i, False),
+        }
+
+    def with_(self, **changes: object) -> ModelSpec:
+        """A copy with some fields changed (e.g. a reduced-size model for CPU tests)."""
+        return replace(self, **changes)
+
+
+# Sources: each model's config.json on the Hugging Face Hub.
+PRESETS: dict[str, ModelSpec] = {
+    "qwen2.5-7b": ModelSpec(  # Qwen/Qwen2.5-7B-Instruct
+        "qwen2.5-7b", 3584, 28, 4, 128, 18944, 28, 152064, True, rope_theta=1e6,
+    ),
+    "qwen2.5-0.5b": ModelSpec(  # Qwen/Qwen2.5-0.5B-Instruct (ties embeddings)
+        "qwen2.5-0.5b", 896, 14, 2, 64, 4864, 24, 151936, True, rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
+    "llama-3-8b": ModelSpec(  # meta-llama/Meta-Llama-3-8B
+        "llama-3-8b", 4096, 32, 8, 128, 14336, 32, 128256, False, rms_norm_eps=1e-5,
+        rope_theta=5e5,
+    ),
+    # Reduced-size Qwen-shaped model for fast CPU traces and tests (not a real checkpoint).
+    "qwen-tiny": ModelSpec(
+        "qwen-tiny", 256, 8, 2, 32, 768, 2, 1024, True, dtype="float32", rope_theta=1e6,
+    ),
+}
+
+
+def from_hf_config(path: str | Path) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face `config.json`."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{p}: expected a JSON object, got {type(cfg).__name__}")
+    need = ["hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"]
+    missing = [k for k in need if k not in cfg]
+    if missing:
+        raise InputError(f"{p}: config.json lacks {', '.join(missing)}")
+    try:
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        arch = " ".join(cfg.get("architectures") or [cfg.get("model_type", "")]).lower()
+        return ModelSpec(
+            name=str(cfg.get("_name_or_path") or cfg.get("model_type") or p.stem),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            vocab_size=int(cfg.get("vocab_size", 0)),
+            # Qwen2 always has q/k/v bias; Llama exposes `attention_bias`.
+            qkv_bias=bool(cfg.get("attention_bias", "qwen2" in arch)),
+            dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{p}: bad value in config.json ({e})") from None
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name (case-insensitive) or a path to a HF config.json."""
+    key = name_or_path.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        return from_hf_config(name_or_path)
+    raise InputError(
+        f"unknown model {name_or_path!r} (presets: {', '.join(PRESETS)}; or a config.json path)"
+    )
