@@ -1,0 +1,422 @@
+"""Nsight Compute import: per-kernel measured DRAM bytes, matched to the trace's kernels.
+
+Three steps, each a function over DataFrames:
+
+1. `read_ncu_csv(path)` parses an `ncu --csv` export (the raw page, or the details page with
+   `--metrics`) into one row per profiled kernel launch (`NCU_COLUMNS`), in µs and bytes.
+2. `match_kernels(attributed, ncu)` pairs those launches with the trace's kernels by normalised
+   kernel name and launch order, and joins the measured columns onto the attributed rows.
+3. `measured_by_operator(matched, costed)` sums measured bytes per (layer, operator) and derives the
+   measured intensity (analytical FLOPs / measured DRAM bytes) and measured/analytical bytes.
+
+Capture (see DOMAIN.md, "Measured bytes"):
+    ncu --clock-control none --csv --page raw --print-units base \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum [--nvtx] CMD
+ncu flushes the caches before each profiled kernel by default (`--cache-control all`), so its
+DRAM bytes are cold-cache traffic: at least the compulsory bytes, plus re-reads, split-K workspaces
+and layout changes that the analytical minimum leaves out.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline.errors import InputError
+
+# One row per profiled kernel launch, in ncu's launch order.
+NCU_COLUMNS = {
+    "ncu_id": "int64",  # ncu's "ID": launch order within the report
+    "kernel_name": "str",  # as ncu printed it (demangled, function-only or mangled)
+    "stream": "Int64",
+    "grid": "str",  # "x,y,z" blocks per grid
+    "block": "str",  # "x,y,z" threads per block
+    "ncu_time_us": "float64",  # gpu__time_duration.sum
+    "dram_read_bytes": "float64",  # dram__bytes_read.sum
+    "dram_write_bytes": "float64",  # dram__bytes_write.sum
+    "dram_bytes": "float64",  # read + write
+    "nvtx_range": "str",  # NVTX push/pop stack "outer/inner" (ncu --nvtx), else missing
+}
+
+# Columns `match_kernels` adds to the attributed rows (missing where a kernel had no ncu match).
+MATCH_COLUMNS = {
+    "ncu_id": "Int64",
+    "ncu_name": "str",
+    "ncu_time_us": "float64",
+    "dram_read_bytes": "float64",
+    "dram_write_bytes": "float64",
+    "dram_bytes": "float64",
+    "nvtx_range": "str",
+}
+
+# One row per group of `by` keys (default layer, operator); merge it onto the roofline tables.
+MEASURED_COLUMNS = {
+    "measured_kernels": "int64",  # kernels of the group with an ncu measurement
+    "unmeasured_kernels": "int64",  # kernels of the group without one (then measured_* are NaN)
+    "unmeasured_copies": "int64",  # memcpy/memset rows: ncu profiles kernels only
+    "measured_read_bytes": "float64",
+    "measured_write_bytes": "float64",
+    "measured_bytes": "float64",  # Σ DRAM bytes read + written over the group's kernels
+    "ncu_time_us": "float64",
+    "measured_intensity": "float64",  # analytical FLOPs / measured bytes (needs `costed`)
+    "bytes_ratio": "float64",  # measured bytes / analytical bytes (needs `costed`)
+}
+
+METRICS = {
+    "gpu__time_duration.sum": "ncu_time_us",
+    "dram__bytes_read.sum": "dram_read_bytes",
+    "dram__bytes_write.sum": "dram_write_bytes",
+}
+_TIME_TO_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "µs": 1.0,
+               "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+# ncu's byte prefixes are decimal (SI); the binary ones appear only if asked for.
+_BYTES = {"byte": 1.0, "b": 1.0, "kbyte": 1e3, "kb": 1e3, "mbyte": 1e6, "mb": 1e6,
+          "gbyte": 1e9, "gb": 1e9, "tbyte": 1e12, "tb": 1e12,
+          "kibyte": 2.0**10, "mibyte": 2.0**20, "gibyte": 2.0**30, "tibyte": 2.0**40}
+_UNITS = {"gpu__time_duration.sum": _TIME_TO_US,
+          "dram__bytes_read.sum": _BYTES, "dram__bytes_write.sum": _BYTES}
+_MISSING = {"", "n/a", "N/A"}
+_HEADER = re.compile(r'^"?ID"?,')
+_CAPTURE_HINT = ("capture with: ncu --csv --page raw --metrics "
+                 "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum")
+
+
+# ---------------------------------------------------------------------------------------- read
+def read_ncu_csv(path: str | Path) -> pd.DataFrame:
+    """Parse an Nsight Compute CSV export into one row per kernel launch (`NCU_COLUMNS`).
+
+    Accepts the raw page (`--page raw`: header row, units row, one row per launch) and the
+    details page (`--metrics ...` without `--page raw`: one row per launch and metric). Lines
+    before the header (`==PROF==`, `==WARNING==`, program output) and unquoted lines inside the
+    table (program output interleaved with ncu's) are skipped. Values may carry thousands
+    separators ("1,234.5"); units (nsecond/usecond/msecond/second, byte/Kbyte/Mbyte/...) are
+    normalised to µs and bytes; a raw page without a units row is taken as base units (ns, byte).
+    Raises InputError (one line, naming the file) for a missing file, a file that is not an
+    ncu CSV, missing metrics, unknown units or unparseable values.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    table = _table_text(p, text)
+    try:
+        df = pd.read_csv(io.StringIO(table), dtype=str, keep_default_na=False, na_filter=False)
+    except (pd.errors.ParserError, ValueError) as e:
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise InputError(f"{p}: not a valid ncu CSV table ({msg})") from None
+    if "Kernel Name" not in df.columns:
+        raise InputError(f"{p}: not an Nsight Compute CSV (no 'Kernel Name' column); {_CAPTURE_HINT}")
+    if "Metric Name" in df.columns and "Metric Value" in df.columns:
+        wide, values = _from_details(p, df)
+    else:
+        wide, values = _from_raw(p, df)
+    if wide.empty:
+        raise InputError(f"{p}: no kernel rows in the ncu CSV")
+    ids = pd.to_numeric(wide["ID"].str.replace(",", "", regex=False), errors="coerce")
+    if ids.isna().any():
+        bad = wide.loc[ids.isna(), "ID"].iloc[0]
+        raise InputError(f"{p}: unparseable kernel ID {bad!r}")
+    out = pd.DataFrame({"ncu_id": ids.astype("int64").to_numpy()})
+    out["kernel_name"] = wide["Kernel Name"].to_numpy()
+    out["stream"] = (_to_int(wide["Stream"]) if "Stream" in wide else
+                     pd.Series(pd.NA, index=wide.index, dtype="Int64")).to_numpy()
+    for src, dst in (("Grid Size", "grid"), ("Block Size", "block")):
+        out[dst] = (launch_dims(wide[src]) if src in wide else
+                    pd.Series(None, index=wide.index, dtype="str")).to_numpy()
+    for metric, col in METRICS.items():
+        out[col] = values[metric].to_numpy()
+    out["dram_bytes"] = out["dram_read_bytes"] + out["dram_write_bytes"]
+    nvtx = [c for c in wide.columns if "Push/Pop_Range" in c]
+    out["nvtx_range"] = (nvtx_stack(wide[nvtx[0]]) if nvtx else
+                         pd.Series(None, index=wide.index, dtype="str")).to_numpy()
+    out = out.sort_values("ncu_id", kind="stable", ignore_index=True)
+    return out.astype(NCU_COLUMNS)
+
+
+def _table_text(p: Path, text: str) -> str:
+    """The CSV table: from the header row on, minus lines that are not ncu's."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines)
+                  if _HEADER.match(ln) and "Kernel Name" in ln), None)
+    if start is None:
+        raise InputError(f"{p}: not an Nsight Compute CSV (no header row starting with \"ID\" "
+                         f"and naming \"Kernel Name\"); {_CAPTURE_HINT}")
+    header = lines[start]
+    if header.startswith('"'):  # ncu quotes every field: anything else is program output
+        body = [ln for ln in lines[start + 1:] if ln.startswith('"')]
+    else:
+        body = [ln for ln in lines[start + 1:] if ln.strip() and not ln.startswith("==")]
+    return "\n".join([header, *body]) + "\n"
+
+
+def _from_raw(p: Path, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]:
+    """Raw page: one column per metric, a units row (empty ID) right under the header."""
+    missing = [m for m in METRICS if m not in df.columns]
+    if missing:
+        raise InputError(f"{p}: missing Nsight Compute metric(s) {', '.join(missing)}; "
+                         f"{_CAPTURE_HINT}")
+    has_units = len(df) > 0 and df["ID"].iloc[0].strip() == ""
+    units = df.iloc[0] if has_units else None
+    rows = df.iloc[1:] if has_units else df
+    rows = rows.reset_index(drop=True)
+    values = {}
+    for metric, table in _UNITS.items():
+        unit = units[metric].strip() if units is not None else ("nsecond" if table is _TIME_TO_US
+                                                                 else "byte")
+        factor = table.get(unit.lower(), table.get(unit))
+        if factor is None:
+            raise InputError(f"{p}: unknown unit {unit!r} for {metric}")
+        values[metric] = _numbers(p, rows[metric], rows["ID"], metric) * factor
+    return rows, values
+
+
+def _from_details(p: Path, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]:
+    """Details page: one row per (launch, metric) with its own unit; pivot to one row per launch."""
+    present = set(df["Metric Name"].unique())
+    missing = [m for m in METRICS if m not in present]
+    if missing:
+        raise InputError(f"{p}: missing Nsight Compute metric(s) {', '.join(missing)}; "
+                         f"{_CAPTURE_HINT}")
+    launches = df.drop_duplicates("ID").reset_index(drop=True)
+    values = {}
+    for metric, table in _UNITS.items():
+        rows = df[df["Metric Name"] == metric].drop_duplicates("ID")
+        unit = rows["Metric Unit"].str.strip() if "Metric Unit" in rows else pd.Series(
+            "nsecond" if table is _TIME_TO_US else "byte", index=rows.index)
+        factor = unit.str.lower().map(table)
+        if factor.isna().any():
+            bad = unit[factor.isna()].iloc[0]
+            raise InputError(f"{p}: unknown unit {bad!r} for {metric}")
+        vals = _numbers(p, rows["Metric Value"], rows["ID"], metric) * factor.to_numpy()
+        values[metric] = pd.Series(vals.to_numpy(), index=rows["ID"].to_numpy()).reindex(
+            launches["ID"].to_numpy())
+    return launches, values
+
+
+def _numbers(p: Path, s: pd.Series, ids: pd.Series, metric: str) -> pd.Series:
+    """Numbers printed by ncu: thousands separators removed, 'n/a' and empty -> NaN."""
+    clean = s.str.strip().str.replace(",", "", regex=False)
+    missing = clean.isin(_MISSING)
+    num = pd.to_numeric(clean.where(~missing), errors="coerce").astype("float64")
+    bad = num.isna() & ~missing
+    if bad.any():
+        i = bad.to_numpy().nonzero()[0][0]
+        raise InputError(f"{p}: unparseable value {s.iloc[i]!r} for {metric} "
+                         f"(kernel ID {ids.iloc[i]})")
+    return num.reset_index(drop=True)
+
+
+def _to_int(s: pd.Series) -> pd.Series:
+    return pd.to_numeric(s.str.strip().replace("", None), errors="coerce").astype("Int64")
+
+
+def launch_dims(s: pd.Series) -> pd.Series:
+    """Canonical "x,y,z" launch dimensions from "(256, 1, 1)" (ncu) or "[256, 1, 1]" (Kineto)."""
+    s = s.astype("str")
+    dims = s.str.findall(r"\d+").str.join(",")
+    return dims.where(s.notna() & (dims != ""), None).astype("str")
+
+
+def nvtx_stack(s: pd.Series) -> pd.Series:
+    """NVTX push/pop stack "outer/inner" from ncu's `thread Domain:Push/Pop_Range:...` column.
+
+    A cell reads `<tid>  "<domain>:<range>:<PL_Type>:<PL_Value>:<CLR_Type>:<Color>:<Msg_Type>:<Msg>"`
+    with one quoted item per open range, outermost first; the range name is what lies between
+    the domain and the six trailing payload fields (so names may themselves contain ':').
+    """
+    items = s.astype("str").str.extractall(r'"([^"]*)"')[0]
+    names = (items.str.replace(r"^[^:]*:", "", regex=True)  # "<default domain>:" or "dom:"
+             .str.replace(r"(?::[^:]*){6}$", "", regex=True))
+    stacks = names.groupby(level=0).agg("/".join)
+    return stacks.reindex(s.index).where(lambda x: x != "", None).astype("str")
+
+
+# --------------------------------------------------------------------------------------- match
+def kernel_key(name: str, base: bool = False) -> str:
+    """Normalised kernel name for matching ncu to CUPTI names.
+
+    Full key: the demangled name without its return type ("void ") and parameter list, with
+    "(anonymous namespace)::" and all whitespace dropped (demanglers differ on "> >" and
+    "char *"); template arguments are kept.
+    Base key (`base=True`): the last scope component without template arguments
+    ("at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel").
+    Itanium-mangled names ("_ZN2at6native...") reduce to their base key only.
+    """
+    name = name.strip()
+    if name.startswith("_Z"):
+        return _mangled_base(name)
+    name = re.sub(r"\((?:anonymous namespace)\)::|\{anonymous\}::", "", name)
+    name = re.sub(r"^(?:__global__\s+)?void\s+", "", name)
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # parameter list = first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    full = re.sub(r"\s+", "", name[:cut])
+    if not base:
+        return full
+    depth, plain = 0, []
+    for ch in full:  # drop template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            plain.append(ch)
+    return "".join(plain).split("::")[-1]
+
+
+def _mangled_base(name: str) -> str:
+    """Last source name of an Itanium nested name: _ZN2at6native6kernelIiEEvT_ -> 'kernel'."""
+    i = 2 + (name[2:3] == "N")
+    while i < len(name) and name[i] in "rVKL":  # cv-qualifiers of a nested name
+        i += 1
+    last = name
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        n = int(name[i:j])
+        last = name[j:j + n]
+        i = j + n
+    return last
+
+
+def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame,
+                  align: str = "end") -> tuple[pd.DataFrame, dict]:
+    """Pair ncu launches with the trace's kernels and join the measured columns (`MATCH_COLUMNS`).
+
+    Names: both sides are reduced by `kernel_key`. The full key (templates kept) is used when it
+    finds an ncu name for every trace kernel that the coarser base key finds one for; otherwise
+    (ncu printed function-only or mangled names) the base key. `summary["name_key"]` says which.
+    Order: within each key, the k-th trace launch (by ts_us) pairs with the k-th ncu launch
+    (by ID). When the counts differ, the two sequences are aligned at their ends (`align="end"`,
+    default): an ncu run profiles from process start (weight init, warm-up steps) while the
+    torch.profiler trace holds the last steps, so the surplus at the front of the longer side
+    is left unmatched; `align="start"` aligns the fronts instead (ncu run with --launch-skip).
+    Only `kind == "kernel"` rows take part (ncu does not profile memcpy/memset).
+    Returns (attributed rows in their order + `MATCH_COLUMNS`, summary dict with counts both
+    ways, unmatched names, the launch-config agreement and the median ncu/trace time ratio).
+    `grid`/`block` columns on `attributed` (from trace.device) enable the launch-config check.
+    """
+    if align not in ("end", "start"):
+        raise InputError(f"align must be 'end' or 'start', not {align!r}")
+    is_kernel = attributed["kind"].eq("kernel") if "kind" in attributed else True
+    trace = attributed.loc[is_kernel].sort_values(["ts_us", "event_id"], kind="stable")
+    keys = {}
+    for side, names in (("trace", trace["name"]), ("ncu", ncu["kernel_name"])):
+        uniq = pd.unique(names.astype("str"))  # per distinct name, not per launch
+        full = {n: kernel_key(n) for n in uniq}
+        base = {n: kernel_key(n, base=True) for n in uniq}
+        keys[side] = (names.map(full), names.map(base))
+    found = {k: keys["trace"][i].isin(set(keys["ncu"][i])).sum() for i, k in enumerate(("full", "base"))}
+    use = 0 if found["full"] >= found["base"] else 1
+    tkey, nkey = keys["trace"][use], keys["ncu"][use]
+    t = pd.DataFrame({"event_id": trace["event_id"].to_numpy(), "_key": tkey.to_numpy()})
+    n = ncu.sort_values("ncu_id", kind="stable")
+    c = pd.DataFrame({"_key": nkey.loc[n.index].to_numpy(), "_pos": np.arange(len(n))})
+    for f in (t, c):
+        g = f.groupby("_key", sort=False)
+        f["_rank"] = g.cumcount(ascending=(align == "start"))
+    pairs = t.merge(c, on=["_key", "_rank"], how="inner")
+    got = n.iloc[pairs["_pos"].to_numpy()]
+    measured = pd.DataFrame({
+        "event_id": pairs["event_id"].to_numpy(),
+        "ncu_id": got["ncu_id"].to_numpy(),
+        "ncu_name": got["kernel_name"].to_numpy(),
+        **{col: got[col].to_numpy() for col in list(MATCH_COLUMNS)[2:]},
+    })
+    matched = attributed.merge(measured, on="event_id", how="left", validate="one_to_one")
+    matched = matched.astype(MATCH_COLUMNS)
+    return matched, _summary(trace, ncu, t, c, pairs, measured, ("full", "base")[use], align)
+
+
+def _summary(trace: pd.DataFrame, ncu: pd.DataFrame, t: pd.DataFrame, c: pd.DataFrame,
+             pairs: pd.DataFrame, measured: pd.DataFrame, name_key: str, align: str) -> dict:
+    """Counts both ways, the top unmatched names, and two checks that the pairing is right."""
+    t_left = t.loc[~t["event_id"].isin(pairs["event_id"]), "_key"].value_counts()
+    c_left = c.loc[~c["_pos"].isin(pairs["_pos"]), "_key"].value_counts()
+    on = trace.set_index("event_id").loc[measured["event_id"]]
+    ratio = measured["ncu_time_us"].to_numpy() / on["dur_us"].to_numpy()
+    agree = None
+    if {"grid", "block"} <= set(trace.columns) and len(measured):
+        ncu_cfg = ncu.set_index("ncu_id").loc[measured["ncu_id"]]
+        same = ((launch_dims(on["grid"]).to_numpy() == ncu_cfg["grid"].to_numpy())
+                & (launch_dims(on["block"]).to_numpy() == ncu_cfg["block"].to_numpy()))
+        agree = float(same.mean())
+    total_us = float(trace["dur_us"].sum())
+    return {
+        "name_key": name_key,
+        "align": align,
+        "trace_kernels": len(t),
+        "ncu_kernels": len(c),
+        "matched": len(pairs),
+        "trace_unmatched": int(t_left.sum()),
+        "ncu_unmatched": int(c_left.sum()),
+        "trace_unmatched_by_name": {str(k): int(v) for k, v in t_left.head(10).items()},
+        "ncu_unmatched_by_name": {str(k): int(v) for k, v in c_left.head(10).items()},
+        "matched_time_fraction": float(on["dur_us"].sum()) / total_us if total_us else None,
+        "launch_config_agreement": agree,
+        "time_ratio_median": float(np.nanmedian(ratio)) if len(ratio) else None,
+    }
+
+
+# ----------------------------------------------------------------------------------- aggregate
+def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = None,
+                         by: tuple[str, ...] = ("layer", "operator")) -> pd.DataFrame:
+    """Measured DRAM bytes per group of `by` (`MEASURED_COLUMNS`), one row per group.
+
+    A group's measured bytes are the sum over its kernels, and are NaN unless every kernel of
+    the group has an ncu measurement (a partial sum would understate the traffic). memcpy/memset
+    rows are counted in `unmeasured_copies`, not in the bytes. With `costed` (rows carrying
+    flops and bytes, plus the `by` columns or an op_id that `matched` maps to them):
+    measured_intensity = Σflops / measured_bytes (FLOP per DRAM byte) and
+    bytes_ratio = measured_bytes / Σbytes (1.0 = the analytical minimum was moved).
+    The result merges onto the roofline's per-operator table on the `by` columns.
+    """
+    by = [b for b in by if b in matched.columns]
+    kernel = matched["kind"].eq("kernel") if "kind" in matched else pd.Series(True, matched.index)
+    has = kernel & matched["dram_bytes"].notna()
+    work = pd.DataFrame({
+        "_one": 0,
+        "measured_kernels": has.astype("int64"),
+        "unmeasured_kernels": (kernel & ~has).astype("int64"),
+        "unmeasured_copies": (~kernel).astype("int64"),
+        "measured_read_bytes": matched["dram_read_bytes"].where(has, 0.0),
+        "measured_write_bytes": matched["dram_write_bytes"].where(has, 0.0),
+        "measured_bytes": matched["dram_bytes"].where(has, 0.0),
+        "ncu_time_us": matched["ncu_time_us"].where(has, 0.0),
+    })
+    for b in by:
+        work[b] = matched[b]
+    keys = by or ["_one"]
+    out = work.groupby(keys, dropna=False, sort=True).sum().reset_index()
+    partial = (out["unmeasured_kernels"] > 0) | (out["measured_kernels"] == 0)
+    sums = ["measured_read_bytes", "measured_write_bytes", "measured_bytes", "ncu_time_us"]
+    out[sums] = out[sums].astype("float64").where(~partial, np.nan, axis=0)
+    out["measured_intensity"] = np.nan
+    out["bytes_ratio"] = np.nan
+    if costed is not None:
+        costs = costed
+        if not set(by) <= set(costed.columns):
+            ops = matched.loc[matched["op_id"].notna(), ["op_id", *by]].drop_duplicates("op_id")
+            costs = costed.drop(columns=[b for b in by if b in costed], errors="ignore").merge(
+                ops, on="op_id", how="inner")
+        costs = costs.assign(_one=0).groupby(keys, dropna=False)[["flops", "bytes"]].sum()
+        costs = costs.reset_index()
+        both = out[keys].merge(costs, on=keys, how="left")
+        out["measured_intensity"] = both["flops"].to_numpy() / out["measured_bytes"].to_numpy()
+        out["bytes_ratio"] = out["measured_bytes"].to_numpy() / both["bytes"].to_numpy()
+    out = out[[*by, *MEASURED_COLUMNS]]
+    return out.astype(MEASURED_COLUMNS)
