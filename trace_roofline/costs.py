@@ -1,0 +1,138 @@
+"""Analytical cost model: FLOPs and minimum DRAM bytes from shapes, and roofline helpers.
+
+Conventions (every caller states which it used):
+- one multiply-add = 2 FLOPs;
+- "minimum bytes" = every operand read once from DRAM and every output written once (a lower
+  bound: split-K workspaces, re-reads and layout changes only add traffic);
+- b = bytes per element of the dtype the trace records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+Causal = Literal["full", "causal"]
+AttentionBytes = Literal["kv", "all"]
+CAUSAL_CONVENTIONS: tuple[str, ...] = ("full", "causal")
+ATTENTION_BYTES_CONVENTIONS: tuple[str, ...] = ("kv", "all")
+
+
+def gemm_flops(m: int, k: int, n: int, bias: bool = False) -> float:
+    """Y[M,N] = X[M,K] @ W[K,N] (+ b[N]): 2·M·K·N, plus M·N adds when a bias is fused."""
+    return 2.0 * m * k * n + (m * n if bias else 0)
+
+
+def gemm_bytes(m: int, k: int, n: int, b: float, bias: bool = False) -> float:
+    """Read X (M·K) and W (K·N), write Y (M·N); a bias adds N reads. All at b bytes/element."""
+    return (m * k + k * n + m * n + (n if bias else 0)) * float(b)
+
+
+def gemm_intensity(m: int, k: int, n: int, b: float, bias: bool = False) -> float:
+    """FLOP/byte of a GEMM: ≈ 2/b at M = 1, ≈ 2M/b while M ≪ N."""
+    return gemm_flops(m, k, n, bias) / gemm_bytes(m, k, n, b, bias)
+
+
+def attention_pairs(t: int, s: int, causal: Causal = "causal") -> float:
+    """Query-key pairs one head scores: T queries against S keys.
+
+    `full`: every query sees every key (T·S), as the lesson counts.
+    `causal`: query i (0-based, last query aligned with the last key) sees S - T + i + 1 keys,
+    so pairs = T·(S - T) + T·(T + 1)/2; decode (T = 1) gives S either way.
+    """
+    if causal == "full":
+        return float(t) * s
+    if causal == "causal":
+        return float(t) * (s - t) + t * (t + 1) / 2.0
+    raise ValueError(f"causal must be one of {CAUSAL_CONVENTIONS}, got {causal!r}")
+
+
+def attention_flops(
+    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal"
+) -> float:
+    """QKᵀ (2·d per pair) plus P·V (2·d per pair) for every query head: 4·B·n_q·d·pairs.
+
+    GQA does not change FLOPs: each query head still scores its own keys. Softmax is ignored.
+    """
+    return 4.0 * batch * n_q * d * attention_pairs(t, s, causal)
+
+
+def attention_bytes(
+    batch: int, n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
+    convention: AttentionBytes = "all",
+) -> float:
+    """Minimum DRAM bytes of a fused (flash-style) attention with GQA.
+
+    `kv`: only K and V are read, 2·B·n_kv·S·d·b (the lesson's count);
+    `all`: Q read and O written as well, + 2·B·n_q·T·d·b. Scores stay on chip in both.
+    """
+    kv = 2.0 * batch * n_kv * s * d * b
+    if convention == "kv":
+        return kv
+    if convention == "all":
+        return kv + 2.0 * batch * n_q * t * d * b
+    raise ValueError(f"attention bytes must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
+
+
+def attention_intensity(
+    n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
+    causal: Causal = "causal", convention: AttentionBytes = "all", batch: int = 1,
+) -> float:
+    """Decode (T = 1, kv bytes): (2/b)·(n_q/n_kv), S cancels. Prefill T = S, full, kv: (2/b)·(n_q/n_kv)·S."""
+    return attention_flops(batch, n_q, t, s, d, causal) / attention_bytes(
+        batch, n_q, n_kv, t, s, d, b, convention
+    )
+
+
+def elementwise_bytes(elements_in: float, elements_out: float, b: float) -> float:
+    """Elementwise ops, norms, RoPE, residual adds, copies: inputs read once + outputs written once."""
+    return (elements_in + elements_out) * float(b)
+
+
+def ridge(peak_flops: float, bandwidth: float) -> float:
+    """I* = P / B_mem: below it a kernel is memory-bound."""
+    return peak_flops / bandwidth
+
+
+def attainable(intensity: float, peak_flops: float, bandwidth: float) -> float:
+    """Roofline: min(P, I·B_mem)."""
+    return min(peak_flops, intensity * bandwidth)
+
+
+def bound(intensity: float, ridge_intensity: float) -> str:
+    """'memory' when I < I*, else 'compute'."""
+    return "memory" if intensity < ridge_intensity else "compute"
+
+
+def _smallest_int(pred: Callable[[int], bool], hi: int = 1 << 40) -> int | None:
+    """Smallest n ≥ 1 with pred(n), for a pred that is monotone in n; None if none up to hi."""
+    if not pred(hi):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def m_star(k: int, n: int, b: float, ridge_intensity: float, bias: bool = False) -> int | None:
+    """Smallest M at which a [M,K]x[K,N] GEMM is compute-bound (I ≥ I*); ≈ I*·b/2 while M ≪ N.
+
+    None when the GEMM can never reach the ridge (I → 2KN/((K+N)·b) as M → ∞).
+    """
+    return _smallest_int(lambda m: gemm_intensity(m, k, n, b, bias) >= ridge_intensity)
+
+
+def s_star(
+    n_q: int, n_kv: int, d: int, b: float, ridge_intensity: float,
+    causal: Causal = "causal", convention: AttentionBytes = "all",
+) -> int | None:
+    """Smallest prefill length S (T = S) at which attention is compute-bound."""
+    def compute_bound(s: int) -> bool:
+        return attention_intensity(n_q, n_kv, s, s, d, b, causal, convention) >= ridge_intensity
+
+    return _smallest_int(compute_bound, hi=1 << 30)
+

@@ -1,0 +1,191 @@
+"""Device ceilings: a frozen `Hardware`, cited presets, lookup by trace GPU name, JSON files."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from trace_roofline.errors import InputError
+
+T = 1e12
+G = 1e9
+
+# Normalise dtype spellings (torch, trace `Input type`, short) to the keys of `peak_flops`.
+_DTYPE_KEYS = {
+    "bf16": "bf16", "bfloat16": "bf16", "c10::bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "c10::half": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "tf32": "tf32",
+    "fp8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8",
+}
+
+
+def dtype_key(dtype: str) -> str:
+    """Map a dtype spelling ('c10::BFloat16', 'torch.float16', 'bf16') to a peak key."""
+    key = _DTYPE_KEYS.get(dtype.lower().removeprefix("torch."))
+    if key is None:
+        raise InputError(f"unknown dtype {dtype!r} for a compute peak")
+    return key
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Roofline ceilings of one device: dense peak FLOP/s per dtype and memory bandwidth."""
+
+    name: str
+    peak_flops: dict[str, float]  # dtype key -> dense FLOP/s (no 2:4 sparsity)
+    mem_bandwidth: float  # bytes/s, DRAM/HBM
+    source: str
+    device_names: tuple[str, ...] = ()  # `deviceProperties[].name` values that mean this device
+    extra: dict[str, object] = field(default_factory=dict)  # date, method, ... for measured files
+
+    def peak(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for a dtype."""
+        key = dtype_key(dtype)
+        if key in self.peak_flops:
+            return self.peak_flops[key]
+        raise InputError(f"hardware {self.name!r} has no {key} peak (has: {', '.join(self.peak_flops)})")
+
+    def ridge(self, dtype: str = "bf16") -> float:
+        """Ridge intensity I* = P / B_mem in FLOP/byte."""
+        return self.peak(dtype) / self.mem_bandwidth
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        d["device_names"] = list(self.device_names)
+        extra = d.pop("extra")
+        return {**d, **extra}
+
+
+PRESETS: dict[str, Hardware] = {
+    "rtx4090": Hardware(
+        "rtx4090",
+        # Tensor rates with FP32 accumulate (GeForce runs FP16-accumulate at 2x).
+        {"bf16": 165.2 * T, "fp16": 165.2 * T, "tf32": 82.6 * T, "fp32": 82.6 * T, "fp8": 330.3 * T},
+        1008 * G,
+        "NVIDIA Ada Lovelace architecture whitepaper v2.1, RTX 4090 column (dense tensor, FP32 accumulate)",
+        ("NVIDIA GeForce RTX 4090",),
+    ),
+    "rtx3080": Hardware(
+        "rtx3080",
+        {"bf16": 59.5 * T, "fp16": 59.5 * T, "tf32": 29.8 * T, "fp32": 29.8 * T},
+        760 * G,
+        "NVIDIA Ampere GA102 whitepaper v2.0, RTX 3080 column (dense tensor, FP32 accumulate)",
+        ("NVIDIA GeForce RTX 3080",),
+    ),
+    "a100-sxm": Hardware(
+        "a100-sxm",
+        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        2039 * G,
+        "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM, dense)",
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe"),
+    ),
+    "h100-sxm": Hardware(
+        "h100-sxm",
+        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        3350 * G,
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense)",
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
+    ),
+    "h200-sxm": Hardware(
+        "h200-sxm",
+        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        4800 * G,
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)",
+        ("NVIDIA H200",),
+    ),
+}
+
+MEASURED_FILES = {"h200-measured": "h200_measured.json"}  # committed `trace-roofline calibrate` runs
+
+
+def from_json(path: str | Path) -> Hardware:
+    """Load ceilings from a JSON file: {"name", "peak_flops": {dtype: FLOP/s}, "mem_bandwidth": B/s,
+    "source", optional "device_names", anything else kept in `extra` (date, method, ...)}."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
+    return _from_dict(raw, str(p))
+
+
+def _from_dict(raw: object, where: str) -> Hardware:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: hardware file must hold a JSON object")
+    missing = [k for k in ("name", "peak_flops", "mem_bandwidth") if k not in raw]
+    if missing:
+        raise InputError(f"{where}: hardware file lacks {', '.join(missing)}")
+    peaks = raw["peak_flops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise InputError(f"{where}: peak_flops must be a non-empty object of dtype -> FLOP/s")
+    try:
+        peak_flops = {dtype_key(k): float(v) for k, v in peaks.items()}
+        bw = float(raw["mem_bandwidth"])
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: peak_flops and mem_bandwidth must be numbers ({e})") from None
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    bad = [k for k, v in {**peak_flops, "mem_bandwidth": bw}.items() if not (v > 0 and math.isfinite(v))]
+    if bad:
+        raise InputError(f"{where}: non-positive or non-finite ceiling for {', '.join(bad)}")
+    known = {"name", "peak_flops", "mem_bandwidth", "source", "device_names"}
+    return Hardware(
+        name=str(raw["name"]),
+        peak_flops=peak_flops,
+        mem_bandwidth=bw,
+        source=str(raw.get("source", where)),
+        device_names=tuple(raw.get("device_names") or ()),
+        extra={k: v for k, v in raw.items() if k not in known},
+    )
+
+
+def measured(name: str) -> Hardware | None:
+    """A committed measured preset (e.g. 'h200-measured'), or None if its file is absent."""
+    fname = MEASURED_FILES.get(name)
+    if fname is None:
+        return None
+    res = resources.files("trace_roofline") / "data" / fname
+    if not res.is_file():
+        return None
+    return _from_dict(json.loads(res.read_text()), f"trace_roofline/data/{fname}")
+
+
+def names() -> list[str]:
+    """All preset names, measured ones included when their files are present."""
+    return [*PRESETS, *(n for n in MEASURED_FILES if measured(n) is not None)]
+
+
+def get_hardware(name_or_path: str) -> Hardware:
+    """A preset by name, a measured preset, or a JSON file path."""
+    key = name_or_path.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    hw = measured(key)
+    if hw is not None:
+        return hw
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        return from_json(name_or_path)
+    raise InputError(
+        f"unknown hardware {name_or_path!r} (presets: {', '.join(names())}; or a JSON file path)"
+    )
+
+
+def for_device_name(device_name: str, prefer_measured: bool = True) -> Hardware | None:
+    """The hardware a trace's `deviceProperties[].name` denotes ('NVIDIA H200' -> h200), or None.
+
+    With `prefer_measured`, a committed calibration of that device wins over its datasheet preset.
+    """
+    wanted = device_name.strip().lower()
+    candidates = [measured(n) for n in MEASURED_FILES] if prefer_measured else []
+    candidates += list(PRESETS.values())
+    for hw in candidates:
+        if hw is not None and any(wanted == d.lower() for d in hw.device_names):
+            return hw
+    return None
