@@ -91,6 +91,14 @@ def test_raw_page_without_units_row_is_base_units(tmp_path):
     assert (df["dram_bytes"].iloc[0], df["ncu_time_us"].iloc[0]) == (150.0, 2.0)
 
 
+def test_repeated_header_and_units_rows_are_skipped(tmp_path):
+    units = '"","","","","","","","","","","","byte","byte","nsecond"'
+    text = "\n".join([f"{HEAD},{METRICS}", units, _row(0, GEMM, "1", "2", "3,000"),
+                      f"{HEAD},{METRICS}", units, _row(1, ADD, "4", "5", "6,000")])
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert df["ncu_id"].tolist() == [0, 1] and df["ncu_time_us"].tolist() == [3.0, 6.0]
+
+
 def test_nvtx_push_pop_stack(tmp_path):
     nvtx = '"thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg",'
     cell = ('4242  ""<default domain>:decode:none:none:none:none:none:none"" '
@@ -318,6 +326,17 @@ def test_match_reports_launch_config_disagreement():
     ncu.loc[0, "grid"] = "40,1,1"  # e.g. a different split-K choice
     _, s = match_kernels(att, ncu)
     assert s["launch_config_agreement"] == pytest.approx(5 / 6)
+
+
+def test_match_takes_launch_config_from_trace_device():
+    att = _attributed(1)
+    device = att[["event_id", "grid", "block"]]
+    ncu = _ncu(_kernel_names(att))
+    ncu.loc[[0, 3], "block"] = "256,1,1"
+    _, s = match_kernels(att.drop(columns=["grid", "block"]), ncu, device=device)
+    assert s["launch_config_agreement"] == pytest.approx(4 / 6)
+    _, s = match_kernels(att.drop(columns=["grid", "block"]), ncu)
+    assert s["launch_config_agreement"] is None  # nothing to check against
 
 
 def test_match_rejects_bad_align():

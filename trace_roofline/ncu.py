@@ -162,10 +162,9 @@ def _from_raw(p: Path, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Ser
     if missing:
         raise InputError(f"{p}: missing Nsight Compute metric(s) {', '.join(missing)}; "
                          f"{_CAPTURE_HINT}")
-    has_units = len(df) > 0 and df["ID"].iloc[0].strip() == ""
-    units = df.iloc[0] if has_units else None
-    rows = df.iloc[1:] if has_units else df
-    rows = rows.reset_index(drop=True)
+    blank = df["ID"].str.strip() == ""  # the units row (repeated if ncu printed several tables)
+    units = df[blank].iloc[0] if blank.any() else None
+    rows = df[~blank & (df["ID"] != "ID")].reset_index(drop=True)
     values = {}
     for metric, table in _UNITS.items():
         unit = units[metric].strip() if units is not None else ("nsecond" if table is _TIME_TO_US
@@ -293,8 +292,8 @@ def _mangled_base(name: str) -> str:
     return last
 
 
-def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame,
-                  align: str = "end") -> tuple[pd.DataFrame, dict]:
+def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end",
+                  device: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
     """Pair ncu launches with the trace's kernels and join the measured columns (`MATCH_COLUMNS`).
 
     Names: both sides are reduced by `kernel_key`. The full key (templates kept) is used when it
@@ -308,12 +307,16 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame,
     Only `kind == "kernel"` rows take part (ncu does not profile memcpy/memset).
     Returns (attributed rows in their order + `MATCH_COLUMNS`, summary dict with counts both
     ways, unmatched names, the launch-config agreement and the median ncu/trace time ratio).
-    `grid`/`block` columns on `attributed` (from trace.device) enable the launch-config check.
+    `device` (trace.device, or `grid`/`block` columns on `attributed`) enables the check that
+    paired launches have the same grid and block sizes.
     """
     if align not in ("end", "start"):
         raise InputError(f"align must be 'end' or 'start', not {align!r}")
     is_kernel = attributed["kind"].eq("kernel") if "kind" in attributed else True
     trace = attributed.loc[is_kernel].sort_values(["ts_us", "event_id"], kind="stable")
+    if device is not None and not {"grid", "block"} & set(trace.columns):
+        cfg = device.loc[device["event_id"].isin(trace["event_id"]), ["event_id", "grid", "block"]]
+        trace = trace.merge(cfg, on="event_id", how="left", sort=False)
     keys = {}
     for side, names in (("trace", trace["name"]), ("ncu", ncu["kernel_name"])):
         uniq = pd.unique(names.astype("str"))  # per distinct name, not per launch
@@ -381,7 +384,7 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
     the group has an ncu measurement (a partial sum would understate the traffic). memcpy/memset
     rows are counted in `unmeasured_copies`, not in the bytes. With `costed` (rows carrying
     flops and bytes, plus the `by` columns or an op_id that `matched` maps to them):
-    measured_intensity = Σflops / measured_bytes (FLOP per DRAM byte) and
+    measured_intensity = Σflops / measured_bytes (FLOP per DRAM byte; NaN for 0 bytes) and
     bytes_ratio = measured_bytes / Σbytes (1.0 = the analytical minimum was moved).
     The result merges onto the roofline's per-operator table on the `by` columns.
     """
@@ -416,7 +419,8 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
         costs = costs.assign(_one=0).groupby(keys, dropna=False)[["flops", "bytes"]].sum()
         costs = costs.reset_index()
         both = out[keys].merge(costs, on=keys, how="left")
-        out["measured_intensity"] = both["flops"].to_numpy() / out["measured_bytes"].to_numpy()
+        measured = out["measured_bytes"].where(out["measured_bytes"] > 0).to_numpy()
+        out["measured_intensity"] = both["flops"].to_numpy() / measured
         out["bytes_ratio"] = out["measured_bytes"].to_numpy() / both["bytes"].to_numpy()
     out = out[[*by, *MEASURED_COLUMNS]]
     return out.astype(MEASURED_COLUMNS)
