@@ -339,6 +339,23 @@ def test_match_takes_launch_config_from_trace_device():
     assert s["launch_config_agreement"] is None  # nothing to check against
 
 
+def test_match_checks_nvtx_ranges_against_attribution():
+    att = _attributed(1)
+    k = att[att["kind"] == "kernel"]
+    ncu = _ncu(k["name"].tolist())
+    ncu["nvtx_range"] = "layers." + k["layer"].astype(str).to_numpy() + "/" + k["operator"].to_numpy()
+    _, s = match_kernels(att, ncu)
+    assert (s["nvtx_operator_agreement"], s["nvtx_layer_agreement"]) == (1.0, 1.0)
+    # a pairing shifted by one layer keeps the operators but not the layers
+    ncu["nvtx_range"] = "layers." + (1 - k["layer"]).astype(str).to_numpy() + "/" + k["operator"].to_numpy()
+    ncu.loc[2, "nvtx_range"] = "layers.1/act"
+    _, s = match_kernels(att, ncu)
+    assert s["nvtx_operator_agreement"] == pytest.approx(5 / 6)
+    assert s["nvtx_layer_agreement"] == 0.0
+    _, s = match_kernels(att, _ncu(k["name"].tolist()))
+    assert s["nvtx_operator_agreement"] is None and s["nvtx_layer_agreement"] is None
+
+
 def test_match_rejects_bad_align():
     att = _attributed(1)
     with pytest.raises(InputError, match="align"):

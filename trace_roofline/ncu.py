@@ -306,7 +306,8 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
     is left unmatched; `align="start"` aligns the fronts instead (ncu run with --launch-skip).
     Only `kind == "kernel"` rows take part (ncu does not profile memcpy/memset).
     Returns (attributed rows in their order + `MATCH_COLUMNS`, summary dict with counts both
-    ways, unmatched names, the launch-config agreement and the median ncu/trace time ratio).
+    ways, unmatched names, and checks of the pairing: launch-config agreement, median ncu/trace
+    time ratio, and NVTX-range vs attributed operator/layer agreement when ncu recorded ranges).
     `device` (trace.device, or `grid`/`block` columns on `attributed`) enables the check that
     paired launches have the same grid and block sizes.
     """
@@ -360,6 +361,7 @@ def _summary(trace: pd.DataFrame, ncu: pd.DataFrame, t: pd.DataFrame, c: pd.Data
         agree = float(same.mean())
     total_us = float(trace["dur_us"].sum())
     return {
+        **_nvtx_agreement(on, measured["nvtx_range"]),
         "name_key": name_key,
         "align": align,
         "trace_kernels": len(t),
@@ -373,6 +375,26 @@ def _summary(trace: pd.DataFrame, ncu: pd.DataFrame, t: pd.DataFrame, c: pd.Data
         "launch_config_agreement": agree,
         "time_ratio_median": float(np.nanmedian(ratio)) if len(ratio) else None,
     }
+
+
+def _nvtx_agreement(on: pd.DataFrame, nvtx: pd.Series) -> dict:
+    """Where ncu recorded NVTX ranges named like our workloads' ("layers.3/q_proj"), the share of
+    paired kernels whose innermost range is the attributed operator, and whose "layers.N" range is
+    the attributed layer: an independent check of both the pairing and the attribution."""
+    nvtx = pd.Series(nvtx.to_numpy(), dtype="str")
+    has = nvtx.notna().to_numpy()
+    out: dict = {"nvtx_operator_agreement": None, "nvtx_layer_agreement": None}
+    if not has.any():
+        return out
+    if "operator" in on:
+        inner = nvtx.str.rsplit("/", n=1).str[-1].to_numpy()
+        out["nvtx_operator_agreement"] = float((inner == on["operator"].to_numpy())[has].mean())
+    layer = pd.to_numeric(nvtx.str.extract(r"(?:^|/)layers?[._](\d+)(?:/|$)")[0], errors="coerce")
+    with_layer = layer.notna().to_numpy()
+    if "layer" in on and with_layer.any():
+        same = layer.to_numpy()[with_layer] == on["layer"].astype("float64").to_numpy()[with_layer]
+        out["nvtx_layer_agreement"] = float(same.mean())
+    return out
 
 
 # ----------------------------------------------------------------------------------- aggregate
