@@ -558,3 +558,27 @@ def _gemm_check(out: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
                + f" but {model.name} has " + k_exp.astype("str") + "," + n_exp.astype("str"))
         check.loc[bad[bad].index] = msg[bad]
     return check
+
+
+# ------------------------------------------------------------------ model-level operators
+def model_level_costs(model: ModelSpec, tokens: int, sequences: int) -> pd.DataFrame:
+    """Costs of the operators outside the decoder layers, from the model's shapes, by the same
+    rules as traced ops: embedding (gather `tokens` rows of the table), final_norm (an RMSNorm
+    over tokens x hidden) and lm_head (logits for the last position of each of `sequences`
+    sequences, as HF generate and vLLM compute them). Columns operator, dtype, flops, bytes, shape.
+    """
+    dtype = _fallback_dtype(model, pd.Series([], dtype="object"))
+    if dtype is None:
+        raise InputError(f"model {model.name}: no byte size for dtype {model.dtype!r}")
+    ttype = next(t for t, (short, _) in TRACE_DTYPES.items() if short == dtype)
+    h, v = model.hidden_size, model.vocab_size
+    rows = {
+        "embedding": _gather("embedding", [_Arg([v, h], ttype, ""), _Arg([tokens], "long int", "")]),
+        "final_norm": _norm("rms_norm", [_Arg([tokens, h], ttype, ""), _Arg([h], ttype, "")]),
+        "lm_head": _gemm(sequences, h, v, _Arg([sequences, h], ttype, "")),
+    }
+    return pd.DataFrame({
+        "operator": list(rows), "dtype": [c.dtype for c in rows.values()],
+        "flops": [c.flops for c in rows.values()], "bytes": [c.bytes for c in rows.values()],
+        "shape": [c.shape for c in rows.values()],
+    })

@@ -1,0 +1,237 @@
+"""Reports of one or more analysed traces: terminal table text, the report.json dict, markdown.
+
+Library code: every function returns a string or a dict; the CLI prints and writes files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import pandas as pd
+
+from trace_roofline.roofline import Analysis, peak_for
+
+CONVENTION_TEXT = {
+    "causal": {"causal": "causal attention counts only unmasked query-key pairs",
+               "full": "attention counts every query-key pair (the lesson's count)"},
+    "attention_bytes": {"all": "attention bytes = Q, K, V read + O written",
+                        "kv": "attention bytes = K, V read only (the lesson's count)"},
+}
+# Keys of each report.json `operators` entry (the contract's first, then extras).
+OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "bytes",
+                 "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
+                 "attainable_flops_per_s", "pct_of_roof", "bound",
+                 "instances", "uncosted", "time_share", "dtype", "peak_flops_per_s",
+                 "exceeds_roof", "measured_bytes", "measured_intensity"]
+
+
+def hardware_summary(a: Analysis) -> dict[str, object] | None:
+    """The device's ceilings at the trace's main compute dtype."""
+    hw = a.hardware
+    if hw is None:
+        return None
+    dtype = _main_dtype(a)
+    peak = peak_for(hw, dtype)
+    return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
+            "source": hw.source}
+
+
+def _main_dtype(a: Analysis) -> str:
+    rows = a.operators[a.operators["layer"].isna() & a.operators["flops"].notna()]
+    if len(rows) and rows["flops"].max() > 0:
+        return str(rows.groupby("dtype")["flops"].sum().idxmax())
+    return "bf16"
+
+
+def conventions_line(a: Analysis) -> str:
+    c = a.conventions
+    return (f"--causal {c['causal']}: {CONVENTION_TEXT['causal'][c['causal']]}; "
+            f"--attention-bytes {c['attention_bytes']}: "
+            f"{CONVENTION_TEXT['attention_bytes'][c['attention_bytes']]}")
+
+
+# ----------------------------------------------------------------------------- terminal
+def terminal_table(analyses: Sequence[Analysis], per_layer: bool = False) -> str:
+    """Compact text: per trace, operators by device time, the whole-model line, coverage,
+    conventions and hardware."""
+    return "\n\n".join(_terminal_one(a, per_layer) for a in analyses)
+
+
+_HEAD = (f"{'operator':<20} {'phase':<7} {'kern':>5} {'time µs':>10} {'time%':>6} {'GFLOP':>9} "
+         f"{'MB':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>7} {'%roof':>6} {'bound':<7}")
+
+
+def _terminal_one(a: Analysis, per_layer: bool) -> str:
+    ops = a.operators if per_layer else a.operators[a.operators["layer"].isna()]
+    lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
+             _hardware_line(a), f"conventions: {conventions_line(a)}", _HEAD]
+    for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
+        name = r.operator if pd.isna(r.layer) else f"{r.operator}[{r.layer}]"
+        flag = " ! above roof" if r.exceeds_roof is True else ""
+        lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
+                          r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
+                          r.pct_of_roof, r.bound) + flag)
+    w = a.whole
+    lines.append(_row("whole model", "/".join(w["phases"]), w["kernels"], w["time_us"], 1.0,
+                      w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
+                      w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound")))
+    lines.append(_coverage_line(a))
+    for phase, ext in a.extrapolated_whole.items():
+        lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
+                     f"({phase}, per step): {ext['flops'] / 1e9:.2f} GFLOP, "
+                     f"{ext['bytes'] / 1e9:.3f} GB, intensity {ext['intensity']:.2f} FLOP/B")
+    checks = a.costed["check"].dropna().unique()
+    if len(checks):
+        lines.append(f"preset cross-check: {len(checks)} mismatch(es): {checks[0]}"
+                     + (" ..." if len(checks) > 1 else ""))
+    return "\n".join(lines)
+
+
+def _hardware_line(a: Analysis) -> str:
+    h = hardware_summary(a)
+    if h is None:
+        return "hardware: none given (no device in the trace): intensities only, no placements"
+    return (f"hardware {h['name']}: {h['peak_flops_per_s'] / 1e12:.0f} TFLOP/s {h['dtype']}, "
+            f"{h['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, ridge {h['ridge']:.0f} FLOP/B")
+
+
+def _coverage_line(a: Analysis) -> str:
+    c = a.coverage
+    return (f"coverage: {_pct(c['fraction'])} of {c['kernel_time_us']:.1f} µs device time "
+            f"attributed to operators, {_pct(c['costed_fraction'])} costed; "
+            f"{c['uncosted_instances']} uncosted op instance(s)")
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def _row(name, phase, kernels, time_us, share, flops, nbytes, intensity, fps, bps, pct,
+         bound) -> str:
+    return (f"{name:<20.20} {phase:<7.7} {kernels:>5} {_fmt(time_us, '.1f'):>10} "
+            f"{_fmt(share, '.1f', 0.01):>6} {_fmt(flops, '.3f', 1e9):>9} "
+            f"{_fmt(nbytes, '.2f', 1e6):>9} {_fmt(intensity, '.2f'):>8} "
+            f"{_fmt(fps, '.2f', 1e12):>8} {_fmt(bps, '.0f', 1e9):>7} "
+            f"{_fmt(pct, '.1f'):>6} {bound if isinstance(bound, str) else '-':<7}")
+
+
+# --------------------------------------------------------------------------------- JSON
+def report_dict(analyses: Sequence[Analysis]) -> dict[str, object]:
+    """report.json: one entry per trace; several traces go under `traces`."""
+    entries = [_entry(a) for a in analyses]
+    return entries[0] if len(entries) == 1 else {"traces": entries}
+
+
+def _entry(a: Analysis) -> dict[str, object]:
+    ops = a.operators
+    cols = [k for k in OPERATOR_KEYS if k in ops.columns]
+    reasons = a.costed["uncosted"].value_counts()
+    entry: dict[str, object] = {
+        "trace": a.trace,
+        "hardware": hardware_summary(a),
+        "model": asdict(a.model) if a.model else None,
+        "conventions": dict(a.conventions),
+        "coverage": dict(a.coverage),
+        "operators": _records(ops[cols]),
+        "whole_model": dict(a.whole),
+        "reconciliation": _records(a.reconciliation),
+        "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
+        "uncosted": {str(k): int(v) for k, v in reasons.items()},
+    }
+    if a.extrapolated is not None:
+        entry["extrapolated"] = {
+            "layers": a.layers,
+            "whole_model": a.extrapolated_whole,
+            "operators": _records(a.extrapolated),
+        }
+    return _clean(entry)
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, object]]:
+    return [dict(zip(df.columns, row, strict=True)) for row in df.itertuples(index=False)]
+
+
+def _clean(x: object) -> object:
+    """JSON-safe: NaN/NA -> None, numpy scalars -> Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if x is None or x is pd.NA:
+        return None
+    if hasattr(x, "item"):  # numpy scalar
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# ----------------------------------------------------------------------------- markdown
+def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -> str:
+    """A markdown report: hardware, conventions, per-trace operator tables, reconciliation and
+    (when extrapolated) the full-model view."""
+    out = ["# trace_roofline report", ""]
+    if chart:
+        out += [f"![roofline]({chart})", ""]
+    for a in analyses:
+        out += [f"## {a.trace}", "", f"- {_hardware_line(a)}", f"- conventions: {conventions_line(a)}",
+                f"- {_coverage_line(a)}"]
+        if a.model:
+            out.append(f"- model: {a.model.name}")
+        out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
+                "| operator | phase | kernels | time µs | time % | GFLOP | MB | FLOP/B | TFLOP/s "
+                "| GB/s | % of roof | bound |", "|" + "---|" * 12]
+        ops = a.operators[a.operators["layer"].isna()]
+        for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
+            flag = " ⚠ above roof" if r.exceeds_roof is True else ""
+            out.append(_md_row(r.operator, r.phase, r.kernels, r.time_us, r.time_share, r.flops,
+                               r.bytes, r.intensity, r.achieved_flops_per_s,
+                               r.achieved_bytes_per_s, r.pct_of_roof, r.bound, flag))
+        w = a.whole
+        out.append(_md_row("**whole model**", "/".join(w["phases"]), w["kernels"], w["time_us"],
+                           1.0, w["flops"], w["bytes"], w["intensity"],
+                           w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
+                           w.get("pct_of_roof"), w.get("bound"), ""))
+        out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity", "",
+                "| phase | operator | byte share | intensity | contribution |", "|---|---|---|---|---|"]
+        for r in a.reconciliation.itertuples():
+            out.append(f"| {r.phase} | {r.operator} | {_pct(r.byte_share)} | "
+                       f"{_fmt(r.intensity, '.2f')} | {_fmt(r.contribution, '.4f')} |")
+        out.append(f"| | **sum** | 100% | | **{_fmt(a.whole['intensity'], '.4f')}** |")
+        if a.extrapolated is not None:
+            out += ["", f"### Extrapolated to {a.layers} layers + embedding, final norm, lm_head"
+                    " (one step)", "",
+                    "| phase | operator | source | GFLOP | MB | FLOP/B | byte share | contribution |",
+                    "|---|---|---|---|---|---|---|---|"]
+            for r in a.extrapolated.itertuples():
+                out.append(f"| {r.phase} | {r.operator} | {r.source} | {_fmt(r.flops, '.3f', 1e9)}"
+                           f" | {_fmt(r.bytes, '.2f', 1e6)} | {_fmt(r.intensity, '.2f')} | "
+                           f"{_pct(r.byte_share)} | {_fmt(r.contribution, '.4f')} |")
+            for phase, e in a.extrapolated_whole.items():
+                out.append(f"| {phase} | **whole model** | | {e['flops'] / 1e9:.3f} | "
+                           f"{e['bytes'] / 1e6:.2f} | {e['intensity']:.2f} | 100% | "
+                           f"{e['intensity']:.4f} |")
+        checks = sorted(a.costed["check"].dropna().unique())
+        if checks:
+            out += ["", "### Model-preset cross-check", "", *[f"- {c}" for c in checks]]
+        out.append("")
+    return "\n".join(out)
+
+
+def _fmt(x: object, fmt: str, scale: float = 1.0) -> str:
+    """`x / scale` formatted; '-' for a missing value."""
+    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(float(x) / scale, fmt)
+
+
+def _md_row(name, phase, kernels, time_us, share, flops, nbytes, intensity, fps, bps, pct,
+            bound, flag) -> str:
+    cells = [name, phase, str(kernels), _fmt(time_us, ".1f"), _pct(share),
+             _fmt(flops, ".3f", 1e9), _fmt(nbytes, ".2f", 1e6), _fmt(intensity, ".2f"),
+             _fmt(fps, ".2f", 1e12), _fmt(bps, ".0f", 1e9), _fmt(pct, ".1f"),
+             (bound if isinstance(bound, str) else "-") + flag]
+    return "| " + " | ".join(cells) + " |"

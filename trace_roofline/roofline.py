@@ -1,0 +1,333 @@
+"""Roofline placement of every operator, the whole-model view, and their reconciliation.
+
+Stage after `shapes.attach_costs`. Per operator (summed over its op instances and kernels):
+intensity I = FLOPs / bytes, achieved FLOP/s and bytes/s over the device time of its costed
+instances, attainable = min(P, I·B_mem) at the peak P of the operator's dtype, % of roof, bound.
+% of roof is achieved / attainable, computed as achieved bytes/s / B_mem below the ridge (the same
+number when I > 0, and defined for 0-FLOP copies) and achieved FLOP/s / P above it.
+
+Whole model: ΣFLOPs / Σbytes is the byte-weighted mean of the operator intensities,
+Σ_i (bytes_i/Σbytes)·I_i; the time-weighted achieved rate Σ_i t_i·(F_i/t_i) / Σ_i t_i = ΣF/Σt.
+`reconcile` lists each operator's contribution bytes_i/Σbytes·I_i = F_i/Σbytes, which sum to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline import costs
+from trace_roofline.errors import InputError
+from trace_roofline.hardware import Hardware
+from trace_roofline.models import ModelSpec
+from trace_roofline.shapes import attach_costs, model_level_costs
+
+# One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
+OPERATOR_COLUMNS = {
+    "operator": "str",
+    "layer": "Int64",
+    "phase": "str",  # decode|prefill|unknown
+    "kernels": "int64",  # device rows (kernels, memcpy, memset)
+    "instances": "int64",  # op instances
+    "uncosted": "int64",  # op instances without a cost (their time is excluded from the rates)
+    "time_us": "float64",  # Σ device time of all kernels
+    "time_share": "float64",  # of the phase's device time
+    "costed_time_us": "float64",  # Σ device time of the costed instances
+    "flops": "float64",
+    "bytes": "float64",
+    "intensity": "float64",  # FLOP/byte
+    "achieved_flops_per_s": "float64",  # flops / costed time
+    "achieved_bytes_per_s": "float64",  # bytes / costed time
+    "dtype": "str",  # dtype of the instance with the most FLOPs (then bytes): picks the peak
+    "peak_flops_per_s": "float64",
+    "attainable_flops_per_s": "float64",  # min(P, I·B_mem)
+    "pct_of_roof": "float64",  # achieved / attainable, in percent
+    "bound": "str",  # memory|compute
+    "exceeds_roof": "boolean",  # achieved > attainable: analytical bytes too low, or cache hits
+}
+
+# Operators outside the decoder layers: not scaled when extrapolating to the full depth.
+MODEL_LEVEL = ("embedding", "final_norm", "lm_head", "sampling/other", "unattributed")
+
+# Per-operator full-model costs of one step (`extrapolate`).
+EXTRAPOLATED_COLUMNS = {
+    "phase": "str",
+    "operator": "str",
+    "source": "str",  # "trace" (as traced), "trace x<f>" (per-layer, scaled), "model" (added)
+    "flops": "float64",
+    "bytes": "float64",
+    "intensity": "float64",
+    "byte_share": "float64",
+    "contribution": "float64",  # flops / Σbytes: sums to the whole-model intensity
+}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the report and the chart need about one trace."""
+
+    trace: str
+    model: ModelSpec | None
+    hardware: Hardware | None
+    conventions: dict[str, str]
+    costed: pd.DataFrame  # shapes.COSTED_COLUMNS
+    operators: pd.DataFrame  # OPERATOR_COLUMNS
+    whole: dict[str, object]
+    reconciliation: pd.DataFrame
+    coverage: dict[str, float]
+    layers: int | None = None  # the depth `extrapolated` scales to
+    extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
+    extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
+            trace: str = "", causal: str = "causal", attention_bytes: str = "all",
+            layers: int | None = None, measured: pd.DataFrame | None = None) -> Analysis:
+    """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace."""
+    costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
+    ops = place(costed, hardware, measured=measured)
+    ext, ext_whole = None, {}
+    if layers is not None:
+        if model is None:
+            raise InputError("--layers needs --model (embedding and lm_head come from the model)")
+        ext = extrapolate(costed, model, layers)
+        ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
+    return Analysis(
+        trace=trace, model=model, hardware=hardware,
+        conventions={"causal": causal, "attention_bytes": attention_bytes},
+        costed=costed, operators=ops, whole=whole_model(ops, hardware),
+        reconciliation=reconcile(ops), coverage=coverage(costed),
+        layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
+    )
+
+
+def coverage(costed: pd.DataFrame) -> dict[str, float]:
+    """Device time attributed to a named operator, and time of instances that carry a cost."""
+    total = float(costed["time_us"].sum())
+    attributed = float(costed.loc[costed["operator"] != "unattributed", "time_us"].sum())
+    priced = float(costed.loc[costed["flops"].notna(), "time_us"].sum())
+    scale = 1.0 / total if total > 0 else math.nan
+    return {
+        "kernel_time_us": total, "attributed_time_us": attributed,
+        "fraction": attributed * scale,
+        "costed_time_us": priced, "costed_fraction": priced * scale,
+        "uncosted_instances": int(costed["flops"].isna().sum()),
+        "preset_mismatches": int(costed["check"].notna().sum()),
+    }
+
+
+def place(costed: pd.DataFrame, hardware: Hardware | None,
+          measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per-operator roofline table (`OPERATOR_COLUMNS`): one row per (phase, operator, layer)
+    and one per (phase, operator) aggregated over layers and steps (layer NA).
+
+    `measured` (ncu.measured_by_operator over ("layer", "operator")) adds measured_bytes and
+    measured_intensity = flops / measured_bytes; aggregated rows sum their layers' bytes.
+    """
+    per_layer = _aggregate(costed[costed["layer"].notna()], ["phase", "operator", "layer"])
+    overall = _aggregate(costed, ["phase", "operator"]).assign(layer=pd.NA)
+    ops = pd.concat([overall, per_layer], ignore_index=True)
+    phase_time = costed.groupby("phase")["time_us"].sum()
+    ops["time_share"] = ops["time_us"] / ops["phase"].map(phase_time)
+    ops = _roofs(ops, hardware, _main_dtype(costed))
+    ops = ops[list(OPERATOR_COLUMNS)].astype(OPERATOR_COLUMNS)
+    ops = ops.sort_values(["layer", "time_us"], ascending=[True, False], na_position="first",
+                          kind="stable").reset_index(drop=True)
+    if measured is not None:
+        ops = _with_measured(ops, measured)
+    return ops
+
+
+def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Sum instances per group; rates use only the costed instances' time."""
+    c = costed.assign(
+        _costed=costed["flops"].notna(),
+        _costed_time=costed["time_us"].where(costed["flops"].notna(), 0.0),
+    )
+    g = c.groupby(keys, dropna=False, sort=False)
+    out = g.agg(
+        kernels=("kernels", "sum"), instances=("kernels", "size"),
+        costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
+        costed_time_us=("_costed_time", "sum"),
+        flops=("flops", lambda s: s.sum(min_count=1)), bytes=("bytes", lambda s: s.sum(min_count=1)),
+    ).reset_index()
+    out["uncosted"] = out["instances"] - out["costed_instances"]
+    # The dtype of the instance doing the most FLOPs (then bytes) sets the compute peak.
+    lead = c[c["_costed"]].sort_values(["flops", "bytes"], ascending=False, kind="stable")
+    dtype = lead.groupby(keys, dropna=False, sort=False)["dtype"].first().rename("dtype")
+    out = out.merge(dtype.reset_index(), on=keys, how="left")
+    secs = out["costed_time_us"].where(out["costed_time_us"] > 0) * 1e-6
+    out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
+    out["achieved_flops_per_s"] = out["flops"] / secs
+    out["achieved_bytes_per_s"] = out["bytes"] / secs
+    return out
+
+
+def _main_dtype(costed: pd.DataFrame) -> str | None:
+    """The dtype carrying the most FLOPs in the trace (the model's compute dtype)."""
+    flops = costed.groupby("dtype")["flops"].sum()
+    return str(flops.idxmax()) if len(flops) and flops.max() > 0 else None
+
+
+def peak_for(hardware: Hardware, dtype: str | None, main: str | None = None) -> float:
+    """The hardware's peak for `dtype`; dtypes it has no peak for (integers, bool) use `main`'s,
+    then bf16's, then the highest peak listed."""
+    for d in (dtype, main, "bf16"):
+        if d is None:
+            continue
+        try:
+            return hardware.peak(d)
+        except InputError:
+            continue
+    return max(hardware.peak_flops.values())
+
+
+def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:
+    """Peak, attainable, % of roof, bound and the exceeds flag for each row."""
+    ops = ops.copy()
+    nan = pd.Series(np.nan, index=ops.index)
+    if hardware is None:
+        ops[["peak_flops_per_s", "attainable_flops_per_s", "pct_of_roof"]] = np.nan
+        ops["bound"] = pd.Series(None, index=ops.index, dtype="str")
+        ops["exceeds_roof"] = pd.Series(pd.NA, index=ops.index, dtype="boolean")
+        return ops
+    dtypes = ops["dtype"].astype("object").where(ops["dtype"].notna(), None)
+    peaks = {d: peak_for(hardware, d, main) for d in dtypes.unique()}
+    peak = dtypes.map(peaks).astype("float64")
+    bw = hardware.mem_bandwidth
+    intensity = ops["intensity"].where(ops["bytes"] > 0, nan)
+    # A 0-byte, 0-FLOP instance has no intensity; a 0-FLOP copy has I = 0 (memory-bound).
+    ops["peak_flops_per_s"] = peak
+    ops["attainable_flops_per_s"] = np.minimum(peak, intensity * bw)
+    memory = intensity < peak / bw
+    pct = np.where(memory, ops["achieved_bytes_per_s"] / bw, ops["achieved_flops_per_s"] / peak)
+    ops["pct_of_roof"] = pd.Series(pct, index=ops.index).where(intensity.notna()) * 100.0
+    ops["bound"] = pd.Series(np.where(memory, "memory", "compute"), index=ops.index,
+                             dtype="str").where(intensity.notna())
+    ops["exceeds_roof"] = (ops["pct_of_roof"] > 100.0).astype("boolean").where(
+        ops["pct_of_roof"].notna(), pd.NA)
+    return ops
+
+
+def _with_measured(ops: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """Join measured DRAM bytes per (layer, operator); an aggregated row sums its operator's
+    measured rows, and is NaN when any of them is (a partial sum would understate traffic)."""
+    m = measured[["layer", "operator", "measured_bytes"]].astype(
+        {"layer": "Int64", "operator": "str", "measured_bytes": "float64"})
+    keyed = ops[["layer", "operator"]].merge(m, on=["layer", "operator"], how="left")
+    whole = m.groupby("operator")["measured_bytes"].agg(
+        lambda s: s.sum() if s.notna().all() else np.nan)
+    agg = ops["layer"].isna()
+    ops = ops.copy()
+    ops["measured_bytes"] = keyed["measured_bytes"].to_numpy(dtype="float64")
+    ops.loc[agg, "measured_bytes"] = ops.loc[agg, "operator"].map(whole).to_numpy("float64")
+    ops["measured_intensity"] = ops["flops"] / ops["measured_bytes"].where(ops["measured_bytes"] > 0)
+    return ops
+
+
+def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[str, object]:
+    """ΣFLOPs, Σbytes, the byte-weighted intensity ΣF/ΣB and, when the table has device times,
+    the time-weighted achieved rates ΣF/Σt and ΣB/Σt over the costed time. `table` is `place`'s
+    (its aggregated rows are used) or `extrapolate`'s."""
+    rows = table[table["layer"].isna()] if "layer" in table else table
+    flops = float(rows["flops"].sum())
+    nbytes = float(rows["bytes"].sum())
+    out: dict[str, object] = {
+        "flops": flops, "bytes": nbytes,
+        "intensity": flops / nbytes if nbytes > 0 else math.nan,
+    }
+    if "time_us" not in rows:
+        return out
+    timed = float(rows["costed_time_us"].sum())
+    secs = timed * 1e-6 if timed > 0 else math.nan
+    out.update({
+        "time_us": float(rows["time_us"].sum()), "costed_time_us": timed,
+        "kernels": int(rows["kernels"].sum()), "uncosted": int(rows["uncosted"].sum()),
+        "achieved_flops_per_s": flops / secs, "achieved_bytes_per_s": nbytes / secs,
+        "phases": sorted(rows["phase"].unique().tolist()),
+    })
+    if hardware is not None and out["intensity"] == out["intensity"]:
+        peak = peak_for(hardware, _main_dtype(rows))
+        i = float(out["intensity"])
+        ridge = costs.ridge(peak, hardware.mem_bandwidth)
+        bound = costs.bound(i, ridge)
+        out.update({
+            "peak_flops_per_s": peak,
+            "attainable_flops_per_s": costs.attainable(i, peak, hardware.mem_bandwidth),
+            "pct_of_roof": 100.0 * (out["achieved_bytes_per_s"] / hardware.mem_bandwidth
+                                    if bound == "memory" else out["achieved_flops_per_s"] / peak),
+            "bound": bound,
+        })
+    return out
+
+
+def reconcile(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per operator (aggregated rows, per phase): byte share, intensity and contribution
+    bytes_i/Σbytes · I_i = flops_i/Σbytes; contributions sum to the phase's ΣFLOPs/Σbytes."""
+    rows = ops[ops["layer"].isna() & ops["bytes"].notna()]
+    out = rows[["phase", "operator", "flops", "bytes", "intensity"]].reset_index(drop=True)
+    total = out.groupby("phase")["bytes"].transform("sum")
+    out["byte_share"] = out["bytes"] / total
+    out["contribution"] = out["flops"] / total
+    return out.sort_values(["phase", "contribution"], ascending=[True, False],
+                           kind="stable").reset_index(drop=True)
+
+
+def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataFrame:
+    """Full-model costs of one step per (phase, operator) (`EXTRAPOLATED_COLUMNS`).
+
+    Per-layer operators: the trace's per-step cost divided by the layers it holds (distinct
+    `layer` values, else attention instances per step, else 1) and multiplied by `layers`.
+    Operators outside the layers (`MODEL_LEVEL`) keep their traced cost; embedding, final_norm
+    and lm_head are added from the model when the trace lacks them (final_norm = the traced
+    input_norm of one layer when there is one, else an RMSNorm).
+    """
+    if layers < 1:
+        raise InputError(f"--layers must be >= 1, got {layers}")
+    parts = []
+    for phase, c in costed[costed["flops"].notna()].groupby("phase", sort=False):
+        steps = max(c["step"].nunique(), 1)
+        per_layer = ~c["operator"].isin(MODEL_LEVEL)
+        in_trace = c.loc[per_layer, "layer"].nunique()
+        if in_trace == 0:
+            attn = c["cost_kind"].eq("attention")
+            in_trace = max(round(attn.sum() / steps), 1)
+        sums = c.groupby("operator", sort=False)[["flops", "bytes"]].sum() / steps
+        scale = pd.Series(1.0, index=sums.index)
+        layered = sums.index[~sums.index.isin(MODEL_LEVEL)]
+        scale[layered] = layers / in_trace
+        found = pd.DataFrame({
+            "operator": sums.index, "flops": (sums["flops"] * scale).to_numpy(),
+            "bytes": (sums["bytes"] * scale).to_numpy(),
+            "source": np.where(scale.to_numpy() == 1.0, "trace", f"trace x{layers / in_trace:g}"),
+        })
+        tokens, sequences = _tokens(c)
+        added = model_level_costs(model, tokens, sequences)
+        if "input_norm" in sums.index:
+            norm = sums.loc["input_norm"] / in_trace
+            added.loc[added["operator"] == "final_norm", ["flops", "bytes"]] = norm.to_numpy()
+        added = added[~added["operator"].isin(sums.index)].assign(source="model")
+        part = pd.concat([found, added[["operator", "flops", "bytes", "source"]]],
+                         ignore_index=True)
+        parts.append(part.assign(phase=phase))
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=list(EXTRAPOLATED_COLUMNS))
+    out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
+    total = out.groupby("phase")["bytes"].transform("sum")
+    out["byte_share"] = out["bytes"] / total
+    out["contribution"] = out["flops"] / total
+    return out[list(EXTRAPOLATED_COLUMNS)].astype(EXTRAPOLATED_COLUMNS)
+
+
+def _tokens(c: pd.DataFrame) -> tuple[int, int]:
+    """(tokens, sequences) per step: from attention B·T and B, else a GEMM's M for both."""
+    attn = c[c["cost_kind"].eq("attention")]
+    if len(attn):
+        b, t = int(attn["B"].median()), int(attn["T"].median())
+        return b * t, b
+    gemm = c[c["cost_kind"].eq("gemm")]
+    m = int(gemm["M"].median()) if len(gemm) else 1
+    return m, m
