@@ -7,8 +7,8 @@
   TF32 allowed, fp32 one with TF32 forbidden. CPUs have no TF32: there the tf32 entry is the same
   float32 measurement, and `method` says so.
 Each figure: warm-up, then `repeats` timed runs (CUDA events per run; perf_counter on CPU),
-median. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name, date,
-method} -- what trace_roofline.hardware.Hardware.from_json reads.
+median. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name,
+device_names, date, method} -- what trace_roofline.hardware.from_json reads.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
     repeats = repeats or d["repeats"]
     if dev.type == "cuda":
         dev_name = torch.cuda.get_device_name(dev)
-        l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)
         progress(f"[calibrate] {dev_name}, L2 {l2 / 2**20:.0f} MiB, copy buffers "
                  f"{copy_bytes / 2**30:.2f} GiB")
     else:
@@ -130,6 +130,7 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
         "source": (f"measured by trace-roofline calibrate on {date} (torch {torch.__version__}, "
                    f"{dev_name})"),
         "device_name": dev_name,
+        "device_names": [dev_name],  # trace deviceProperties names this file applies to
         "date": date,
         "method": method,
     }

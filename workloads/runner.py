@@ -61,12 +61,17 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def device_tag(device: torch.device) -> str:
-    """Short file-name tag: 'cpu', or the GPU model ('NVIDIA H200' -> 'h200',
-    'NVIDIA GeForce RTX 4090' -> 'rtx4090', 'NVIDIA A100-SXM4-80GB' -> 'a100')."""
+    """Short file-name tag: 'cpu', or the GPU model (see gpu_tag)."""
     if device.type != "cuda":
         return device.type
-    name = torch.cuda.get_device_name(device).lower()
-    words = [w for w in re.split(r"[\s_]+", name) if w not in ("nvidia", "geforce", "tesla")]
+    return gpu_tag(torch.cuda.get_device_name(device))
+
+
+def gpu_tag(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA GeForce RTX 4090' -> 'rtx4090',
+    'NVIDIA A100-SXM4-80GB' -> 'a100': words up to the first one holding a digit."""
+    words = [w for w in re.split(r"[\s_]+", name.lower())
+             if w and w not in ("nvidia", "geforce", "tesla")]
     parts: list[str] = []
     for w in words:
         parts.append(re.sub(r"[^a-z0-9]", "", w.split("-")[0]))
@@ -100,12 +105,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(cfg: RunConfig, device: torch.device) -> tuple[DecoderStack, torch.Tensor, int]:
-    """The stack with its cache allocated, the step input x [B, T, H] and the start position."""
+def validate(cfg: RunConfig) -> None:
+    """Raise ValueError (InputError for an unknown model) before anything is written."""
     if cfg.phase not in ("decode", "prefill"):
         raise ValueError(f"phase must be decode or prefill, got {cfg.phase!r}")
     if min(cfg.batch, cfg.context, cfg.tokens, cfg.layers, cfg.steps) < 1 or cfg.warmup < 0:
         raise ValueError("batch, context, tokens, layers and steps must be >= 1, warmup >= 0")
+    if (cfg.dtype or "bfloat16").lower() not in DTYPES:
+        raise ValueError(f"unknown dtype {cfg.dtype!r} (one of {', '.join(DTYPES)})")
+    get_model(cfg.model)
+
+
+def build(cfg: RunConfig, device: torch.device) -> tuple[DecoderStack, torch.Tensor, int]:
+    """The stack with its cache allocated, the step input x [B, T, H] and the start position."""
+    validate(cfg)
     spec = get_model(cfg.model)
     dtype = DTYPES[(cfg.dtype or spec.dtype).lower()]
     length = cfg.context if cfg.phase == "decode" else cfg.tokens
@@ -157,6 +170,7 @@ def _atomic_export(prof: torch.profiler.profile, path: Path) -> None:
 def run(cfg: RunConfig, progress: Callable[[str], None] = print) -> dict:
     """Build, check, warm up, then profile (or plainly run) the steps. Returns a summary dict
     with the trace path (None for a plain run)."""
+    validate(cfg)
     device = resolve_device(cfg.device)
     tag = device_tag(device)
     out_dir = Path(cfg.out)

@@ -44,8 +44,8 @@ def load_hardware(spec: str | None, device_name: str | None) -> dict | None:
         from trace_roofline import hardware as hw
         if spec:
             h = hw.get_hardware(spec)
-        elif device_name and hasattr(hw, "hardware_for_device_name"):
-            h = hw.hardware_for_device_name(device_name)
+        elif device_name:
+            h = hw.for_device_name(device_name)
         else:
             return None
     except (ImportError, AttributeError, TypeError, LookupError, ValueError):
@@ -91,8 +91,8 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
     profiled trace to trace_path."""
     b = torch.tensor([], dtype=dtype).element_size()
     gen = torch.Generator(device=device).manual_seed(seed)
-    l2 = (torch.cuda.get_device_properties(device).L2_cache_size
-          if device.type == "cuda" else 64 << 20)
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    l2 = getattr(props, "L2_cache_size", 0) or 64 << 20
     copies = max(1, math.ceil(4 * l2 / (k * n * b)))
     ws = [torch.randn(k, n, generator=gen, device=device, dtype=torch.float32).to(dtype)
           for _ in range(copies)]  # [K, N] each

@@ -1,0 +1,245 @@
+"""CPU tests of workloads/: the layer vs a float32 reference (and HF), profiled traces, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trace_roofline.models import get_model  # noqa: E402
+from workloads.layer import OPERATORS, DecoderStack  # noqa: E402
+from workloads.runner import RunConfig, build, check_correctness, gpu_tag, run, trace_stem  # noqa: E402,E501
+
+TINY = get_model("qwen-tiny")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+def load_events(path: str | Path) -> list[dict]:
+    with gzip.open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_layer_matches_float32_reference(phase: str, layout: str, dtype: str) -> None:
+    cfg = RunConfig(model="qwen-tiny", phase=phase, batch=2, context=40, tokens=24,
+                    device="cpu", dtype=dtype, layout=layout, layers=2)
+    stack, x, pos = build(cfg, torch.device("cpu"))
+    results = check_correctness(stack, x, pos)
+    assert [r["layer"] for r in results] == [0, 1]
+    if dtype == "float32":  # float32 vs float32: only summation order differs
+        assert max(r["out"] for r in results) < 1e-5
+
+
+def test_reference_check_catches_a_wrong_layer() -> None:
+    cfg = RunConfig(model="qwen-tiny", phase="decode", batch=2, context=40, device="cpu")
+    stack, x, pos = build(cfg, torch.device("cpu"))
+    with torch.no_grad():  # break RoPE for the cached keys only: out and k_cache must notice
+        stack.sin.neg_()
+    with pytest.raises(AssertionError, match="differs from the float32 reference"):
+        check_correctness(stack, x, pos)
+
+
+def test_fused_layout_computes_the_same_function() -> None:
+    outs = []
+    for layout in ("separate", "fused"):
+        cfg = RunConfig(model="qwen-tiny", phase="prefill", batch=2, tokens=16, device="cpu",
+                        layout=layout)
+        stack, x, pos = build(cfg, torch.device("cpu"))
+        with torch.inference_mode():
+            outs.append(stack(x, pos))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attends_to_exactly_s_keys() -> None:
+    """Changing a cached key beyond position S-1 must not change the output; before it must."""
+    cfg = RunConfig(model="qwen-tiny", phase="decode", batch=1, context=20, device="cpu")
+    stack, x, pos = build(cfg, torch.device("cpu"))
+    attn = stack.layers[0].self_attn
+    big = torch.zeros(1, TINY.num_kv_heads, 40, TINY.head_dim)
+    big[:, :, :20] = attn.k_cache
+    vbig = torch.zeros_like(big)
+    vbig[:, :, :20] = attn.v_cache
+    with torch.inference_mode():
+        base = stack(x, pos)
+        attn.k_cache, attn.v_cache = big.clone(), vbig.clone()
+        attn.k_cache[:, :, 25:] = 100.0  # beyond S: ignored
+        same = stack(x, pos)
+        attn.k_cache[:, :, 3] = 5.0  # inside S: seen
+        changed = stack(x, pos)
+    torch.testing.assert_close(same, base)
+    assert not torch.allclose(changed, base)
+
+
+def test_layer_matches_hf_qwen2_decoder_layer() -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2 import modeling_qwen2 as hf
+
+    from workloads.hf_capture import qwen2_config
+
+    cfg = qwen2_config(TINY, layers=1, dtype=torch.float32)
+    hf_layer = hf.Qwen2DecoderLayer(cfg, layer_idx=0).eval()
+    rope = hf.Qwen2RotaryEmbedding(cfg)
+    ours = DecoderStack(TINY, 1, annotate="none", seed=3, dtype=torch.float32, max_positions=256)
+    ours.allocate_cache(2, 24, random_fill=False)
+    hf_layer.load_state_dict(ours.weights[0])
+    x = torch.randn(2, 24, TINY.hidden_size)
+    pos_ids = torch.arange(24)[None].expand(2, -1)
+    with torch.inference_mode():
+        want = hf_layer(x, attention_mask=None, position_ids=pos_ids,
+                        position_embeddings=rope(x, pos_ids))
+        want = want[0] if isinstance(want, tuple) else want
+        got = ours(x, 0)
+    assert transformers.__version__
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def ranges(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e.get("cat") == "user_annotation" and e["name"] == name]
+
+
+def ops_inside(events: list[dict], rng: dict) -> list[dict]:
+    a, b = rng["ts"], rng["ts"] + rng["dur"]
+    return [e for e in events if e.get("cat") == "cpu_op" and e["tid"] == rng["tid"]
+            and a <= e["ts"] and e["ts"] + e["dur"] <= b]
+
+
+def dims_in(ops: list[dict], opname: str) -> list[list]:
+    return [e["args"]["Input Dims"] for e in ops if e["name"] == opname]
+
+
+@pytest.fixture(scope="module")
+def cpu_decode_trace(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("trace")
+    return run(RunConfig(model="qwen-tiny", phase="decode", batch=2, context=48, device="cpu",
+                         warmup=1, steps=2, out=str(out)), progress=quiet)
+
+
+def test_profiled_cpu_run_has_every_range_with_shapes(cpu_decode_trace: dict) -> None:
+    path = Path(cpu_decode_trace["trace"])
+    assert path.name == "qwen-tiny_decode_b2_s48_cpu.json.gz"
+    events = load_events(path)
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    assert len(steps) == 2
+    for op in OPERATORS["separate"]:
+        assert len(ranges(events, op)) == 2 * (2 if op == "residual" else 1), op
+    B, H, S = 2, TINY.hidden_size, 48
+    nq, nkv, d = TINY.num_heads, TINY.num_kv_heads, TINY.head_dim
+    for name, (k, n, bias) in TINY.linears().items():
+        ops = ops_inside(events, ranges(events, name)[0])
+        assert [[B, 1, k], [n, k]] + ([[n]] if bias else [[]]) in dims_in(ops, "aten::linear")
+    attn = ops_inside(events, ranges(events, "attention")[0])
+    sdpa = dims_in(attn, "aten::scaled_dot_product_attention")
+    assert sdpa and sdpa[0][:3] == [[B, nq, 1, d], [B, nkv, S, d], [B, nkv, S, d]]
+    cache = dims_in(ops_inside(events, ranges(events, "kv_cache")[0]), "aten::copy_")
+    assert cache.count([[B, nkv, 1, d], [B, nkv, 1, d], []]) == 2  # K and V written
+    norm = dims_in(ops_inside(events, ranges(events, "input_norm")[0]), "aten::mean")
+    assert norm and norm[0][0] == [B, 1, H]
+
+
+def test_trace_carries_workload_metadata(cpu_decode_trace: dict) -> None:
+    with gzip.open(cpu_decode_trace["trace"]) as f:
+        meta = json.load(f)["trace_roofline_workload"]  # a JSON object at the top level
+    assert meta["phase"] == "decode" and meta["batch"] == 2 and meta["context"] == 48
+
+
+def test_unannotated_run_has_no_operator_ranges(tmp_path: Path) -> None:
+    summary = run(RunConfig(model="qwen-tiny", phase="prefill", tokens=16, device="cpu",
+                            annotate="none", warmup=1, steps=1, out=str(tmp_path)),
+                  progress=quiet)
+    events = load_events(summary["trace"])
+    names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+    assert names == {"ProfilerStep#1"}
+    assert any(e["name"] == "aten::scaled_dot_product_attention" for e in events)
+
+
+def test_trace_names_say_what_ran() -> None:
+    cfg = RunConfig(model="qwen2.5-7b", phase="decode", batch=8, context=2048)
+    assert trace_stem(cfg, "h200") == "qwen2.5-7b_decode_b8_s2048_h200"
+    cfg = RunConfig(phase="prefill", tokens=512, layout="fused", annotate="none", compile=True)
+    assert trace_stem(cfg, "cpu") == "qwen2.5-7b_prefill_b1_t512_fused_compiled_noannot_cpu"
+    assert gpu_tag("NVIDIA H200") == "h200"
+    assert gpu_tag("NVIDIA GeForce RTX 4090") == "rtx4090"
+    assert gpu_tag("NVIDIA A100-SXM4-80GB") == "a100"
+
+
+def test_bad_shapes_are_rejected() -> None:
+    with pytest.raises(ValueError, match="batch"):
+        build(RunConfig(model="qwen-tiny", batch=0, device="cpu"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="phase"):
+        build(RunConfig(model="qwen-tiny", phase="train", device="cpu"), torch.device("cpu"))
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workloads", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_run_writes_what_it_promises(tmp_path: Path) -> None:
+    r = cli("run", "--model", "qwen-tiny", "--device", "cpu", "--phase", "prefill",
+            "--batch", "2", "--tokens", "12", "--steps", "1", "--warmup", "1",
+            "--out", str(tmp_path / "o"), "--summary", str(tmp_path / "s.json"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    want = tmp_path / "o" / "qwen-tiny_prefill_b2_t12_cpu.json.gz"
+    assert r.stdout.strip() == str(want)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [want.name]
+    assert f"wrote {want}" in r.stderr  # progress ends saying where the file is
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["trace"] == str(want) and summary["check"][0]["out"] < 1e-5
+    assert any(e["name"] == "q_proj" for e in load_events(want))
+
+
+def test_cli_run_rejects_bad_arguments(tmp_path: Path) -> None:
+    r = cli("run", "--model", "qwen-tiny", "--device", "cpu", "--batch", "0",
+            "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2
+    assert "batch" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_cli_sweep_cpu(tmp_path: Path) -> None:
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"name": "x", "peak_flops": {"fp32": 1e11, "bf16": 2e11},
+                              "mem_bandwidth": 1e10, "source": "test"}))
+    r = cli("sweep", "--model", "qwen-tiny", "--device", "cpu", "--m", "1,64", "--iters", "5",
+            "--warmup", "1", "--hardware", str(hw), "--out", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(Path(r.stdout.strip()).read_text())
+    rows = {row["M"]: row for row in res["rows"]}
+    k = n = TINY.hidden_size
+    # hand-computed: M=1, fp32: I = 2KN / ((K + KN + N) * 4)
+    assert rows[1]["intensity"] == pytest.approx(2 * k * n / ((k + k * n + n) * 4))
+    assert rows[1]["attainable_tflops"] == pytest.approx(rows[1]["intensity"] * 1e10 / 1e12)
+    # M=64: I = 2*64*256*256 / ((64*256 + 256*256 + 64*256) * 4) = 21.33 > ridge 1e11/1e10 = 10
+    assert rows[64]["intensity"] == pytest.approx(21.333, rel=1e-4)
+    assert rows[1]["bound"] == "memory" and rows[64]["bound"] == "compute"
+    events = load_events(res["trace"])
+    assert {"m_sweep.M1", "m_sweep.M64"} <= {e["name"] for e in events}
+    mm = [e["args"]["Input Dims"] for e in events if e.get("name") == "aten::mm"]
+    assert [[64, k], [k, n]] in mm and [[1, k], [k, n]] in mm
+
+
+def test_cli_calibrate_cpu_writes_hardware_json(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    r = cli("calibrate", "--device", "cpu", "--sizes", "128,256", "--copy-mib", "64",
+            "--repeats", "3", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    hw = json.loads(out.read_text())
+    assert set(hw) == {"name", "peak_flops", "mem_bandwidth", "source", "device_name",
+                       "device_names", "date", "method"}
+    assert all(v > 0 for v in hw["peak_flops"].values())
+    assert hw["peak_flops"]["tf32"] == hw["peak_flops"]["fp32"]  # no TF32 on CPUs, said so
+    assert "no TF32" in hw["method"] and hw["date"] in hw["source"]
+    assert 1e8 < hw["mem_bandwidth"] < 1e13
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]

@@ -1,0 +1,199 @@
+"""Subcommands run, sweep, calibrate, hf-capture. Importable without torch: handlers import lazily.
+
+trace_roofline/cli.py registers run/sweep/calibrate through add_<cmd>_parser(subparsers);
+`python -m workloads <cmd>` gives the same commands (plus hf-capture) without the analyzer CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="profile a synthetic decoder layer (decode or prefill) to a Chrome trace",
+        description="Build a decoder layer of a model preset with random seeded weights, check it "
+                    "against a float32 reference, and profile warm-up + N steps under "
+                    "torch.profiler; writes OUT/<model>_<phase>_b<B>_<s|t><n>[...]_<device>"
+                    ".json.gz.")
+    p.add_argument("--model", default="qwen2.5-7b", help="preset or HF config.json")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--batch", "-b", type=int, default=1, help="sequences B")
+    p.add_argument("--context", "-s", type=int, default=2048,
+                   help="decode: keys the new token attends to (S)")
+    p.add_argument("--tokens", "-t", type=int, default=512, help="prefill: tokens T")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
+    p.add_argument("--dtype", default=None, help="bfloat16|float16|float32 (default: model's)")
+    p.add_argument("--layers", type=int, default=1, help="decoder layers stacked")
+    p.add_argument("--layout", choices=("separate", "fused"), default="separate",
+                   help="HF q/k/v + gate/up modules, or fused qkv_proj / gate_up_proj")
+    p.add_argument("--annotate", choices=("record_function", "nvtx", "none"),
+                   default="record_function", help="operator ranges (none: unannotated fixture)")
+    p.add_argument("--compile", action="store_true", help="run the stack under torch.compile")
+    p.add_argument("--warmup", type=int, default=2, help="profiler warm-up steps")
+    p.add_argument("--steps", type=int, default=3, help="profiled (active) steps")
+    p.add_argument("--with-stack", action="store_true", help="record Python stacks")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="run without torch.profiler, active steps between cudaProfilerStart/Stop "
+                        "(for ncu --profile-from-start off; see workloads/ncu_capture.sh)")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the float32 reference check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default=None, help="file stem instead of the generated one")
+    p.add_argument("--out", "-o", default="traces", help="output directory")
+    p.add_argument("--summary", default=None, help="also write the run summary JSON here")
+    p.set_defaults(func=run_command)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from workloads.runner import RunConfig, run
+
+    fields = ("model", "phase", "batch", "context", "tokens", "device", "dtype", "layers",
+              "layout", "annotate", "compile", "warmup", "steps", "with_stack", "profile",
+              "check", "seed", "name", "out")
+    cfg = RunConfig(**{f: getattr(args, f) for f in fields})
+    try:
+        summary = run(cfg, progress=_progress)
+    except ValueError as e:
+        _progress(f"trace-roofline run: {e}")
+        return 2
+    if args.summary:
+        _write_json(Path(args.summary), summary)
+    print(summary["trace"] or "(no trace: --no-profile)")
+    return 0
+
+
+def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "sweep", help="the M-knob lab: time a projection GEMM at several M",
+        description="Time Y = X @ W for a model projection's (K, N) at each M (CUDA events, "
+                    "warm-up, median), report achieved vs attainable TFLOP/s, and profile the "
+                    "same calls; writes <stem>.results.json and <stem>.json.gz.")
+    p.add_argument("--model", default="qwen2.5-7b")
+    p.add_argument("--projection", default="q_proj", help="q_proj, k_proj, ..., gate_up_proj")
+    p.add_argument("--m", type=_ints, default=(1, 16, 64, 256, 1024), help="e.g. 1,16,64")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, model's on CPU")
+    p.add_argument("--device", default=None)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--hardware", default=None,
+                   help="hardware JSON or preset for the attainable column "
+                        "(default: the preset matching the GPU, if any)")
+    p.add_argument("--no-trace", dest="trace", action="store_false")
+    p.add_argument("--out", "-o", default="traces")
+    p.set_defaults(func=sweep_command)
+    return p
+
+
+def sweep_command(args: argparse.Namespace) -> int:
+    from workloads.sweep import run_sweep
+
+    try:
+        _, path = run_sweep(args.model, args.projection, args.m, args.dtype, args.device,
+                            args.warmup, args.iters, args.hardware, args.out, args.trace,
+                            progress=_progress)
+    except (ValueError, OSError) as e:
+        _progress(f"trace-roofline sweep: {e}")
+        return 2
+    print(path)
+    return 0
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "calibrate", help="measure copy bandwidth and matmul peaks into a hardware JSON",
+        description="Measure device-to-device copy bandwidth (read + write) and bf16/fp16/tf32/"
+                    "fp32 matmul peaks (random data, warm-up, median of repeats), and write a "
+                    "hardware JSON that --hardware accepts.")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
+    p.add_argument("--out", "-o", default=None, help="JSON path (default: print to stdout)")
+    p.add_argument("--sizes", type=_ints, default=None, help="square GEMM sizes, e.g. 4096,8192")
+    p.add_argument("--copy-mib", type=int, default=None, help="copy buffer size in MiB")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--raw", default=None, help="also write every measurement to this JSON")
+    p.set_defaults(func=calibrate_command)
+    return p
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from workloads.calibrate import calibrate
+
+    try:
+        hw, raw = calibrate(args.device, args.copy_mib and args.copy_mib << 20, args.sizes,
+                            repeats=args.repeats, progress=_progress)
+    except ValueError as e:
+        _progress(f"trace-roofline calibrate: {e}")
+        return 2
+    if args.raw:
+        _write_json(Path(args.raw), raw)
+    if args.out:
+        _write_json(Path(args.out), hw)
+        _progress(f"[calibrate] wrote {args.out}")
+    else:
+        print(json.dumps(hw, indent=2))
+    return 0
+
+
+def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "hf-capture", help="unannotated trace of HF Qwen2ForCausalLM (needs transformers)")
+    p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
+    p.add_argument("--model", default="qwen2.5-7b")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch", "-b", type=int, default=1)
+    p.add_argument("--tokens", "-t", type=int, default=512, help="prompt tokens")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--out", "-o", default="traces")
+    p.set_defaults(func=hf_capture_command)
+    return p
+
+
+def hf_capture_command(args: argparse.Namespace) -> int:
+    from workloads.hf_capture import capture
+
+    path = capture(args.phase, args.model, args.layers, args.batch, args.tokens, args.device,
+                   args.dtype, args.warmup, args.steps, args.with_stack, args.out,
+                   progress=_progress)
+    print(path)
+    return 0
+
+
+def _write_json(path: Path, obj: object) -> None:
+    """Write atomically: a partial file never takes the final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workloads")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_run_parser, add_sweep_parser, add_calibrate_parser, add_hf_capture_parser):
+        add(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
