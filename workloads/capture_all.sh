@@ -25,16 +25,16 @@ retar() { tar czf "$OUT/captures.tar.gz.partial" -C "$W" . && mv "$OUT/captures.
   (command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu) >> "$W/versions.txt" 2>&1
   retar
   # 1. calibration, annotated traces, sweep, unannotated fixtures (one process)
-  timeout 420 python3 -m workloads.capture_all "$W" "tar czf $OUT/captures.tar.gz.partial -C $W . && mv $OUT/captures.tar.gz.partial $OUT/captures.tar.gz"
+  timeout 330 python3 -m workloads.capture_all "$W" "tar czf $OUT/captures.tar.gz.partial -C $W . && mv $OUT/captures.tar.gz.partial $OUT/captures.tar.gz"
   echo "capture_all exit $?"
   retar
   # 2. ncu: same decode B=1 S=2048 workload as qwen2.5-7b_decode_b1_s2048_h200.json.gz
-  timeout 150 bash workloads/ncu_capture.sh "$W/qwen2.5-7b_decode_b1_s2048_h200.ncu.csv" \
+  timeout 110 bash workloads/ncu_capture.sh "$W/qwen2.5-7b_decode_b1_s2048_h200.ncu.csv" \
       --phase decode --batch 1 --context 2048 --warmup 2 --steps 3 --out "$W"
   echo "ncu exit $?"
   retar
   # 3. GPU tests
-  timeout 150 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_workloads_gpu.py > "$W/pytest_gpu.log" 2>&1
+  timeout 110 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_workloads_gpu.py > "$W/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
   retar
   ls -la "$W"
