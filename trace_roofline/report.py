@@ -11,7 +11,8 @@ from dataclasses import asdict
 
 import pandas as pd
 
-from trace_roofline.roofline import Analysis, peak_for
+from trace_roofline.hardware import Hardware
+from trace_roofline.roofline import Analysis, main_dtype, peak_for
 
 CONVENTION_TEXT = {
     "causal": {"causal": "causal attention counts only unmasked query-key pairs",
@@ -27,23 +28,16 @@ OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "b
                  "exceeds_roof", "measured_bytes", "measured_intensity"]
 
 
-def hardware_summary(a: Analysis) -> dict[str, object] | None:
-    """The device's ceilings at the trace's main compute dtype."""
-    hw = a.hardware
+def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str, object] | None:
+    """The device's ceilings (`hardware`, else the analysis's) at the trace's compute dtype."""
+    hw = hardware or a.hardware
     if hw is None:
         return None
-    dtype = _main_dtype(a)
+    dtype = main_dtype(a.costed) or "bf16"
     peak = peak_for(hw, dtype)
     return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
             "source": hw.source}
-
-
-def _main_dtype(a: Analysis) -> str:
-    rows = a.operators[a.operators["layer"].isna() & a.operators["flops"].notna()]
-    if len(rows) and rows["flops"].max() > 0:
-        return str(rows.groupby("dtype")["flops"].sum().idxmax())
-    return "bf16"
 
 
 def conventions_line(a: Analysis) -> str:

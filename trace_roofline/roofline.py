@@ -132,7 +132,7 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
     ops = pd.concat([overall, per_layer], ignore_index=True)
     phase_time = costed.groupby("phase")["time_us"].sum()
     ops["time_share"] = ops["time_us"] / ops["phase"].map(phase_time)
-    ops = _roofs(ops, hardware, _main_dtype(costed))
+    ops = _roofs(ops, hardware, main_dtype(costed))
     ops = ops[list(OPERATOR_COLUMNS)].astype(OPERATOR_COLUMNS)
     ops = ops.sort_values(["layer", "time_us"], ascending=[True, False], na_position="first",
                           kind="stable").reset_index(drop=True)
@@ -166,9 +166,9 @@ def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out
 
 
-def _main_dtype(costed: pd.DataFrame) -> str | None:
-    """The dtype carrying the most FLOPs in the trace (the model's compute dtype)."""
-    flops = costed.groupby("dtype")["flops"].sum()
+def main_dtype(table: pd.DataFrame) -> str | None:
+    """The dtype carrying the most FLOPs in a costed or operator table (the compute dtype)."""
+    flops = table.groupby("dtype")["flops"].sum()
     return str(flops.idxmax()) if len(flops) and flops.max() > 0 else None
 
 
@@ -250,7 +250,7 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
         "phases": sorted(rows["phase"].unique().tolist()),
     })
     if hardware is not None and out["intensity"] == out["intensity"]:
-        peak = peak_for(hardware, _main_dtype(rows))
+        peak = peak_for(hardware, main_dtype(rows))
         i = float(out["intensity"])
         ridge = costs.ridge(peak, hardware.mem_bandwidth)
         bound = costs.bound(i, ridge)
