@@ -1,0 +1,210 @@
+"""shapes.attach_costs: per-op-instance FLOPs and bytes from trace shapes, hand-computed."""
+
+import math
+
+import pandas as pd
+import pytest
+from roofline_fixtures import BF, F32, Op, attributed, concat, qwen_layer
+
+from trace_roofline import shapes
+from trace_roofline.errors import InputError
+from trace_roofline.models import get_model
+from trace_roofline.shapes import attach_costs
+
+QWEN = get_model("qwen2.5-7b")
+H, I_FF = 3584, 18944
+
+
+def one(ops: list[Op], **kw) -> pd.DataFrame:
+    return attach_costs(attributed(ops), QWEN, **kw)
+
+
+def row(costed: pd.DataFrame, operator: str) -> pd.Series:
+    rows = costed[costed["operator"] == operator]
+    assert len(rows) == 1, rows
+    return rows.iloc[0]
+
+
+@pytest.fixture(scope="module")
+def decode() -> pd.DataFrame:
+    return attach_costs(attributed(qwen_layer(QWEN, 1, 2048)), QWEN, attention_bytes="kv")
+
+
+def test_decode_q_proj_addmm_hand_computed(decode):
+    q = row(decode, "q_proj")
+    # 2·1·3584·3584 multiply-adds + 1·3584 bias adds (costs.gemm_flops)
+    assert q["flops"] == 2 * 1 * H * H + H
+    # X [1,3584] + W [3584,3584] + Y [1,3584], plus the 3584-element bias, all bf16
+    assert q["bytes"] == (H + H * H + H) * 2 + H * 2
+    assert (q["M"], q["K"], q["N"], q["cost_kind"], q["dtype"]) == (1, H, H, "gemm", "bf16")
+    assert pd.isna(q["check"])
+
+
+def test_decode_thin_and_fat_projections(decode):
+    k = row(decode, "k_proj")
+    assert k["flops"] == 2 * H * 512 + 512
+    assert k["bytes"] == (H + H * 512 + 512 + 512) * 2
+    g = row(decode, "gate_proj")  # aten::mm, no bias
+    assert g["flops"] == 2 * H * I_FF
+    assert g["bytes"] == (H + H * I_FF + I_FF) * 2
+    assert g["flops"] / g["bytes"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_split_k_gemm_is_one_instance_costed_once(decode):
+    d = row(decode, "down_proj")
+    assert d["kernels"] == 2 and d["time_us"] == 2.0
+    assert d["flops"] == 2 * I_FF * H
+    assert d["bytes"] == (I_FF + I_FF * H + H) * 2
+
+
+def test_decode_attention_s2048_flash_layout(decode):
+    a = row(decode, "attention")
+    # [B, T, heads, d] layout of _flash_attention_forward: B=1, T=1, n_q=28; K: S=2048, n_kv=4
+    assert (a["B"], a["T"], a["S"], a["causal"], a["phase"]) == (1, 1, 2048, False, "decode")
+    assert a["flops"] == 4 * 28 * 2048 * 128
+    assert a["bytes"] == 2 * 4 * 2048 * 128 * 2  # kv convention: K and V only
+    assert a["flops"] / a["bytes"] == 7.0  # (2/b)·(n_q/n_kv)
+    allb = row(one(qwen_layer(QWEN, 1, 2048)), "attention")
+    assert allb["bytes"] == 2 * 4 * 2048 * 128 * 2 + 2 * 28 * 1 * 128 * 2  # + Q read, O written
+    assert allb["flops"] == a["flops"]
+
+
+def test_prefill_causal_counts_unmasked_pairs_and_full_counts_all():
+    ops = [o for o in qwen_layer(QWEN, 2048, 2048) if o.operator == "attention"]
+    causal = row(one(ops), "attention")
+    full = row(one(ops, causal="full"), "attention")
+    assert causal["phase"] == "prefill" and causal["causal"]
+    assert full["flops"] == 4 * 28 * 2048 * 2048 * 128
+    assert causal["flops"] == 4 * 28 * 128 * (2048 * 2049 / 2)
+    assert causal["flops"] / full["flops"] == pytest.approx(0.5, rel=1e-3)
+    assert causal["bytes"] == full["bytes"]
+    kv = row(one(ops, attention_bytes="kv"), "attention")
+    assert kv["bytes"] == 2 * 4 * 2048 * 128 * 2
+    assert full["flops"] / attach_costs(attributed(ops), QWEN, causal="full",
+                                        attention_bytes="kv")["bytes"].iloc[0] == 7 * 2048
+
+
+def test_is_causal_false_is_trusted_and_missing_flag_means_causal_for_prefill():
+    q, k = [1, 8, 16, 32], [1, 2, 16, 32]
+    types = [BF, BF, BF, "", "Scalar", "Scalar", "", "Scalar"]
+    dims = [q, k, k, [], [], [], [], []]
+    sdpa = "aten::scaled_dot_product_attention"
+    not_causal = Op("attention", sdpa, dims, types, ["", "", "", "", "0.", "False", "", "True"])
+    unknown = Op("attention", sdpa, dims, types, None)
+    c = one([not_causal, unknown])
+    assert c["causal"].tolist() == [False, True]
+    assert c["flops"].tolist() == [4 * 8 * 32 * 16 * 16, 4 * 8 * 32 * (16 * 17 / 2)]
+    assert c["check"].str.contains("n_q,n_kv,d=8,2,32 but qwen2.5-7b has 28,4,128").all()
+
+
+def test_norm_rope_act_and_cache_ops():
+    c = one(qwen_layer(QWEN, 1, 2048))
+    norm = c[c["operator"] == "input_norm"].reset_index(drop=True)
+    # copy_ bf16 -> fp32: read 3584·2, write 3584·4
+    assert norm.loc[0, "bytes"] == H * 2 + H * 4 and norm.loc[0, "flops"] == 0
+    # mean over the last dim: read 3584 floats, write one; 1 FLOP per element read
+    mean = norm[norm["op_name"] == "aten::mean"].iloc[0]
+    assert (mean["flops"], mean["bytes"]) == (H, H * 4 + 4)
+    # final weight multiply [3584] * [1,1,3584] bf16: read both, write the broadcast result
+    assert norm.loc[7, "bytes"] == (H + H + H) * 2 and norm.loc[7, "flops"] == H
+    act = c[c["operator"] == "act"].reset_index(drop=True)
+    assert (act.loc[0, "flops"], act.loc[0, "bytes"]) == (4 * I_FF, 2 * I_FF * 2)  # silu
+    assert (act.loc[1, "flops"], act.loc[1, "bytes"]) == (I_FF, 3 * I_FF * 2)  # mul
+    cat = c[(c["operator"] == "rope") & (c["op_name"] == "aten::cat")].iloc[0]
+    # cat of two [1,28,1,64] halves; the tensor-list dtype comes from the model (bf16)
+    assert (cat["flops"], cat["bytes"], cat["dtype"]) == (0, 2 * 2 * 28 * 64 * 2, "bf16")
+    cache = c[c["operator"] == "kv_cache"]
+    assert cache["bytes"].tolist() == [2 * 4 * 128 * 2] * 2
+
+
+def test_other_gemm_forms():
+    ops = [
+        Op("x", "aten::linear", [[2, 5, 256], [128, 256], [128]], [BF, BF, BF]),
+        Op("x", "aten::matmul", [[2, 5, 256], [256, 128]], [BF, BF]),
+        Op("x", "aten::bmm", [[8, 16, 32], [8, 32, 64]], [BF, BF]),
+        Op("x", "aten::addmm", [[10, 128], [10, 256], [256, 128], [], []],
+           [F32, F32, F32, "Scalar", "Scalar"]),
+        Op("x", "aten::_scaled_mm", [[16, 256], [256, 128], [], [], [], [], [], []],
+           ["c10::Float8_e4m3fn", "c10::Float8_e4m3fn", "float", "float", "", "", "Scalar",
+            "Scalar"], ["", "", "", "", "", "", "15", "False"]),
+    ]
+    c = one(ops)
+    lin, mat, bmm, addmm, fp8 = (c.iloc[i] for i in range(5))
+    assert (lin["M"], lin["flops"], lin["bytes"]) == (10, 2 * 10 * 256 * 128 + 1280,
+                                                      (2560 + 256 * 128 + 1280 + 128) * 2)
+    assert (mat["M"], mat["flops"]) == (10, 2 * 10 * 256 * 128)
+    assert bmm["flops"] == 8 * 2 * 16 * 32 * 64
+    assert bmm["bytes"] == 8 * (16 * 32 + 32 * 64 + 16 * 64) * 2
+    # fp32, and a full [M,N] C matrix read in full
+    assert addmm["bytes"] == (2560 + 256 * 128 + 1280) * 4 + 1280 * 4 and addmm["dtype"] == "fp32"
+    # fp8 operands at 1 byte, bf16 output (out_dtype 15)
+    assert fp8["bytes"] == 16 * 256 + 256 * 128 + 16 * 128 * 2 and fp8["dtype"] == "fp8"
+
+
+def test_uncosted_rows_are_kept_counted_and_time_is_conserved():
+    ops = [
+        *qwen_layer(QWEN, 1, 512),
+        Op("unattributed", None, None, None, durs=(1.25, 0.75)),  # two unlinked memsets
+        Op("sampling/other", "aten::topk", [[1, 152064], [], []], [BF, "Scalar", "Scalar"]),
+        Op("residual", "aten::add", None, None),  # shapes not recorded
+    ]
+    att = attributed(ops)
+    c = attach_costs(att, QWEN)
+    un = c[c["flops"].isna()]
+    assert len(un) == 4 and un["cost_kind"].eq("none").all()
+    assert sorted(un["uncosted"]) == ["aten::add: no recorded shapes", "no cost rule for aten::topk",
+                                      "no linked cpu op", "no linked cpu op"]
+    assert un["bytes"].isna().all()
+    assert math.isclose(c["time_us"].sum(), att["dur_us"].sum(), rel_tol=1e-12)
+    assert c["kernels"].sum() == len(att)
+    assert list(c.columns) == list(shapes.COSTED_COLUMNS)
+
+
+def test_json_decoded_once_per_unique_combination(monkeypatch):
+    calls = []
+    real = shapes._cost
+
+    def counting(*args):
+        calls.append(args[:3])
+        return real(*args)
+
+    monkeypatch.setattr(shapes, "_cost", counting)
+    layers = [attributed(qwen_layer(QWEN, 1, 2048), layer=i, first_event=100 * i,
+                         first_op=10_000 * (i + 1)) for i in range(4)]
+    c = attach_costs(concat(*layers), QWEN)
+    assert len(c) == 4 * len(qwen_layer(QWEN, 1, 2048))
+    assert len(calls) == len(set(calls)) < len(c) / 4
+
+
+def test_preset_mismatch_is_flagged():
+    wrong = Op("q_proj", "aten::mm", [[1, H], [H, 512]], [BF, BF])
+    fine = Op("o_proj", "aten::mm", [[1, H], [H, H]], [BF, BF])
+    c = one([wrong, fine])
+    assert c["check"].iloc[0] == "q_proj: K,N=3584,512 but qwen2.5-7b has 3584,3584"
+    assert pd.isna(c["check"].iloc[1])
+    assert attach_costs(attributed([wrong]), None)["check"].isna().all()
+
+
+def test_phase_per_step():
+    dec = attributed(qwen_layer(QWEN, 1, 64), step=1)
+    pre = attributed(qwen_layer(QWEN, 64, 64), step=0, first_event=500, first_op=5000)
+    c = attach_costs(concat(pre, dec), QWEN)
+    assert set(c.loc[c["step"] == 0, "phase"]) == {"prefill"}
+    assert set(c.loc[c["step"] == 1, "phase"]) == {"decode"}
+
+
+def test_bad_conventions_and_missing_columns():
+    att = attributed(qwen_layer(QWEN, 1, 64))
+    with pytest.raises(InputError, match="--causal"):
+        attach_costs(att, QWEN, causal="half")
+    with pytest.raises(InputError, match="--attention-bytes"):
+        attach_costs(att, QWEN, attention_bytes="q")
+    with pytest.raises(InputError, match="input_dims"):
+        attach_costs(att.drop(columns=["input_dims"]), QWEN)
+
+
+def test_model_level_costs():
+    m = shapes.model_level_costs(QWEN, tokens=4, sequences=2).set_index("operator")
+    assert m.loc["embedding", "bytes"] == 4 * H * 2 * 2 + 4 * 8  # rows read + written, int64 ids
+    assert m.loc["lm_head", "flops"] == 2 * 2 * H * 152064  # last position of 2 sequences
+    assert m.loc["lm_head", "bytes"] == (2 * H + H * 152064 + 2 * 152064) * 2
