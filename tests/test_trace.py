@@ -1,0 +1,292 @@
+"""trace.py: tables, dtypes and schema variants on small synthetic Kineto traces."""
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from trace_factory import cpu_trace, gpu_trace, legacy_trace, write
+
+from trace_roofline import trace as T
+from trace_roofline.errors import InputError
+from trace_roofline.trace import SCHEMAS, load_trace, load_traces, parse_dims
+
+DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+               "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset"}
+
+
+def raw_device(doc):
+    """The device events of a trace document, read with the stdlib json module."""
+    return [e for e in doc["traceEvents"] if e.get("cat") in DEVICE_CATS and e.get("ph") == "X"]
+
+
+def assert_schema(tr):
+    for table, schema in SCHEMAS.items():
+        df = getattr(tr, table)
+        assert list(df.columns) == list(schema), table
+        for col, dtype in schema.items():
+            assert str(df[col].dtype) == dtype, (table, col, df[col].dtype)
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    doc = gpu_trace(steps=2)
+    return doc, load_trace(write(doc, tmp_path / "t.json"))
+
+
+def test_tables_of_a_gpu_trace(gpu):
+    doc, tr = gpu
+    assert_schema(tr)
+    assert not tr.cpu_only
+    assert len(tr.device) == 2 * (3 + 2)
+    assert tr.device["kind"].value_counts().to_dict() == {"kernel": 6, "memcpy": 2, "memset": 2}
+    assert len(tr.cpu_ops) == 6 and len(tr.runtime) == 6
+    assert len(tr.flows) == 12 and set(tr.flows["ph"]) == {"s", "f"}
+    assert (tr.flows["cat"] == "ac2g").all()
+    assert len(tr.python_frames) == 2 + 6
+    # annotations: 2 ProfilerStep + 6 user ranges on the CPU + 6 projected on the GPU
+    assert tr.annotations["cat"].value_counts().to_dict() == {
+        "user_annotation": 8, "gpu_user_annotation": 6}
+    assert tr.meta["device_properties"][0]["name"] == "NVIDIA H200"
+    assert tr.meta["base_time_ns"] == 1790000000000000000
+    assert tr.meta["schemaVersion"] == 1 and tr.meta["record_shapes"] == 1
+    assert tr.meta["skipped_events"] == {} and tr.meta["events_with_bad_args"] == 0
+
+
+def test_device_rows_match_the_raw_events_exactly(gpu):
+    doc, tr = gpu
+    raw = raw_device(doc)
+    dev = tr.device
+    assert dev["name"].astype(str).tolist() == [e["name"] for e in raw]
+    # float µs timestamps and durations are kept bit for bit (no rounding to ints or ns)
+    assert dev["ts_us"].tolist() == [e["ts"] for e in raw]
+    assert dev["dur_us"].tolist() == [e["dur"] for e in raw]
+    assert math.fsum(dev["dur_us"]) == math.fsum(e["dur"] for e in raw)
+    assert dev["correlation"].tolist() == [e["args"]["correlation"] for e in raw]
+    assert dev["external_id"].tolist() == [e["args"].get("External id", pd.NA) for e in raw]
+    assert dev["device"].eq(0).all() and dev["stream"].eq(7).all() and dev["pid"].eq(0).all()
+    kernels = dev[dev["kind"] == "kernel"]
+    assert kernels["grid"].iloc[0] == "[28, 1, 1]" and kernels["block"].iloc[0] == "[384, 1, 1]"
+    assert dev.loc[dev["kind"] == "memset", "grid"].isna().all()
+    # event_id is the position in traceEvents
+    events = doc["traceEvents"]
+    assert all(events[i]["name"] == n for i, n in zip(dev["event_id"], dev["name"], strict=True))
+
+
+def test_cpu_ops_keep_raw_shapes_and_parse_lazily(gpu):
+    _, tr = gpu
+    ops = tr.cpu_ops
+    assert ops["name"].astype(str).tolist()[:3] == [
+        "aten::mm", "aten::mm", "aten::_scaled_dot_product_flash_attention"]
+    assert ops["input_dims"].iloc[0] == "[[1, 3584], [3584, 3584]]"
+    assert parse_dims(ops["input_dims"].iloc[:3]) == [
+        [[1, 3584], [3584, 3584]], [[1, 3584], [3584, 512]],
+        [[1, 28, 1, 128], [1, 4, 64, 128], [1, 4, 64, 128]]]
+    assert parse_dims(ops["input_types"].iloc[:1]) == [["c10::BFloat16"] * 2]
+    assert parse_dims(ops["concrete_inputs"].iloc[:1]) == [["", ""]]
+    assert parse_dims(pd.Series([None, "[1, 2", "[[2]]"])) == [None, None, [[2]]]
+    assert ops["op_id"].is_monotonic_increasing
+    assert ops["tid"].eq(100).all() and ops["external_id"].notna().all()
+
+
+def test_runtime_flows_and_frames_link_up(gpu):
+    _, tr = gpu
+    kernels = tr.device[tr.device["kind"] == "kernel"]
+    # every kernel's correlation has one launch, one flow start and one flow end
+    assert set(kernels["correlation"]) == set(tr.runtime["correlation"])
+    for ph in ("s", "f"):
+        assert set(tr.flows.loc[tr.flows["ph"] == ph, "id"]) == set(kernels["correlation"])
+    assert set(kernels["external_id"]) <= set(tr.cpu_ops["external_id"])
+    frames = tr.python_frames
+    roots = frames[frames["parent_id"].isna()]
+    assert len(roots) == 2 and roots["name"].eq("nn.Module: Qwen2Attention_0").all()
+    assert frames["parent_id"].dropna().isin(roots["python_id"]).all()
+
+
+def test_legacy_spellings(tmp_path):
+    """2020-21 Kineto: Kernel/Operator/Runtime/Memcpy/Memset, 'external id', 'Input dims',
+    tid 'stream 7', async_cpu_to_gpu flows, no deviceProperties."""
+    new = load_trace(write(gpu_trace(2), tmp_path / "new.json"))
+    old = load_trace(write(legacy_trace(2), tmp_path / "old.json"))
+    assert_schema(old)
+    for table in ("device", "cpu_ops", "runtime", "python_frames"):
+        a, b = getattr(new, table), getattr(old, table)
+        pd.testing.assert_frame_equal(a, b, check_categorical=False)
+    assert (old.flows["cat"] == "async_cpu_to_gpu").all()
+    assert old.meta["device_properties"] == []
+
+
+def test_old_async_launch_flows_and_case_insensitive_cats(tmp_path):
+    doc = gpu_trace(1)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "ac2g":
+            e.update(cat="async", name="launch")
+        if e.get("cat") == "cuda_runtime":
+            e["cat"] = "CUDA_Runtime"
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    assert len(tr.flows) == 6 and len(tr.runtime) == 3
+
+
+def test_rocm_and_other_runtimes(tmp_path):
+    doc = gpu_trace(1)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cuda_runtime":
+            e["cat"], e["name"] = "hip_runtime", "hipLaunchKernel"
+            e["args"]["stream"] = "0x0"  # ROCm writes the stream as a hex string
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    assert tr.runtime["name"].eq("hipLaunchKernel").all() and len(tr.runtime) == 3
+
+
+def test_missing_external_id_and_missing_args(tmp_path):
+    doc = gpu_trace(1)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    del kernels[0]["args"]["External id"]
+    del kernels[1]["args"]
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    k = tr.device[tr.device["kind"] == "kernel"]
+    assert k["external_id"].isna().tolist() == [True, True, False]
+    assert k["correlation"].isna().tolist() == [False, True, False]
+    # without args, device and stream fall back to pid and tid
+    assert k["device"].tolist() == [0, 0, 0] and k["stream"].tolist() == [7, 7, 7]
+    assert k["grid"].isna().tolist() == [False, True, False]
+
+
+def test_string_pid_and_tid(tmp_path):
+    doc = gpu_trace(1)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cpu_op":
+            e["pid"], e["tid"] = "100", "worker"
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    assert tr.cpu_ops["pid"].eq(100).all() and tr.cpu_ops["tid"].isna().all()
+
+
+def test_int_timestamps_and_absent_device_properties(tmp_path):
+    doc = gpu_trace(1)
+    del doc["deviceProperties"]
+    for e in doc["traceEvents"]:
+        for k in ("ts", "dur"):
+            if k in e and isinstance(e[k], float):
+                e[k] = int(e[k])
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    assert tr.device["ts_us"].dtype == np.float64
+    assert tr.device["ts_us"].tolist() == [e["ts"] for e in raw_device(doc)]
+    assert tr.meta["device_properties"] == [] and "deviceProperties" not in tr.meta
+
+
+def test_ns_decimals_survive(tmp_path):
+    """Sub-µs digits on an absolute epoch-µs clock are kept exactly as the file's floats."""
+    text = ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,'
+            ' "ts": 1712195495505583.125, "dur": 0.001, "args": {"stream": 7}},'
+            ' {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,'
+            ' "ts": 5107214697143.417, "dur": 1.999, "args": {}}]}')
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    tr = load_trace(p)
+    expect = json.loads(text)["traceEvents"]
+    assert tr.device["ts_us"].tolist() == [e["ts"] for e in expect]
+    assert tr.device["dur_us"].tolist() == [0.001, 1.999]
+
+
+def test_cpu_only_trace(tmp_path):
+    tr = load_trace(write(cpu_trace(), tmp_path / "cpu.json"))
+    assert tr.cpu_only and tr.device.empty
+    assert_schema(tr)
+    assert len(tr.cpu_ops) == 3 and tr.cpu_ops["input_dims"].notna().all()
+
+
+def test_profiler_step_written_as_cpu_op_moves_to_annotations(tmp_path):
+    doc = gpu_trace(2)
+    for e in doc["traceEvents"]:
+        if e["name"].startswith("ProfilerStep#"):
+            e["cat"] = "cpu_op"
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    steps = tr.annotations[tr.annotations["name"].str.startswith("ProfilerStep#")]
+    assert steps["cat"].tolist() == ["cpu_op", "cpu_op"]
+    assert not tr.cpu_ops["name"].str.startswith("ProfilerStep#").any()
+    assert tr.annotations["event_id"].is_monotonic_increasing
+    assert_schema(tr)
+
+
+def test_gzip_and_directory_layouts(tmp_path):
+    doc = gpu_trace(1)
+    plain = load_trace(write(doc, tmp_path / "a.json"))
+    gz = load_trace(write(doc, tmp_path / "b.json.gz", gz=True))
+    pd.testing.assert_frame_equal(plain.device, gz.device)
+    d = tmp_path / "tb"
+    d.mkdir()
+    write(doc, d / "host_1.1.pt.trace.json.gz", gz=True)
+    assert len(load_trace(d).device) == len(plain.device)
+    write(doc, d / "host_1.2.pt.trace.json", gz=False)
+    assert [len(t.device) for t in load_traces(d)] == [5, 5]
+    with pytest.raises(InputError, match="2 traces"):
+        load_trace(d)
+
+
+def test_concatenated_gzip_members(tmp_path):
+    data = json.dumps(gpu_trace(1)).encode()
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(data[:100]) + gzip.compress(data[100:]))
+    assert len(load_trace(p).device) == 5
+
+
+def test_top_level_array_format(tmp_path):
+    doc = gpu_trace(1)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc["traceEvents"]))
+    tr = load_trace(p)
+    assert len(tr.device) == 5 and tr.meta["device_properties"] == []
+
+
+def test_byte_order_mark(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(gpu_trace(1)).encode())
+    assert len(load_trace(p).device) == 5
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 7])
+def test_batches_join_seamlessly(tmp_path, monkeypatch, batch):
+    """Batch boundaries anywhere (including compact '},{' separators) change nothing."""
+    doc = gpu_trace(2)
+    ref = load_trace(write(doc, tmp_path / "a.json"))
+    compact = tmp_path / "b.json"
+    compact.write_text(json.dumps(doc, separators=(",", ":")))
+    monkeypatch.setattr(T, "BATCH_EVENTS", batch)
+    for path in (tmp_path / "a.json", compact):
+        tr = load_trace(path)
+        for table in SCHEMAS:
+            pd.testing.assert_frame_equal(getattr(tr, table), getattr(ref, table))
+
+
+def test_input_file_is_not_modified(tmp_path):
+    p = write(gpu_trace(1), tmp_path / "t.json")
+    before = p.read_bytes()
+    load_trace(p)
+    assert p.read_bytes() == before
+
+
+def test_progress_callback(tmp_path):
+    calls = []
+    load_trace(write(gpu_trace(1), tmp_path / "t.json"), progress=lambda *a: calls.append(a))
+    stages = [c[0] for c in calls]
+    assert stages[0] == "read" and stages[-1] == "parse"
+    assert calls[-1][1] == calls[-1][2]  # parse ends at done == total
+
+
+def test_progress_bar_is_silent_off_a_tty(tmp_path):
+    import io
+
+    assert T.progress_bar(io.StringIO()) is None
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    bar = T.progress_bar(out, min_bytes=0)
+    load_trace(write(gpu_trace(1), tmp_path / "t.json"), progress=bar)
+    assert "parse" in out.getvalue() and out.getvalue().endswith("\n")
+    small = Tty()
+    load_trace(tmp_path / "t.json", progress=T.progress_bar(small))
+    assert small.getvalue() == ""  # below min_bytes nothing is drawn
