@@ -1,0 +1,216 @@
+"""roofline: placements, whole model, reconciliation, extrapolation, on synthetic layers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
+
+from trace_roofline import roofline
+from trace_roofline.errors import InputError
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.roofline import analyze, extrapolate, place, reconcile, whole_model
+from trace_roofline.shapes import attach_costs
+
+QWEN = get_model("qwen2.5-7b")
+H200 = get_hardware("h200-sxm")  # 989.4 TFLOP/s bf16, 4.8 TB/s
+H, I_FF = 3584, 18944
+DECODE_US = {"q_proj": (8.0,), "k_proj": (2.5,), "v_proj": (2.5,), "o_proj": (8.0,),
+             "gate_proj": (35.0,), "up_proj": (35.0,), "down_proj": (20.0, 15.0),
+             "attention": (5.0,)}
+
+
+def agg(ops: pd.DataFrame, operator: str, phase: str | None = None) -> pd.Series:
+    rows = ops[(ops["operator"] == operator) & ops["layer"].isna()]
+    if phase:
+        rows = rows[rows["phase"] == phase]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+@pytest.fixture(scope="module")
+def decode():
+    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DECODE_US)), QWEN, H200,
+                   trace="decode", attention_bytes="kv", layers=28)
+
+
+def test_memory_bound_gemm_placement_by_hand(decode):
+    g = agg(decode.operators, "gate_proj")
+    flops, nbytes = 2 * H * I_FF, (H + H * I_FF + I_FF) * 2
+    assert (g["flops"], g["bytes"], g["time_us"], g["kernels"]) == (flops, nbytes, 35.0, 1)
+    assert g["intensity"] == flops / nbytes
+    assert g["achieved_flops_per_s"] == pytest.approx(flops / 35e-6, rel=1e-12)
+    assert g["achieved_bytes_per_s"] == pytest.approx(nbytes / 35e-6, rel=1e-12)
+    assert g["attainable_flops_per_s"] == pytest.approx(flops / nbytes * 4.8e12, rel=1e-12)
+    assert g["pct_of_roof"] == pytest.approx(100 * nbytes / 35e-6 / 4.8e12, rel=1e-12)
+    assert (g["bound"], g["exceeds_roof"], g["dtype"]) == ("memory", False, "bf16")
+    assert g["peak_flops_per_s"] == H200.peak("bf16")
+
+
+def test_decode_gemms_near_one_attention_at_seven(decode):
+    ops = decode.operators
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert agg(ops, name)["intensity"] == pytest.approx(1.0, abs=0.003)
+        assert agg(ops, name)["bound"] == "memory"
+    assert agg(ops, "attention")["intensity"] == 7.0
+    assert agg(ops, "attention")["bound"] == "memory"
+
+
+def test_compute_bound_and_above_roof():
+    gemm = [Op("gate_proj", "aten::mm", [[2048, H], [H, I_FF]], [BF, BF], durs=(400.0,)),
+            Op("up_proj", "aten::mm", [[1, H], [H, I_FF]], [BF, BF], durs=(10.0,))]
+    ops = analyze(attributed(gemm), QWEN, H200).operators
+    pre = agg(ops, "gate_proj")
+    flops = 2 * 2048 * H * I_FF
+    assert pre["bound"] == "compute" and pre["intensity"] > H200.ridge("bf16")
+    assert pre["attainable_flops_per_s"] == H200.peak("bf16")
+    assert pre["pct_of_roof"] == pytest.approx(100 * flops / 400e-6 / 989.4e12, rel=1e-12)
+    fast = agg(ops, "up_proj")  # 135.8 MB in 10 µs = 13.6 TB/s > 4.8 TB/s: impossible from DRAM
+    assert fast["pct_of_roof"] > 100 and fast["exceeds_roof"]
+
+
+def test_reconciliation_sums_to_whole_model_intensity(decode):
+    rec, whole = decode.reconciliation, decode.whole
+    assert whole["intensity"] == whole["flops"] / whole["bytes"]
+    assert math.fsum(rec["contribution"]) == pytest.approx(whole["intensity"], rel=1e-14)
+    assert math.fsum(rec["byte_share"]) == pytest.approx(1.0, rel=1e-14)
+    both = rec["byte_share"] * rec["intensity"]
+    assert np.allclose(both[rec["bytes"] > 0], rec.loc[rec["bytes"] > 0, "contribution"],
+                       rtol=1e-12)
+    costed = decode.costed
+    assert whole["flops"] == pytest.approx(costed["flops"].sum(), rel=1e-14)
+    assert whole["bytes"] == pytest.approx(costed["bytes"].sum(), rel=1e-14)
+
+
+def test_whole_model_time_weighted_rates(decode):
+    w, ops = decode.whole, decode.operators
+    rows = ops[ops["layer"].isna()]
+    assert w["time_us"] == pytest.approx(decode.costed["time_us"].sum(), rel=1e-14)
+    weighted = (rows["achieved_flops_per_s"] * rows["costed_time_us"]).sum()
+    assert w["achieved_flops_per_s"] == pytest.approx(weighted / rows["costed_time_us"].sum(),
+                                                      rel=1e-12)
+    assert w["achieved_flops_per_s"] == pytest.approx(w["flops"] / (w["costed_time_us"] * 1e-6))
+    assert 1.0 < w["intensity"] < 1.1 and w["bound"] == "memory"
+
+
+def test_per_layer_rows_sum_to_the_aggregate():
+    two = concat(attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=0),
+                 attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=1, first_event=100,
+                            first_op=5000, t0=500.0))
+    ops = analyze(two, QWEN, H200).operators
+    q = ops[ops["operator"] == "q_proj"]
+    per_layer, total = q[q["layer"].notna()], q[q["layer"].isna()].iloc[0]
+    assert sorted(per_layer["layer"].tolist()) == [0, 1]
+    assert total["flops"] == per_layer["flops"].sum() and total["time_us"] == 16.0
+    assert total["kernels"] == 2 and total["instances"] == 2
+    assert list(ops.columns) == list(roofline.OPERATOR_COLUMNS)
+
+
+def test_conventions_change_only_attention():
+    layer = attributed(qwen_layer(QWEN, 2048, 2048))
+    base = analyze(layer, QWEN, H200).operators  # causal, all
+    full = analyze(layer, QWEN, H200, causal="full").operators
+    kv = analyze(layer, QWEN, H200, attention_bytes="kv").operators
+    a, f, k = (agg(t, "attention") for t in (base, full, kv))
+    assert a["flops"] / f["flops"] == pytest.approx(0.5, rel=1e-3)  # causal halves prefill
+    assert k["bytes"] < a["bytes"] and k["flops"] == a["flops"]
+    assert f["bytes"] == a["bytes"]
+    for t in (full, kv):
+        other = t[t["operator"] != "attention"].reset_index(drop=True)
+        ref = base[base["operator"] != "attention"].reset_index(drop=True)
+        pd.testing.assert_series_equal(other["flops"], ref["flops"])
+        pd.testing.assert_series_equal(other["bytes"], ref["bytes"])
+
+
+def test_extrapolated_decode_model_sits_near_one(decode):
+    ext = decode.extrapolated.set_index("operator")
+    q = agg(decode.operators, "q_proj")
+    assert ext.loc["q_proj", "flops"] == 28 * q["flops"]
+    assert ext.loc["q_proj", "source"] == "trace x28"
+    assert ext.loc["attention", "intensity"] == 7.0
+    assert ext.loc["lm_head", "source"] == "model"
+    assert ext.loc["lm_head", "flops"] == 2 * H * 152064
+    assert ext.loc["embedding", "flops"] == 0
+    # final_norm: the traced input_norm of one layer
+    assert ext.loc["final_norm", "bytes"] == agg(decode.operators, "input_norm")["bytes"]
+    whole = decode.extrapolated_whole["decode"]
+    assert 0.95 < whole["intensity"] < 1.1  # weights (~14 GB) swamp the KV reads
+    assert math.fsum(ext["contribution"]) == pytest.approx(whole["intensity"], rel=1e-14)
+    # the weights the model reads per decode step: 28 layers + lm_head + the embedding rows
+    weights = 28 * sum(k * n + (n if b else 0) for k, n, b in QWEN.linears().values())
+    assert whole["bytes"] > (weights + H * 152064) * 2
+
+
+def test_extrapolation_divides_by_layers_and_steps_in_the_trace():
+    parts = [attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=lay, step=st,
+                        first_event=1000 * (2 * st + lay), first_op=100_000 * (2 * st + lay + 1))
+             for st in (0, 1) for lay in (0, 1)]
+    costed = attach_costs(concat(*parts), QWEN)
+    ext = extrapolate(costed, QWEN, 28).set_index("operator")
+    one = attach_costs(parts[0], QWEN)
+    assert ext.loc["q_proj", "flops"] == 28 * one.loc[one["operator"] == "q_proj", "flops"].sum()
+    assert ext.loc["q_proj", "source"] == "trace x14"
+    with pytest.raises(InputError, match="layers"):
+        extrapolate(costed, QWEN, 0)
+    with pytest.raises(InputError, match="--model"):
+        analyze(parts[0], None, H200, layers=28)
+
+
+def test_no_hardware_gives_intensities_without_placements():
+    a = analyze(attributed(qwen_layer(QWEN, 1, 2048, DECODE_US)), QWEN, None)
+    q = agg(a.operators, "q_proj")
+    assert q["intensity"] == pytest.approx(1.0, abs=0.003)
+    assert pd.isna(q["attainable_flops_per_s"]) and pd.isna(q["bound"])
+    assert pd.isna(q["exceeds_roof"]) and "bound" not in a.whole
+
+
+def test_dtype_sets_the_peak():
+    ops = [Op("q_proj", "aten::mm", [[4096, 4096], [4096, 4096]], ["float", "float"],
+              durs=(5000.0,)),
+           Op("sampling/other", "aten::add", [[1024], [1024], []], ["long int", "long int", "Scalar"])]
+    t = analyze(attributed(ops), None, H200).operators
+    fp32 = agg(t, "q_proj")
+    assert fp32["peak_flops_per_s"] == H200.peak("fp32") and fp32["bound"] == "compute"
+    # integers have no tensor peak: the trace's main dtype (fp32 here) stands in
+    assert agg(t, "sampling/other")["peak_flops_per_s"] == H200.peak("fp32")
+
+
+def test_unattributed_and_uncosted_time_is_kept_but_not_rated():
+    ops = [*qwen_layer(QWEN, 1, 2048, DECODE_US), Op("unattributed", None, None, None,
+                                                      durs=(3.0,))]
+    a = analyze(attributed(ops), QWEN, H200)
+    u = agg(a.operators, "unattributed")
+    assert (u["time_us"], u["uncosted"], u["costed_time_us"]) == (3.0, 1, 0.0)
+    assert pd.isna(u["flops"]) and pd.isna(u["achieved_flops_per_s"])
+    assert a.whole["time_us"] == a.whole["costed_time_us"] + 3.0
+    assert a.coverage["attributed_time_us"] == a.coverage["kernel_time_us"] - 3.0
+    assert a.coverage["uncosted_instances"] == 1
+
+
+def test_measured_bytes_join_per_layer_and_aggregate():
+    att = concat(attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=0),
+                 attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=1, first_event=100,
+                            first_op=5000))
+    costed = attach_costs(att, QWEN)
+    measured = pd.DataFrame({"layer": [0, 1, 0], "operator": ["q_proj", "q_proj", "k_proj"],
+                             "measured_bytes": [30e6, 32e6, np.nan]})
+    ops = place(costed, H200, measured=measured)
+    q = ops[ops["operator"] == "q_proj"].set_index("layer", drop=False)
+    total = q[q["layer"].isna()].iloc[0]
+    assert total["measured_bytes"] == 62e6
+    assert total["measured_intensity"] == total["flops"] / 62e6
+    assert q.loc[0, "measured_bytes"] == 30e6
+    assert pd.isna(agg(ops, "k_proj")["measured_bytes"])  # a partial measurement is no sum
+
+
+def test_reconcile_is_per_phase():
+    pre = attributed(qwen_layer(QWEN, 64, 64), step=0)
+    dec = attributed(qwen_layer(QWEN, 1, 64), step=1, first_event=500, first_op=5000, t0=900.0)
+    ops = place(attach_costs(concat(pre, dec), QWEN), H200)
+    rec = reconcile(ops)
+    for phase, part in rec.groupby("phase"):
+        rows = ops[(ops["phase"] == phase) & ops["layer"].isna()]
+        assert math.fsum(part["contribution"]) == pytest.approx(
+            whole_model(rows)["intensity"], rel=1e-14)
