@@ -1,0 +1,424 @@
+"""Naming op instances without annotations: GEMM shapes, op names, position, module frames.
+
+Used by `attribute.py`. Everything works on an *instance table*: one row per op instance (the
+innermost shape-carrying cpu op that launched one or more kernels), sorted by launch order
+within a sequence group `grp` (one profiler step on one thread). Columns used:
+`grp`, `op_name`, `top_name` (outermost op around it), `input_dims`.
+
+Evidence, strongest first inside this module:
+- GEMMs named by (K, N) against the model's linears (or linears inferred from the trace's own
+  GEMM shapes); a tie (q/o, k/v, gate/up share a shape) is broken by order of occurrence.
+- Attention and embedding ops by name. These and the named GEMMs are the *anchors*.
+- Everything else by the two anchors around it and its own op name (or, for torch.compile
+  Triton kernels, the aten ops the kernel name says it fuses): e.g. between o_proj and
+  gate_proj a residual `add` then the norm; between the projections and attention the RoPE
+  ops, then the KV-cache writes (cat / copy_ / index_copy_ after the last RoPE op).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline.models import ModelSpec
+
+CORE = ("q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj", "down_proj")
+LINEAR_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
+                "gate_up_proj", "down_proj", "lm_head")
+LAYER_START = {"q_proj", "qkv_proj"}
+PROJ_IN = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
+MLP_IN = {"gate_proj", "up_proj", "gate_up_proj"}
+MLP_START = {"gate_proj", "gate_up_proj"}
+
+# Op families, by the op's base name (after the last "::").
+LINEAR_OPS = {"mm", "addmm", "linear", "matmul", "_scaled_mm", "_addmm_activation"}
+BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
+_ATTN_RE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|"
+                      r"cudnn_attention|paged_attention|flex_attention|unified_attention|"
+                      r"^attention$|attention_forward")
+EMBEDDING_OPS = {"embedding", "embedding_bag", "_embedding_bag"}
+NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
+                 "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_"}
+CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
+ROPE_CORE_OPS = {"neg", "cos", "sin", "mul", "add", "rotary_embedding", "apply_rotary_emb",
+                 "_apply_rotary_emb"}
+KV_WRITE_OPS = {"cat", "copy_", "index_copy_", "index_copy", "index_put_", "index_put",
+                "_index_put_impl_", "slice_scatter", "scatter_", "scatter", "_unsafe_index_put",
+                "reshape_and_cache", "reshape_and_cache_flash", "concat_and_cache_mla"}
+KV_ONLY_OPS = KV_WRITE_OPS - {"cat", "copy_"}
+ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_and_mul",
+           "gelu_tanh_and_mul", "swiglu", "relu", "relu_"}
+SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
+
+# Triton kernel names list the aten ops they fuse: triton_{poi,red,per,tem}_fused_<ops>_<n>.
+_TRITON_RE = re.compile(r"^triton_[a-z]+_fused")
+_TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
+_TOK_ROPE = re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)")
+_TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)")
+_TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
+
+
+def base_name(names: pd.Series) -> pd.Series:
+    """'aten::addmm' -> 'addmm' (Triton kernel names are kept whole)."""
+    return names.astype("string").str.rsplit("::", n=1).str[-1]
+
+
+def is_attention(names: pd.Series) -> pd.Series:
+    base = base_name(names).fillna("")
+    return base.str.contains(_ATTN_RE) & ~base.str.match(_TRITON_RE)
+
+
+def classify(inst: pd.DataFrame) -> pd.DataFrame:
+    """Boolean op-family flags for each instance (from op_name, top_name, Triton tokens)."""
+    op = base_name(inst["op_name"]).fillna("")
+    top = base_name(inst["top_name"]).fillna("")
+    triton = op.str.match(_TRITON_RE)
+    tri = op.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
+    either = lambda s: op.isin(s) | top.isin(s)  # noqa: E731
+    return pd.DataFrame({
+        "triton": triton,
+        "attn": is_attention(inst["op_name"]) | is_attention(inst["top_name"]),
+        "emb": either(EMBEDDING_OPS),
+        "normcore": either(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
+        "cast": top.isin(CAST_OPS),
+        "ropecore": op.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
+        "cossin": op.isin({"cos", "sin"}),
+        "kvwrite": top.isin(KV_WRITE_OPS) | (tri.str.contains(_TOK_KV) & ~tri.str.contains(_TOK_ROPE)),
+        "kvonly": either(KV_ONLY_OPS),
+        "act": either(ACT_OPS) | tri.str.contains(_TOK_ACT),
+        "softmax": either(SOFTMAX_OPS),
+        "bgemm": op.isin(BATCHED_GEMM_OPS),
+    }, index=inst.index)
+
+
+# ----------------------------------------------------------------------------------------------
+# GEMM shapes
+# ----------------------------------------------------------------------------------------------
+def gemm_kn(op_base: pd.Series, dims: list) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) of a weight GEMM from decoded Input Dims; -1 where not a 2-D-weight GEMM.
+
+    mm/_scaled_mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K]);
+    matmul ([..,K], [K,N]) only with a 2-D second operand.
+    """
+    k = np.full(len(dims), -1, dtype=np.int64)
+    n = k.copy()
+    for i, (name, d) in enumerate(zip(op_base.tolist(), dims, strict=True)):
+        try:
+            if name in ("mm", "_scaled_mm", "matmul"):
+                w = d[1]
+            elif name in ("addmm", "_addmm_activation"):
+                w = d[2]
+            elif name == "linear":
+                w = d[1][::-1]
+            else:
+                continue
+            if len(w) == 2 and len(d[0 if name != "addmm" else 1]) >= 2:
+                k[i], n[i] = int(w[0]), int(w[1])
+        except (TypeError, IndexError, ValueError):
+            continue
+    return k, n
+
+
+def model_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """name -> (K, N) for a layer's projections, fused forms and lm_head."""
+    out = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
+    if model.vocab_size:
+        out["lm_head"] = (model.hidden_size, model.vocab_size)
+    return out
+
+
+def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
+    """Guess a Qwen/Llama-style layer's linears from GEMM (K, N) counts (columns K, N, count).
+
+    The MLP is the largest pair (I, H) whose up-projection (H, I) or fused (H, 2I) also occurs;
+    o_proj is the other GEMM into H; k/v the (H, kv) pair occurring twice per o_proj; a fused
+    qkv is (H, q + 2kv). Returns None when no MLP pattern is found.
+    """
+    c = {(int(a), int(b)): int(n) for a, b, n in kn[["K", "N", "count"]].itertuples(index=False)}
+    # the hidden size feeds most GEMMs (q, k, v, gate, up, lm_head)
+    h = int(kn.groupby("K")["count"].sum().idxmax())
+    best = None
+    for (i, n), cnt in c.items():
+        if n != h or i == h:
+            continue
+        fused = (h, 2 * i) in c and (h, i) not in c
+        if ((h, i) in c or fused) and (best is None or i > best[0]):
+            best = (i, h, cnt, fused)
+    if best is None:
+        return None
+    i, h, n_down, fused_mlp = best
+    out: dict[str, tuple[int, int]] = {}
+    o = [(k, cnt) for (k, n), cnt in c.items() if n == h and k != i]
+    q = min(o, key=lambda kc: abs(kc[1] - n_down))[0] if o else h
+    separate_q = c.get((h, q), 0) >= (2 * n_down if q == h else 1)  # q == h: o_proj shares it
+    if separate_q:
+        out["q_proj"] = (h, q)
+        kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q]
+        if kv:
+            n_kv = min(kv, key=lambda nc: abs(nc[1] - 2 * n_down))[0]
+            out["k_proj"] = out["v_proj"] = (h, n_kv)
+    else:
+        fused_qkv = [n for (k, n) in c if k == h and n > q and (n - q) % 2 == 0
+                     and n not in (i, 2 * i)]
+        if fused_qkv:
+            out["qkv_proj"] = (h, min(fused_qkv))
+    out["o_proj"] = (q, h)
+    if fused_mlp:
+        out["gate_up_proj"] = (h, 2 * i)
+    else:
+        out["gate_proj"] = out["up_proj"] = (h, i)
+    out["down_proj"] = (i, h)
+    used = set(out.values())
+    rest = [n for (k, n) in c if k == h and (k, n) not in used]
+    if rest and max(rest) > max(i, 2 * i if fused_mlp else i):
+        out["lm_head"] = (h, max(rest))
+    return out
+
+
+def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -> pd.Series:
+    """Canonical names of weight GEMMs by (K, N); ties by order within the sequence group.
+
+    A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in LINEAR_ORDER
+    as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the 3rd q_proj...
+    GEMMs matching nothing are named `linear[K×N]`.
+    """
+    out = pd.Series(pd.NA, index=inst.index, dtype="string")
+    is_gemm = inst["K"] >= 0
+    if not is_gemm.any():
+        return out
+    g = inst.loc[is_gemm, ["grp", "K", "N"]]
+    generic = ("linear[" + g["K"].astype(str) + "×" + g["N"].astype(str) + "]").astype("string")
+    out.loc[is_gemm] = generic
+    if not linears:
+        return out
+    groups: dict[tuple[int, int], list[str]] = {}
+    for name in LINEAR_ORDER:
+        if name in linears:
+            groups.setdefault(tuple(linears[name]), []).append(name)
+    table = pd.DataFrame(
+        [(k, n, j, name, len(names)) for (k, n), names in groups.items()
+         for j, name in enumerate(names)],
+        columns=["K", "N", "slot", "name", "size"],
+    )
+    occ = g.groupby(["grp", "K", "N"], sort=False).cumcount()
+    sizes = table.drop_duplicates(["K", "N"]).set_index(["K", "N"])["size"]
+    size = pd.MultiIndex.from_frame(g[["K", "N"]]).map(sizes.to_dict().get)
+    size = pd.Series(size, index=g.index, dtype="float64")
+    slot = (occ % size.fillna(1)).astype("int64")
+    key = pd.DataFrame({"K": g["K"], "N": g["N"], "slot": slot})
+    named = key.merge(table, on=["K", "N", "slot"], how="left")["name"].to_numpy()
+    named = pd.Series(named, index=g.index, dtype="string")
+    out.loc[is_gemm] = named.fillna(generic)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Position naming
+# ----------------------------------------------------------------------------------------------
+def _region_min(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: float) -> np.ndarray:
+    """Per row: min of pos over the rows of its region where mask holds (default if none)."""
+    s = pd.Series(np.where(mask, pos, np.inf)).groupby(region).transform("min").to_numpy()
+    return np.where(np.isinf(s), default, s)
+
+
+def _region_max(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: float) -> np.ndarray:
+    s = pd.Series(np.where(mask, pos, -np.inf)).groupby(region).transform("max").to_numpy()
+    return np.where(np.isinf(s), default, s)
+
+
+def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Name every instance from anchors and op names. Returns (operator, source)."""
+    f = classify(inst)
+    n = len(inst)
+    grp = inst["grp"].to_numpy()
+    # weight GEMMs matched to a linear are anchors; an unmatched one (`linear[K×N]`, e.g. the
+    # RoPE inverse-frequency product) is named by position like any other op
+    known = gemm.notna() & ~gemm.fillna("").str.startswith("linear[")
+    anchor = gemm.where(known | gemm.fillna("").str.startswith("linear[").all())
+    anchor = anchor.mask(f["attn"] & anchor.isna(), "attention")
+    anchor = anchor.mask(f["emb"] & anchor.isna(), "embedding")
+    is_anchor = anchor.notna().to_numpy()
+    new_grp = np.r_[True, grp[1:] != grp[:-1]] if n else np.zeros(0, bool)
+    region = np.cumsum(is_anchor | new_grp) - 1
+    pos = pd.Series(np.ones(n)).groupby(region).cumsum().to_numpy() - 1
+    # P: the anchor opening the region; N: the anchor opening the next region of the same grp
+    reg_anchor = pd.Series(anchor.to_numpy()).groupby(region).first()
+    reg_grp = pd.Series(grp).groupby(region).first()
+    nxt = reg_anchor.shift(-1).where(reg_grp.shift(-1) == reg_grp)
+    P = pd.Series(reg_anchor.to_numpy()[region], dtype="string").fillna("")
+    N = pd.Series(nxt.to_numpy()[region], dtype="string").fillna("")
+    F = {k: v.to_numpy() for k, v in f.items()}
+
+    inf = float(n + 1)
+    core = _region_min(region, pos, F["normcore"], inf)
+    cast_before = pd.Series((pos == core - 1) & F["cast"]).groupby(region).transform("any")
+    norm_start = core - cast_before.to_numpy()
+    # torch.compile fuses the residual add into the norm kernel: norm_start is that kernel
+    before_norm = pos < norm_start
+
+    # preamble RoPE tables (HF computes cos/sin once per forward): from the GEMM or cast
+    # feeding the first cos/sin up to the norm
+    cs = _region_min(region, pos, F["cossin"], inf)
+    unmatched = (inst["K"].to_numpy() >= 0) & gemm.fillna("").str.startswith("linear[").to_numpy()
+    g_before = _region_max(region, pos, (F["bgemm"] | unmatched) & (pos < cs), -1)
+    rope0 = np.where(g_before >= 0, g_before, cs)
+    last_noncast = _region_max(region, pos, ~F["cast"] & (pos < rope0), -1)
+    rope0 = np.where(cs < inf, np.minimum(rope0, last_noncast + 1), inf)
+
+    # between the projections and attention: RoPE, then KV-cache writes, then layout copies
+    attn_core = _region_min(region, pos, F["softmax"] | F["bgemm"], inf)
+    last_rope = _region_max(region, pos, F["ropecore"] & (pos < attn_core), -1)
+
+    Pa, Na = P.to_numpy(), N.to_numpy()
+    p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(LAYER_START))
+    preamble = np.isin(Pa, ["", "embedding"]) & n_start
+    after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
+    kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
+    conds = [
+        is_anchor,
+        after_proj & (pos >= attn_core),
+        after_proj & kv,
+        after_proj & (pos > last_rope) & np.isin(Na, ["attention", "o_proj", ""]),
+        after_proj,
+        Pa == "attention",
+        np.isin(Pa, list(MLP_IN)),
+        (Pa == "down_proj") & n_start & before_norm,
+        (Pa == "down_proj") & n_start,
+        preamble & ~before_norm,
+        preamble & F["emb"],
+        preamble & (pos >= rope0),
+        (Pa == "o_proj") & before_norm,
+        Pa == "o_proj",
+        (Pa == "down_proj") & before_norm,
+        Pa == "down_proj",
+        np.isin(Pa, ["", "embedding"]) & F["emb"],
+    ]
+    choices = [
+        anchor.fillna("").to_numpy(), "attention", "kv_cache", "attention", "rope", "attention",
+        "act", "residual", "input_norm", "input_norm", "embedding", "rope", "residual",
+        "post_attention_norm", "residual", "final_norm", "embedding",
+    ]
+    name = pd.Series(np.select(conds, choices, default="other"), index=inst.index, dtype="string")
+    source = np.where(F["triton"] & ~is_anchor, "compile",
+                      np.where(is_anchor & ~F["emb"], "shape", "position"))
+    return name, pd.Series(source, index=inst.index, dtype="string")
+
+
+# ----------------------------------------------------------------------------------------------
+# Module frames (with_stack=True): nn.Module: Qwen2Attention_0 > Linear_2
+# ----------------------------------------------------------------------------------------------
+MODULE_KINDS = {
+    "layer": re.compile(r"(?:DecoderLayer|EncoderLayer|TransformerLayer|Block)$"),
+    "attn": re.compile(r"Attention$|Attn$|SelfAttention"),
+    "mlp": re.compile(r"MLP$|Mlp$|FeedForward$|FFN$"),
+    "linear": re.compile(r"Linear$"),
+    "norm": re.compile(r"Norm$|RMSNorm|LayerNorm"),
+    "rope": re.compile(r"Rotary"),
+    "emb": re.compile(r"Embedding$"),
+    "act": re.compile(r"Activation$|^SiLU$|^GELU$|AndMul$|^Act"),
+}
+# vLLM-style parallel linears name their role in the class
+LINEAR_CLASSES = {"QKVParallelLinear": "qkv_proj", "MergedColumnParallelLinear": "gate_up_proj"}
+
+
+def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
+    """nn.Module frames with their class, instance suffix and kind ('' when not recognised)."""
+    names = frames["name"].astype("string")
+    m = frames[names.str.startswith("nn.Module: ").fillna(False)].copy()
+    full = m["name"].astype("string").str.slice(len("nn.Module: "))
+    parts = full.str.extract(r"^(?P<cls>.*?)(?:_(?P<idx>\d+))?$")
+    m["cls"] = parts["cls"].fillna("")
+    m["idx"] = pd.to_numeric(parts["idx"], errors="coerce").astype("Int64")
+    kind = pd.Series("", index=m.index, dtype="string")
+    for k in ("linear", "rope", "emb", "norm", "act", "mlp", "attn", "layer"):  # specific first
+        hit = (kind == "") & m["cls"].str.contains(MODULE_KINDS[k])
+        kind = kind.mask(hit, k)
+    m["kind"] = kind
+    return m.reset_index(drop=True)
+
+
+def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
+                 position: pd.Series, nest_cls) -> tuple[pd.Series, pd.Series]:
+    """Operator name and layer of each instance from the nn.Module frames around it.
+
+    `frames` is module_frames() plus int columns s, e (ns) and key. Linears are named by their
+    HF class when it says (QKVParallelLinear) or else by call order inside their parent:
+    attention q,k,v,o (or qkv,o), MLP gate,up,down (or gate_up,down); a Linear outside every
+    decoder layer is lm_head. Norms: 1st in a layer input_norm, 2nd post_attention_norm,
+    outside layers final_norm. Inside attention but no submodule: RoPE / KV cache / attention
+    from `position`; inside the MLP: act; inside the layer only: residual.
+    Layer = the instance suffix of the enclosing decoder-layer frame (Qwen2DecoderLayer_3 -> 3).
+    """
+    n = len(inst_t)
+    name = pd.Series(pd.NA, index=position.index, dtype="string")
+    layer = pd.Series(pd.NA, index=position.index, dtype="Int64")
+    if frames.empty or n == 0:
+        return name, layer
+    sub, hit = {}, {}
+    for kind in ("layer", "attn", "mlp", "linear", "norm", "rope", "emb", "act"):
+        f = frames[frames["kind"] == kind].reset_index(drop=True)
+        sub[kind] = f
+        nest = nest_cls(f["s"].to_numpy(), f["e"].to_numpy(), f["key"].to_numpy())
+        hit[kind] = (nest, nest.innermost(inst_t, inst_key))
+
+    def parent_of(child: pd.DataFrame, kind: str) -> np.ndarray:
+        return hit[kind][0].innermost(child["s"].to_numpy(), child["key"].to_numpy())
+
+    lin = sub["linear"].copy()
+    lin_name = pd.Series("", index=lin.index, dtype="string")
+    if len(lin):
+        pa, pm, pl = parent_of(lin, "attn"), parent_of(lin, "mlp"), parent_of(lin, "layer")
+        parent = np.where(pa >= 0, pa, np.where(pm >= 0, 10**12 + pm, -1))
+        lin["_parent"], lin["_order"] = parent, lin["s"]
+        srt = lin.sort_values(["_parent", "_order"])
+        rank = srt.groupby("_parent").cumcount().reindex(lin.index).to_numpy()
+        size = lin.groupby("_parent")["s"].transform("size").to_numpy()
+        attn_names = {4: ("q_proj", "k_proj", "v_proj", "o_proj"), 2: ("qkv_proj", "o_proj")}
+        mlp_names = {3: ("gate_proj", "up_proj", "down_proj"), 2: ("gate_up_proj", "down_proj")}
+        vals = []
+        for r, sz, a, m, lay, cls in zip(rank, size, pa >= 0, pm >= 0, pl >= 0,
+                                         lin["cls"].tolist(), strict=True):
+            if cls in LINEAR_CLASSES:
+                vals.append(LINEAR_CLASSES[cls])
+            elif a:
+                vals.append(attn_names[sz][r] if sz in attn_names else
+                            "o_proj" if r == sz - 1 else "")
+            elif m:
+                vals.append(mlp_names[sz][r] if sz in mlp_names else
+                            "down_proj" if r == sz - 1 else "")
+            else:
+                vals.append("" if lay else "lm_head")
+        lin_name = pd.Series(vals, index=lin.index, dtype="string")
+    nrm = sub["norm"]
+    nrm_name = pd.Series("", index=nrm.index, dtype="string")
+    if len(nrm):
+        pl, pa = parent_of(nrm, "layer"), parent_of(nrm, "attn")
+        rank = pd.Series(nrm["s"].to_numpy()).groupby(pl).rank(method="first").to_numpy() - 1
+        nrm_name = pd.Series(np.where(pa >= 0, "", np.where(
+            pl < 0, "final_norm", np.where(rank == 0, "input_norm", np.where(
+                rank == 1, "post_attention_norm", "")))), index=nrm.index, dtype="string")
+
+    def pick(kind: str, names: pd.Series | str) -> np.ndarray:
+        idx = hit[kind][1]
+        if isinstance(names, str):
+            return np.where(idx >= 0, names, "")
+        arr = names.fillna("").to_numpy(dtype=object)
+        return np.where(idx >= 0, arr[np.maximum(idx, 0)] if len(arr) else "", "")
+
+    pos = position.fillna("").to_numpy(dtype=object)
+    in_attn = np.where(np.isin(pos, ["rope", "kv_cache", "attention"]), pos, "attention")
+    order = [pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),
+             pick("rope", "rope"), pick("act", "act"),
+             np.where(hit["attn"][1] >= 0, in_attn, ""), pick("mlp", "act"),
+             pick("layer", "residual")]
+    out = np.full(n, "", dtype=object)
+    for cand in order:
+        out = np.where((out == "") & (cand != ""), cand, out)
+    name[:] = np.where(out == "", None, out)
+    li = hit["layer"][1]
+    idx = sub["layer"]["idx"].to_numpy(dtype="float64", na_value=np.nan)
+    lay = np.where(li >= 0, idx[np.maximum(li, 0)] if len(idx) else np.nan, np.nan)
+    layer[:] = pd.array(np.where(np.isnan(lay), pd.NA, lay), dtype="Int64") if n else layer
+    return name, layer
