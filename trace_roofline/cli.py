@@ -6,11 +6,13 @@ Every user error ends in one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from collections.abc import Sequence
 
 from trace_roofline import calculator, costs
+from trace_roofline._atomic import write_file, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -57,6 +59,51 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    # Heavy imports (pandas, matplotlib) only for the commands that need them.
+    from trace_roofline import plot, report
+    from trace_roofline.pipeline import analyze_trace, operators_frame
+    from trace_roofline.trace import progress_bar
+
+    if len(args.ncu) > len(args.traces):
+        raise InputError(f"{len(args.ncu)} --ncu files for {len(args.traces)} traces (one per trace)")
+    model = get_model(args.model) if args.model else None
+    hw = get_hardware(args.hardware) if args.hardware else None
+    ncu = args.ncu + [None] * (len(args.traces) - len(args.ncu))
+    analyses = [
+        analyze_trace(path, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
+                      layers=args.layers, ncu=csv, progress=progress_bar())
+        for path, csv in zip(args.traces, ncu, strict=True)
+    ]
+    # Render every output in memory first: a failure leaves no partial files behind.
+    text = report.terminal_table(analyses, per_layer=args.per_layer)
+    payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
+    outputs: dict[str, bytes] = {}
+    if args.out:
+        table = operators_frame(analyses)
+        parquet = io.BytesIO()
+        table.to_parquet(parquet, index=False)
+        fig = plot.roofline_figure(analyses)
+        png, svg = io.BytesIO(), io.BytesIO()
+        fig.savefig(png, format="png")
+        fig.savefig(svg, format="svg")
+        outputs = {
+            "operators.csv": table.to_csv(index=False).encode(),
+            "operators.parquet": parquet.getvalue(),
+            "report.json": payload,
+            "report.md": report.markdown(analyses).encode(),
+            "roofline.png": png.getvalue(),
+            "roofline.svg": svg.getvalue(),
+        }
+    if args.json:
+        write_file(args.json, payload)
+    if outputs:
+        written = write_files(args.out, outputs)
+        text += f"\n\nwrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written)
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -70,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     add_convention_args(p, lesson=True)
     p.set_defaults(func=_cmd_intensity)
+
+    p = sub.add_parser("analyze", help="attribute, cost and place every operator of traces on the roofline")
+    p.add_argument("traces", nargs="+", help="torch.profiler trace(s): .json, .json.gz or a directory")
+    p.add_argument("--model", help="preset name or HF config.json (names GEMMs in unannotated traces)")
+    p.add_argument("--hardware", help="preset name or JSON file (default: the trace's GPU)")
+    p.add_argument("--layers", type=int, help="extrapolate a layer trace to this many layers")
+    p.add_argument("--ncu", action="append", default=[], metavar="CSV",
+                   help="Nsight Compute raw CSV of the same run, one per trace in order")
+    p.add_argument("--per-layer", action="store_true", help="one terminal row per layer")
+    p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
+    p.add_argument("--json", help="also write report.json to this path")
+    add_convention_args(p)
+    p.set_defaults(func=_cmd_analyze)
     return parser
 
 

@@ -1,0 +1,61 @@
+"""The main job as one call: trace → attribute → costs → roofline (+ optional ncu measurements)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from trace_roofline import ncu as ncu_csv
+from trace_roofline.attribute import attribute
+from trace_roofline.hardware import Hardware, for_device_name
+from trace_roofline.models import ModelSpec
+from trace_roofline.roofline import Analysis, analyze
+from trace_roofline.trace import Progress, Trace, load_trace
+
+
+def trace_hardware(trace: Trace) -> Hardware | None:
+    """The device a trace ran on, from `deviceProperties` (a committed calibration wins)."""
+    for props in trace.meta.get("device_properties", []):
+        hw = for_device_name(str(props.get("name", "")))
+        if hw is not None:
+            return hw
+    return None
+
+
+def analyze_trace(
+    trace: Trace | str | os.PathLike,
+    model: ModelSpec | None = None,
+    hardware: Hardware | None = None,
+    *,
+    causal: str = "causal",
+    attention_bytes: str = "all",
+    layers: int | None = None,
+    ncu: str | os.PathLike | None = None,
+    progress: Progress | None = None,
+) -> Analysis:
+    """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
+
+    `hardware` defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
+    intensities but no roofline placement. `ncu` is an Nsight Compute raw CSV of the same
+    workload: its DRAM bytes become each operator's measured bytes and measured intensity.
+    """
+    if not isinstance(trace, Trace):
+        trace = load_trace(trace, progress=progress)
+    hw = hardware or trace_hardware(trace)
+    attributed = attribute(trace, model)
+    measured = None
+    if ncu is not None:
+        matched, _summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
+                                                   device=trace.device)
+        measured = ncu_csv.measured_by_operator(matched)
+    return analyze(attributed, model, hw, trace=trace.path, causal=causal,
+                   attention_bytes=attention_bytes, layers=layers, measured=measured)
+
+
+def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:
+    """All analyses' operator tables stacked, with a leading `trace` column (operators.csv)."""
+    return pd.concat(
+        [a.operators.assign(trace=a.trace)[["trace", *a.operators.columns]] for a in analyses],
+        ignore_index=True,
+    )
