@@ -64,7 +64,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
              _hardware_line(a), f"conventions: {conventions_line(a)}", _HEAD]
     for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
         name = r.operator if pd.isna(r.layer) else f"{r.operator}[{r.layer}]"
-        flag = " ! above roof" if r.exceeds_roof is True else ""
+        flag = " ! above roof" if _flagged(r.exceeds_roof) else ""
         lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
                           r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
                           r.pct_of_roof, r.bound) + flag)
@@ -82,6 +82,10 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
         lines.append(f"preset cross-check: {len(checks)} mismatch(es): {checks[0]}"
                      + (" ..." if len(checks) > 1 else ""))
     return "\n".join(lines)
+
+
+def _flagged(value: object) -> bool:
+    return value is not None and value is not pd.NA and bool(value)
 
 
 def _hardware_line(a: Analysis) -> str:
@@ -180,7 +184,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 "| GB/s | % of roof | bound |", "|" + "---|" * 12]
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
-            flag = " ⚠ above roof" if r.exceeds_roof is True else ""
+            flag = " ⚠ above roof" if _flagged(r.exceeds_roof) else ""
             out.append(_md_row(r.operator, r.phase, r.kernels, r.time_us, r.time_share, r.flops,
                                r.bytes, r.intensity, r.achieved_flops_per_s,
                                r.achieved_bytes_per_s, r.pct_of_roof, r.bound, flag))

@@ -1,0 +1,118 @@
+"""plot.roofline_figure: the artists the chart must have, and labels that do not overlap."""
+
+import io
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.text import Text
+from roofline_fixtures import attributed, qwen_layer
+
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.plot import roofline_figure
+from trace_roofline.roofline import analyze, place
+
+QWEN = get_model("qwen2.5-7b")
+H200 = get_hardware("h200-sxm")
+DEC = {"q_proj": (8.0,), "k_proj": (2.5,), "v_proj": (2.4,), "o_proj": (7.9,),
+       "gate_proj": (35.0,), "up_proj": (34.0,), "down_proj": (20.0, 15.0), "attention": (5.0,),
+       "rope": (1.8,), "input_norm": (1.6,), "post_attention_norm": (1.7,), "act": (2.5,),
+       "residual": (1.9,), "kv_cache": (1.7,)}
+PRE = {"q_proj": (70.0,), "k_proj": (16.0,), "v_proj": (15.0,), "o_proj": (71.0,),
+       "gate_proj": (330.0,), "up_proj": (331.0,), "down_proj": (200.0, 150.0),
+       "attention": (120.0,), "rope": (9.0,), "input_norm": (8.0,), "post_attention_norm": (8.5,),
+       "act": (45.0,), "residual": (8.0,), "kv_cache": (3.0,)}
+
+
+@pytest.fixture(scope="module")
+def analyses():
+    dec = analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, trace="decode",
+                  layers=28)
+    pre = analyze(attributed(qwen_layer(QWEN, 2048, 2048, PRE)), QWEN, H200, trace="prefill",
+                  layers=28)
+    return [dec, pre]
+
+
+@pytest.fixture(scope="module")
+def fig(analyses):
+    return roofline_figure(analyses)
+
+
+def test_log_log_with_roof_and_ridge(fig):
+    ax = fig.axes[0]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    peak, bw = H200.peak("bf16"), H200.mem_bandwidth
+    roof = ax.get_lines()[0]
+    x, y = roof.get_xdata(), roof.get_ydata()
+    assert np.allclose(y, np.minimum(peak, x * bw))
+    assert x[1] == pytest.approx(peak / bw)
+    ridge = ax.get_lines()[1]
+    assert ridge.get_xdata()[0] == pytest.approx(peak / bw)
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "ridge I* = 206" in texts and "989 TFLOP/s" in texts and "4.80 TB/s" in texts
+
+
+def test_one_labelled_point_per_operator_and_whole_model(fig, analyses):
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.texts]
+    for a in analyses:
+        ops = a.operators[a.operators["layer"].isna() & (a.operators["flops"] > 0)]
+        for op in ops["operator"]:
+            assert op in names
+    assert names.count("whole model") == 2
+    assert names.count("28 layers: I = 1.05") == 1
+    n_points = sum(len(a.operators[a.operators["layer"].isna() & (a.operators["flops"] > 0)])
+                   for a in analyses) + 2 + 2
+    assert len(ax.collections) == n_points
+    notes = " ".join(t.get_text() for t in fig.texts)
+    assert "kv_cache (decode)" in notes and "--attention-bytes all" in notes
+
+
+def test_decode_and_prefill_are_distinguished(fig):
+    legend = fig.axes[0].get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert "decode (decode)" in texts and "prefill (prefill)" in texts
+    handles = legend.legend_handles
+    dec, pre = handles[texts.index("decode (decode)")], handles[texts.index("prefill (prefill)")]
+    assert dec.get_marker() == "o" and pre.get_marker() == "s"
+    assert dec.get_color() != pre.get_color()
+
+
+def test_labels_do_not_overlap(fig):
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    # The text itself (an Annotation's own extent would include its leader line).
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts
+             if not t.get_rotation()]
+    for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
+        assert not ba.overlaps(bb), f"{a!r} overlaps {b!r}"
+    frame = ax.get_window_extent(renderer)
+    for name, box in boxes:
+        assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, name
+
+
+def test_measured_points_are_hollow_and_linked(analyses):
+    a = analyses[0]
+    measured = pd.DataFrame({"layer": [0, 0], "operator": ["q_proj", "attention"],
+                             "measured_bytes": [40e6, 6e6]})
+    ops = place(a.costed, H200, measured=measured)
+    with_measured = type(a)(**{**a.__dict__, "operators": ops})
+    fig = roofline_figure([with_measured])
+    ax = fig.axes[0]
+    hollow = [c for c in ax.collections if len(c.get_facecolor()) == 0
+              or c.get_facecolor()[0][3] == 0]
+    assert len(hollow) == 2 + 1  # two measured points + the extrapolated triangle
+    links = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert len(links) == 2
+    q = ops[(ops["operator"] == "q_proj") & ops["layer"].isna()].iloc[0]
+    xs = {round(float(x), 6) for ln in links for x in ln.get_xdata()}
+    assert round(q["flops"] / 40e6, 6) in xs
+
+
+def test_renders_png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,103 @@
+"""report: terminal text, the report.json contract (issue 5), markdown."""
+
+import json
+
+import pytest
+from roofline_fixtures import BF, Op, attributed, qwen_layer
+
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.report import markdown, report_dict, terminal_table
+from trace_roofline.roofline import analyze
+
+QWEN = get_model("qwen2.5-7b")
+H200 = get_hardware("h200-sxm")
+DUR = {"q_proj": (8.0,), "gate_proj": (35.0,), "up_proj": (35.0,), "down_proj": (20.0, 15.0)}
+
+CONTRACT = {"trace", "hardware", "model", "conventions", "coverage", "operators", "whole_model"}
+HARDWARE = {"name", "peak_flops_per_s", "bandwidth_bytes_per_s", "ridge"}
+COVERAGE = {"kernel_time_us", "attributed_time_us", "fraction"}
+OPERATOR = {"operator", "layer", "phase", "kernels", "time_us", "flops", "bytes", "intensity",
+            "achieved_flops_per_s", "achieved_bytes_per_s", "attainable_flops_per_s",
+            "pct_of_roof", "bound"}
+WHOLE = {"flops", "bytes", "intensity", "time_us", "achieved_flops_per_s"}
+
+
+@pytest.fixture(scope="module")
+def decode():
+    ops = [*qwen_layer(QWEN, 1, 2048, DUR), Op("unattributed", None, None, None, durs=(2.0,)),
+           Op("k_proj", "aten::addmm", [[512], [1, 3584], [3584, 512], [], []],
+              [BF, BF, BF, "Scalar", "Scalar"], durs=(0.2,))]
+    return analyze(attributed(ops), QWEN, H200, trace="decode.json.gz", layers=28)
+
+
+@pytest.fixture(scope="module")
+def prefill():
+    return analyze(attributed(qwen_layer(QWEN, 512, 512)), QWEN, H200, trace="prefill.json.gz")
+
+
+def test_report_dict_honours_the_contract(decode):
+    d = report_dict([decode])
+    assert set(d) >= CONTRACT
+    assert set(d["hardware"]) >= HARDWARE and set(d["coverage"]) >= COVERAGE
+    assert set(d["whole_model"]) >= WHOLE
+    assert d["trace"] == "decode.json.gz" and d["model"]["name"] == "qwen2.5-7b"
+    assert d["conventions"] == {"causal": "causal", "attention_bytes": "all"}
+    assert d["hardware"]["name"] == "h200-sxm"
+    assert d["hardware"]["ridge"] == pytest.approx(989.4e12 / 4.8e12)
+    for entry in d["operators"]:
+        assert set(entry) >= OPERATOR
+        assert entry["phase"] == "decode"
+    agg = [e for e in d["operators"] if e["layer"] is None]
+    per_layer = [e for e in d["operators"] if e["layer"] is not None]
+    assert {e["operator"] for e in agg} >= {"q_proj", "attention", "unattributed"}
+    assert all(e["layer"] == 0 for e in per_layer) and per_layer
+    q = next(e for e in agg if e["operator"] == "q_proj")
+    assert q["flops"] == 2 * 3584 * 3584 + 3584 and q["bound"] == "memory"
+    assert d["coverage"]["fraction"] < 1.0
+    assert d["extrapolated"]["layers"] == 28
+    text = json.dumps(d, allow_nan=False)  # NaN (the unattributed row) became null
+    assert json.loads(text) == d
+    un = next(e for e in agg if e["operator"] == "unattributed")
+    assert un["flops"] is None and un["bound"] is None
+
+
+def test_several_traces_go_under_traces(decode, prefill):
+    d = report_dict([decode, prefill])
+    assert set(d) == {"traces"} and len(d["traces"]) == 2
+    assert [t["trace"] for t in d["traces"]] == ["decode.json.gz", "prefill.json.gz"]
+    assert {e["phase"] for e in d["traces"][1]["operators"]} == {"prefill"}
+    json.dumps(d, allow_nan=False)
+
+
+def test_terminal_table(decode, prefill):
+    text = terminal_table([decode, prefill])
+    for needle in ("trace decode.json.gz", "trace prefill.json.gz", "h200-sxm", "ridge 206",
+                   "--causal causal", "--attention-bytes all", "whole model", "coverage:",
+                   "gate_proj", "attention", "extrapolated to 28 layers"):
+        assert needle in text
+    lines = text.splitlines()
+    k = next(line for line in lines if line.startswith("k_proj "))
+    assert k.endswith("! above roof")  # 3.7 MB in 0.2 µs
+    first = lines.index(next(line for line in lines if line.startswith("operator")))
+    assert lines[first + 1].startswith("gate_proj") or lines[first + 1].startswith("up_proj")
+    assert "[0]" not in text  # per-layer rows only on request
+    assert "q_proj[0]" in terminal_table([decode], per_layer=True)
+
+
+def test_markdown(decode):
+    md = markdown([decode])
+    assert md.startswith("# trace_roofline report")
+    assert "![roofline](roofline.png)" in md
+    assert "| **whole model** |" in md and "### Reconciliation" in md
+    assert f"**{decode.whole['intensity']:.4f}**" in md
+    assert "### Extrapolated to 28 layers" in md
+    assert "--attention-bytes all" in md
+
+
+def test_no_hardware_report():
+    a = analyze(attributed(qwen_layer(QWEN, 1, 64)), QWEN, None, trace="cpu")
+    d = report_dict([a])
+    assert d["hardware"] is None
+    assert "no placements" in terminal_table([a])
+    json.dumps(d, allow_nan=False)
