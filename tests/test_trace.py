@@ -52,7 +52,7 @@ def test_tables_of_a_gpu_trace(gpu):
     assert tr.meta["device_properties"][0]["name"] == "NVIDIA H200"
     assert tr.meta["base_time_ns"] == 1790000000000000000
     assert tr.meta["schemaVersion"] == 1 and tr.meta["record_shapes"] == 1
-    assert tr.meta["skipped_events"] == {} and tr.meta["events_with_bad_args"] == 0
+    assert tr.meta["skipped_events"] == {} and tr.meta["events_with_dropped_fields"] == 0
 
 
 def test_device_rows_match_the_raw_events_exactly(gpu):

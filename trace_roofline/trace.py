@@ -28,10 +28,12 @@ Bad input (policy, see tests/test_robustness.py): anything that makes the file u
 whole raises `InputError("<file>: <problem>")` -- missing file, empty directory, truncated or
 malformed JSON, corrupt gzip, invalid UTF-8 in a field we read, nesting too deep, wrong
 top-level type, `traceEvents` missing or not a list, and a trace with no kernels and no cpu ops.
-Single bad events are skipped and counted in `meta["skipped_events"]` (reason -> count): fields
-of the wrong type, a complete ('X') event without ts/dur, a negative, non-finite or longer than
-a day duration, a device/cpu category with a phase other than 'X'. An event whose `args` are
-malformed keeps its timing but loses its links; it is counted in `meta["events_with_bad_args"]`.
+Single bad events are skipped and counted in `meta["skipped_events"]` (reason -> count): ph,
+cat, name, ts or dur of the wrong type (or a number out of float range), a complete ('X') event
+without ts/dur, a negative or longer-than-a-day duration, a device/cpu category with a phase
+other than 'X', a flow without ts. Timing is never dropped for a bad link: an event whose args,
+pid, tid or id are malformed keeps its timing, those fields become <NA>, and it is counted in
+`meta["events_with_dropped_fields"]`.
 """
 
 from __future__ import annotations
@@ -206,24 +208,28 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS
 
 
-class _EventNoArgs(msgspec.Struct, gc=False):
-    """Retry shape for an event whose args are malformed: keep its timing, drop its links."""
+class _EventLenient(msgspec.Struct, gc=False):
+    """Retry shape for an event with malformed args or ids: keep its timing, drop its links.
+
+    Only what defines the event (ph, cat, name, ts, dur) must be well typed; pid/tid/id that
+    are not integers end up <NA>.
+    """
 
     ph: str | None = None
     cat: str | None = None
     name: str | None = None
-    pid: _I64 | str | None = None
-    tid: _I64 | str | None = None
+    pid: Any = None
+    tid: Any = None
     ts: float = math.nan
     dur: float = math.nan
-    id: _I64 | str | None = None
+    id: Any = None
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _BATCH = msgspec.json.Decoder(list[_Event])
 _ONE = msgspec.json.Decoder(_Event)
-_ONE_NO_ARGS = msgspec.json.Decoder(_EventNoArgs)
+_ONE_LENIENT = msgspec.json.Decoder(_EventLenient)
 
 # Table codes. Device kinds first so that kind = code - 1.
 _KERNEL, _MEMCPY, _MEMSET, _CPU_OP, _RUNTIME, _ANNOT, _PYFRAME, _FLOW = range(1, 9)
@@ -485,15 +491,16 @@ def _load_file(p: Path, progress: Progress | None) -> Trace:
     try:
         meta, events_raw = _split_top(p, buf)
         raws = _RAW_LIST.decode(events_raw)  # zero-copy slices of buf, one per event
+    except msgspec.ValidationError:  # (a subclass of DecodeError)
+        raise InputError(f"{p}: traceEvents is {_kind(events_raw)}, not a list") from None
     except msgspec.DecodeError as e:
         raise InputError(f"{p}: {_why(e)}") from None
-    except msgspec.ValidationError:
-        raise InputError(f"{p}: traceEvents is {_kind(events_raw)}, not a list") from None
     except RecursionError:
         raise InputError(f"{p}: JSON nested too deeply") from None
     acc = _Accumulator()
     n = len(raws)
     base = _address(buf)
+    batch = text = None
     for start in range(0, n, BATCH_EVENTS):
         batch = raws[start : start + BATCH_EVENTS]
         text = _batch_text(buf, base, batch)
@@ -510,7 +517,7 @@ def _load_file(p: Path, progress: Progress | None) -> Trace:
         path=str(p),
         event_count=n,
         skipped_events={_SKIP_REASONS[k]: v for k, v in acc.skipped.items() if v},
-        events_with_bad_args=acc.bad_args,
+        events_with_dropped_fields=acc.partly_read,
     )
     return Trace(path=str(p), meta=meta, **tables)
 
@@ -537,7 +544,7 @@ def _batch_text(buf: bytearray, base: int, batch: list):
 
 
 def _kind(view) -> str:
-    head = bytes(view[:4096]).lstrip()
+    head = bytes(memoryview(view)[:4096]).lstrip()
     if not head:
         return "empty"
     first = head[0]
@@ -601,17 +608,17 @@ def _decode_batch(p: Path, text, batch: Sequence, start: int, acc: _Accumulator)
         try:
             out.append(_ONE.decode(raw))
             continue
+        except msgspec.ValidationError:  # (a subclass of DecodeError)
+            pass
         except msgspec.DecodeError as e:
             raise InputError(f"{p}: traceEvents[{start + i}]: {_why(e)}") from None
-        except msgspec.ValidationError:
-            pass
         try:
-            ev = _ONE_NO_ARGS.decode(raw)
+            ev = _ONE_LENIENT.decode(raw)
         except msgspec.ValidationError:
             acc.skipped["type"] += 1
             out.append(_PLACEHOLDER)
             continue
-        acc.bad_args += 1
+        acc.partly_read += 1
         out.append(_Event(ev.ph, ev.cat, ev.name, ev.pid, ev.tid, ev.ts, ev.dur, ev.id))
     return out
 
@@ -686,7 +693,7 @@ class _Accumulator:
     def __init__(self):
         self.cat_table = _CatTable()
         self.skipped = dict.fromkeys(_SKIP_REASONS, 0)
-        self.bad_args = 0
+        self.partly_read = 0
         self.chunks: dict[str, list[dict]] = {t: [] for t in _FIELDS}
         self.getters = {
             t: {c: (tuple(attrgetter(a) for a in paths), conv)
