@@ -12,6 +12,7 @@ greedily so none overlap. Returns a Figure (Agg canvas); never shows or saves it
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,9 +75,9 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     ax.yaxis.set_major_formatter(_rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
-    names = ", ".join(a.trace for a in analyses)
-    ax.set_title(title or f"Roofline on {hw.name if hw else 'unknown device'}: {names}",
-                 fontsize=11)
+    device = (f"{hw.name}: {peak / 1e12:.0f} TFLOP/s {summary['dtype']}, "
+              f"{hw.mem_bandwidth / 1e12:.2f} TB/s" if hw is not None and peak else "no device")
+    ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}", fontsize=11)
     _legend(ax, analyses, any("mx" in p for p in points))
     _place_labels(fig, ax, points, roof_texts)
     notes = []
@@ -98,7 +99,7 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
         many = len(analyses) > 1
         for r in ops.itertuples():
             x, y = r.intensity, r.achieved_flops_per_s
-            tag = f"{r.operator} ({a.trace})" if many else r.operator
+            tag = f"{r.operator} ({short_name(a.trace)})" if many else r.operator
             if not (_pos(x) and _pos(y)):
                 if r.operator != "unattributed" and r.flops == r.flops:
                     skipped.append(tag)
@@ -123,6 +124,14 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
     return points, skipped
 
 
+def short_name(path: str) -> str:
+    """A trace's file name without directories and trace suffixes."""
+    name = os.path.basename(path.rstrip("/")) or path
+    for suffix in (".gz", ".json", ".pt.trace"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def _pos(x: object) -> bool:
     try:
         v = float(x)  # type: ignore[arg-type]
@@ -143,8 +152,9 @@ def _draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
         ax.annotate(f"ridge I* = {ridge:.0f} FLOP/B", (ridge, y_lo), xytext=(-3, 6),
                     textcoords="offset points", rotation=90, ha="right", va="bottom",
                     fontsize=8, color="0.3"),
-        ax.annotate(f"compute roof {peak / 1e12:.0f} TFLOP/s ({dtype})", (x_hi, peak),
-                    xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=8),
+        ax.annotate(f"compute roof\n{peak / 1e12:.0f} TFLOP/s {dtype}", (x_hi, peak),
+                    xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom",
+                    fontsize=8),
     ]
     # Memory-slope label a fifth of the way up the slope, just above it (nothing is attainable
     # there), rotated to match the slope on screen.
@@ -177,7 +187,7 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool) -> None:
         phases = sorted(set(a.operators["phase"].dropna()))
         marker = PHASE_MARKERS.get(phases[0], "^") if len(phases) == 1 else "o"
         handles.append(Line2D([], [], ls="", marker=marker, color=colour, markersize=8,
-                              label=f"{a.trace} ({'/'.join(phases)})"))
+                              label=f"{short_name(a.trace)} ({'/'.join(phases)})"))
     handles.append(Line2D([], [], ls="", marker="*", color="0.3", markersize=12,
                           markeredgecolor="black", label="whole model (ΣFLOPs/Σbytes)"))
     if any(a.extrapolated_whole for a in analyses):
@@ -211,7 +221,7 @@ def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
         if t.get_rotation() and 0 < t.get_rotation() < 90:
             b = t.get_window_extent(renderer)
             segs += [_densify(np.array([[b.x0, b.y0 + dy], [b.x1, b.y1 + dy]]))
-                     for dy in (-6, 0, 6)]
+                     for dy in (-9, -4.5, 0, 4.5, 9)]
     lines = np.concatenate(segs) if segs else np.empty((0, 2))
     centres = [ax.transData.transform((p["x"], p["y"])) for p in points]
     marks = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)

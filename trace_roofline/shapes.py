@@ -113,6 +113,7 @@ _ATTENTION: dict[str, tuple[str, int]] = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": ("BHTD", 4),
     "aten::_scaled_dot_product_efficient_attention": ("BHTD", 6),
     "aten::_scaled_dot_product_cudnn_attention": ("BHTD", 6),
+    "aten::_cudnn_attention_forward": ("BHTD", 10),
     "aten::_flash_attention_forward": ("BTHD", 8),
     "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
     "flash_attn::_flash_attn_forward": ("BTHD", 5),
