@@ -27,7 +27,6 @@ from trace_roofline.models import ModelSpec
 CORE = ("q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj", "down_proj")
 LINEAR_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                 "gate_up_proj", "down_proj", "lm_head")
-LAYER_START = {"q_proj", "qkv_proj"}
 PROJ_IN = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
 MLP_IN = {"gate_proj", "up_proj", "gate_up_proj"}
 MLP_START = {"gate_proj", "gate_up_proj"}
@@ -96,28 +95,40 @@ def classify(inst: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------
 # GEMM shapes
 # ----------------------------------------------------------------------------------------------
-def gemm_kn(op_base: pd.Series, dims: list) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) of a weight GEMM from decoded Input Dims; -1 where not a 2-D-weight GEMM.
+_INTS = r"\[\s*((?:-?\d+\s*,\s*)*-?\d+)?\s*\]"  # a JSON list of ints (maybe empty)
+_PAIR = r"\[\s*(\d+)\s*,\s*(\d+)\s*\]"
+_SEP = r"\s*,\s*"
+_GEMM_TEXT = {  # op -> (regex on the raw Input Dims text, group of the activation, K, N)
+    "mm": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 2, 3),
+    "_scaled_mm": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 2, 3),
+    "matmul": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR + r"\s*\]$"), 1, 2, 3),
+    "addmm": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
+    "_addmm_activation": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
+    "linear": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 3, 2),  # weight is [N, K]
+}
+
+
+def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) of weight GEMMs from the raw Input Dims text; -1 where not a 2-D-weight GEMM.
 
     mm/_scaled_mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K]);
-    matmul ([..,K], [K,N]) only with a 2-D second operand.
+    matmul ([..,K], [K,N]) only with a 2-D second operand; the activation must be >= 2-D.
+    Parsed with one regex per op kind over the distinct texts, no per-row Python.
     """
-    k = np.full(len(dims), -1, dtype=np.int64)
+    k = np.full(len(op_base), -1, dtype=np.int64)
     n = k.copy()
-    for i, (name, d) in enumerate(zip(op_base.tolist(), dims, strict=True)):
-        try:
-            if name in ("mm", "_scaled_mm", "matmul"):
-                w = d[1]
-            elif name in ("addmm", "_addmm_activation"):
-                w = d[2]
-            elif name == "linear":
-                w = d[1][::-1]
-            else:
-                continue
-            if len(w) == 2 and len(d[0 if name != "addmm" else 1]) >= 2:
-                k[i], n[i] = int(w[0]), int(w[1])
-        except (TypeError, IndexError, ValueError):
+    text = dims_text.astype("string").fillna("")
+    for op, (rx, ga, gk, gn) in _GEMM_TEXT.items():
+        rows = (op_base == op).to_numpy()
+        if not rows.any():
             continue
+        uniq = pd.Series(text[rows].unique(), dtype="string")
+        m = uniq.str.extract(rx)
+        ok = m[gk - 1].notna() & m[ga - 1].fillna("").str.contains(",")
+        kk = pd.to_numeric(m[gk - 1].where(ok), errors="coerce").fillna(-1).astype("int64")
+        nn = pd.to_numeric(m[gn - 1].where(ok), errors="coerce").fillna(-1).astype("int64")
+        pos = pd.Index(uniq).get_indexer(text[rows])
+        k[rows], n[rows] = kk.to_numpy()[pos], nn.to_numpy()[pos]
     return k, n
 
 
@@ -272,7 +283,8 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     last_rope = _region_max(region, pos, F["ropecore"] & (pos < attn_core), -1)
 
     Pa, Na = P.to_numpy(), N.to_numpy()
-    p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(LAYER_START))
+    # a layer opens with its input projections (torch.compile may schedule k_proj before q_proj)
+    p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(PROJ_IN))
     preamble = np.isin(Pa, ["", "embedding"]) & n_start
     after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
     kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
@@ -375,21 +387,24 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
         srt = lin.sort_values(["_parent", "_order"])
         rank = srt.groupby("_parent").cumcount().reindex(lin.index).to_numpy()
         size = lin.groupby("_parent")["s"].transform("size").to_numpy()
-        attn_names = {4: ("q_proj", "k_proj", "v_proj", "o_proj"), 2: ("qkv_proj", "o_proj")}
-        mlp_names = {3: ("gate_proj", "up_proj", "down_proj"), 2: ("gate_up_proj", "down_proj")}
-        vals = []
-        for r, sz, a, m, lay, cls in zip(rank, size, pa >= 0, pm >= 0, pl >= 0,
-                                         lin["cls"].tolist(), strict=True):
-            if cls in LINEAR_CLASSES:
-                vals.append(LINEAR_CLASSES[cls])
-            elif a:
-                vals.append(attn_names[sz][r] if sz in attn_names else
-                            "o_proj" if r == sz - 1 else "")
-            elif m:
-                vals.append(mlp_names[sz][r] if sz in mlp_names else
-                            "down_proj" if r == sz - 1 else "")
-            else:
-                vals.append("" if lay else "lm_head")
+        in_a, in_m, in_l = pa >= 0, pm >= 0, pl >= 0
+        table = {  # (parent kind, linears in the parent) -> names by call order
+            ("a", 4): ("q_proj", "k_proj", "v_proj", "o_proj"), ("a", 2): ("qkv_proj", "o_proj"),
+            ("m", 3): ("gate_proj", "up_proj", "down_proj"), ("m", 2): ("gate_up_proj", "down_proj"),
+        }
+        vals = np.full(len(lin), "", dtype=object)
+        for (kind, sz), names in table.items():
+            m = (in_a if kind == "a" else in_m & ~in_a) & (size == sz)
+            vals = np.where(m, np.asarray(names, dtype=object)[np.minimum(rank, sz - 1)], vals)
+        last = rank == size - 1  # other sizes: only the output projection is sure
+        vals = np.where((vals == "") & in_a & last, "o_proj", vals)
+        vals = np.where((vals == "") & in_m & ~in_a & last, "down_proj", vals)
+        # a Linear outside every decoder layer (when the model has some) is the LM head
+        has_layers = len(sub["layer"]) > 0
+        vals = np.where((vals == "") & ~in_a & ~in_m & ~in_l & has_layers, "lm_head", vals)
+        cls = lin["cls"].to_numpy(dtype=object)
+        vals = np.where(np.isin(cls, list(LINEAR_CLASSES)),
+                        pd.Series(cls).map(LINEAR_CLASSES).to_numpy(dtype=object), vals)
         lin_name = pd.Series(vals, index=lin.index, dtype="string")
     nrm = sub["norm"]
     nrm_name = pd.Series("", index=nrm.index, dtype="string")

@@ -23,7 +23,7 @@ Naming an op instance, strongest evidence first (`source` column):
    attention / embedding by op name, Triton kernels by the ops their name fuses, and
    everything else by where it sits between those anchors (_naming.position_names).
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
-stage order input_norm < q/qkv < attention < o < post_attention_norm < gate/gate_up < down
+stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
 goes back. Embedding, final_norm, lm_head and `other` (model work outside the canonical
 operators: masks, position ids, sampling) have no layer.
 """
@@ -38,7 +38,7 @@ import pandas as pd
 from trace_roofline import _naming
 from trace_roofline._nest import KeySpace, Nest, to_ns
 from trace_roofline.models import ModelSpec
-from trace_roofline.trace import Trace, parse_dims
+from trace_roofline.trace import Trace
 
 # One row per timed unit, in the trace's device-row order (file order of the events).
 ATTRIBUTED_COLUMNS = {
@@ -79,7 +79,8 @@ NON_LAYER = {"embedding", "final_norm", "lm_head"}
 _ALIASES = {"input_layernorm": "input_norm", "post_attention_layernorm": "post_attention_norm",
             "embed_tokens": "embedding", "rotary_emb": "rope", "act_fn": "act", "norm": "final_norm",
             "self_attn": "attention", "sdpa": "attention"}
-_STAGE = {"input_norm": 0, "q_proj": 1, "qkv_proj": 1, "attention": 2, "o_proj": 3,
+_STAGE = {"input_norm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv_proj": 1, "attention": 2,
+          "o_proj": 3,
           "post_attention_norm": 4, "gate_proj": 5, "gate_up_proj": 5, "down_proj": 6}
 _LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)$")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -371,22 +372,22 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
     base = _naming.base_name(inst["op_name"]).fillna("")
-    lin = base.isin(_naming.LINEAR_OPS).to_numpy()
-    k = np.full(len(inst), -1, dtype=np.int64)
-    n = k.copy()
-    if lin.any():
-        dims = parse_dims(inst["input_dims"][lin].astype(object))
-        k[lin], n[lin] = _naming.gemm_kn(base[lin], dims)
+    k, n = _naming.gemm_kn(base, inst["input_dims"])
     return inst.assign(K=k, N=n)
 
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
     """The model's linears if any GEMM of the trace matches them, else linears inferred."""
     gemms = inst[inst["K"] >= 0]
+    seen = set(zip(gemms["K"].tolist(), gemms["N"].tolist(), strict=True))
     if model is not None:
         lin = _naming.model_linears(model)
-        shapes = set(lin.values())
-        if any((k, n) in shapes for k, n in zip(gemms["K"], gemms["N"], strict=True)):
+        if seen & set(lin.values()):
+            # one layout per trace: the fused projections replace the separate ones they cover
+            for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                                 ("gate_up_proj", ("gate_proj", "up_proj"))):
+                drop = parts if lin[fused] in seen else (fused,)
+                lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
     return _naming.infer_linears(per) if len(per) else None
