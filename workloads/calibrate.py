@@ -48,7 +48,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, warmup: int,
     n = nbytes // 4
     src = torch.rand(n, device=device, dtype=torch.float32) + 0.5  # random, never zero
     dst = torch.empty_like(src)
-    secs = _time_calls(lambda i: dst.copy_(src), device, warmup, repeats)
+    secs, _ = _time_calls(lambda i: dst.copy_(src), device, warmup, repeats)
     if not torch.equal(dst, src):
         raise AssertionError("copy check failed: destination differs from source")
     med = statistics.median(secs)
@@ -66,7 +66,7 @@ def matmul_rate(device: torch.device, key: str, size: int, warmup: int,
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
     try:
-        secs = _time_calls(lambda i: torch.mm(a, b, out=c), device, warmup, repeats)
+        secs, _ = _time_calls(lambda i: torch.mm(a, b, out=c), device, warmup, repeats)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     if not torch.isfinite(c).all():
@@ -121,7 +121,9 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
               f"data, bytes = read + written; matmul: torch.mm of random normal square matrices, "
               f"sizes {list(sizes)}, peak = best median over sizes, FLOPs = 2n^3; {warmup} warm-up "
               f"then {repeats} runs each timed with {timer}, median")
-    if dev.type != "cuda":
+    if dev.type == "cuda":
+        method += " (runs queued behind torch.cuda._sleep: kernel time, not launch gaps)"
+    else:
         method += "; CPU has no TF32: tf32 = the fp32 measurement"
     hw = {
         "name": f"{device_tag(dev)}-measured",

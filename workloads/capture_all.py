@@ -7,6 +7,7 @@ Run through workloads/capture_all.sh, which adds nvidia-smi, ncu and the GPU tes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -87,17 +88,25 @@ def captures(out: Path) -> list[tuple[str, Callable[[], object]]]:
         ("compiled_noannot_prefill_b1_t512", runner(phase="prefill", batch=1, tokens=512,
                                                     annotate="none", compile=True)),
         ("hf_decode_b1_s512_stack", hf("decode", with_stack=True)),
+        ("decode_b8_s2048_l2", runner(phase="decode", batch=8, context=2048, layers=2)),
     ]
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0])
-    on_done = argv[1] if len(argv) > 1 else None  # shell command run after each capture
+    ap = argparse.ArgumentParser(prog="python -m workloads.capture_all")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("on_done", nargs="?", help="shell command run after each capture")
+    ap.add_argument("--only", default=None, help="comma-separated capture names")
+    args = ap.parse_args(argv)
+    out, on_done = args.out, args.on_done
+    only = set(args.only.split(",")) if args.only else None
     out.mkdir(parents=True, exist_ok=True)
     log(f"[capture] torch {torch.__version__}, cuda {torch.version.cuda}, "
         f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
     results = {}
     for name, fn in captures(out):
+        if only is not None and name not in only:
+            continue
         t0 = time.perf_counter()
         log(f"[capture] === {name}")
         try:

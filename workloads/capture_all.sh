@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# All GPU captures for sample_traces/ in one device call:  bash workloads/capture_all.sh [OUT]
+# All GPU captures for sample_traces/ in one device call:  bash workloads/capture_all.sh [OUT [ONLY]]
+# ONLY: comma-separated capture names of workloads/capture_all.py (plus `ncu`) to redo just those.
 # Writes into OUT (default $OUT): capture.log and captures.tar.gz (traces, sweep results,
 # calibration JSON, ncu CSV, nvidia-smi, pip versions, GPU pytest log), re-tarred after every
 # step so a timeout keeps whatever was captured. Each step is independent (no set -e).
 set -x
 OUT=${1:-${OUT:?set OUT or pass a directory}}
+ONLY=${2:-}
 W=/tmp/captures
 mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1
@@ -25,13 +27,15 @@ retar() { tar czf "$OUT/captures.tar.gz.partial" -C "$W" . && mv "$OUT/captures.
   (command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu) >> "$W/versions.txt" 2>&1
   retar
   # 1. calibration, annotated traces, sweep, unannotated fixtures (one process)
-  timeout 330 python3 -m workloads.capture_all "$W" "tar czf $OUT/captures.tar.gz.partial -C $W . && mv $OUT/captures.tar.gz.partial $OUT/captures.tar.gz"
+  timeout 330 python3 -m workloads.capture_all ${ONLY:+--only "$ONLY"} "$W" "tar czf $OUT/captures.tar.gz.partial -C $W . && mv $OUT/captures.tar.gz.partial $OUT/captures.tar.gz"
   echo "capture_all exit $?"
   retar
   # 2. ncu: same decode B=1 S=2048 workload as qwen2.5-7b_decode_b1_s2048_h200.json.gz
-  timeout 110 bash workloads/ncu_capture.sh "$W/qwen2.5-7b_decode_b1_s2048_h200.ncu.csv" \
-      --phase decode --batch 1 --context 2048 --warmup 2 --steps 3 --out "$W"
-  echo "ncu exit $?"
+  if [ -z "$ONLY" ] || [[ ",$ONLY," == *,ncu,* ]]; then
+    timeout 110 bash workloads/ncu_capture.sh "$W/qwen2.5-7b_decode_b1_s2048_h200.ncu.csv" \
+        --phase decode --batch 1 --context 2048 --warmup 2 --steps 3 --out "$W"
+    echo "ncu exit $?"
+  fi
   retar
   # 3. GPU tests
   timeout 110 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_workloads_gpu.py > "$W/pytest_gpu.log" 2>&1

@@ -59,8 +59,14 @@ def load_hardware(spec: str | None, device_name: str | None) -> dict | None:
 
 
 def _time_calls(fn: Callable[[int], object], device: torch.device, warmup: int,
-                iters: int) -> list[float]:
-    """Seconds per call of fn(i), each call timed on its own."""
+                iters: int) -> tuple[list[float], float | None]:
+    """(seconds per call of fn(i), each call timed on its own; on CUDA the fraction of the
+    first-start..last-end span the timed calls cover, near 1 when nothing waited on launches).
+
+    On CUDA the calls and their events are queued behind a ~20 ms `torch.cuda._sleep`, so the
+    GPU runs them back to back and each event pair times the kernels, not the CPU's launch gap
+    (without it, a 10 us GEMV reads as ~28 us on an H200: the launch cost, not the kernel).
+    """
     for i in range(warmup):
         fn(i)
     sync(device)
@@ -68,18 +74,20 @@ def _time_calls(fn: Callable[[int], object], device: torch.device, warmup: int,
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(iters)]
+        torch.cuda._sleep(40_000_000)  # cycles: ~20 ms at 2 GHz, more at idle clocks
         for i, (a, b) in enumerate(events):
             a.record()
             fn(i)
             b.record()
         torch.cuda.synchronize(device)
         out = [a.elapsed_time(b) / 1e3 for a, b in events]
-    else:
-        for i in range(iters):
-            t = time.perf_counter()
-            fn(i)
-            out.append(time.perf_counter() - t)
-    return out
+        span = events[0][0].elapsed_time(events[-1][1]) / 1e3
+        return out, sum(out) / span
+    for i in range(iters):
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out, None
 
 
 @torch.inference_mode()
@@ -108,15 +116,15 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
         err = float(torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref))
         if not err < 2e-2:
             raise AssertionError(f"M={m}: X @ W differs from float32 reference by {err:.2e}")
-        secs = _time_calls(lambda i, xs=xs: xs[i % len(xs)] @ ws[i % copies], device,
-                           warmup, iters)
+        secs, covered = _time_calls(lambda i, xs=xs: xs[i % len(xs)] @ ws[i % copies], device,
+                                    warmup, iters)
         med = statistics.median(secs)
         flops, nbytes = gemm_cost(m, k, n, b)
         row = {"M": m, "K": k, "N": n, "median_us": med * 1e6,
                "min_us": min(secs) * 1e6, "max_us": max(secs) * 1e6, "flops": flops,
                "bytes": nbytes, "intensity": flops / nbytes,
                "achieved_tflops": flops / med / 1e12, "achieved_gbps": nbytes / med / 1e9,
-               "rel_error_vs_fp32": err}
+               "rel_error_vs_fp32": err, "timed_fraction_of_span": covered}
         if hardware:
             p, bw = hardware["peak_flops"][key], hardware["mem_bandwidth"]
             att = min(p, row["intensity"] * bw)  # attainable(I) = min(P, I·B)
@@ -133,7 +141,9 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
         "peak_key": key, "hardware": hardware, "trace": str(trace_path) if trace_path else None,
         "method": (f"Y = X @ W, W [{k}, {n}] rotated among {copies} copies (>= 4x L2), X among 4; "
                    f"{warmup} warm-up calls then {iters} calls each timed with its own "
-                   + ("CUDA events" if device.type == "cuda" else "perf_counter")
+                   + ("CUDA events, queued behind a torch.cuda._sleep so the GPU runs them back "
+                      "to back (kernel time, not launch gaps)" if device.type == "cuda"
+                      else "perf_counter")
                    + "; median reported; FLOPs 2MKN, bytes (MK+KN+MN)b"),
         "rows": rows,
     }
