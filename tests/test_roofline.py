@@ -1,13 +1,14 @@
 """roofline: placements, whole model, reconciliation, extrapolation, on synthetic layers."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
 
-from trace_roofline import roofline
+from trace_roofline import costs, roofline
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -214,3 +215,78 @@ def test_reconcile_is_per_phase():
         rows = ops[(ops["phase"] == phase) & ops["layer"].isna()]
         assert math.fsum(part["contribution"]) == pytest.approx(
             whole_model(rows)["intensity"], rel=1e-14)
+
+
+# ------------------------------------------------ end to end on the committed H200 traces
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def sample(name: str, **kw):
+    from trace_roofline.pipeline import analyze_trace
+
+    path = SAMPLES / f"{name}.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path.name} not committed")
+    return analyze_trace(path, QWEN, **kw)
+
+
+@pytest.fixture(scope="module")
+def h200_decode():
+    return sample("qwen2.5-7b_decode_b1_s2048_h200", attention_bytes="kv", layers=28)
+
+
+def test_h200_decode_gemms_at_one_attention_at_seven(h200_decode):
+    a = h200_decode
+    assert "h200" in a.hardware.name  # auto-detected from deviceProperties
+    ops = a.operators
+    for name in PROJ:
+        row = agg(ops, name, "decode")
+        k, n, bias = QWEN.linears()[name]
+        assert row["intensity"] == pytest.approx(
+            costs.gemm_flops(1, k, n, bias) / costs.gemm_bytes(1, k, n, 2, bias), rel=1e-12)
+        assert row["intensity"] == pytest.approx(1.0, abs=0.003)
+        assert row["bound"] == "memory"
+    attn = agg(ops, "attention", "decode")
+    assert attn["intensity"] == 7.0 and attn["bound"] == "memory"
+    assert 1.0 < a.whole["intensity"] < 1.1
+    assert 1.0 < a.extrapolated_whole["decode"]["intensity"] < 1.1
+    assert a.costed["check"].isna().all()
+
+
+def test_h200_decode_time_is_conserved_and_fully_costed(h200_decode):
+    from trace_roofline.trace import load_trace
+
+    a = h200_decode
+    device = load_trace(SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz").device
+    assert a.whole["time_us"] == pytest.approx(device["dur_us"].sum(), rel=1e-12)
+    assert a.coverage["costed_fraction"] == pytest.approx(1.0)
+    assert math.fsum(a.reconciliation["contribution"]) == pytest.approx(a.whole["intensity"],
+                                                                        rel=1e-13)
+
+
+def test_h200_prefill_gemms_and_attention_compute_bound():
+    for hw in (None, get_hardware("h200-sxm")):  # measured calibration and the datasheet
+        a = sample("qwen2.5-7b_prefill_b1_t2048_h200", hardware=hw)
+        for name in (*PROJ, "attention"):
+            row = agg(a.operators, name, "prefill")
+            assert row["bound"] == "compute", (name, row["intensity"])
+        q = agg(a.operators, "q_proj", "prefill")
+        assert q["intensity"] == pytest.approx(
+            costs.gemm_intensity(2048, H, H, 2, bias=True), rel=1e-12)
+    full = sample("qwen2.5-7b_prefill_b1_t2048_h200", causal="full")
+    causal, full = agg(a.operators, "attention"), agg(full.operators, "attention")
+    assert causal["flops"] / full["flops"] == pytest.approx(2049 / 4096, rel=1e-12)
+
+
+def test_h200_fused_layout_and_hf_kv_cache_copies():
+    fused = sample("qwen2.5-7b_decode_b32_s2048_fused_h200")
+    qkv = agg(fused.operators, "qkv_proj", "decode")
+    assert qkv["intensity"] == pytest.approx(costs.gemm_intensity(32, H, 4608, 2, bias=True),
+                                             rel=1e-12)
+    assert fused.costed["check"].isna().all()
+    hf = sample("hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200")
+    cache = hf.costed[hf.costed["operator"] == "kv_cache"]
+    # HF's DynamicCache concatenates: each step reads and rewrites the whole K (or V) cache
+    assert cache["bytes"].max() >= 2 * 511 * 4 * 128 * 2
+    assert agg(hf.operators, "attention", "decode")["bound"] == "memory"

@@ -208,3 +208,18 @@ def test_model_level_costs():
     assert m.loc["embedding", "bytes"] == 4 * H * 2 * 2 + 4 * 8  # rows read + written, int64 ids
     assert m.loc["lm_head", "flops"] == 2 * 2 * H * 152064  # last position of 2 sequences
     assert m.loc["lm_head", "bytes"] == (2 * H + H * 152064 + 2 * 152064) * 2
+
+
+def test_gather_and_arange():
+    ops = [
+        Op("embedding", "aten::gather", [[152064, H], [], [512, H], [], [512, H]],
+           [BF, "Scalar", "long int", "Scalar", BF], ["", "0", "", "False", ""]),
+        Op("other", "aten::arange", [[], [], [], [], []], ["Scalar", "", "", "", "Scalar"],
+           ["512", "", "", "", "False"]),
+        Op("other", "aten::arange", [[], [], [], [], [], [], []],
+           ["Scalar", "Scalar", "Scalar", "", "", "", ""], ["2", "10", "3", "", "", "", ""]),
+    ]
+    g, a, b = (one(ops).iloc[i] for i in range(3))
+    assert g["bytes"] == 512 * H * 8 + 2 * 512 * H * 2 and g["flops"] == 0
+    assert (a["bytes"], a["dtype"]) == (512 * 8, "int64")
+    assert b["bytes"] == 3 * 8  # 2, 5, 8

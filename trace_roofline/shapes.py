@@ -22,9 +22,9 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   (max, subtract, exp, sum, divide); reductions 1 per input element and write input/last-dim
   elements (the last dim is reduced, as in RMSNorm's mean) unless `Concrete Inputs` give the dims.
 - Data movement, 0 FLOPs: copy_ (read src, write dst), clone/_to_copy (out dtype from Concrete
-  Inputs when recorded), cat/stack (read and write every input), fill_/zero_ (write only),
+  Inputs when recorded), cat/stack (read and write every input), fill_/zero_/arange (write only),
   index_copy_/index_put_ (read source + index, write source-many elements), embedding /
-  index_select (read and write the gathered rows, plus the indices).
+  index_select / gather (read and write the gathered elements, plus the indices).
 - torch.compile Triton kernels (`triton_*` cpu ops carry every buffer argument): each argument
   moved once; FLOPs 1 per element of the largest buffer (a placeholder of the right magnitude).
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
@@ -317,8 +317,10 @@ def _dispatch(name: str, args: list[_Arg], causal: str, attention_bytes: str,
         return _cat(args, fallback)
     if plain in ("index_copy", "index_put", "index_add"):
         return _index_write(plain, args)
-    if base in ("embedding", "index_select"):
+    if base in ("embedding", "index_select", "gather"):
         return _gather(base, args)
+    if base == "arange":
+        return _arange(args)
     if plain in _NORMS:
         return _norm(plain, args)
     if plain in _SOFTMAX:
@@ -506,17 +508,39 @@ def _index_write(op: str, args: list[_Arg]) -> Cost:
 
 
 def _gather(base: str, args: list[_Arg]) -> Cost:
-    """embedding(weight, ids) / index_select(self, dim, index): read and write the chosen rows."""
+    """embedding(weight, ids) / index_select(self, dim, index) / gather(self, dim, index): read
+    and write the chosen elements, plus the indices."""
     ts = _tensors(args)
     table, index = ts[0], ts[1]
     if base == "embedding":
         rows = index.numel * table.dims[-1]
+    elif base == "gather":
+        rows = index.numel
     else:
         dim = int(args[1].concrete or 0)
         rows = table.numel // table.dims[dim] * index.numel
     nbytes = costs.elementwise_bytes(rows, rows, table.b)
     nbytes += costs.elementwise_bytes(index.numel, 0, index.b)
     return Cost("copy", 0.0, nbytes, table.dtype, f"{table.dims}[{index.dims}] -> {rows}")
+
+
+def _arange(args: list[_Arg]) -> Cost:
+    """arange([start,] end[, step]): writes ceil((end - start) / step) elements (Concrete Inputs);
+    int64 unless a bound is fractional."""
+    nums = []
+    for a in args:
+        try:
+            nums.append(float(a.concrete))
+        except ValueError:
+            break
+    if not nums:
+        return Cost(uncosted="aten::arange: bounds not recorded")
+    start, end, step = (0.0, nums[0], 1.0) if len(nums) == 1 else (nums[0], nums[1],
+                                                                   nums[2] if len(nums) > 2 else 1.0)
+    n = max(math.ceil((end - start) / step), 0)
+    short = "int64" if all(v.is_integer() for v in (start, end, step)) else "fp32"
+    nbytes = costs.elementwise_bytes(0, n, _SHORT_BYTES[short])
+    return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
 def _fused(args: list[_Arg]) -> Cost:
