@@ -101,3 +101,19 @@ def test_no_hardware_report():
     assert d["hardware"] is None
     assert "no placements" in terminal_table([a])
     json.dumps(d, allow_nan=False)
+
+
+def test_measured_intensity_column_when_ncu_bytes_are_joined(decode):
+    import dataclasses
+
+    import pandas as pd
+
+    from trace_roofline.roofline import place
+
+    measured = pd.DataFrame({"layer": [0], "operator": ["q_proj"], "measured_bytes": [51.4e6]})
+    ops = place(decode.costed, H200, measured=measured)
+    text = terminal_table([dataclasses.replace(decode, operators=ops)])
+    assert "ncu F/B" in text
+    q = next(line for line in text.splitlines() if line.startswith("q_proj "))
+    assert q.split()[-1] == f"{(2 * 3584 * 3584 + 3584) / 51.4e6:.2f}"
+    assert "ncu F/B" not in terminal_table([decode])

@@ -60,14 +60,17 @@ _HEAD = (f"{'operator':<20} {'phase':<7} {'kern':>5} {'time µs':>10} {'time%':>
 
 def _terminal_one(a: Analysis, per_layer: bool) -> str:
     ops = a.operators if per_layer else a.operators[a.operators["layer"].isna()]
+    measured = "measured_intensity" in ops.columns  # ncu DRAM bytes joined
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
-             _hardware_line(a), f"conventions: {conventions_line(a)}", _HEAD]
+             _hardware_line(a), f"conventions: {conventions_line(a)}",
+             _HEAD + (f" {'ncu F/B':>8}" if measured else "")]
     for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
         name = r.operator if pd.isna(r.layer) else f"{r.operator}[{r.layer}]"
         flag = " ! above roof" if _flagged(r.exceeds_roof) else ""
+        ncu = f" {_fmt(r.measured_intensity, '.2f'):>8}" if measured else ""
         lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
                           r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
-                          r.pct_of_roof, r.bound) + flag)
+                          r.pct_of_roof, r.bound) + ncu + flag)
     w = a.whole
     lines.append(_row("whole model", "/".join(w["phases"]), w["kernels"], w["time_us"], 1.0,
                       w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
