@@ -1,5 +1,6 @@
 """plot.roofline_figure: the artists the chart must have, and labels that do not overlap."""
 
+import dataclasses
 import io
 import itertools
 
@@ -99,8 +100,7 @@ def test_measured_points_are_hollow_and_linked(analyses):
     measured = pd.DataFrame({"layer": [0, 0], "operator": ["q_proj", "attention"],
                              "measured_bytes": [40e6, 6e6]})
     ops = place(a.costed, H200, measured=measured)
-    with_measured = type(a)(**{**a.__dict__, "operators": ops})
-    fig = roofline_figure([with_measured])
+    fig = roofline_figure([dataclasses.replace(a, operators=ops)])
     ax = fig.axes[0]
     hollow = [c for c in ax.collections if len(c.get_facecolor()) == 0
               or c.get_facecolor()[0][3] == 0]

@@ -151,9 +151,10 @@ def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     out = g.agg(
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
-        costed_time_us=("_costed_time", "sum"),
-        flops=("flops", lambda s: s.sum(min_count=1)), bytes=("bytes", lambda s: s.sum(min_count=1)),
+        costed_time_us=("_costed_time", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
     ).reset_index()
+    none = out["costed_instances"] == 0  # no costed instance: NaN, not a sum of nothing
+    out[["flops", "bytes"]] = out[["flops", "bytes"]].where(~none, axis=0)
     out["uncosted"] = out["instances"] - out["costed_instances"]
     # The dtype of the instance doing the most FLOPs (then bytes) sets the compute peak.
     lead = c[c["_costed"]].sort_values(["flops", "bytes"], ascending=False, kind="stable")

@@ -185,11 +185,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs"]
-    key = inst[text[0]].fillna("")
-    for col in text[1:]:
-        key = key + "\x1f" + inst[col].fillna("")
-    codes, uniques = pd.factorize(key, use_na_sentinel=False)
-    first = pd.Series(np.arange(len(inst))).groupby(codes).first().to_numpy()
+    codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
+    _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
