@@ -82,7 +82,7 @@ _ALIASES = {"input_layernorm": "input_norm", "post_attention_layernorm": "post_a
 _STAGE = {"input_norm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv_proj": 1, "attention": 2,
           "o_proj": 3,
           "post_attention_norm": 4, "gate_proj": 5, "gate_up_proj": 5, "down_proj": 6}
-_LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)$")
+_LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)(?:$|[./:\s])")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # cpu ops that only wrap others (torch.compile, autograd, CUDA graphs): never units or top ops
 _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunction|Pregraph bytecode|"
@@ -341,7 +341,12 @@ def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
         q_key = gkeys.codes(units["dev_pid"], units["dev_stream"])[lost]
         for field in facts:
             fill(field, lost, gpu, ann_gkey, q_t, q_key)
-        fill("step", lost, ~gpu, np.zeros(len(ann), np.int64), q_t, np.zeros(len(q_t), np.int64))
+    # the step, as a last resort: a CPU ProfilerStep range on any thread around the launch
+    # (or, for an unlinked device row, around the kernel's start)
+    nostep = pd.isna(out["step"])
+    if nostep.any():
+        q_t = np.where(key >= 0, t, units["ts_ns"].to_numpy() if "ts_ns" in units else t)[nostep]
+        fill("step", nostep, ~gpu, np.zeros(len(ann), np.int64), q_t, np.zeros(len(q_t), np.int64))
     as_int = lambda v: pd.array(pd.to_numeric(pd.Series(v), errors="coerce"),  # noqa: E731
                                 dtype="Float64").astype("Int64")
     name = pd.Series(out["name"], dtype=object)
