@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
 from trace_roofline.ncu import (
     MEASURED_COLUMNS,
@@ -17,6 +18,7 @@ from trace_roofline.ncu import (
     measured_by_operator,
     read_ncu_csv,
 )
+from trace_roofline.trace import load_trace
 
 ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>,"
        " std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "
@@ -206,6 +208,10 @@ def test_header_without_rows(tmp_path):
     ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEEEEviT0_",
      "vectorized_elementwise_kernel", "vectorized_elementwise_kernel"),
     ("_Z15rms_norm_kernelPfPKfi", "rms_norm_kernel", "rms_norm_kernel"),
+    ("void at::vectorized_elementwise_kernel<4, void at::<unnamed>::pow_impl<float, float>"
+     "(at::TensorIteratorBase &, T2)::[lambda(float) (instance 1)], std::array<char *, 2>>(int, T2)",
+     "at::vectorized_elementwise_kernel<4,voidat::pow_impl<float,float>(at::TensorIteratorBase&,T2)"
+     "::[lambda(float)(instance1)],std::array<char*,2>>", "vectorized_elementwise_kernel"),
 ])
 def test_kernel_key(name, full, base):
     assert kernel_key(name) == full
@@ -416,3 +422,60 @@ def test_measured_by_operator_other_groupings():
     whole = measured_by_operator(matched, by=())  # one row: the whole trace
     assert len(whole) == 1 and whole["measured_bytes"].iloc[0] == matched["dram_bytes"].sum()
     assert whole["measured_kernels"].iloc[0] == 12 and whole["unmeasured_copies"].iloc[0] == 2
+
+
+# ------------------------------------------------------------------------ the committed H200 file
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+DECODE_TRACE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
+DECODE_CSV = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
+PAIRS = sorted(SAMPLES.glob("*.ncu.csv"))
+
+
+def test_real_h200_csv_parses():
+    """ncu 2025.3 on the H200: NVTX push/pop and start/stop columns, units row "byte"/"ns"."""
+    df = read_ncu_csv(DECODE_CSV)
+    assert len(df) == 138 and df["ncu_id"].tolist() == list(range(138))
+    assert df["dram_read_bytes"].notna().all() and df["ncu_time_us"].notna().all()
+    # ID 135: the down_proj split-K GEMM, "135,850,240","19,456","34,880" (ns)
+    last_gemm = df.loc[df["ncu_id"] == 135].iloc[0]
+    assert last_gemm["kernel_name"] == "nvjet_sm90_tst_256x8_64x6_4x1_v_bz_splitK_TNT"
+    assert (last_gemm["grid"], last_gemm["block"]) == ("4,28,1", "384,1,1")
+    assert last_gemm["dram_bytes"] == 135_850_240 + 19_456
+    assert last_gemm["ncu_time_us"] == pytest.approx(34.88)
+    assert last_gemm["nvtx_range"] == "layers.0/down_proj"
+    assert df["nvtx_range"].str.startswith("layers.0/").all()
+
+
+@pytest.mark.parametrize("csv", PAIRS, ids=[p.name for p in PAIRS])
+def test_real_csv_matches_its_trace(csv):
+    """Every committed ncu CSV pairs one-to-one with the trace of the same stem, and the pairing
+    agrees with the launch configs and with the NVTX operator/layer ranges of the ncu run."""
+    trace = load_trace(csv.with_name(csv.name.removesuffix(".ncu.csv") + ".json.gz"))
+    ncu = read_ncu_csv(csv)
+    matched, s = match_kernels(attribute(trace), ncu, device=trace.device)
+    assert (s["trace_unmatched"], s["ncu_unmatched"]) == (0, 0)
+    assert s["matched"] == len(ncu) == s["trace_kernels"]
+    assert s["launch_config_agreement"] == 1.0
+    assert s["nvtx_operator_agreement"] == 1.0 and s["nvtx_layer_agreement"] == 1.0
+    assert matched["dram_bytes"].sum() == ncu["dram_bytes"].sum()
+
+
+def test_real_decode_gemms_stream_their_weights_once():
+    """Decode at batch 1 reads each weight matrix once per step: with ncu's cache flush, measured
+    DRAM bytes of every projection are its 3 steps x K*N*2 bf16 weight bytes, plus at most 2%
+    (activations, bias, split-K workspace)."""
+    trace = load_trace(DECODE_TRACE)
+    attributed = attribute(trace)
+    matched, _ = match_kernels(attributed, read_ncu_csv(DECODE_CSV),
+                               device=trace.device)
+    steps = attributed["step"].nunique()
+    assert steps == 3
+    per_op = measured_by_operator(matched, by=("operator",)).set_index("operator")
+    h, kv, inter = 3584, 512, 18944
+    for op, (k, n) in {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                       "gate_proj": (h, inter), "up_proj": (h, inter),
+                       "down_proj": (inter, h)}.items():
+        ratio = per_op.loc[op, "measured_bytes"] / (steps * k * n * 2)
+        assert 1.0 <= ratio <= 1.02, (op, ratio)
+    assert (per_op["unmeasured_kernels"] == 0).all()
+    assert per_op["measured_bytes"].sum() == matched["dram_bytes"].sum()

@@ -13,8 +13,11 @@ Capture (see DOMAIN.md, "Measured bytes"):
     ncu --clock-control none --csv --page raw --print-units base \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum [--nvtx] CMD
 ncu flushes the caches before each profiled kernel by default (`--cache-control all`), so its
-DRAM bytes are cold-cache traffic: at least the compulsory bytes, plus re-reads, split-K workspaces
-and layout changes that the analytical minimum leaves out.
+DRAM reads are cold-cache traffic: at least the compulsory bytes, plus re-reads, split-K
+workspaces and layout changes that the analytical minimum leaves out. DRAM writes count only what
+L2 (60 MB on an H200) writes back while the kernel runs: a small output that stays dirty in L2 is
+not counted, so a small elementwise kernel can measure below its analytical bytes (seen on the
+H200 decode sample: SwiGLU `act` at 0.7x, its 37,888-byte output never reaching DRAM).
 """
 
 from __future__ import annotations
@@ -242,8 +245,11 @@ def kernel_key(name: str, base: bool = False) -> str:
     """Normalised kernel name for matching ncu to CUPTI names.
 
     Full key: the demangled name without its return type ("void ") and parameter list, with
-    "(anonymous namespace)::" and all whitespace dropped (demanglers differ on "> >" and
-    "char *"); template arguments are kept.
+    "(anonymous namespace)::" / "<unnamed>::" and all whitespace dropped (demanglers differ on
+    "> >" and "char *"); template arguments are kept. ncu's demangler (2025.3) departs further
+    from CUPTI's: it drops inline namespaces (`at::native::` -> `at::`), writes lambdas as
+    "[lambda() (instance 3)]" not "{lambda()#3}", template integers as "2" not "2ul" and bools
+    as 0/1, so on real PyTorch traces only the base key agrees.
     Base key (`base=True`): the last scope component without template arguments
     ("at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel").
     Itanium-mangled names ("_ZN2at6native...") reduce to their base key only.
@@ -251,7 +257,7 @@ def kernel_key(name: str, base: bool = False) -> str:
     name = name.strip()
     if name.startswith("_Z"):
         return _mangled_base(name)
-    name = re.sub(r"\((?:anonymous namespace)\)::|\{anonymous\}::", "", name)
+    name = re.sub(r"\(anonymous namespace\)::|\{anonymous\}::|<unnamed>::", "", name)
     name = re.sub(r"^(?:__global__\s+)?void\s+", "", name)
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):  # parameter list = first '(' outside template brackets
@@ -298,7 +304,8 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
 
     Names: both sides are reduced by `kernel_key`. The full key (templates kept) is used when it
     finds an ncu name for every trace kernel that the coarser base key finds one for; otherwise
-    (ncu printed function-only or mangled names) the base key. `summary["name_key"]` says which.
+    (function-only or mangled ncu names, or ncu's demangler spelling templates differently, as
+    on real PyTorch traces) the base key. `summary["name_key"]` says which.
     Order: within each key, the k-th trace launch (by ts_us) pairs with the k-th ncu launch
     (by ID). When the counts differ, the two sequences are aligned at their ends (`align="end"`,
     default): an ncu run profiles from process start (weight init, warm-up steps) while the
