@@ -116,3 +116,11 @@ def test_renders_png(fig):
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_hardware_there_is_no_roof(analyses):
+    bare = [dataclasses.replace(a, hardware=None) for a in analyses]
+    ax = roofline_figure(bare).axes[0]
+    assert ax.get_lines() == []
+    assert "no device given" in ax.get_title()
+    assert not any("roof" in t.get_text() for t in ax.get_legend().get_texts())

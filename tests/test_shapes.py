@@ -223,3 +223,12 @@ def test_gather_and_arange():
     assert g["bytes"] == 512 * H * 8 + 2 * 512 * H * 2 and g["flops"] == 0
     assert (a["bytes"], a["dtype"]) == (512 * 8, "int64")
     assert b["bytes"] == 3 * 8  # 2, 5, 8
+
+
+def test_views_and_allocations_move_nothing():
+    ops = [Op("rope", "aten::transpose", [[1, 28, 1, 128], [], []], [BF, "Scalar", "Scalar"]),
+           Op("other", "aten::empty", [[], [], [], [], [], []],
+              ["ScalarList", "Scalar", "", "", "Scalar", ""])]
+    c = one(ops)
+    assert c["cost_kind"].tolist() == ["view", "view"]
+    assert c["flops"].tolist() == [0, 0] and c["bytes"].tolist() == [0, 0]

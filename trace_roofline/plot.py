@@ -71,14 +71,15 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
                    edgecolors=edge, linewidths=1.2 if p.get("hollow") else 0.6,
                    zorder=5 if p["whole"] else 4, alpha=0.9)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
-    ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured device time)")
+    ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
     ax.yaxis.set_major_formatter(_rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
     device = (f"{hw.name}: {peak / 1e12:.0f} TFLOP/s {summary['dtype']}, "
-              f"{hw.mem_bandwidth / 1e12:.2f} TB/s" if hw is not None and peak else "no device")
+              f"{hw.mem_bandwidth / 1e12:.2f} TB/s" if hw is not None and peak
+              else "no device given (no roofs: pass --hardware)")
     ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}", fontsize=11)
-    _legend(ax, analyses, any("mx" in p for p in points))
+    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts))
     _place_labels(fig, ax, points, roof_texts)
     notes = []
     if skipped:
@@ -180,7 +181,7 @@ def _rate_formatter():
     return FuncFormatter(fmt)
 
 
-def _legend(ax, analyses: Sequence[Analysis], measured: bool) -> None:
+def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool) -> None:
     handles = []
     for i, a in enumerate(analyses):
         colour = TRACE_COLOURS[i % len(TRACE_COLOURS)]
@@ -196,7 +197,8 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool) -> None:
     if measured:
         handles.append(Line2D([], [], ls="--", marker="o", color="0.3", markerfacecolor="none",
                               label="measured DRAM bytes (ncu)"))
-    handles.append(Line2D([], [], color="black", lw=1.6, label="roof: min(P, I·B)"))
+    if roof:
+        handles.append(Line2D([], [], color="black", lw=1.6, label="roof: min(P, I·B)"))
     # Above the memory slope nothing is attainable: the upper left stays free of points.
     ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
 

@@ -101,7 +101,7 @@ def _hardware_line(a: Analysis) -> str:
 
 def _coverage_line(a: Analysis) -> str:
     c = a.coverage
-    return (f"coverage: {_pct(c['fraction'])} of {c['kernel_time_us']:.1f} µs device time "
+    return (f"coverage: {_pct(c['fraction'])} of {c['kernel_time_us']:.1f} µs measured time "
             f"attributed to operators, {_pct(c['costed_fraction'])} costed; "
             f"{c['uncosted_instances']} uncosted op instance(s)")
 

@@ -27,6 +27,7 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   index_select / gather (read and write the gathered elements, plus the indices).
 - torch.compile Triton kernels (`triton_*` cpu ops carry every buffer argument): each argument
   moved once; FLOPs 1 per element of the largest buffer (a placeholder of the right magnitude).
+- Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
 "none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns.
 """
@@ -56,7 +57,7 @@ COSTED_COLUMNS = {
     "kernels": "int64",  # device rows (kernels, memcpy, memset) of the instance
     "ts_us": "float64",  # first kernel start
     "time_us": "float64",  # Σ dur_us of the instance's kernels
-    "cost_kind": "str",  # gemm|attention|elementwise|norm|reduction|copy|fused|none
+    "cost_kind": "str",  # gemm|attention|elementwise|norm|reduction|copy|fused|view|none
     "dtype": "str",  # short dtype of the main operand (bf16, fp16, fp32, fp8, int64, ...)
     "flops": "float64",  # NaN when uncosted
     "bytes": "float64",  # minimum DRAM bytes; NaN when uncosted
@@ -104,6 +105,12 @@ _REDUCTIONS = {"mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", 
 _SOFTMAX = {"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"}
 _NORMS = {"rms_norm": 4.0, "_fused_rms_norm": 4.0, "layer_norm": 7.0, "native_layer_norm": 7.0}
 _COPIES = {"clone", "contiguous", "_to_copy", "to"}
+# Views and allocations move no data (timed units of their own in CPU-only traces).
+_VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "slice", "select",
+          "narrow", "chunk", "split", "split_with_sizes", "unbind", "alias", "expand",
+          "as_strided", "unsqueeze", "squeeze", "flatten", "unflatten", "detach", "detach_",
+          "lift_fresh", "view_as", "expand_as", "empty", "empty_like", "empty_strided",
+          "resolve_conj", "resolve_neg", "result_type"}
 
 # Attention ops: name -> (Q/K/V layout, index of is_causal in Concrete Inputs).
 # BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d] (flash/efficient kernels).
@@ -306,6 +313,9 @@ def _dispatch(name: str, args: list[_Arg], causal: str, attention_bytes: str,
         return gemm(args)
     if not name.startswith("aten::"):
         return Cost(uncosted=f"no cost rule for {name}")
+    if base in _VIEWS:
+        ts = _tensors(args)
+        return Cost("view", 0.0, 0.0, ts[0].dtype if ts else None, "view (no data moved)")
     plain = base[:-1] if base.endswith("_") and not base.endswith("__") else base
     inplace = plain != base
     if base in ("copy_", "fill_", "zero_") or plain in _COPIES:
