@@ -81,6 +81,7 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}", fontsize=11)
     _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts))
     _place_labels(fig, ax, points, roof_texts)
+    fig.set_layout_engine("none")  # freeze the layout the labels were placed in
     notes = []
     if skipped:
         notes.append("not on the log axes (0 FLOPs or no time): " + ", ".join(skipped))
@@ -212,7 +213,8 @@ def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
     px_per_pt = fig.dpi / 72.0
     frame = ax.get_window_extent(renderer)
     legend = ax.get_legend()
-    taken: list[Bbox] = [t.get_window_extent(renderer) for t in fixed if not t.get_rotation()]
+    taken: list[Bbox] = [t.get_window_extent(renderer).padded(4) for t in fixed
+                         if not t.get_rotation()]
     if legend:
         taken.append(legend.get_window_extent(renderer))
     n_fixed = len(taken)  # leader lines must not cross these (roof texts, legend)
