@@ -243,3 +243,19 @@ def test_cli_calibrate_cpu_writes_hardware_json(tmp_path: Path) -> None:
     assert "no TF32" in hw["method"] and hw["date"] in hw["source"]
     assert 1e8 < hw["mem_bandwidth"] < 1e13
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+    from trace_roofline.hardware import from_json  # the analyzer reads what calibrate writes
+
+    loaded = from_json(out)
+    assert loaded.name == "cpu-measured" and loaded.peak("bfloat16") == hw["peak_flops"]["bf16"]
+
+
+def test_trace_roofline_cli_has_workload_commands(tmp_path: Path, capsys) -> None:
+    from trace_roofline.cli import main
+
+    rc = main(["run", "--model", "qwen-tiny", "--device", "cpu", "--phase", "decode",
+               "--context", "16", "--steps", "1", "--warmup", "1", "--annotate", "none",
+               "--out", str(tmp_path)])
+    want = tmp_path / "qwen-tiny_decode_b1_s16_noannot_cpu.json.gz"
+    assert rc == 0 and want.exists()
+    assert capsys.readouterr().out.strip() == str(want)
+    assert main(["run", "--model", "qwen-tiny", "--device", "cpu", "--steps", "0"]) == 2

@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write report.json to this path")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
+    from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
+
+    for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):
+        add(sub)
     return parser
 
 

@@ -75,7 +75,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         summary = run(cfg, progress=_progress)
     except ValueError as e:
-        _progress(f"trace-roofline run: {e}")
+        _progress(f"trace-roofline: error: {e}")
         return 2
     if args.summary:
         _write_json(Path(args.summary), summary)
@@ -113,7 +113,7 @@ def sweep_command(args: argparse.Namespace) -> int:
                             args.warmup, args.iters, args.hardware, args.out, args.trace,
                             progress=_progress)
     except (ValueError, OSError) as e:
-        _progress(f"trace-roofline sweep: {e}")
+        _progress(f"trace-roofline: error: {e}")
         return 2
     print(path)
     return 0
@@ -142,7 +142,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         hw, raw = calibrate(args.device, args.copy_mib and args.copy_mib << 20, args.sizes,
                             repeats=args.repeats, progress=_progress)
     except ValueError as e:
-        _progress(f"trace-roofline calibrate: {e}")
+        _progress(f"trace-roofline: error: {e}")
         return 2
     if args.raw:
         _write_json(Path(args.raw), raw)
