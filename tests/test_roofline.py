@@ -290,3 +290,12 @@ def test_h200_fused_layout_and_hf_kv_cache_copies():
     # HF's DynamicCache concatenates: each step reads and rewrites the whole K (or V) cache
     assert cache["bytes"].max() >= 2 * 511 * 4 * 128 * 2
     assert agg(hf.operators, "attention", "decode")["bound"] == "memory"
+
+
+def test_extrapolation_keeps_work_outside_the_layers_unscaled():
+    layer = attributed(qwen_layer(QWEN, 1, 2048, DECODE_US), layer=0)
+    outside = attributed([Op("other", "aten::add", [[1, 512], [1, 512], []], [BF, BF, "Scalar"])],
+                         layer=None, first_event=900, first_op=9000)
+    ext = extrapolate(attach_costs(concat(layer, outside), QWEN), QWEN, 28).set_index("operator")
+    assert ext.loc["other", "source"] == "trace" and ext.loc["other", "flops"] == 512
+    assert ext.loc["q_proj", "source"] == "trace x28"

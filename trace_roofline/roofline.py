@@ -49,8 +49,9 @@ OPERATOR_COLUMNS = {
     "exceeds_roof": "boolean",  # achieved > attainable: analytical bytes too low, or cache hits
 }
 
-# Operators outside the decoder layers: not scaled when extrapolating to the full depth.
-MODEL_LEVEL = ("embedding", "final_norm", "lm_head", "sampling/other", "unattributed")
+# Operators outside the decoder layers (attribute.py gives them no layer): not scaled when a
+# trace without layer information is extrapolated to the full depth.
+MODEL_LEVEL = ("embedding", "final_norm", "lm_head", "other", "sampling/other", "unattributed")
 
 # Per-operator full-model costs of one step (`extrapolate`).
 EXTRAPOLATED_COLUMNS = {
@@ -280,37 +281,38 @@ def reconcile(ops: pd.DataFrame) -> pd.DataFrame:
 def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataFrame:
     """Full-model costs of one step per (phase, operator) (`EXTRAPOLATED_COLUMNS`).
 
-    Per-layer operators: the trace's per-step cost divided by the layers it holds (distinct
-    `layer` values, else attention instances per step, else 1) and multiplied by `layers`.
-    Operators outside the layers (`MODEL_LEVEL`) keep their traced cost; embedding, final_norm
-    and lm_head are added from the model when the trace lacks them (final_norm = the traced
-    input_norm of one layer when there is one, else an RMSNorm).
+    Instances inside a decoder layer (a non-NA `layer`; without any layer information, every
+    operator outside `MODEL_LEVEL`) are averaged per step and per traced layer (distinct layers,
+    else attention instances per step), then multiplied by `layers`; the rest keep their
+    per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
+    lacks them (final_norm = one traced layer's input_norm when there is one, else an RMSNorm).
     """
     if layers < 1:
         raise InputError(f"--layers must be >= 1, got {layers}")
     parts = []
     for phase, c in costed[costed["flops"].notna()].groupby("phase", sort=False):
         steps = max(c["step"].nunique(), 1)
-        per_layer = ~c["operator"].isin(MODEL_LEVEL)
-        in_trace = c.loc[per_layer, "layer"].nunique()
-        if in_trace == 0:
-            attn = c["cost_kind"].eq("attention")
-            in_trace = max(round(attn.sum() / steps), 1)
-        sums = c.groupby("operator", sort=False)[["flops", "bytes"]].sum() / steps
-        scale = pd.Series(1.0, index=sums.index)
-        layered = sums.index[~sums.index.isin(MODEL_LEVEL)]
-        scale[layered] = layers / in_trace
-        found = pd.DataFrame({
-            "operator": sums.index, "flops": (sums["flops"] * scale).to_numpy(),
-            "bytes": (sums["bytes"] * scale).to_numpy(),
-            "source": np.where(scale.to_numpy() == 1.0, "trace", f"trace x{layers / in_trace:g}"),
-        })
+        if c["layer"].notna().any():
+            in_layer = c["layer"].notna().to_numpy()
+            in_trace = c["layer"].nunique()
+        else:
+            in_layer = (~c["operator"].isin(MODEL_LEVEL)).to_numpy()
+            in_trace = max(round(c["cost_kind"].eq("attention").sum() / steps), 1)
+        weight = np.where(in_layer, layers / in_trace, 1.0) / steps
+        scaled = pd.DataFrame({"operator": c["operator"].to_numpy(), "layered": in_layer,
+                               "flops": c["flops"].to_numpy() * weight,
+                               "bytes": c["bytes"].to_numpy() * weight})
+        g = scaled.groupby("operator", sort=False)
+        found = g[["flops", "bytes"]].sum().reset_index()
+        found["source"] = np.where(g["layered"].any().to_numpy(),
+                                   f"trace x{layers / in_trace:g}", "trace")
         tokens, sequences = _tokens(c)
         added = model_level_costs(model, tokens, sequences)
-        if "input_norm" in sums.index:
-            norm = sums.loc["input_norm"] / in_trace
-            added.loc[added["operator"] == "final_norm", ["flops", "bytes"]] = norm.to_numpy()
-        added = added[~added["operator"].isin(sums.index)].assign(source="model")
+        norm = scaled[scaled["layered"] & (scaled["operator"] == "input_norm")]
+        if len(norm):  # one layer's input norm: the same [tokens, hidden] RMSNorm
+            added.loc[added["operator"] == "final_norm", ["flops", "bytes"]] = (
+                norm[["flops", "bytes"]].sum().to_numpy() / layers)
+        added = added[~added["operator"].isin(found["operator"])].assign(source="model")
         part = pd.concat([found, added[["operator", "flops", "bytes", "source"]]],
                          ignore_index=True)
         parts.append(part.assign(phase=phase))
