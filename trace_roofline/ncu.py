@@ -232,12 +232,15 @@ def nvtx_stack(s: pd.Series) -> pd.Series:
     A cell reads `<tid>  "<domain>:<range>:<PL_Type>:<PL_Value>:<CLR_Type>:<Color>:<Msg_Type>:<Msg>"`
     with one quoted item per open range, outermost first; the range name is what lies between
     the domain and the six trailing payload fields (so names may themselves contain ':').
+    Parsed once per distinct cell (a stack repeats for every kernel inside it).
     """
-    items = s.astype("str").str.extractall(r'"([^"]*)"')[0]
-    names = (items.str.replace(r"^[^:]*:", "", regex=True)  # "<default domain>:" or "dom:"
-             .str.replace(r"(?::[^:]*){6}$", "", regex=True))
-    stacks = names.groupby(level=0).agg("/".join)
-    return stacks.reindex(s.index).where(lambda x: x != "", None).astype("str")
+    codes, uniq = pd.factorize(s.astype("str"))
+    cells = pd.Series(uniq, dtype="str")
+    stacks = (cells.str.replace(r'"[^":]*:(.*?)(?::[^:"]*){6}"\s*', r"\1/", regex=True)
+              .str.replace(r"^\s*\d*\s*", "", regex=True).str.rstrip("/"))
+    stacks = stacks.where(cells.str.contains('"', regex=False) & (stacks != ""), None)
+    out = stacks.to_numpy(dtype=object)[codes] if len(uniq) else np.full(len(s), None, object)
+    return pd.Series(np.where(codes < 0, None, out), index=s.index, dtype="str")
 
 
 # --------------------------------------------------------------------------------------- match
