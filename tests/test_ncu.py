@@ -289,6 +289,14 @@ def test_match_equal_counts_full_names():
     assert s["time_ratio_median"] == pytest.approx(1.2)
 
 
+def test_match_without_kind_column_takes_every_row_as_a_kernel():
+    att = _attributed(1)
+    att = att[att["kind"] == "kernel"].drop(columns="kind")
+    matched, s = match_kernels(att, _ncu(att["name"].tolist()))
+    assert s["matched"] == 6 and matched["ncu_id"].tolist() == list(range(6))
+    assert measured_by_operator(matched)["measured_kernels"].sum() == 6
+
+
 def test_match_short_ncu_names_use_base_key():
     att = _attributed(1)
     matched, s = match_kernels(att, _ncu(_kernel_names(att), short=True))

@@ -172,7 +172,7 @@ def _from_raw(p: Path, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Ser
     for metric, table in _UNITS.items():
         unit = units[metric].strip() if units is not None else ("nsecond" if table is _TIME_TO_US
                                                                  else "byte")
-        factor = table.get(unit.lower(), table.get(unit))
+        factor = table.get(unit.lower())
         if factor is None:
             raise InputError(f"{p}: unknown unit {unit!r} for {metric}")
         values[metric] = _numbers(p, rows[metric], rows["ID"], metric) * factor
@@ -323,8 +323,8 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
     """
     if align not in ("end", "start"):
         raise InputError(f"align must be 'end' or 'start', not {align!r}")
-    is_kernel = attributed["kind"].eq("kernel") if "kind" in attributed else True
-    trace = attributed.loc[is_kernel].sort_values(["ts_us", "event_id"], kind="stable")
+    trace = attributed[attributed["kind"] == "kernel"] if "kind" in attributed else attributed
+    trace = trace.sort_values(["ts_us", "event_id"], kind="stable")
     if device is not None and not {"grid", "block"} & set(trace.columns):
         cfg = device.loc[device["event_id"].isin(trace["event_id"]), ["event_id", "grid", "block"]]
         trace = trace.merge(cfg, on="event_id", how="left", sort=False)
@@ -358,7 +358,7 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
 
 def _summary(trace: pd.DataFrame, ncu: pd.DataFrame, t: pd.DataFrame, c: pd.DataFrame,
              pairs: pd.DataFrame, measured: pd.DataFrame, name_key: str, align: str) -> dict:
-    """Counts both ways, the top unmatched names, and two checks that the pairing is right."""
+    """Counts both ways, the (up to 10) most frequent unmatched keys, and the pairing checks."""
     t_left = t.loc[~t["event_id"].isin(pairs["event_id"]), "_key"].value_counts()
     c_left = c.loc[~c["_pos"].isin(pairs["_pos"]), "_key"].value_counts()
     on = trace.set_index("event_id").loc[measured["event_id"]]
