@@ -4,9 +4,9 @@ Fixed weight W [K, N] (q_proj of the model by default), X [M, K], Y = X @ W. Eac
 has its own pair of CUDA events (perf_counter + synchronize on CPU); the figure is the median
 after warm-up. The weight is rotated among enough copies to span 4x the L2 cache, so the M=1
 point measures DRAM, not a 26 MB weight sitting in a 60 MB L2 (methodology: warm-up, device-side
-timing, medians, rotate inputs past the cache). A second pass runs under torch.profiler, one
-profiler step per M, each call in a `q_proj` range inside `m_sweep.M{M}`, so the analyzer can
-place the same points from the trace.
+timing, medians, rotate inputs past the cache). A second pass runs under torch.profiler (no
+schedule, so no ProfilerStep ranges): each call in a `q_proj` range inside `m_sweep.M{M}`, so the
+analyzer can place the same points from the trace.
 """
 
 from __future__ import annotations
@@ -174,7 +174,6 @@ def _profile_sweep(ms: list[int], k: int, ws: list[torch.Tensor], dtype: torch.d
                     with torch.profiler.record_function("q_proj"):
                         xs[m] @ ws[i % len(ws)]
             sync(device)
-            prof.step()
     prof.export_chrome_trace(str(tmp))
     os.replace(tmp, path)
 
