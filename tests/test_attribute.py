@@ -735,8 +735,8 @@ def _layer_traces() -> list[Path]:
 
 
 def _expected_layers(path: Path) -> int:
-    m = re.search(r"-(\d+)l_", path.name)
-    return int(m.group(1)) if m else 1
+    m = re.search(r"-(\d+)l_|_l(\d+)_", path.name)  # hf-...-2l_ (HF captures) or _l2_ (ours)
+    return int(m.group(1) or m.group(2)) if m else 1
 
 
 @pytest.mark.parametrize("path", _layer_traces(), ids=lambda p: p.name.removesuffix(".json.gz"))

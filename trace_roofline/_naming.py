@@ -59,9 +59,23 @@ _TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy
 _TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
 
 
+def per_value(values: pd.Series, fn) -> pd.DataFrame | pd.Series:
+    """fn evaluated once per distinct value (a Series of them), broadcast back to the rows."""
+    if isinstance(values.dtype, pd.CategoricalDtype):  # trace tables: codes already there
+        cats = values.cat.categories
+        codes = np.where(values.cat.codes.to_numpy() < 0, len(cats), values.cat.codes.to_numpy())
+        uniques = np.append(np.asarray(cats, dtype=object), None)
+    else:
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
+    res = fn(pd.Series(uniques, dtype=object).astype("string"))
+    out = res.iloc[codes]
+    out.index = values.index
+    return out
+
+
 def base_name(names: pd.Series) -> pd.Series:
     """'aten::addmm' -> 'addmm' (Triton kernel names are kept whole)."""
-    return names.astype("string").str.rsplit("::", n=1).str[-1]
+    return per_value(names, lambda u: u.str.rsplit("::", n=1).str[-1])
 
 
 def is_attention(names: pd.Series) -> pd.Series:
@@ -69,27 +83,39 @@ def is_attention(names: pd.Series) -> pd.Series:
     return base.str.contains(_ATTN_RE) & ~base.str.match(_TRITON_RE)
 
 
-def classify(inst: pd.DataFrame) -> pd.DataFrame:
-    """Boolean op-family flags for each instance (from op_name, top_name, Triton tokens)."""
-    op = base_name(inst["op_name"]).fillna("")
-    top = base_name(inst["top_name"]).fillna("")
-    triton = op.str.match(_TRITON_RE)
-    tri = op.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
-    either = lambda s: op.isin(s) | top.isin(s)  # noqa: E731
+def _op_flags(names: pd.Series) -> pd.DataFrame:
+    base = base_name(names).fillna("")
+    triton = base.str.match(_TRITON_RE)
+    tri = base.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
     return pd.DataFrame({
         "triton": triton,
-        "attn": is_attention(inst["op_name"]) | is_attention(inst["top_name"]),
-        "emb": either(EMBEDDING_OPS),
-        "normcore": either(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
-        "cast": top.isin(CAST_OPS),
-        "ropecore": op.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
-        "cossin": op.isin({"cos", "sin"}),
-        "kvwrite": top.isin(KV_WRITE_OPS) | (tri.str.contains(_TOK_KV) & ~tri.str.contains(_TOK_ROPE)),
-        "kvonly": either(KV_ONLY_OPS),
-        "act": either(ACT_OPS) | tri.str.contains(_TOK_ACT),
-        "softmax": either(SOFTMAX_OPS),
-        "bgemm": op.isin(BATCHED_GEMM_OPS),
-    }, index=inst.index)
+        "attn": base.str.contains(_ATTN_RE) & ~triton,
+        "emb": base.isin(EMBEDDING_OPS),
+        "normcore": base.isin(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
+        "cast": base.isin(CAST_OPS),
+        "ropecore": base.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
+        "cossin": base.isin({"cos", "sin"}),
+        "kvwrite": base.isin(KV_WRITE_OPS) | (tri.str.contains(_TOK_KV)
+                                              & ~tri.str.contains(_TOK_ROPE)),
+        "kvonly": base.isin(KV_ONLY_OPS),
+        "act": base.isin(ACT_OPS) | tri.str.contains(_TOK_ACT),
+        "softmax": base.isin(SOFTMAX_OPS),
+        "bgemm": base.isin(BATCHED_GEMM_OPS),
+    })
+
+
+def classify(inst: pd.DataFrame) -> pd.DataFrame:
+    """Boolean op-family flags per instance, from its own op, the outermost op around it
+    (casts, cache writes and embeddings are recognised there) and Triton name tokens."""
+    op = per_value(inst["op_name"], _op_flags)
+    top = per_value(inst["top_name"], _op_flags)
+    either = ("attn", "emb", "normcore", "kvonly", "act", "softmax")
+    out = op.copy()
+    for col in either:
+        out[col] = op[col] | top[col]
+    out["cast"] = top["cast"]
+    out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,8 +363,8 @@ LINEAR_CLASSES = {"QKVParallelLinear": "qkv_proj", "MergedColumnParallelLinear":
 
 def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
     """nn.Module frames with their class, instance suffix and kind ('' when not recognised)."""
-    names = frames["name"].astype("string")
-    m = frames[names.str.startswith("nn.Module: ").fillna(False)].copy()
+    is_module = per_value(frames["name"], lambda u: u.str.startswith("nn.Module: ").fillna(False))
+    m = frames[is_module.to_numpy(dtype=bool)].copy()
     full = m["name"].astype("string").str.slice(len("nn.Module: "))
     parts = full.str.extract(r"^(?P<cls>.*?)(?:_(?P<idx>\d+))?$")
     m["cls"] = parts["cls"].fillna("")

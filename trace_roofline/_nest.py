@@ -22,25 +22,27 @@ def to_ns(us: pd.Series | np.ndarray) -> np.ndarray:
 class KeySpace:
     """One int code per (pid, tid) pair seen in any of the given tables (-1: unknown)."""
 
-    def __init__(self, *frames: pd.DataFrame, cols: tuple[str, str] = ("pid", "tid")):
-        pairs = [self._pairs(f[cols[0]], f[cols[1]]) for f in frames]
-        pid = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, np.int64)
-        tid = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, np.int64)
-        self._index = pd.MultiIndex.from_arrays([pid, tid]).unique()
+    _NA = -(2**62)
 
-    @staticmethod
-    def _pairs(pid: pd.Series, tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-        def ints(s: pd.Series) -> np.ndarray:
-            s = pd.to_numeric(pd.Series(s), errors="coerce").astype("Int64")
-            return s.fillna(-(2**62)).to_numpy(np.int64)
-        return ints(pid), ints(tid)
+    def __init__(self, *frames: pd.DataFrame, cols: tuple[str, str] = ("pid", "tid")):
+        pid = np.concatenate([self._ints(f[cols[0]]) for f in frames] or [np.zeros(0, np.int64)])
+        tid = np.concatenate([self._ints(f[cols[1]]) for f in frames] or [np.zeros(0, np.int64)])
+        self._pids = pd.Index(pd.unique(pid))
+        self._tids = pd.Index(pd.unique(tid))
+        self._pairs = pd.Index(pd.unique(self._pair(pid, tid)))
+
+    @classmethod
+    def _ints(cls, s: pd.Series) -> np.ndarray:
+        s = pd.to_numeric(pd.Series(s), errors="coerce").astype("Int64")
+        return s.fillna(cls._NA).to_numpy(np.int64)
+
+    def _pair(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        return self._pids.get_indexer(pid) * (len(self._tids) + 1) + self._tids.get_indexer(tid)
 
     def codes(self, pid: pd.Series, tid: pd.Series) -> np.ndarray:
-        a, b = self._pairs(pid, tid)
-        if not len(a):
-            return np.zeros(0, np.int64)
-        c = self._index.get_indexer(pd.MultiIndex.from_arrays([a, b]))
-        return np.where((a == -(2**62)) | (b == -(2**62)), -1, c).astype(np.int64)
+        a, b = self._ints(pid), self._ints(tid)
+        c = self._pairs.get_indexer(self._pair(a, b))
+        return np.where((a == self._NA) | (b == self._NA), -1, c).astype(np.int64)
 
 
 class Nest:

@@ -358,20 +358,27 @@ def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
 # ----------------------------------------------------------------------------------------------
 def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     """One row per op instance (index: op_idx), in launch order within (step, thread)."""
-    u = units[units["op_idx"] >= 0]
-    first = u.groupby("op_idx", sort=False).first()
-    inst = pd.DataFrame(index=first.index)
-    oi = inst.index.to_numpy()
-    inst["t"] = ops["s"].to_numpy()[oi]
-    inst["key"] = first["key"].to_numpy()
-    inst["step"] = first["step"]
-    inst["ann_name"] = first["ann_name"]
-    inst["ann_layer"] = first["ann_layer"]
-    inst["op_name"] = ops["name"].astype(str).to_numpy()[oi]
-    inst["top_name"] = ops["name"].astype(str).to_numpy()[first["top_idx"].to_numpy()]
-    inst["input_dims"] = ops["input_dims"].to_numpy()[oi]
-    step = inst["step"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    inst["grp"] = pd.MultiIndex.from_arrays([step, inst["key"].to_numpy()]).factorize()[0]
+    op_idx = units["op_idx"].to_numpy()
+    oi, first = np.unique(op_idx, return_index=True)
+    first, oi = first[oi >= 0], oi[oi >= 0]
+    names = ops["name"].astype("category")
+
+    def take(col: str) -> np.ndarray:
+        return units[col].to_numpy(dtype=object)[first]
+
+    step = units["step"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1)[first]
+    key = units["key"].to_numpy()[first]
+    inst = pd.DataFrame({
+        "t": ops["s"].to_numpy()[oi], "key": key,
+        "step": pd.array(np.where(step >= 0, step, 0), dtype="Int64"),
+        "ann_name": take("ann_name"),
+        "ann_layer": units["ann_layer"].astype("Int64").to_numpy()[first],
+        "op_name": names.to_numpy()[oi],
+        "top_name": names.to_numpy()[units["top_idx"].to_numpy()[first]],
+        "input_dims": ops["input_dims"].to_numpy()[oi],
+    }, index=pd.Index(oi, name="op_idx"))
+    inst["step"] = inst["step"].where(step >= 0)
+    inst["grp"] = pd.factorize(step * (int(key.max(initial=0)) + 2) + key + 1)[0]
     return inst.sort_values(["grp", "t"], kind="stable")
 
 
