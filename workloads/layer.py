@@ -9,7 +9,8 @@ cos/sin cast to the model dtype; q/k/v projections carry a bias (spec.qkv_bias).
 GQA goes through `F.scaled_dot_product_attention(..., enable_gqa=True)`: that is what HF's sdpa
 path does whenever no attention mask is passed (transformers `use_gqa_in_sdpa`), which is our case
 (decode attends to every cached key, prefill is plainly causal). It computes the same function as
-`repeat_kv` without materialising 7x copies of K and V, so the trace shows only the attention kernel.
+`repeat_kv` without materialising 7x copies of K and V, so no repeat copies sit in the attention
+range (on the H200 with torch 2.11 SDPA dispatches this to cuDNN's flash attention kernels).
 
 Every operator runs inside an annotation range with its canonical name (see OPERATORS); the
 annotation can be a `record_function` range, an NVTX range (for Nsight Compute) or nothing
