@@ -299,3 +299,9 @@ def test_extrapolation_keeps_work_outside_the_layers_unscaled():
     ext = extrapolate(attach_costs(concat(layer, outside), QWEN), QWEN, 28).set_index("operator")
     assert ext.loc["other", "source"] == "trace" and ext.loc["other", "flops"] == 512
     assert ext.loc["q_proj", "source"] == "trace x28"
+
+
+def test_an_empty_trace_is_one_clear_error():
+    empty = attributed(qwen_layer(QWEN, 1, 64)).iloc[0:0]
+    with pytest.raises(InputError, match="empty.json: no kernels or timed ops"):
+        analyze(empty, QWEN, H200, trace="empty.json")

@@ -88,6 +88,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
             trace: str = "", causal: str = "causal", attention_bytes: str = "all",
             layers: int | None = None, measured: pd.DataFrame | None = None) -> Analysis:
     """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace."""
+    if attributed.empty:
+        raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
     costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
     ops = place(costed, hardware, measured=measured)
     ext, ext_whole = None, {}

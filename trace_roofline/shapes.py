@@ -209,7 +209,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         values = pd.Series([getattr(c, attr) for c in table], dtype=COSTED_COLUMNS[col])
         out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row.
-    again = out["op_id"].notna() & out["op_id"].duplicated()
+    again = out["op_id"].notna() & out["op_id"].duplicated() & out["flops"].notna()
     out.loc[again, ["flops", "bytes"]] = 0.0
     out["phase"] = _phases(out)
     out["check"] = out["check"].fillna(_gemm_check(out, model))
