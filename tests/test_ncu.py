@@ -283,7 +283,7 @@ def test_match_equal_counts_full_names():
     assert s["name_key"] == "full" and s["align"] == "end"
     assert (s["trace_kernels"], s["ncu_kernels"], s["matched"]) == (12, 12, 12)
     assert (s["trace_unmatched"], s["ncu_unmatched"]) == (0, 0)
-    assert s["launch_config_agreement"] == 1.0
+    assert s["launch_config"] is True
     assert s["matched_time_fraction"] == 1.0
     # ncu/trace time per pair: gemm 12/10, reduce 2/2, add 2/1.5 -> median 1.2
     assert s["time_ratio_median"] == pytest.approx(1.2)
@@ -314,10 +314,10 @@ def test_match_ncu_with_warmup_aligns_trailing_steps():
     k = matched[matched["kind"] == "kernel"]
     assert k["ncu_id"].tolist() == list(range(7, 19))  # the last 12 launches
     assert (s["matched"], s["trace_unmatched"], s["ncu_unmatched"]) == (12, 0, 7)
-    assert s["ncu_unmatched_by_name"] == {
-        kernel_key(GEMM): 2, kernel_key(REDUCE): 2, kernel_key(ADD): 2,
-        "at::native::normal_kernel<float>": 1}
-    assert s["launch_config_agreement"] == 1.0
+    cfg = {GEMM: "|80,1,1|128,1,1", REDUCE: "|1,1,1|128,1,1", ADD: "|1,1,1|128,1,1"}
+    assert s["ncu_unmatched_by_key"] == {
+        kernel_key(GEMM) + cfg[GEMM]: 2, kernel_key(REDUCE) + cfg[REDUCE]: 2,
+        kernel_key(ADD) + cfg[ADD]: 2, "at::native::normal_kernel<float>|1,1,1|128,1,1": 1}
     # align="start" pairs the front instead: the warm-up step is (wrongly) taken for step 0
     _, s2 = match_kernels(att, _ncu(names), align="start")
     assert (s2["matched"], s2["ncu_unmatched"]) == (12, 7)
@@ -330,16 +330,20 @@ def test_match_fewer_ncu_launches_than_trace():
     k = matched[matched["kind"] == "kernel"]
     assert k.loc[k["ncu_id"].notna(), "step"].unique().tolist() == [2]  # the last step
     assert (s["matched"], s["trace_unmatched"], s["ncu_unmatched"]) == (6, 12, 0)
-    assert s["trace_unmatched_by_name"] == {kernel_key(n): 4 for n in (GEMM, REDUCE, ADD)}
+    assert sorted(s["trace_unmatched_by_key"].values()) == [4, 4, 4]
     assert s["matched_time_fraction"] == pytest.approx(1 / 3)
 
 
-def test_match_reports_launch_config_disagreement():
+def test_match_leaves_launches_of_another_size_unmatched():
     att = _attributed(1)
     ncu = _ncu(_kernel_names(att))
-    ncu.loc[0, "grid"] = "40,1,1"  # e.g. a different split-K choice
-    _, s = match_kernels(att, ncu)
-    assert s["launch_config_agreement"] == pytest.approx(5 / 6)
+    ncu.loc[0, "grid"] = "40,1,1"  # layer 0's GEMM ran with another grid (another workload)
+    matched, s = match_kernels(att, ncu)
+    assert s["launch_config"] is True
+    assert (s["matched"], s["trace_unmatched"], s["ncu_unmatched"]) == (5, 1, 1)
+    k = matched[matched["kind"] == "kernel"]
+    assert k["ncu_id"].tolist()[:4] == [pd.NA, 1, 2, 3]  # layer 1's GEMM keeps id 3
+    assert s["ncu_unmatched_by_key"] == {kernel_key(GEMM) + "|40,1,1|128,1,1": 1}
 
 
 def test_match_takes_launch_config_from_trace_device():
@@ -348,9 +352,18 @@ def test_match_takes_launch_config_from_trace_device():
     ncu = _ncu(_kernel_names(att))
     ncu.loc[[0, 3], "block"] = "256,1,1"
     _, s = match_kernels(att.drop(columns=["grid", "block"]), ncu, device=device)
-    assert s["launch_config_agreement"] == pytest.approx(4 / 6)
-    _, s = match_kernels(att.drop(columns=["grid", "block"]), ncu)
-    assert s["launch_config_agreement"] is None  # nothing to check against
+    assert s["launch_config"] is True and (s["matched"], s["ncu_unmatched"]) == (4, 2)
+    _, s = match_kernels(att.drop(columns=["grid", "block"]), ncu)  # names and order only
+    assert s["launch_config"] is False and s["matched"] == 6
+
+
+def test_match_with_no_common_launch_is_an_input_error():
+    att = _attributed(1)
+    ncu = _ncu(_kernel_names(att))
+    ncu["grid"] = "999,1,1"
+    ncu.attrs["path"] = "other.ncu.csv"
+    with pytest.raises(InputError, match=r"other\.ncu\.csv: none of its 6 kernel launches"):
+        match_kernels(att, ncu)
 
 
 def test_match_checks_nvtx_ranges_against_attribution():
@@ -463,7 +476,7 @@ def test_real_csv_matches_its_trace(csv):
     matched, s = match_kernels(attribute(trace), ncu, device=trace.device)
     assert (s["trace_unmatched"], s["ncu_unmatched"]) == (0, 0)
     assert s["matched"] == len(ncu) == s["trace_kernels"]
-    assert s["launch_config_agreement"] == 1.0
+    assert s["launch_config"] is True
     assert s["nvtx_operator_agreement"] == 1.0 and s["nvtx_layer_agreement"] == 1.0
     assert matched["dram_bytes"].sum() == ncu["dram_bytes"].sum()
 

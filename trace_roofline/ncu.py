@@ -139,8 +139,9 @@ def read_ncu_csv(path: str | Path) -> pd.DataFrame:
     nvtx = [c for c in wide.columns if "Push/Pop_Range" in c]
     out["nvtx_range"] = (nvtx_stack(wide[nvtx[0]]) if nvtx else
                          pd.Series(None, index=wide.index, dtype="str")).to_numpy()
-    out = out.sort_values("ncu_id", kind="stable", ignore_index=True)
-    return out.astype(NCU_COLUMNS)
+    out = out.sort_values("ncu_id", kind="stable", ignore_index=True).astype(NCU_COLUMNS)
+    out.attrs["path"] = str(p)  # lets match_kernels name the file in its errors
+    return out
 
 
 def _table_text(p: Path, text: str) -> str:
@@ -305,21 +306,23 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
                   device: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
     """Pair ncu launches with the trace's kernels and join the measured columns (`MATCH_COLUMNS`).
 
-    Names: both sides are reduced by `kernel_key`. The full key (templates kept) is used when it
-    finds an ncu name for every trace kernel that the coarser base key finds one for; otherwise
-    (function-only or mangled ncu names, or ncu's demangler spelling templates differently, as
-    on real PyTorch traces) the base key. `summary["name_key"]` says which.
+    Key: the kernel name reduced by `kernel_key`, plus the launch's grid and block sizes when
+    both sides have them for every kernel (`device` = trace.device, or `grid`/`block` columns on
+    `attributed`), so that a launch of another shape (another workload, batch or sequence length)
+    stays unmatched instead of lending its bytes. The full name key (templates kept) is used
+    when it pairs as many trace kernels as the base key; otherwise (function-only or mangled
+    ncu names, or ncu's demangler spelling templates differently, as on real PyTorch traces)
+    the base key. `summary["name_key"]` and `summary["launch_config"]` say which key was used.
     Order: within each key, the k-th trace launch (by ts_us) pairs with the k-th ncu launch
     (by ID). When the counts differ, the two sequences are aligned at their ends (`align="end"`,
     default): an ncu run profiles from process start (weight init, warm-up steps) while the
     torch.profiler trace holds the last steps, so the surplus at the front of the longer side
     is left unmatched; `align="start"` aligns the fronts instead (ncu run with --launch-skip).
     Only `kind == "kernel"` rows take part (ncu does not profile memcpy/memset).
-    Returns (attributed rows in their order + `MATCH_COLUMNS`, summary dict with counts both
-    ways, unmatched names, and checks of the pairing: launch-config agreement, median ncu/trace
-    time ratio, and NVTX-range vs attributed operator/layer agreement when ncu recorded ranges).
-    `device` (trace.device, or `grid`/`block` columns on `attributed`) enables the check that
-    paired launches have the same grid and block sizes.
+    Returns (attributed rows in their order + `MATCH_COLUMNS`, summary dict: counts both ways,
+    the most frequent unmatched keys, matched share of kernel time, median ncu/trace time
+    ratio, and NVTX-range vs attributed operator/layer agreement when ncu recorded ranges).
+    Raises InputError when no launch pairs at all (the CSV is of another workload).
     """
     if align not in ("end", "start"):
         raise InputError(f"align must be 'end' or 'start', not {align!r}")
@@ -328,22 +331,32 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
     if device is not None and not {"grid", "block"} & set(trace.columns):
         cfg = device.loc[device["event_id"].isin(trace["event_id"]), ["event_id", "grid", "block"]]
         trace = trace.merge(cfg, on="event_id", how="left", sort=False)
-    keys = {}
-    for side, names in (("trace", trace["name"]), ("ncu", ncu["kernel_name"])):
-        uniq = pd.unique(names.astype("str"))  # per distinct name, not per launch
-        full = {n: kernel_key(n) for n in uniq}
-        base = {n: kernel_key(n, base=True) for n in uniq}
-        keys[side] = (names.map(full), names.map(base))
-    found = {k: keys["trace"][i].isin(set(keys["ncu"][i])).sum() for i, k in enumerate(("full", "base"))}
-    use = 0 if found["full"] >= found["base"] else 1
-    tkey, nkey = keys["trace"][use], keys["ncu"][use]
-    t = pd.DataFrame({"event_id": trace["event_id"].to_numpy(), "_key": tkey.to_numpy()})
     n = ncu.sort_values("ncu_id", kind="stable")
-    c = pd.DataFrame({"_key": nkey.loc[n.index].to_numpy(), "_pos": np.arange(len(n))})
+    launch: dict = {"trace": "", "ncu": ""}  # suffixes "|grid|block" when both sides have them
+    if {"grid", "block"} <= set(trace.columns):
+        dims = {"trace": launch_dims(trace["grid"]) + "|" + launch_dims(trace["block"]),
+                "ncu": n["grid"].astype("str") + "|" + n["block"].astype("str")}
+        if all(d.notna().all() for d in dims.values()):
+            launch = {side: "|" + d.to_numpy() for side, d in dims.items()}
+    names = {"trace": trace["name"].astype("str"), "ncu": n["kernel_name"].astype("str")}
+    keys = {}
+    for level in ("full", "base"):
+        keys[level] = {}
+        for side, col in names.items():
+            uniq = pd.unique(col)  # normalise per distinct name, not per launch
+            table = {x: kernel_key(x, base=level == "base") for x in uniq}
+            keys[level][side] = col.map(table).to_numpy() + launch[side]
+    found = {level: np.isin(k["trace"], k["ncu"]).sum() for level, k in keys.items()}
+    name_key = "full" if found["full"] >= found["base"] else "base"
+    t = pd.DataFrame({"event_id": trace["event_id"].to_numpy(), "_key": keys[name_key]["trace"]})
+    c = pd.DataFrame({"_key": keys[name_key]["ncu"], "_pos": np.arange(len(n))})
     for f in (t, c):
-        g = f.groupby("_key", sort=False)
-        f["_rank"] = g.cumcount(ascending=(align == "start"))
+        f["_rank"] = f.groupby("_key", sort=False).cumcount(ascending=(align == "start"))
     pairs = t.merge(c, on=["_key", "_rank"], how="inner")
+    if pairs.empty and len(t) and len(c):
+        where = ncu.attrs.get("path", "the ncu CSV")
+        raise InputError(f"{where}: none of its {len(c)} kernel launches matches the trace's "
+                         f"{len(t)} kernels by name and launch size (another workload?)")
     got = n.iloc[pairs["_pos"].to_numpy()]
     measured = pd.DataFrame({
         "event_id": pairs["event_id"].to_numpy(),
@@ -353,37 +366,30 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
     })
     matched = attributed.merge(measured, on="event_id", how="left", validate="one_to_one")
     matched = matched.astype(MATCH_COLUMNS)
-    return matched, _summary(trace, ncu, t, c, pairs, measured, ("full", "base")[use], align)
+    summary = {"name_key": name_key, "launch_config": not isinstance(launch["trace"], str),
+               "align": align, **_counts(trace, t, c, pairs, measured)}
+    return matched, summary
 
 
-def _summary(trace: pd.DataFrame, ncu: pd.DataFrame, t: pd.DataFrame, c: pd.DataFrame,
-             pairs: pd.DataFrame, measured: pd.DataFrame, name_key: str, align: str) -> dict:
+def _counts(trace: pd.DataFrame, t: pd.DataFrame, c: pd.DataFrame, pairs: pd.DataFrame,
+            measured: pd.DataFrame) -> dict:
     """Counts both ways, the (up to 10) most frequent unmatched keys, and the pairing checks."""
     t_left = t.loc[~t["event_id"].isin(pairs["event_id"]), "_key"].value_counts()
     c_left = c.loc[~c["_pos"].isin(pairs["_pos"]), "_key"].value_counts()
     on = trace.set_index("event_id").loc[measured["event_id"]]
     ratio = measured["ncu_time_us"].to_numpy() / on["dur_us"].to_numpy()
-    agree = None
-    if {"grid", "block"} <= set(trace.columns) and len(measured):
-        ncu_cfg = ncu.set_index("ncu_id").loc[measured["ncu_id"]]
-        same = ((launch_dims(on["grid"]).to_numpy() == ncu_cfg["grid"].to_numpy())
-                & (launch_dims(on["block"]).to_numpy() == ncu_cfg["block"].to_numpy()))
-        agree = float(same.mean())
     total_us = float(trace["dur_us"].sum())
     return {
-        **_nvtx_agreement(on, measured["nvtx_range"]),
-        "name_key": name_key,
-        "align": align,
         "trace_kernels": len(t),
         "ncu_kernels": len(c),
         "matched": len(pairs),
         "trace_unmatched": int(t_left.sum()),
         "ncu_unmatched": int(c_left.sum()),
-        "trace_unmatched_by_name": {str(k): int(v) for k, v in t_left.head(10).items()},
-        "ncu_unmatched_by_name": {str(k): int(v) for k, v in c_left.head(10).items()},
+        "trace_unmatched_by_key": {str(k): int(v) for k, v in t_left.head(10).items()},
+        "ncu_unmatched_by_key": {str(k): int(v) for k, v in c_left.head(10).items()},
         "matched_time_fraction": float(on["dur_us"].sum()) / total_us if total_us else None,
-        "launch_config_agreement": agree,
         "time_ratio_median": float(np.nanmedian(ratio)) if len(ratio) else None,
+        **_nvtx_agreement(on, measured["nvtx_range"]),
     }
 
 
