@@ -13,6 +13,7 @@ import gzip
 import json
 import re
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -757,6 +758,26 @@ def test_real_traces_core_operators_per_layer(path):
         # what no canonical operator explains stays small
         other = a.loc[a["operator"] == "other", "dur_us"].sum()
         assert other <= 0.05 * cov["kernel_time_us"]
+
+
+@pytest.mark.parametrize("path", [p for p in _layer_traces() if "noannot" not in p.name
+                                  and not p.name.startswith("hf-")],
+                         ids=lambda p: p.name.removesuffix(".json.gz"))
+def test_position_naming_agrees_with_our_annotations(path):
+    """Strip our ranges (keep ProfilerStep#N): shapes and position must name what they named."""
+    tr = load_trace(path)
+    a = attribute(tr)
+    w = a["dur_us"].to_numpy()
+    assert w[(a["source"] == "annotation").to_numpy()].sum() > 0.9 * w.sum()
+    steps = tr.annotations["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()
+    b = attribute(replace(tr, annotations=tr.annotations[steps].reset_index(drop=True)))
+    assert not (b["source"] == "annotation").any()
+    same = (a["operator"] == b["operator"]).to_numpy()
+    same_layer = (a["layer"].fillna(-1) == b["layer"].fillna(-1)).to_numpy()
+    assert w[same].sum() >= 0.999 * w.sum()
+    assert same_layer.all()
+    core = a["operator"].isin(SEPARATE | FUSED).to_numpy()
+    assert same[core].all()
 
 
 def test_real_traces_exist():
