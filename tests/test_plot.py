@@ -68,7 +68,7 @@ def test_one_labelled_point_per_operator_and_whole_model(fig, analyses):
                    for a in analyses) + 2 + 2
     assert len(ax.collections) == n_points
     notes = " ".join(t.get_text() for t in fig.texts)
-    assert "kv_cache (decode)" in notes and "--attention-bytes all" in notes
+    assert "kv_cache (2 traces)" in notes and "--attention-bytes all" in notes
 
 
 def test_decode_and_prefill_are_distinguished(fig):

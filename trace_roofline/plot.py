@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -88,23 +89,23 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     c = analyses[0].conventions
     notes.append(f"conventions: --causal {c['causal']}, --attention-bytes {c['attention_bytes']};"
                  " marker area ∝ share of the trace's device time")
-    fig.text(0.01, 0.005, "\n".join(notes), fontsize=7, color="0.3", ha="left", va="bottom")
+    text = "\n".join(textwrap.fill(n, 200) for n in notes)
+    fig.text(0.01, 0.005, text, fontsize=7, color="0.3", ha="left", va="bottom")
     return fig
 
 
 def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
-    """Plottable operator and whole-model points, and the names of the ones that are not."""
-    points, skipped = [], []
+    """Plottable operator and whole-model points, and the operators that are not plottable
+    (with the traces they come from when there are several)."""
+    points, skipped = [], {}
     for i, a in enumerate(analyses):
         colour = TRACE_COLOURS[i % len(TRACE_COLOURS)]
         ops = a.operators[a.operators["layer"].isna()]
-        many = len(analyses) > 1
         for r in ops.itertuples():
             x, y = r.intensity, r.achieved_flops_per_s
-            tag = f"{r.operator} ({short_name(a.trace)})" if many else r.operator
             if not (_pos(x) and _pos(y)):
                 if r.operator != "unattributed" and r.flops == r.flops:
-                    skipped.append(tag)
+                    skipped.setdefault(r.operator, []).append(short_name(a.trace))
                 continue
             share = r.time_share if _pos(r.time_share) else 0.0
             p = {"x": float(x), "y": float(y), "c": colour, "m": PHASE_MARKERS.get(r.phase, "^"),
@@ -123,7 +124,10 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
                 points.append({"x": float(e["intensity"]), "y": None, "c": colour, "m": "^",
                                "s": 110, "whole": True, "rank": 1.5, "hollow": True,
                                "label": f"{a.layers} layers: I = {e['intensity']:.3g}"})
-    return points, skipped
+    many = len(analyses) > 1
+    tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
+            for op, t in skipped.items()]
+    return points, tags
 
 
 def short_name(path: str) -> str:
