@@ -61,6 +61,11 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument("--name", default=None, help="file stem instead of the generated one")
     p.add_argument("--out", "-o", default="traces", help="output directory")
     p.add_argument("--summary", default=None, help="also write the run summary JSON here")
+    p.add_argument("--no-analyze", dest="analyze", action="store_false",
+                   help="only capture; by default the trace is analysed right away")
+    p.add_argument("--hardware", default=None,
+                   help="ceilings for the analysis (default: the trace's GPU; CPU traces get "
+                        "intensities only unless a hardware JSON is given)")
     p.set_defaults(func=run_command)
     return p
 
@@ -79,8 +84,21 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     if args.summary:
         _write_json(Path(args.summary), summary)
+    if summary["trace"] and args.analyze:
+        print(_analysis_table(summary["trace"], args.model, args.hardware))
     print(summary["trace"] or "(no trace: --no-profile)")
     return 0
+
+
+def _analysis_table(trace: str, model: str, hardware: str | None) -> str:
+    """The main job's last step: the captured trace, attributed and placed on the roofline."""
+    from trace_roofline.hardware import get_hardware
+    from trace_roofline.models import get_model
+    from trace_roofline.pipeline import analyze_trace
+    from trace_roofline.report import terminal_table
+
+    hw = get_hardware(hardware) if hardware else None
+    return terminal_table([analyze_trace(trace, get_model(model), hw)])
 
 
 def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
