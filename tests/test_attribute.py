@@ -483,6 +483,29 @@ def test_launch_thread_is_respected(build):
     assert a["step"].tolist() == [1]  # the step is still known from the CPU step range
 
 
+def test_device_only_trace_is_all_unattributed(build):
+    """Kernels and launches but no cpu ops (CUDA activity only): nothing to name them by."""
+    k = Kineto()
+    k.kernel("lonely", flow=False)
+    k.kernel("lonely_flow_only", runtime=False)
+    tr = build(k)
+    assert tr.cpu_ops.empty
+    a = attribute(tr)
+    assert a["operator"].tolist() == ["unattributed"] * 2
+    assert coverage(a)["fraction"] == 0.0
+    assert_conserved(a, tr)
+
+
+def test_no_profiler_steps(build):
+    k = Kineto()
+    qwen_model(k, layers=1, steps=1)
+    k.events = [e for e in k.events if e.get("cat") != "user_annotation"]
+    a = attribute(build(k))
+    assert a["step"].isna().all()
+    assert set(a.loc[a["layer"] == 0, "operator"]) >= SEPARATE
+    assert set(a["layer"].dropna()) == {0}
+
+
 # ----------------------------------------------------------------------------------------------
 # Naming: annotations
 # ----------------------------------------------------------------------------------------------
