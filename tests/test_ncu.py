@@ -150,6 +150,18 @@ def test_not_an_ncu_csv(tmp_path, text):
     assert "\n" not in str(e.value)
 
 
+def test_binary_inputs_are_named(tmp_path):
+    gz = tmp_path / "decode.json.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(64))
+    with pytest.raises(InputError, match=r"decode\.json\.gz: gzip-compressed, not an Nsight"):
+        read_ncu_csv(gz)
+    rep = tmp_path / "decode.ncu-rep"
+    rep.write_bytes(bytes(64))
+    with pytest.raises(InputError, match=r"decode\.ncu-rep: an Nsight Compute report, not a CSV; "
+                                         r"export it with ncu --import decode\.ncu-rep"):
+        read_ncu_csv(rep)
+
+
 def test_missing_metric_is_named(tmp_path):
     text = "\n".join([f'{HEAD},"dram__bytes_read.sum","gpu__time_duration.sum"',
                       '"","","","","","","","","","","","byte","nsecond"',

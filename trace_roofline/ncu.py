@@ -104,7 +104,13 @@ def read_ncu_csv(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: no such file")
+    if p.suffix == ".ncu-rep":
+        raise InputError(f"{p}: an Nsight Compute report, not a CSV; export it with "
+                         f"ncu --import {p.name} --csv --page raw > {p.stem}.ncu.csv")
     try:
+        with p.open("rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                raise InputError(f"{p}: gzip-compressed, not an Nsight Compute CSV")
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
