@@ -76,9 +76,9 @@ CANONICAL = ("input_norm", "q_proj", "k_proj", "v_proj", "qkv_proj", "rope", "kv
              "gate_up_proj", "act", "down_proj", "embedding", "final_norm", "lm_head")
 UNATTRIBUTED = "unattributed"
 NON_LAYER = {"embedding", "final_norm", "lm_head"}
+# HF module names that say which canonical operator they are
 _ALIASES = {"input_layernorm": "input_norm", "post_attention_layernorm": "post_attention_norm",
-            "embed_tokens": "embedding", "rotary_emb": "rope", "act_fn": "act", "norm": "final_norm",
-            "self_attn": "attention", "sdpa": "attention"}
+            "embed_tokens": "embedding", "rotary_emb": "rope", "act_fn": "act"}
 _STAGE = {"input_norm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv_proj": 1, "attention": 2,
           "o_proj": 3,
           "post_attention_norm": 4, "gate_proj": 5, "gate_up_proj": 5, "down_proj": 6}
@@ -100,23 +100,29 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
                     trace.python_frames)
     ops = _ops_frame(trace.cpu_ops, keys)
     units = _cpu_units(ops) if trace.cpu_only else _device_units(trace, ops, keys)
-    ann_name, ann_layer, step = _annotations(trace.annotations, units, keys)
-    units["ann_name"], units["ann_layer"], units["step"] = ann_name, ann_layer, step
+    units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
+                                                                        keys)
     inst = _instances(units, ops)
     name, source, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
-    # back to units: the instance's name; a unit with no op only has its annotation
-    at = np.asarray(inst.index.get_indexer(units["op_idx"].to_numpy()))
-    has = (units["op_idx"].to_numpy() >= 0) & (at >= 0)
-    a = np.maximum(at, 0)
-    pick = (lambda col: col.to_numpy(dtype=object)[a]) if len(inst) else (
-        lambda col: np.full(len(units), None, dtype=object))
-    un_ann = units["ann_name"].to_numpy(dtype=object)
-    use_ann = ~has & pd.notna(un_ann)
-    operator = np.where(has, pick(name), np.where(use_ann, un_ann, UNATTRIBUTED)).astype(object)
-    source = np.where(has, pick(source), np.where(use_ann, "annotation", UNATTRIBUTED))
-    lay = np.where(has, pick(layer.astype(object)), units["ann_layer"].astype(object).to_numpy())
-    lay = pd.array(pd.Series(lay, dtype=object).where(
-        ~pd.Series(operator).isin(NON_LAYER | {UNATTRIBUTED}).to_numpy()), dtype="Int64")
+    return _assemble(units, ops, inst.assign(operator=name, source=source, layer=layer))
+
+
+def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+    """Per unit: its instance's name, source and layer; a unit without an op has only the
+    range around it (or is unattributed)."""
+    at = inst.index.get_indexer(units["op_idx"].to_numpy())
+    has = at >= 0
+
+    def pick(col: str) -> np.ndarray:
+        vals = inst[col].to_numpy(dtype=object)
+        return vals[np.maximum(at, 0)] if len(vals) else np.full(len(at), None, dtype=object)
+
+    ann = units["ann_name"].to_numpy(dtype=object)
+    named = ~has & pd.notna(ann)
+    operator = np.where(has, pick("operator"), np.where(named, ann, UNATTRIBUTED))
+    source = np.where(has, pick("source"), np.where(named, "annotation", UNATTRIBUTED))
+    layer = pd.Series(np.where(has, pick("layer"), units["ann_layer"].to_numpy(dtype=object)))
+    layer = layer.where(~np.isin(operator, list(NON_LAYER | {UNATTRIBUTED})))
     idx = units["op_idx"].to_numpy()
     out = pd.DataFrame({
         "event_id": units["event_id"].to_numpy(np.int64),
@@ -125,17 +131,14 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
         "stream": pd.array(units["stream"], dtype="Int64"),
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
-        "op_id": pd.array(np.where(idx >= 0, ops["op_id"].to_numpy()[np.maximum(idx, 0)]
-                                   if len(ops) else -1, -1), dtype="Int64"),
+        "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
     })
-    out["op_id"] = out["op_id"].where(idx >= 0)
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs")):
-        vals = ops[col].astype(object).to_numpy() if len(ops) else np.array([None], object)
-        got = np.where(idx >= 0, vals[np.maximum(idx, 0)] if len(ops) else None, None)
-        out[dst] = pd.Series(got, dtype=object).where(pd.notna(got), None)
-    out["operator"] = operator
-    out["layer"] = lay
+        got = pd.Series(ops[col].array.take(idx, allow_fill=True)).astype(object)
+        out[dst] = got.where(got.notna(), None).to_numpy()
+    out["operator"] = operator.astype(object)
+    out["layer"] = pd.array(pd.to_numeric(layer), dtype="Float64").astype("Int64")
     out["step"] = pd.array(units["step"], dtype="Int64")
     out["source"] = source.astype(object)
     return out[list(ATTRIBUTED_COLUMNS)]
@@ -295,9 +298,9 @@ def _instance_op(ops: pd.DataFrame, t: np.ndarray, key: np.ndarray,
 # ----------------------------------------------------------------------------------------------
 def _canonical(names: pd.Series) -> pd.Series:
     """Canonical operator of a range name: 'q_proj', 'layers.3.q_proj', 'input_layernorm'."""
-    last = names.astype(str).str.strip().str.split(r"[./:\s]", regex=True).str[-1]
+    last = names.astype("string").str.strip().str.split(r"[./:\s]", regex=True).str[-1]
     last = last.replace(_ALIASES)
-    return last.where(last.isin(CANONICAL))
+    return last.where(last.isin(CANONICAL)).astype(object)
 
 
 def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
@@ -305,13 +308,15 @@ def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
     around its launch point; unlinked device rows use gpu_user_annotation ranges around them
     on their stream, and for the step any CPU ProfilerStep range around their start."""
     n = len(units)
-    names = ann["name"].astype(str)
+    per_name = _naming.per_value(ann["name"], lambda u: pd.DataFrame({
+        "name": _canonical(u),
+        "layer": pd.to_numeric(u.str.extract(_LAYER_RE, expand=False), errors="coerce"),
+        "step": pd.to_numeric(u.str.extract(_STEP_RE, expand=False), errors="coerce"),
+    }))
     facts = {
-        "name": _canonical(names).to_numpy(dtype=object),
-        "layer": pd.to_numeric(names.str.extract(_LAYER_RE, expand=False), errors="coerce")
-        .to_numpy(dtype="float64"),
-        "step": pd.to_numeric(names.str.extract(_STEP_RE, expand=False), errors="coerce")
-        .to_numpy(dtype="float64"),
+        "name": per_name["name"].to_numpy(dtype=object),
+        "layer": per_name["layer"].to_numpy(dtype="float64"),
+        "step": per_name["step"].to_numpy(dtype="float64"),
     }
     gpu = ann["cat"].astype(str).str.lower().eq("gpu_user_annotation").to_numpy()
     s = to_ns(ann["ts_us"])
