@@ -14,26 +14,33 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 _ID_ARGS = ("External id", "external id", "correlation", "Python id", "Python parent id")
+_STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
-def _load(path: Path) -> dict:
-    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:
-        doc = json.load(f)
-    return doc if isinstance(doc, dict) else {"traceEvents": doc}
+def _load(path: Path) -> tuple[dict, int]:
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    doc = json.loads(data)
+    return (doc if isinstance(doc, dict) else {"traceEvents": doc}), len(data)
 
 
 def _int(v) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def _spans(events: list[dict]) -> tuple[float, int]:
-    """Time span of the events (plus a gap) and one more than the largest linking id."""
-    t0, t1, top = float("inf"), float("-inf"), 0
+def _spans(events: list[dict]) -> tuple[float, int, int]:
+    """Time span of the events (plus a gap), one more than the largest linking id, and the
+    number of profiler steps (so copy k renumbers ProfilerStep#N to N + k * steps)."""
+    t0, t1, top, steps = float("inf"), float("-inf"), 0, set()
     for e in events:
+        m = _STEP.match(str(e.get("name", "")))
+        if m:
+            steps.add(int(m.group(1)))
         ts = e.get("ts")
         if isinstance(ts, (int, float)) and e.get("ph") != "M":
             t0 = min(t0, ts)
@@ -42,7 +49,8 @@ def _spans(events: list[dict]) -> tuple[float, int]:
         args = e.get("args") or {}
         for k in _ID_ARGS:
             top = max(top, _int(args.get(k)))
-    return (t1 - t0) + 1000.0, top + 1
+    n_steps = max(steps) - min(steps) + 1 if steps else 0
+    return (t1 - t0) + 1000.0, top + 1, n_steps
 
 
 def _render(e: dict, dumps) -> str:
@@ -50,8 +58,11 @@ def _render(e: dict, dumps) -> str:
     return "  {\n    " + lines + "\n  }"
 
 
-def _shift(e: dict, k: int, span: float, id_span: int) -> dict:
+def _shift(e: dict, k: int, span: float, id_span: int, n_steps: int) -> dict:
     out = dict(e)
+    m = _STEP.match(str(e.get("name", "")))
+    if m and n_steps:
+        out["name"] = f"ProfilerStep#{int(m.group(1)) + k * n_steps}"
     if isinstance(e.get("ts"), (int, float)):
         out["ts"] = e["ts"] + k * span
     if _int(e.get("id")):
@@ -75,11 +86,11 @@ def tile(src: Path, dst: Path, target_bytes: int) -> dict:
             return orjson.dumps(v).decode()
     except ImportError:  # pragma: no cover - orjson only speeds the writer up
         dumps = json.dumps
-    doc = _load(src)
+    doc, src_bytes = _load(src)
     events = doc.pop("traceEvents")
     once = [e for e in events if e.get("ph") in ("M", "i") or e.get("cat") == "Trace"]
     body = [e for e in events if not (e.get("ph") in ("M", "i") or e.get("cat") == "Trace")]
-    span, id_span = _spans(body)
+    span, id_span, n_steps = _spans(body)
     body_bytes = sum(len(_render(e, dumps)) + 2 for e in body)
     copies = max(1, round(target_bytes / max(body_bytes, 1)))
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -96,9 +107,10 @@ def tile(src: Path, dst: Path, target_bytes: int) -> dict:
             first, n = False, n + 1
         for k in range(copies):
             for e in body:
-                f.write(("" if first else ",\n") + _render(_shift(e, k, span, id_span), dumps))
+                f.write(("" if first else ",\n") + _render(_shift(e, k, span, id_span, n_steps), dumps))
                 first, n = False, n + 1
         f.write("\n  ]\n}\n")
     os.replace(tmp, dst)
     return {"copies": copies, "events": n, "bytes": dst.stat().st_size,
-            "bytes_per_event": dst.stat().st_size / max(n, 1)}
+            "bytes_per_event": round(dst.stat().st_size / max(n, 1), 1),
+            "source_bytes_per_event": round(src_bytes / max(len(events), 1), 1)}

@@ -136,7 +136,7 @@ SCHEMAS = {
 }
 
 MAX_DUR_US = 86_400e6  # a duration longer than a day is corrupt, not a real event
-BATCH_EVENTS = 32_768  # events decoded per batch: bounds the live Python objects
+BATCH_EVENTS = 4096  # events per batch: bounds live Python objects, keeps them in cache
 PROGRESS_MIN_BYTES = 64 << 20  # progress_bar() stays silent below this file size
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); stage "read" | "parse"
@@ -225,6 +225,11 @@ class _EventLenient(msgspec.Struct, gc=False):
     id: Any = None
 
 
+class _Top(msgspec.Struct, gc=False):
+    traceEvents: list[msgspec.Raw] | None = None  # the JSON key
+
+
+_TOP_EVENTS = msgspec.json.Decoder(_Top)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _BATCH = msgspec.json.Decoder(list[_Event])
@@ -489,10 +494,7 @@ _ts_of, _dur_of, _cat_of, _ph_of = (attrgetter(a) for a in ("ts", "dur", "cat", 
 def _load_file(p: Path, progress: Progress | None) -> Trace:
     buf = _read(p, progress)
     try:
-        meta, events_raw = _split_top(p, buf)
-        raws = _RAW_LIST.decode(events_raw)  # zero-copy slices of buf, one per event
-    except msgspec.ValidationError:  # (a subclass of DecodeError)
-        raise InputError(f"{p}: traceEvents is {_kind(events_raw)}, not a list") from None
+        meta, raws = _split_top(p, buf)  # zero-copy slices of buf, one per event
     except msgspec.DecodeError as e:
         raise InputError(f"{p}: {_why(e)}") from None
     except RecursionError:
@@ -507,7 +509,7 @@ def _load_file(p: Path, progress: Progress | None) -> Trace:
         acc.add(_decode_batch(p, text, batch, start, acc), start)
         if progress:
             progress("parse", min(start + BATCH_EVENTS, n), n)
-    del raws, events_raw, batch, text, buf
+    del raws, batch, text, buf
     tables = acc.finish()
     if tables["device"].empty and tables["cpu_ops"].empty:
         skipped = sum(acc.skipped.values())
@@ -562,8 +564,8 @@ def _why(e: Exception) -> str:
     return msg.splitlines()[0] if msg else type(e).__name__
 
 
-def _split_top(p: Path, buf: bytearray) -> tuple[dict, Any]:
-    """Top-level metadata (decoded) and the raw traceEvents text."""
+def _split_top(p: Path, buf: bytearray) -> tuple[dict, list]:
+    """Top-level metadata (decoded) and one zero-copy raw slice per event, in one pass."""
     view = memoryview(buf)
     if buf[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
         view = view[3:]
@@ -571,14 +573,21 @@ def _split_top(p: Path, buf: bytearray) -> tuple[dict, Any]:
     if kind == "empty":
         raise InputError(f"{p}: empty file")
     if kind == "an array":  # Chrome's "JSON Array Format": the events alone
-        return {"device_properties": []}, view
+        return {"device_properties": []}, _RAW_LIST.decode(view)
     if kind != "an object":
         raise InputError(f"{p}: top level is {kind}, expected an object with traceEvents")
-    top = _TOP.decode(view)
-    if "traceEvents" not in top:
-        raise InputError(f"{p}: no traceEvents key at the top level")
-    events_raw = top.pop("traceEvents")
-    meta = {k: _decode_json(v, keep_text=True) for k, v in top.items()}
+    try:
+        raws = _TOP_EVENTS.decode(view).traceEvents
+    except msgspec.ValidationError:  # traceEvents is there but not a list
+        raws = None
+    if raws is None:
+        events = _TOP.decode(view).get("traceEvents")
+        if events is None:
+            raise InputError(f"{p}: no traceEvents key at the top level")
+        raise InputError(f"{p}: traceEvents is {_kind(events)}, not a list")
+    meta = _TOP.decode(_without_events(buf, view, raws))
+    meta.pop("traceEvents", None)
+    meta = {k: _decode_json(v, keep_text=True) for k, v in meta.items()}
     props = meta.get("deviceProperties")
     meta["device_properties"] = (
         [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
@@ -587,7 +596,21 @@ def _split_top(p: Path, buf: bytearray) -> tuple[dict, Any]:
                      ("pytorch_version", "torch_version")):
         if src in meta:
             meta[dst] = meta[src]
-    return meta, events_raw
+    return meta, raws
+
+
+def _without_events(buf: bytearray, view: memoryview, raws: list):
+    """The document with its traceEvents array emptied (small), to read the other keys."""
+    if not raws:
+        return view
+    base = _address(buf)
+    first = _address(raws[0]) - base
+    last = _address(raws[-1]) - base + len(raws[-1])
+    start = _address(view) - base
+    if not start < first < last <= len(buf):  # pragma: no cover - msgspec copied the slices
+        return view
+    open_, close = buf.rfind(b"[", start, first), buf.find(b"]", last)
+    return bytes(buf[start:open_]) + b"[]" + bytes(buf[close + 1 :])
 
 
 def _decode_json(text: Any, keep_text: bool = False) -> Any:
@@ -655,29 +678,23 @@ class _Interner:
     """Assigns each distinct value a code in first-seen order: categorical without re-hashing.
 
     `codes()` returns provisional codes (a running counter, unique per value); `finish()` maps
-    them to dense category codes, with the missing values (None, '', 'null') as -1. Raw JSON
-    values are re-spelled once per distinct text in Kineto's own layout ("[28, 1, 1]"), so the
-    same value reads the same whatever the file's whitespace.
+    them to dense category codes, with None as -1.
     """
 
-    def __init__(self, raw_json: bool = False):
+    def __init__(self):
         self.seen: dict = {}
         self.counter = count()
-        self.raw_json = raw_json
 
-    def codes(self, values: list) -> np.ndarray:
-        return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, len(values))
+    def codes(self, values, n: int) -> np.ndarray:
+        return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, n)
 
     def finish(self, chunks: list[np.ndarray]) -> pd.Categorical:
-        keys = [k for k in self.seen if k not in (None, "", "null")]
+        keys = [k for k in self.seen if k is not None]
         provisional = np.fromiter((self.seen[k] for k in keys), np.int64, len(keys))
-        if self.raw_json:
-            keys = [_respell(k) for k in keys]
-        codes, categories = pd.factorize(pd.Index(keys, dtype=object))
         lookup = np.full(max(self.seen.values(), default=0) + 1, -1, dtype=np.int32)
-        lookup[provisional] = codes
-        all_codes = lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
-        return pd.Categorical.from_codes(all_codes, categories=categories.astype(str))
+        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
+        codes = lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(keys, dtype=object).astype(str))
 
 
 def _respell(text: str) -> str:
@@ -685,6 +702,44 @@ def _respell(text: str) -> str:
         return json.dumps(json.loads(text), ensure_ascii=False)
     except (ValueError, RecursionError):
         return text
+
+
+class _RawGroup:
+    """A table's raw-JSON columns, interned together: one key per row, split per distinct key.
+
+    The key joins the row's raw texts (every spelling of every column) with \\x01, which JSON
+    text cannot contain outside strings; a column takes its first non-empty spelling.
+    """
+
+    def __init__(self, columns: dict[str, tuple[str, ...]]):
+        self.columns = columns
+        paths = [p for ps in columns.values() for p in ps]
+        self.width = len(paths)
+        self.getter = attrgetter(*paths)
+        self.interner = _Interner()
+
+    def codes(self, rows: list) -> np.ndarray:
+        raws = map(self.getter, rows)
+        keys = _texts(list(raws if self.width == 1 else map(b"\x01".join, raws)))
+        return self.interner.codes(keys, len(keys))
+
+    def finish(self, chunks: list[np.ndarray]) -> dict[str, pd.Categorical]:
+        seen = self.interner.seen
+        keys = list(seen)
+        provisional = np.fromiter(seen.values(), np.int64, len(keys))
+        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int64)
+        lookup[provisional] = np.arange(len(keys))
+        key_of_row = lookup[np.concatenate(chunks)]
+        split = [k.split("\x01") if k.count("\x01") == self.width - 1 else [""] * self.width
+                 for k in keys]
+        out, i = {}, 0
+        for col, paths in self.columns.items():
+            texts = [next((t for t in parts[i : i + len(paths)] if t), "") for parts in split]
+            values = [None if t in ("", "null") else _respell(t) for t in texts]
+            codes, categories = pd.factorize(pd.Series(values, dtype=object))
+            out[col] = pd.Categorical.from_codes(codes[key_of_row], categories=categories.astype(str))
+            i += len(paths)
+        return out
 
 
 class _Accumulator:
@@ -701,10 +756,15 @@ class _Accumulator:
             for t, fields in _FIELDS.items()
         }
         self.interners = {
-            (t, c): _Interner(raw_json=conv == "raw")
+            (t, c): _Interner()
             for t, fields in _FIELDS.items()
             for c, (_, conv) in fields.items()
-            if conv in ("str", "raw", "cat")
+            if conv in ("str", "cat")
+        }
+        self.raw_groups = {
+            t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
+            for t, fields in _FIELDS.items()
+            if any(conv == "raw" for _, conv in fields.values())
         }
 
     def add(self, evs: list, start: int) -> None:
@@ -743,34 +803,26 @@ class _Accumulator:
             chunk = {"event_id": start + idx[rows], "ts_us": ts[rows], "dur_us": dur[rows]}
             for col, (getters, conv) in self.getters[table].items():
                 if conv == "cat":
-                    chunk[col] = self.interners[table, col].codes(list(compress(cats, rows_list)))
+                    chunk[col] = self.interners[table, col].codes(compress(cats, rows_list), len(sub))
                 elif conv == "ph":
                     chunk[col] = (ph[rows] - 2).astype(np.int8)
-                else:
+                elif conv != "raw":
                     chunk[col] = self._convert(table, col, sub, getters, conv)
+            if table in self.raw_groups:
+                chunk["raw"] = self.raw_groups[table].codes(sub)
             if table == "device":
                 chunk["kind"] = (t[rows] - _KERNEL).astype(np.int8)
             self.chunks[table].append(chunk)
 
     def _convert(self, table, col, rows: list, getters: tuple, conv: str):
-        """One column for `rows`; a second getter fills the rows the first leaves absent."""
+        """One int or str column for `rows`; a second getter fills ints the first lacks."""
         if conv == "int":
             out = _ints(rows, getters[0])
             gap = out == _MISSING
             if len(getters) > 1 and gap.any():
                 out[gap] = _ints(list(compress(rows, gap.tolist())), getters[1])
             return out
-        if conv == "str":
-            return self.interners[table, col].codes(list(map(getters[0], rows)))
-        parts = _texts(list(map(getters[0], rows)))
-        if len(getters) > 1:
-            gap = np.array(parts, dtype=object) == ""
-            if gap.any():
-                old = np.array(_texts(list(map(getters[1], compress(rows, gap.tolist())))))
-                parts = np.array(parts, dtype=object)
-                parts[gap] = old
-                parts = parts.tolist()
-        return self.interners[table, col].codes(parts)
+        return self.interners[table, col].codes(map(getters[0], rows), len(rows))
 
     def finish(self) -> dict[str, pd.DataFrame]:
         cols: dict[str, dict] = {}
@@ -778,6 +830,9 @@ class _Accumulator:
             cols[table] = {}
             for col in chunks[0] if chunks else ():
                 parts = [c[col] for c in chunks]
+                if col == "raw":
+                    cols[table].update(self.raw_groups[table].finish(parts))
+                    continue
                 interner = self.interners.get((table, col))
                 cols[table][col] = interner.finish(parts) if interner else np.concatenate(parts)
             if "ph" in cols[table]:

@@ -1,0 +1,162 @@
+"""Ingest benchmark: a real committed trace tiled to ~100 MB and ~1 GB, timed end to end.
+
+For each size it runs, each in a fresh process (wall time, peak RSS from wait4):
+  load     trace_roofline.trace.load_trace(path)            (ingest alone)
+  analyze  `trace-roofline analyze path` through cli.main   (ingest + attribution + costs +
+           roofline + terminal report: whatever stages exist, via the public CLI)
+  hta      HolisticTraceAnalysis 0.5.0 TraceAnalysis(trace_dir=...) on the same file, in a
+           throwaway venv under benchmarks/data/ (skipped with a note if it cannot be set up)
+MB/s is uncompressed JSON megabytes (1e6 bytes) per wall second, including interpreter start
+and imports (reported separately as `startup`). Results go to stdout (markdown) and to
+benchmarks/data/results.json; benchmarks/README.md records the figures.
+
+    python benchmarks/bench_ingest.py                       # 100 MB and 1 GB, with HTA
+    python benchmarks/bench_ingest.py --sizes 100 --no-hta  # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DATA = HERE / "data"
+DEFAULT_SOURCE = ROOT / "sample_traces" / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
+HTA_VENV = DATA / "hta-venv"
+# HTA 0.5.0 predates pandas 3; its import-time deps without jupyterlab/pytest (not used to load).
+HTA_PACKAGES = ["HolisticTraceAnalysis==0.5.0", "pandas<3", "numpy", "plotly", "pyyaml",
+                "psutil", "networkx", "pydot"]
+
+sys.path.insert(0, str(HERE))
+from tile import tile  # noqa: E402
+
+LOAD = "import sys; from trace_roofline.trace import load_trace; load_trace(sys.argv[1])"
+ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', sys.argv[1]]))"
+STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
+HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
+       "TraceAnalysis(trace_dir=sys.argv[1])")
+
+
+def measure(cmd: list[str], timeout: float) -> dict:
+    """Run cmd with stdout discarded; wall seconds and the child's peak RSS (MB)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        deadline = t0 + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                return {"ok": False, "note": f"timed out after {timeout:.0f} s"}
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+    rc = os.waitstatus_to_exitcode(status)
+    out = {"ok": rc == 0, "wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+    if rc != 0:
+        out["note"] = f"exit {rc}: {tail[0] if tail else ''}"[:200]
+    return out
+
+
+def hta_python() -> tuple[str | None, str]:
+    """The throwaway venv's python with HTA 0.5.0, creating it on first use."""
+    py = HTA_VENV / "bin" / "python"
+    if not py.exists():
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True,
+                           capture_output=True, timeout=300)
+            pip = [str(py), "-m", "pip", "install", "-q"]
+            subprocess.run(pip + ["--no-deps", HTA_PACKAGES[0]], check=True, capture_output=True,
+                           timeout=900)
+            subprocess.run(pip + HTA_PACKAGES[1:], check=True, capture_output=True, timeout=900)
+        except (subprocess.SubprocessError, OSError) as e:
+            shutil.rmtree(HTA_VENV, ignore_errors=True)
+            return None, f"HTA 0.5.0 unavailable ({type(e).__name__}: could not set up the venv)"
+    probe = subprocess.run([str(py), "-c", "import hta, pandas; print(pandas.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return None, "HTA 0.5.0 unavailable (import failed)"
+    return str(py), f"HTA 0.5.0 with pandas {probe.stdout.strip()}"
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               platform.processor())
+    return (f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
+            f"load average at start {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    ap.add_argument("--sizes", default="100,1000", help="target sizes in MB, comma separated")
+    ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--gzip", action="store_true", help="also time the .json.gz of each size")
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args()
+
+    py, hta_note = (None, "HTA skipped (--no-hta)") if args.no_hta else hta_python()
+    startup = measure([sys.executable, "-c", STARTUP], 120)
+    rows, results = [], {"machine": machine(), "source": str(args.source.relative_to(ROOT)),
+                         "hta": hta_note, "startup": startup, "runs": []}
+    for mb in (int(s) for s in args.sizes.split(",")):
+        path = DATA / f"{args.source.name.split('.json')[0]}_{mb}mb.json"
+        if not path.exists():
+            info = tile(args.source, path, mb * 1_000_000)
+            path.with_suffix(".tile.json").write_text(json.dumps(info))
+        info = json.loads(path.with_suffix(".tile.json").read_text())
+        size = path.stat().st_size
+        files = [(path, size)]
+        if args.gzip:
+            gz = path.with_name(path.name + ".gz")
+            if not gz.exists():
+                with open(path, "rb") as f, gzip.open(gz, "wb", compresslevel=6) as g:
+                    shutil.copyfileobj(f, g, 16 << 20)
+            files.append((gz, size))
+        for file, raw_size in files:
+            tools = [("load", [sys.executable, "-c", LOAD, str(file)]),
+                     ("analyze", [sys.executable, "-c", ANALYZE, str(file)])]
+            if py:
+                hta_dir = DATA / f"hta_{file.name}"
+                hta_dir.mkdir(exist_ok=True)
+                link = hta_dir / file.name
+                if not link.exists():
+                    link.symlink_to(file)
+                tools.append(("hta", [py, "-c", HTA, str(hta_dir)]))
+            for tool, cmd in tools:
+                r = measure(cmd, args.timeout)
+                r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6), events=info["events"])
+                if r.get("wall_s"):
+                    r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
+                    r["rss_x_file"] = round(r["peak_rss_mb"] * 2**20 / raw_size, 2)
+                results["runs"].append(r)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    (DATA / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"\n{results['machine']}; {hta_note}; startup+imports {startup.get('wall_s')} s, "
+          f"{startup.get('peak_rss_mb')} MB\n")
+    print("| file | MB | events | tool | wall s | MB/s | peak RSS MB | RSS / file |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['file']} | {r['mb']} | {r['events']} | {r['tool']} | {r.get('wall_s', '-')} "
+              f"| {r.get('mb_per_s', '-')} | {r.get('peak_rss_mb', '-')} | "
+              f"{r.get('rss_x_file', '-')} |" + (f" {r['note']}" if r.get("note") else ""))
+
+
+if __name__ == "__main__":
+    main()
