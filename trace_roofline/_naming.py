@@ -22,6 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from trace_roofline._nest import Nest
 from trace_roofline.models import ModelSpec
 
 CORE = ("q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj", "down_proj")
@@ -378,7 +379,7 @@ def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 
 def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
-                 position: pd.Series, nest_cls) -> tuple[pd.Series, pd.Series]:
+                 position: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Operator name and layer of each instance from the nn.Module frames around it.
 
     `frames` is module_frames() plus int columns s, e (ns) and key. Linears are named by their
@@ -398,7 +399,7 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     for kind in ("layer", "attn", "mlp", "linear", "norm", "rope", "emb", "act"):
         f = frames[frames["kind"] == kind].reset_index(drop=True)
         sub[kind] = f
-        nest = nest_cls(f["s"].to_numpy(), f["e"].to_numpy(), f["key"].to_numpy())
+        nest = Nest(f["s"].to_numpy(), f["e"].to_numpy(), f["key"].to_numpy())
         hit[kind] = (nest, nest.innermost(inst_t, inst_key))
 
     def parent_of(child: pd.DataFrame, kind: str) -> np.ndarray:

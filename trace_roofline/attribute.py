@@ -427,7 +427,7 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
         mod["e"] = mod["s"] + to_ns(mod["dur_us"])
         mod["key"] = keys.codes(mod["pid"], mod["tid"])
         mod_name, mod_layer = _naming.module_names(
-            inst["t"].to_numpy(), inst["key"].to_numpy(), mod, pos_name, Nest)
+            inst["t"].to_numpy(), inst["key"].to_numpy(), mod, pos_name)
     ann = inst["ann_name"].astype("string")
     name = ann.fillna(mod_name).fillna(pos_name)
     source = pd.Series(np.where(ann.notna(), "annotation",
