@@ -3,6 +3,7 @@
 import gzip
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -290,3 +291,37 @@ def test_progress_bar_is_silent_off_a_tty(tmp_path):
     small = Tty()
     load_trace(tmp_path / "t.json", progress=T.progress_bar(small))
     assert small.getvalue() == ""  # below min_bytes nothing is drawn
+
+
+SAMPLES = sorted((Path(__file__).resolve().parent.parent / "sample_traces").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_committed_traces_match_a_stdlib_reading(path):
+    """Every committed real trace: each table holds exactly its events, timings bit for bit."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    events = doc["traceEvents"]
+    tr = load_trace(path)
+    assert_schema(tr)
+    assert tr.meta["skipped_events"] == {} and tr.meta["events_with_dropped_fields"] == 0
+    raw = raw_device(doc)
+    assert tr.device["ts_us"].tolist() == [e["ts"] for e in raw]
+    assert math.fsum(tr.device["dur_us"]) == math.fsum(e["dur"] for e in raw)
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"
+           and not e["name"].startswith("ProfilerStep#")]
+    assert tr.cpu_ops["name"].astype(str).tolist() == [e["name"] for e in ops]
+    dims = [json.dumps(e["args"]["Input Dims"]) if "Input Dims" in e["args"] else None
+            for e in ops]
+    assert tr.cpu_ops["input_dims"].astype(object).where(tr.cpu_ops["input_dims"].notna(),
+                                                          None).tolist() == dims
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    assert tr.runtime["correlation"].tolist() == [e["args"]["correlation"] for e in runtime]
+    flows = [e for e in events if e.get("cat") == "ac2g"]
+    assert tr.flows["id"].tolist() == [e["id"] for e in flows]
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    assert len(tr.python_frames) == len(frames)
+    assert tr.cpu_only == (not raw)
+    if tr.cpu_only:
+        assert tr.meta["device_properties"] == [] and len(tr.cpu_ops) > 0
+    else:
+        assert tr.meta["device_properties"][0]["name"] == "NVIDIA H200"

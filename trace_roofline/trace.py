@@ -239,7 +239,6 @@ _ONE_LENIENT = msgspec.json.Decoder(_EventLenient)
 # Table codes. Device kinds first so that kind = code - 1.
 _KERNEL, _MEMCPY, _MEMSET, _CPU_OP, _RUNTIME, _ANNOT, _PYFRAME, _FLOW = range(1, 9)
 _KINDS = ["kernel", "memcpy", "memset"]
-_COMPLETE_TABLES = (_KERNEL, _MEMCPY, _MEMSET, _CPU_OP, _RUNTIME, _ANNOT, _PYFRAME)
 _CAT_CODES = {
     "kernel": _KERNEL,
     "gpu_memcpy": _MEMCPY,
@@ -358,6 +357,13 @@ def load_trace(path: str | os.PathLike, progress: Progress | None = None) -> Tra
             )
         p = files[0]
     return _load_file(p, progress)
+
+
+def _load_file(p: Path, progress: Progress | None) -> Trace:
+    try:
+        return _parse_file(p, progress)
+    except MemoryError:
+        raise InputError(f"{p}: not enough memory to load this trace") from None
 
 
 def load_traces(path: str | os.PathLike, progress: Progress | None = None) -> list[Trace]:
@@ -491,7 +497,7 @@ _PLACEHOLDER = _Event()
 _ts_of, _dur_of, _cat_of, _ph_of = (attrgetter(a) for a in ("ts", "dur", "cat", "ph"))
 
 
-def _load_file(p: Path, progress: Progress | None) -> Trace:
+def _parse_file(p: Path, progress: Progress | None) -> Trace:
     buf = _read(p, progress)
     try:
         meta, raws = _split_top(p, buf)  # zero-copy slices of buf, one per event
@@ -647,6 +653,8 @@ def _decode_batch(p: Path, text, batch: Sequence, start: int, acc: _Accumulator)
 
 
 def _as_int(v: Any) -> int:
+    if isinstance(v, bool):
+        return _MISSING
     if isinstance(v, int):
         return v if _MISSING < v < 2**63 else _MISSING
     if isinstance(v, str):
