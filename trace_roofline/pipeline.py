@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pandas as pd
@@ -44,13 +45,19 @@ def analyze_trace(
         trace = load_trace(trace, progress=progress)
     hw = hardware or trace_hardware(trace)
     attributed = attribute(trace, model)
-    measured = None
-    if ncu is not None:
-        matched, _summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
-                                                   device=trace.device)
-        measured = ncu_csv.measured_by_operator(matched)
-    return analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                   attention_bytes=attention_bytes, layers=layers, measured=measured)
+    if ncu is None:
+        return analyze(attributed, model, hw, trace=trace.path, causal=causal,
+                       attention_bytes=attention_bytes, layers=layers)
+    matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
+                                             device=trace.device)
+    a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
+                attention_bytes=attention_bytes, layers=layers,
+                measured=ncu_csv.measured_by_operator(matched))
+    # Whole model: NaN unless every kernel was measured (a partial sum understates traffic).
+    whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
+    summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
+               "whole_model_measured_intensity": float(a.whole["flops"]) / whole_bytes}
+    return dataclasses.replace(a, ncu=summary)
 
 
 def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:

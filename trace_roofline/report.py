@@ -63,11 +63,12 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     measured = "measured_intensity" in ops.columns  # ncu DRAM bytes joined
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
              _hardware_line(a), f"conventions: {conventions_line(a)}",
-             _HEAD + (f" {'ncu F/B':>8}" if measured else "")]
+             _HEAD + (f" {'ncu MB':>9} {'ncu/an':>6} {'ncu F/B':>8}" if measured else "")]
     for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
         name = r.operator if pd.isna(r.layer) else f"{r.operator}[{r.layer}]"
         flag = " ! above roof" if _flagged(r.exceeds_roof) else ""
-        ncu = f" {_fmt(r.measured_intensity, '.2f'):>8}" if measured else ""
+        ncu = (f" {_fmt(r.measured_bytes, '.2f', 1e6):>9} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
+               f" {_fmt(r.measured_intensity, '.2f'):>8}") if measured else ""
         lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
                           r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
                           r.pct_of_roof, r.bound) + ncu + flag)
@@ -76,6 +77,8 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
                       w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
                       w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound")))
     lines.append(_coverage_line(a))
+    if a.ncu is not None:
+        lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
                      f"({phase}, per step): {ext['flops'] / 1e9:.2f} GFLOP, "
@@ -85,6 +88,17 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
         lines.append(f"preset cross-check: {len(checks)} mismatch(es): {checks[0]}"
                      + (" ..." if len(checks) > 1 else ""))
     return "\n".join(lines)
+
+
+def _ncu_line(n: dict) -> str:
+    line = (f"ncu {n['file']}: {n['matched']} of {n['trace_kernels']} trace kernels matched "
+            f"({n['ncu_kernels']} in the CSV), whole model measured "
+            f"{_fmt(n['whole_model_measured_bytes'], '.2f', 1e6)} MB, "
+            f"intensity {_fmt(n['whole_model_measured_intensity'], '.2f')} FLOP/B")
+    if n["trace_unmatched"] or n["ncu_unmatched"]:
+        line += (f"; WARNING {n['trace_unmatched']} trace / {n['ncu_unmatched']} ncu kernels "
+                 "unmatched: is the CSV from the same workload?")
+    return line
 
 
 def _flagged(value: object) -> bool:
@@ -142,6 +156,8 @@ def _entry(a: Analysis) -> dict[str, object]:
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
     }
+    if a.ncu is not None:
+        entry["ncu"] = dict(a.ncu)
     if a.extrapolated is not None:
         entry["extrapolated"] = {
             "layers": a.layers,

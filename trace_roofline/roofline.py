@@ -82,6 +82,7 @@ class Analysis:
     layers: int | None = None  # the depth `extrapolated` scales to
     extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
     extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
+    ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
 
 
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
