@@ -9,6 +9,7 @@ committed trace in sample_traces/.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
@@ -19,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trace_roofline._nest import Nest
 from trace_roofline.attribute import (
@@ -816,3 +819,59 @@ def test_gzip_and_plain_give_the_same_attribution(tmp_path):
     plain.write_bytes(gzip.decompress(path.read_bytes()))
     a, b = attribute(load_trace(path)), attribute(load_trace(plain))
     pd.testing.assert_frame_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Properties on random traces
+# ----------------------------------------------------------------------------------------------
+OPS = [("aten::mm", [[1, 256], [256, 256]]), ("aten::mm", [[1, 256], [256, 64]]),
+       ("aten::mm", [[1, 768], [768, 256]]), ("aten::add", [[1, 256], [1, 256], []]),
+       ("aten::pow", [[1, 256], []]), ("aten::cat", [[[1, 2, 3, 4]] * 2, []]),
+       ("aten::_flash_attention_forward", [[1, 1, 8, 32]] * 3), ("aten::empty", [[]])]
+RANGES = ["q_proj", "attention", "layers.1", "my_range", "ProfilerStep#7"]
+
+
+@st.composite
+def random_trace(draw):
+    k = Kineto()
+    for _ in range(draw(st.integers(1, 12))):
+        ranges = draw(st.lists(st.sampled_from(RANGES), max_size=2, unique=True))
+        name, dims = draw(st.sampled_from(OPS))
+        kernels = draw(st.lists(st.tuples(
+            st.booleans(), st.booleans(), st.booleans(), st.sampled_from([7, 8]),
+            st.floats(0.001, 50.0, allow_nan=False).map(lambda x: round(x, 3))),
+            min_size=1, max_size=3))
+        with contextlib.ExitStack() as stack:
+            for r in ranges:
+                stack.enter_context(k.ann(r))
+            if draw(st.booleans()):
+                stack.enter_context(k.op("aten::linear", [[1, 1, 256], [256, 256], []]))
+            stack.enter_context(k.op(name, dims))
+            for ext, runtime, flow, stream, dur in kernels:
+                k.kernel("kern", dur, ext=ext, runtime=runtime, flow=flow, stream=stream)
+    return k
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(random_trace())
+def test_random_traces_conserve_and_link(tmp_path, k):
+    tr = load_trace(k.write(tmp_path / "r.json"))
+    a = attribute(tr)
+    assert_conserved(a, tr)
+    assert a["operator"].notna().all() and a["source"].notna().all()
+    ops = set(tr.cpu_ops["op_id"])
+    assert set(a["op_id"].dropna()) <= ops
+    # a kernel with no External id, no runtime launch and no flow cannot be linked
+    raw = [e for e in k.events if e.get("cat") == "kernel"]
+    corr_known = {e["args"]["correlation"] for e in k.events if e.get("cat") == "cuda_runtime"}
+    corr_known |= {e["id"] for e in k.events if e.get("ph") == "s"}
+    for row, e in zip(a.itertuples(), raw, strict=True):
+        if "External id" not in e["args"] and e["args"]["correlation"] not in corr_known:
+            assert pd.isna(row.op_id) and row.operator == "unattributed"
+        else:
+            assert not pd.isna(row.op_id)
+    non_layer = a["operator"].isin(["embedding", "final_norm", "lm_head", "unattributed"])
+    assert a.loc[non_layer, "layer"].isna().all()
+    cov = coverage(a)
+    assert cov["attributed_time_ps"] + round(cov["unattributed_time_us"] * 1e6) == \
+        cov["kernel_time_ps"]
