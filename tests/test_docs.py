@@ -22,7 +22,8 @@ def test_readme_starts_with_the_two_commands():
 
 def test_readme_python_example_runs():
     code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
-    check = "\nimport sys\nassert 'torch' not in sys.modules\nprint(a.whole['intensity'])\n"
+    check = ("\nimport sys\nimport trace_roofline.attribute\nassert callable(tr.attribute)\n"
+             "assert 'torch' not in sys.modules\nprint(a.whole['intensity'])\n")
     r = subprocess.run([sys.executable, "-c", code + check], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr

@@ -1,29 +1,31 @@
 """trace_roofline: put every kernel of a profiled LLM on the roofline.
 
-The pipeline's public functions are importable from here; pandas/matplotlib load on first use.
+The pipeline's public functions are importable from here (matplotlib loads on first plot).
 """
 
-from importlib import import_module
-
+from trace_roofline.attribute import attribute, operator_table
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, get_hardware
 from trace_roofline.models import ModelSpec, get_model
+from trace_roofline.ncu import match_kernels, read_ncu_csv
+from trace_roofline.pipeline import analyze_trace, operators_frame, trace_hardware
+from trace_roofline.report import markdown, report_dict, terminal_table
+from trace_roofline.roofline import Analysis, analyze
+from trace_roofline.shapes import attach_costs
+from trace_roofline.trace import Trace, load_trace, load_traces
 
-_LAZY = {
-    "load_trace": "trace", "load_traces": "trace", "Trace": "trace",
-    "attribute": "attribute", "operator_table": "attribute",
-    "attach_costs": "shapes",
-    "analyze": "roofline", "Analysis": "roofline",
-    "analyze_trace": "pipeline", "operators_frame": "pipeline", "trace_hardware": "pipeline",
-    "terminal_table": "report", "report_dict": "report", "markdown": "report",
-    "roofline_figure": "plot",
-    "read_ncu_csv": "ncu", "match_kernels": "ncu",
-}
-
-__all__ = ["Hardware", "InputError", "ModelSpec", "get_hardware", "get_model", *_LAZY]
+__all__ = [
+    "Analysis", "Hardware", "InputError", "ModelSpec", "Trace", "analyze", "analyze_trace",
+    "attach_costs", "attribute", "get_hardware", "get_model", "load_trace", "load_traces",
+    "markdown", "match_kernels", "operator_table", "operators_frame", "read_ncu_csv",
+    "report_dict", "roofline_figure", "terminal_table", "trace_hardware",
+]
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(import_module(f"trace_roofline.{_LAZY[name]}"), name)
+    """`roofline_figure` imports matplotlib only when asked for."""
+    if name == "roofline_figure":
+        from trace_roofline.plot import roofline_figure
+
+        return roofline_figure
     raise AttributeError(f"module 'trace_roofline' has no attribute {name!r}")
