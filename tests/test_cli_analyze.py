@@ -117,3 +117,16 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
         write_files(tmp_path, {"a.csv": b"1", "no/such/dir.csv": b"2"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     assert write_files(tmp_path, {"a.csv": b"1"}) == [tmp_path / "a.csv"]
+
+
+def test_by_shape_places_each_m_of_the_sweep(tmp_path):
+    path = tmp_path / "sweep.json"
+    sweep = SAMPLES / "qwen2.5-7b_msweep_q_proj_bf16_h200.json.gz"
+    assert main(["analyze", str(sweep), "--by-shape", "--json", str(path)]) == 0
+    ops = {o["operator"]: o for o in json.loads(path.read_text())["operators"]
+           if o["layer"] is None}
+    # q_proj at M: I = 2·M·K·N / ((M·K + K·N + M·N)·2) = M·3584 / (2·M + 3584) with K = N = 3584
+    for m in (1, 16, 64, 256, 1024):
+        op = ops[f"q_proj [{m},3584]x[3584,3584]"]
+        assert op["intensity"] == pytest.approx(m * 3584 / (2 * m + 3584))
+        assert op["bound"] == ("memory" if m <= 64 else "compute")

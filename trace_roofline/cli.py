@@ -72,7 +72,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     ncu = args.ncu + [None] * (len(args.traces) - len(args.ncu))
     analyses = [
         analyze_trace(path, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, progress=progress_bar())
+                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
         for path, csv in zip(args.traces, ncu, strict=True)
     ]
     # Render every output in memory first: a failure leaves no partial files behind.
@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", action="append", default=[], metavar="CSV",
                    help="Nsight Compute raw CSV of the same run, one per trace in order")
     p.add_argument("--per-layer", action="store_true", help="one terminal row per layer")
+    p.add_argument("--by-shape", action="store_true",
+                   help="one row and point per (operator, shape), e.g. per M of a sweep")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
     add_convention_args(p)
@@ -144,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trace-roofline analyze ... | head`: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

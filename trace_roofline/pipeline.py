@@ -33,6 +33,7 @@ def analyze_trace(
     attention_bytes: str = "all",
     layers: int | None = None,
     ncu: str | os.PathLike | None = None,
+    by_shape: bool = False,
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
@@ -47,11 +48,11 @@ def analyze_trace(
     attributed = attribute(trace, model)
     if ncu is None:
         return analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                       attention_bytes=attention_bytes, layers=layers)
+                       attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                attention_bytes=attention_bytes, layers=layers,
+                attention_bytes=attention_bytes, layers=layers, by_shape=by_shape,
                 measured=ncu_csv.measured_by_operator(matched))
     # Whole model: NaN unless every kernel was measured (a partial sum understates traffic).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])

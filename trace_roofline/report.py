@@ -54,28 +54,31 @@ def terminal_table(analyses: Sequence[Analysis], per_layer: bool = False) -> str
     return "\n\n".join(_terminal_one(a, per_layer) for a in analyses)
 
 
-_HEAD = (f"{'operator':<20} {'phase':<7} {'kern':>5} {'time µs':>10} {'time%':>6} {'GFLOP':>9} "
-         f"{'MB':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>7} {'%roof':>6} {'bound':<7}")
+def _head(width: int) -> str:
+    return (f"{'operator':<{width}} {'phase':<7} {'kern':>5} {'time µs':>10} {'time%':>6} {'GFLOP':>9} "
+            f"{'MB':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>7} {'%roof':>6} {'bound':<7}")
 
 
 def _terminal_one(a: Analysis, per_layer: bool) -> str:
     ops = a.operators if per_layer else a.operators[a.operators["layer"].isna()]
+    ops = ops.sort_values("time_us", ascending=False, kind="stable")
     measured = "measured_intensity" in ops.columns  # ncu DRAM bytes joined
+    names = ops["operator"].astype(str) + ops["layer"].map(lambda x: "" if pd.isna(x) else f"[{x}]")
+    width = max(20, *names.str.len()) if len(ops) else 20
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
              _hardware_line(a), f"conventions: {conventions_line(a)}",
-             _HEAD + (f" {'ncu MB':>9} {'ncu/an':>6} {'ncu F/B':>8}" if measured else "")]
-    for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
-        name = r.operator if pd.isna(r.layer) else f"{r.operator}[{r.layer}]"
+             _head(width) + (f" {'ncu MB':>9} {'ncu/an':>6} {'ncu F/B':>8}" if measured else "")]
+    for name, r in zip(names.to_numpy(), ops.itertuples(), strict=True):
         flag = " ! above roof" if _flagged(r.exceeds_roof) else ""
         ncu = (f" {_fmt(r.measured_bytes, '.2f', 1e6):>9} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
                f" {_fmt(r.measured_intensity, '.2f'):>8}") if measured else ""
         lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
                           r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
-                          r.pct_of_roof, r.bound) + ncu + flag)
+                          r.pct_of_roof, r.bound, width) + ncu + flag)
     w = a.whole
     lines.append(_row("whole model", "/".join(w["phases"]), w["kernels"], w["time_us"], 1.0,
                       w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
-                      w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound")))
+                      w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"), width))
     lines.append(_coverage_line(a))
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
@@ -125,8 +128,8 @@ def _pct(x: float) -> str:
 
 
 def _row(name, phase, kernels, time_us, share, flops, nbytes, intensity, fps, bps, pct,
-         bound) -> str:
-    return (f"{name:<20.20} {phase:<7.7} {kernels:>5} {_fmt(time_us, '.1f'):>10} "
+         bound, width: int = 20) -> str:
+    return (f"{name:<{width}.{width}} {phase:<7.7} {kernels:>5} {_fmt(time_us, '.1f'):>10} "
             f"{_fmt(share, '.1f', 0.01):>6} {_fmt(flops, '.3f', 1e9):>9} "
             f"{_fmt(nbytes, '.2f', 1e6):>9} {_fmt(intensity, '.2f'):>8} "
             f"{_fmt(fps, '.2f', 1e12):>8} {_fmt(bps, '.0f', 1e9):>7} "

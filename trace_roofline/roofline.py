@@ -87,12 +87,22 @@ class Analysis:
 
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
             trace: str = "", causal: str = "causal", attention_bytes: str = "all",
-            layers: int | None = None, measured: pd.DataFrame | None = None) -> Analysis:
-    """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace."""
+            layers: int | None = None, measured: pd.DataFrame | None = None,
+            by_shape: bool = False) -> Analysis:
+    """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace.
+
+    `by_shape` places each (operator, shape) on its own, e.g. one q_proj point per M of a sweep
+    or per batch size of a serving trace; measured bytes then stay per operator only.
+    """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
     costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
-    ops = place(costed, hardware, measured=measured)
+    if by_shape:
+        shaped = costed.assign(operator=costed["operator"].where(
+            costed["shape"].isna(), costed["operator"] + " " + costed["shape"].astype(object)))
+        ops = place(shaped, hardware)
+    else:
+        ops = place(costed, hardware, measured=measured)
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
