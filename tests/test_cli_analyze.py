@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trace_roofline._atomic import write_files
+from trace_roofline._files import write_files
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from trace_roofline import calculator, costs
-from trace_roofline._atomic import write_file, write_files
+from trace_roofline._files import write_file, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
 
 T = 1e12
@@ -107,12 +108,7 @@ def from_json(path: str | Path) -> Hardware:
     """Load ceilings from a JSON file: {"name", "peak_flops": {dtype: FLOP/s}, "mem_bandwidth": B/s,
     "source", optional "device_names", anything else kept in `extra` (date, method, ...)}."""
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: not valid JSON ({e})") from None
+    raw = read_json(p)
     return _from_dict(raw, str(p))
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
 
 DTYPE_BYTES = {
@@ -103,12 +103,7 @@ PRESETS: dict[str, ModelSpec] = {
 def from_hf_config(path: str | Path) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face `config.json`."""
     p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: not valid JSON ({e})") from None
+    cfg = read_json(p)
     if not isinstance(cfg, dict):
         raise InputError(f"{p}: expected a JSON object, got {type(cfg).__name__}")
     need = ["hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"]

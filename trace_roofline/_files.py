@@ -1,13 +1,27 @@
-"""All-or-nothing file writes for the CLI: every output is rendered first, then each lands by rename."""
+"""Small file helpers: JSON inputs read with one-line errors; all-or-nothing writes for the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from trace_roofline.errors import InputError
+
+
+def read_json(path: str | Path) -> object:
+    """Decode a JSON file; any failure is an InputError naming the file."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
 
 
 def write_files(out_dir: str | Path, files: Mapping[str, bytes]) -> list[Path]:
