@@ -48,7 +48,10 @@ HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
 
 
 def measure(cmd: list[str], timeout: float) -> dict:
-    """Run cmd with stdout discarded; wall seconds and the child's peak RSS (MB)."""
+    """Run cmd with stdout discarded: wall and CPU (user + sys) seconds, peak RSS (MB).
+
+    CPU seconds are what the work costs; wall seconds also count waiting for a core when the
+    machine is shared (the load average is recorded with the results)."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
@@ -66,7 +69,9 @@ def measure(cmd: list[str], timeout: float) -> dict:
         err.seek(0)
         tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
     rc = os.waitstatus_to_exitcode(status)
-    out = {"ok": rc == 0, "wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+    out = {"ok": rc == 0, "wall_s": round(wall, 2),
+           "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+           "peak_rss_mb": round(usage.ru_maxrss / 1024)}
     if rc != 0:
         out["note"] = f"exit {rc}: {tail[0] if tail else ''}"[:200]
     return out
@@ -143,19 +148,23 @@ def main() -> None:
                 r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6), events=info["events"])
                 if r.get("wall_s"):
                     r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
+                    r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
                     r["rss_x_file"] = round(r["peak_rss_mb"] * 2**20 / raw_size, 2)
                 results["runs"].append(r)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     (DATA / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{results['machine']}; {hta_note}; startup+imports {startup.get('wall_s')} s, "
+    print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
+          f"startup+imports {startup.get('wall_s')} s ({startup.get('cpu_s')} s CPU), "
           f"{startup.get('peak_rss_mb')} MB\n")
-    print("| file | MB | events | tool | wall s | MB/s | peak RSS MB | RSS / file |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| file | MB | events | tool | wall s | CPU s | MB/s (wall) | MB/s (CPU) | peak RSS MB "
+          "| RSS / file |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['file']} | {r['mb']} | {r['events']} | {r['tool']} | {r.get('wall_s', '-')} "
-              f"| {r.get('mb_per_s', '-')} | {r.get('peak_rss_mb', '-')} | "
-              f"{r.get('rss_x_file', '-')} |" + (f" {r['note']}" if r.get("note") else ""))
+        cells = [r["file"], r["mb"], r["events"], r["tool"]] + [
+            r.get(k, "-") for k in ("wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s", "peak_rss_mb",
+                                    "rss_x_file")]
+        print("| " + " | ".join(map(str, cells)) + " |" + (f" {r['note']}" if "note" in r else ""))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,14 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=N
 
 
 def _committed() -> list[dict]:
-    """Small committed traces (sample_traces/*.json.gz under 2 MB), read with stdlib json."""
+    """The two smallest committed GPU traces and the smallest CPU one, read with stdlib json."""
+    by_size = sorted(SAMPLES.glob("*.json.gz"), key=lambda p: p.stat().st_size)
+    cpu = [p for p in by_size if p.name.endswith("_cpu.json.gz")][:1]
     docs = []
-    for p in sorted(SAMPLES.glob("**/*.json.gz")):
-        if p.stat().st_size < 2_000_000:
-            doc = json.loads(gzip.decompress(p.read_bytes()))
-            docs.append(doc if isinstance(doc, dict) else {"traceEvents": doc})
-    return docs[:4]
+    for p in [p for p in by_size if p not in cpu][:2] + cpu:
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        docs.append(doc if isinstance(doc, dict) else {"traceEvents": doc})
+    return docs
 
 
 BASES = [gpu_trace(2), legacy_trace(1)] + _committed()
