@@ -1,4 +1,5 @@
-"""trace.py: tables, dtypes and schema variants on small synthetic Kineto traces."""
+"""trace.py: tables, dtypes and schema variants on synthetic Kineto traces and on every committed
+real trace."""
 
 import gzip
 import json

@@ -395,7 +395,7 @@ def progress_bar(stream=None, min_bytes: int = PROGRESS_MIN_BYTES) -> Progress |
     out = stream if stream is not None else sys.stderr
     if not (hasattr(out, "isatty") and out.isatty()):
         return None
-    state = {"big": False}
+    state = {"big": False, "last": None}
 
     def draw(stage: str, done: int, total: int) -> None:
         if stage == "read" and done == 0:
@@ -403,6 +403,9 @@ def progress_bar(stream=None, min_bytes: int = PROGRESS_MIN_BYTES) -> Progress |
         if not state["big"] or total <= 0:
             return
         frac = min(done / total, 1.0)
+        if (stage, int(1000 * frac)) == state["last"]:
+            return  # redraw at most once per 0.1%
+        state["last"] = (stage, int(1000 * frac))
         bar = "#" * int(30 * frac)
         out.write(f"\r{stage:5s} [{bar:<30s}] {100 * frac:5.1f}%")
         if stage == "parse" and done >= total:
