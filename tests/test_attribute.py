@@ -443,7 +443,7 @@ def test_split_k_and_memset_count_under_one_instance(build):
     assert down["op_id"].nunique() == 1 and down["op_name"].iloc[0] == "aten::mm"
     attn = a[a["operator"] == "attention"]
     assert attn["kind"].tolist() == ["memset", "kernel"]
-    assert attn["op_name"].unique().tolist() == ["aten::_flash_attention_forward"]
+    assert attn["op_name"].unique().tolist() == ["aten::scaled_dot_product_attention"]
     t = operator_table(a)
     row = t[(t["operator"] == "down_proj")].iloc[0]
     assert (row["kernels"], row["ops"]) == (2, 1)

@@ -11,8 +11,9 @@ Linking a kernel to the cpu op that launched it (first that applies):
    async_cpu_to_gpu flow with that id): the innermost cpu op on that thread around the launch;
 3. nothing: the kernel is named only by a gpu_user_annotation around it, else `unattributed`.
 From the launch point the op instance (`op_id`) is the innermost enclosing op that carries
-shapes (attention ops win over the GEMMs inside a math fallback), so a split-K GEMM and its
-reduce, or a cuDNN attention and its memset, are one instance of one operator.
+shapes, except that everything inside an attention op belongs to the outermost one (SDPA with
+its mask preparation, cuDNN kernels and memsets, or a math fallback's bmm/softmax). So a
+split-K GEMM and its reduce, or an attention call, are one instance of one operator.
 
 Naming an op instance, strongest evidence first (`source` column):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
@@ -281,14 +282,15 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
 
 def _instance_op(ops: pd.DataFrame, t: np.ndarray, key: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
-    """Innermost attention op around the launch point, else the innermost shape-carrying op,
-    else the launching op itself; -1 for unlinked units."""
+    """The outermost attention op around the launch point (SDPA and everything it launches,
+    mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
+    shape-carrying op, else the launching op itself; -1 for unlinked units."""
     out = launch.copy()
-    for flag in ("shaped", "attn"):  # later wins
+    for flag, outermost in (("shaped", False), ("attn", True)):  # later wins
         m = np.flatnonzero(ops[flag].to_numpy())
         if len(m):
-            hit = Nest(ops["s"].to_numpy()[m], ops["e"].to_numpy()[m],
-                       ops["key"].to_numpy()[m]).innermost(t, key)
+            nest = Nest(ops["s"].to_numpy()[m], ops["e"].to_numpy()[m], ops["key"].to_numpy()[m])
+            hit = nest.outermost(t, key) if outermost else nest.innermost(t, key)
             out = np.where(hit >= 0, _take(m, hit, -1), out)
     return np.where(launch >= 0, out, -1)
 
