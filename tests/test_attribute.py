@@ -449,6 +449,23 @@ def test_split_k_and_memset_count_under_one_instance(build):
     assert (row["kernels"], row["ops"]) == (2, 1)
 
 
+def test_attention_call_is_one_instance(build):
+    """Mask preparation inside SDPA, cuDNN's kernels and memset: one instance, the SDPA op."""
+    k = Kineto()
+    qkv = [[1, 8, 1, 32], [1, 2, 16, 32], [1, 2, 16, 32]]
+    with k.ann("ProfilerStep#1"), k.op("aten::scaled_dot_product_attention", qkv):
+        elementwise(k, "aten::masked_fill", [[1, 1, 1, 16], [1, 1, 1, 16], []])
+        with k.op("aten::_scaled_dot_product_cudnn_attention", qkv), \
+                k.op("aten::_cudnn_attention_forward", qkv):
+            k.kernel("Memset (Device)", kind="memset")
+            k.kernel("cudnn_sdpa")
+            k.kernel("lean_reduction_kernel")
+    a = attribute(build(k))
+    assert a["op_id"].nunique() == 1 and len(a) == 4
+    assert a["op_name"].unique().tolist() == ["aten::scaled_dot_product_attention"]
+    assert a["operator"].unique().tolist() == ["attention"]
+
+
 def test_overlapping_streams_conserve_time(build):
     """Kernels of two streams overlap in time; each keeps its own op and its full duration."""
     k = Kineto()
