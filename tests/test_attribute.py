@@ -607,6 +607,20 @@ def test_unannotated_model_by_shape_and_position(build, model):
     assert_conserved(a, tr)
 
 
+def test_layers_restart_with_each_forward_in_a_step(build):
+    """Two forward passes inside one ProfilerStep (a generate loop): layers 0, 1 twice."""
+    k = Kineto()
+    qwen_model(k, layers=2, steps=1)
+    step = next(e for e in k.events if e["name"] == "ProfilerStep#1")
+    qwen_model(k, layers=2, steps=1)
+    k.events.remove(next(e for e in k.events[1:] if e["name"] == "ProfilerStep#1"))
+    step["dur"] = round(k.t - step["ts"] + 1, 3)
+    a = attribute(build(k), TINY)
+    assert nums(a["step"].drop_duplicates()) == [1]
+    q = a[a["operator"] == "q_proj"]
+    assert nums(q["layer"]) == [0, 1, 0, 1]
+
+
 def test_unannotated_fused_layout(build):
     k = Kineto()
     qwen_model(k, layers=2, steps=1, fused=True, lm_head=False)

@@ -441,15 +441,22 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
 
 
 def _segment_layers(name: pd.Series, grp: pd.Series) -> pd.Series:
-    """Count layers along each sequence: a new one starts where the stage order goes back."""
+    """Count layers along each sequence: a new one starts where the stage order goes back, and
+    the count restarts at each embedding (several forward passes in one profiler step)."""
+    emb = name.eq("embedding").to_numpy()
+    g_arr = grp.to_numpy()
+    first_emb = emb & ~np.r_[False, emb[:-1] & (g_arr[1:] == g_arr[:-1])]
+    fwd = pd.Series(first_emb.astype(int), index=name.index).groupby(grp).cumsum()
+    seq = pd.Series(pd.factorize(pd.MultiIndex.from_arrays([g_arr, fwd.to_numpy()]))[0],
+                    index=name.index)
     stage = name.map(_STAGE).astype("float64")
     st = stage.dropna()
-    g = grp.loc[st.index]
+    g = seq.loc[st.index]
     prev = st.groupby(g).shift(1)
     new = prev.isna() | (st < prev)
     at_stage = new.astype(int).groupby(g).cumsum() - 1
     layer = pd.Series(np.nan, index=name.index)
     layer.loc[at_stage.index] = at_stage.to_numpy()
-    layer = layer.groupby(grp).ffill()
+    layer = layer.groupby(seq).ffill()
     layer = layer.where(~name.isin(NON_LAYER | {"other"}))
     return pd.Series(pd.array(layer, dtype="Float64").astype("Int64"), index=name.index)
