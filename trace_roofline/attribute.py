@@ -1,23 +1,26 @@
 """Stage 2: attribute every device microsecond of a trace to a named operator.
 
 `attribute(trace, model)` returns one row per timed unit (a kernel / memcpy / memset; in a
-CPU-only trace, a top-level cpu op) naming its operator, layer and profiler step.
+CPU-only trace, a top-level cpu op, wrappers such as torch.compile regions skipped, so nested
+ops are never counted twice) naming its operator, layer and profiler step.
 `operator_table(attributed)` sums them per (step, layer, operator); `coverage(attributed)`
-says how much device time found an operator.
+says how much device time found an operator. Both conserve time exactly (integer ps).
 
 Linking a kernel to the cpu op that launched it (first that applies):
-1. its `External id` equals a cpu op's (Kineto stamps the innermost op active at launch);
+1. its `External id` (else its runtime launch's) equals a cpu op's (Kineto stamps the
+   innermost op active at launch);
 2. its `correlation` equals a runtime launch's (cudaLaunchKernel...; else the ac2g /
-   async_cpu_to_gpu flow with that id): the innermost cpu op on that thread around the launch;
+   async_cpu_to_gpu flow start with that id): the innermost cpu op on that thread around it;
 3. nothing: the kernel is named only by a gpu_user_annotation around it, else `unattributed`.
 From the launch point the op instance (`op_id`) is the innermost enclosing op that carries
 shapes, except that everything inside an attention op belongs to the outermost one (SDPA with
 its mask preparation, cuDNN kernels and memsets, or a math fallback's bmm/softmax). So a
 split-K GEMM and its reduce, or an attention call, are one instance of one operator.
+Nesting is found with sorted arrays and `searchsorted` per depth (_nest.Nest), never per event.
 
 Naming an op instance, strongest evidence first (`source` column):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
-   (q_proj, ..., also `layers.3.q_proj`); `layers.N` ranges give the layer;
+   (`q_proj`, also `model.layers.3.self_attn.q_proj`); `layers.N` in a range name is the layer;
 2. `module`: nn.Module frames of with_stack=True traces (see _naming.module_names);
 3. `shape` / `compile` / `position`: GEMM (K, N) matched to the model's linears (or linears
    inferred from the trace when no model is given; unmatched GEMMs are `linear[K×N]`),
@@ -25,8 +28,9 @@ Naming an op instance, strongest evidence first (`source` column):
    everything else by where it sits between those anchors (_naming.position_names).
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
 stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
-goes back. Embedding, final_norm, lm_head and `other` (model work outside the canonical
-operators: masks, position ids, sampling) have no layer.
+goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
+`other` (model work outside the canonical operators: masks, position ids, sampling) have no
+layer. Steps: the ProfilerStep#N range around the launch (any thread, as a last resort).
 """
 
 from __future__ import annotations
