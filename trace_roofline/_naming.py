@@ -25,15 +25,12 @@ import pandas as pd
 from trace_roofline._nest import Nest
 from trace_roofline.models import ModelSpec
 
-CORE = ("q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj", "down_proj")
 LINEAR_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                 "gate_up_proj", "down_proj", "lm_head")
 PROJ_IN = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
 MLP_IN = {"gate_proj", "up_proj", "gate_up_proj"}
-MLP_START = {"gate_proj", "gate_up_proj"}
 
 # Op families, by the op's base name (after the last "::").
-LINEAR_OPS = {"mm", "addmm", "linear", "matmul", "_scaled_mm", "_addmm_activation"}
 BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
 _ATTN_RE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|"
                       r"cudnn_attention|paged_attention|flex_attention|unified_attention|"
