@@ -105,6 +105,36 @@ def test_layer_matches_hf_qwen2_decoder_layer() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
+    """--cache static: StaticCache writes by index_copy_, SDPA over every slot, same S each step."""
+    pytest.importorskip("transformers")
+    from trace_roofline import attribute, load_trace
+    from workloads.cli import main
+
+    args = ["hf-capture", "--phase", "decode", "--model", "qwen-tiny", "--tokens", "8",
+            "--device", "cpu", "--dtype", "float32", "--warmup", "1", "--steps", "2",
+            "--cache", "static", "--out", str(tmp_path)]
+    assert main(args) == 0
+    path = tmp_path / "hf-qwen2-qwen-tiny-2l_decode_b1_s8_static_cpu.json.gz"
+    assert capsys.readouterr().out.strip() == str(path)
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    meta = trace["trace_roofline_workload"]
+    assert (meta["cache"], meta["max_cache_len"], meta["compile"]) == ("StaticCache", 16, False)
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
+    # K and V of 2 layers x 2 steps, one token written into the [B, n_kv, 16, d] cache each time
+    assert dims_in(ops, "aten::index_copy_") == [[[1, 2, 16, 32], [], [1], [1, 2, 1, 32]]] * 8
+    # HF repeats K/V to n_q heads when SDPA gets a mask: [B, n_q, max_cache_len, d] every step
+    assert {json.dumps(d[:3]) for d in dims_in(ops, "aten::scaled_dot_product_attention")} == {
+        json.dumps([[1, 8, 1, 32], [1, 8, 16, 32], [1, 8, 16, 32]])}
+    a = attribute(load_trace(path), TINY)
+    kv = a[a["operator"] == "kv_cache"]
+    assert set(kv["op_name"]) == {"aten::index_copy_"}
+    assert sorted(map(int, kv["layer"].unique())) == [0, 1] and kv["step"].nunique() == 2
+    assert main([*args[:-2], "--max-cache-len", "8", "--out", str(tmp_path)]) == 2  # no room for S
+    assert "max_cache_len 8 cannot hold 8 prompt tokens" in capsys.readouterr().err
+
+
 def ranges(events: list[dict], name: str) -> list[dict]:
     return [e for e in events if e.get("cat") == "user_annotation" and e["name"] == name]
 
@@ -239,16 +269,77 @@ def test_cli_calibrate_cpu_writes_hardware_json(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     hw = json.loads(out.read_text())
     assert set(hw) == {"name", "peak_flops", "mem_bandwidth", "source", "device_name",
-                       "device_names", "date", "method"}
+                       "device_names", "date", "method", "ceilings_from", "measurements"}
     assert all(v > 0 for v in hw["peak_flops"].values())
     assert hw["peak_flops"]["tf32"] == hw["peak_flops"]["fp32"]  # no TF32 on CPUs, said so
     assert "no TF32" in hw["method"] and hw["date"] in hw["source"]
     assert 1e8 < hw["mem_bandwidth"] < 1e13
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+    meas = hw["measurements"]
+    # every ceiling is the best median of its kind: squares AND the preset's projection shapes
+    mm = [m for m in meas if m["kind"] == "matmul"]
+    for key in ("bf16", "fp16", "fp32"):
+        rates = [m["flops_per_s"] for m in mm if m["dtype"] == key]
+        assert hw["peak_flops"][key] == max(rates)
+    assert {(m["M"], m["K"], m["N"]) for m in mm} == {
+        (128, 128, 128), (256, 256, 256), *((128, k, n) for k, n in [
+            (256, 256), (256, 64), (256, 768), (768, 256), (256, 384), (256, 1536)])}
+    assert {m["layout"] for m in mm} == {"nn", "nt"}
+    gate = next(m for m in mm if (m["M"], m["K"], m["N"]) == (128, 256, 768))
+    assert gate["shape"] == "qwen-tiny gate_proj/up_proj"
+    assert gate["flops_per_s"] == pytest.approx(2 * 128 * 256 * 768 / gate["median_s"])
+    streams = [m for m in meas if m["kind"] == "stream"]
+    assert {(m["kernel"], m["dtype"]) for m in streams} == {
+        (k, d) for k in ("copy", "add", "sum") for d in ("float32", "bfloat16")}
+    assert hw["mem_bandwidth"] == max(m["bytes_per_s"] for m in streams)
+    moves = {"copy": 2, "add": 3, "sum": 1}  # buffers read + written per element
+    assert all(m["buffer_bytes"] == 64 << 20 and m["bytes"] == moves[m["kernel"]] * (64 << 20)
+               for m in streams)
+    best = max(streams, key=lambda m: m["bytes_per_s"])
+    assert hw["ceilings_from"]["mem_bandwidth"].startswith(f"{best['kernel']} {best['dtype']}")
     from trace_roofline.hardware import from_json  # the analyzer reads what calibrate writes
 
     loaded = from_json(out)
     assert loaded.name == "cpu-measured" and loaded.peak("bfloat16") == hw["peak_flops"]["bf16"]
+    assert loaded.extra["measurements"] == meas
+
+
+def test_calibration_shapes_cover_the_llm_projections() -> None:
+    from workloads.calibrate import gemm_shapes
+
+    shapes = gemm_shapes((4096, 8192), ("qwen2.5-7b",), (2048, 4096))
+    assert list(shapes)[:2] == [(4096, 4096, 4096), (8192, 8192, 8192)]
+    # the prefill T=2048 MLP GEMMs that beat the old square-only roof, separate and fused
+    assert shapes[(2048, 3584, 18944)] == "qwen2.5-7b gate_proj/up_proj"
+    assert shapes[(2048, 3584, 37888)] == "qwen2.5-7b gate_up_proj"
+    assert shapes[(4096, 18944, 3584)] == "qwen2.5-7b down_proj"
+    assert shapes[(2048, 3584, 4608)] == "qwen2.5-7b qkv_proj"  # 3584 + 2 * 512
+    assert len(shapes) == 2 + 2 * 6  # q/o, k/v, gate/up, down, qkv, gate_up at each M
+    both = gemm_shapes((4096,), ("llama-3-8b",), (4096,))
+    assert both[(4096, 4096, 4096)] == "square; llama-3-8b q_proj/o_proj"
+
+
+def test_calibration_catches_wrong_output(monkeypatch) -> None:
+    from workloads import calibrate as cal
+
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, out: real_mm(a, b, out=out).mul_(1.1))
+    with pytest.raises(AssertionError, match="matmul check failed"):
+        cal.matmul_rate(torch.device("cpu"), "fp32", 16, 32, 24, "nt", 0, 1)
+
+
+def test_committed_h200_calibration_is_auditable() -> None:
+    hw = json.loads((REPO / "trace_roofline" / "data" / "h200_measured.json").read_text())
+    assert hw["name"] == "h200-measured" and hw["device_names"] == ["NVIDIA H200"]
+    mm = [m for m in hw["measurements"] if m["kind"] == "matmul"]
+    for key, peak in hw["peak_flops"].items():
+        assert peak == max(m["flops_per_s"] for m in mm if m["dtype"] == key)
+    streams = [m for m in hw["measurements"] if m["kind"] == "stream"]
+    assert hw["mem_bandwidth"] == max(m["bytes_per_s"] for m in streams)
+    assert {m["kernel"] for m in streams} == {"copy", "add", "sum"}
+    assert min(m["buffer_bytes"] for m in streams) >= 1 << 30  # >> the 60 MB L2
+    shapes = {(m["M"], m["K"], m["N"]) for m in mm}
+    assert {(16384, 16384, 16384), (2048, 3584, 18944), (8192, 4096, 28672)} <= shapes
 
 
 def test_trace_roofline_cli_has_workload_commands(tmp_path: Path, capsys) -> None:

@@ -62,7 +62,7 @@ def test_calibrate_cuda_schema_and_sanity() -> None:
     hw, raw = calibrate("cuda", copy_bytes=512 << 20, sizes=(2048,), repeats=5,
                         progress=lambda m: None)
     assert set(hw) == {"name", "peak_flops", "mem_bandwidth", "source", "device_name",
-                       "device_names", "date", "method"}
+                       "device_names", "date", "method", "ceilings_from", "measurements"}
     assert set(hw["peak_flops"]) == {"bf16", "fp16", "tf32", "fp32"}
     # Half precision through the tensor cores beats plain fp32 on every CUDA GPU of interest.
     assert hw["peak_flops"]["bf16"] > hw["peak_flops"]["fp32"] > 0

@@ -1,14 +1,23 @@
 """Measure the current device's ceilings and return them as a trace_roofline hardware JSON dict.
 
-- Memory: device-to-device copy `dst.copy_(src)` of buffers far larger than the last-level cache;
-  bytes = 2 x size (each byte read once and written once).
-- Compute: square matmuls of random normal data (never zeros: zeros run measurably faster) at
-  several sizes per dtype; the peak is the best median over sizes. tf32 is a float32 matmul with
-  TF32 allowed, fp32 one with TF32 forbidden. CPUs have no TF32: there the tf32 entry is the same
-  float32 measurement, and `method` says so.
-Each figure: warm-up, then `repeats` timed runs (CUDA events per run; perf_counter on CPU),
-median. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name,
-device_names, date, method} -- what trace_roofline.hardware.from_json reads.
+A ceiling that ordinary kernels beat is no ceiling, so each one is the max over several kernels,
+not one benchmark's figure:
+- Compute, per dtype: the best median FLOP/s over large square matmuls (n^3) AND the LLM-shaped
+  GEMMs Y = X @ W of the model presets' projections (q/k/v/o, gate/up/down and the fused qkv and
+  gate_up), M in `ms`, each in both weight layouts: `nn` (W [K, N], as the sweep) and `nt`
+  (W [N, K] transposed, as nn.Linear runs). FLOPs = 2MKN. Random normal operands (never zeros:
+  zeros run measurably faster), output poisoned with NaN and checked against float64 on its first
+  rows. tf32 is a float32 matmul with TF32 allowed, fp32 one with TF32 forbidden; CPUs have no
+  TF32, so there tf32 is the fp32 figure and `method` says so.
+- Memory: the best median bytes/s over streaming kernels on buffers far past the last-level
+  cache: copy (bytes = read + written), add a + b -> c (2 reads + 1 write) and sum (bytes read),
+  each in float32 and bfloat16, each result checked.
+Each figure: warm-up, then `repeats` runs each timed on its own (CUDA events queued behind a
+sleep, see sweep._time_calls; perf_counter on CPU), median. Every median is kept in
+`measurements` and the kernel behind each ceiling in `ceilings_from`, so the figures can be
+audited. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name,
+device_names, date, method, ceilings_from, measurements} -- trace_roofline.hardware.from_json
+reads the first ones and keeps the rest in `extra`.
 """
 
 from __future__ import annotations
@@ -20,14 +29,23 @@ from collections.abc import Callable
 
 import torch
 
+from trace_roofline.models import PRESETS
 from workloads.runner import device_tag, resolve_device, sync
 from workloads.sweep import _time_calls
 
 GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
                "fp32": torch.float32}
-DEFAULTS = {  # buffer bytes for the copy; square GEMM sizes tried in increasing order
-    "cuda": {"copy_bytes": 2 << 30, "sizes": (4096, 8192, 16384), "warmup": 3, "repeats": 20},
-    "cpu": {"copy_bytes": 512 << 20, "sizes": (512, 1024, 2048), "warmup": 1, "repeats": 5},
+# ‖C - C_ref‖/‖C‖ against float64 on the same (already rounded) operands: output rounding and
+# accumulation only (tf32 also rounds the operands to a 10-bit mantissa).
+GEMM_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "tf32": 5e-3, "fp32": 1e-4}
+STREAM_DTYPES = (torch.float32, torch.bfloat16)
+STREAM_MOVES = {"copy": 2, "add": 3, "sum": 1}  # buffers read + written per element
+LLM_MODELS = tuple(n for n, s in PRESETS.items() if s.dtype == "bfloat16")  # real checkpoints
+DEFAULTS = {  # stream buffer bytes (each); square sizes (increasing); LLM models and M values
+    "cuda": {"copy_bytes": 2 << 30, "sizes": (4096, 8192, 16384), "models": LLM_MODELS,
+             "ms": (2048, 4096, 8192), "warmup": 5, "repeats": 20},
+    "cpu": {"copy_bytes": 256 << 20, "sizes": (512, 1024, 2048), "models": ("qwen-tiny",),
+            "ms": (128,), "warmup": 1, "repeats": 5},
 }
 
 
@@ -42,98 +60,175 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def copy_bandwidth(device: torch.device, nbytes: int, warmup: int,
-                   repeats: int) -> tuple[float, list[float]]:
-    """Median bytes/s of dst.copy_(src), counting read + write."""
-    n = nbytes // 4
-    src = torch.rand(n, device=device, dtype=torch.float32) + 0.5  # random, never zero
-    dst = torch.empty_like(src)
-    secs, _ = _time_calls(lambda i: dst.copy_(src), device, warmup, repeats)
-    if not torch.equal(dst, src):
-        raise AssertionError("copy check failed: destination differs from source")
+def gemm_shapes(sizes: tuple[int, ...], models: tuple[str, ...],
+                ms: tuple[int, ...]) -> dict[tuple[int, int, int], str]:
+    """(M, K, N) -> what it is: 'square', 'qwen2.5-7b gate_proj/up_proj', ... (joined by '; '
+    when a shape is several things); squares first, in `sizes` order."""
+    labels: dict[tuple[int, int, int], list[str]] = {(n, n, n): ["square"] for n in sizes}
+    for model in models:
+        spec = PRESETS[model]
+        by_kn: dict[tuple[int, int], list[str]] = {}
+        for name, (k, n, _) in {**spec.linears(), **spec.fused_linears()}.items():
+            by_kn.setdefault((k, n), []).append(name)
+        for m in ms:
+            for (k, n), names in by_kn.items():
+                labels.setdefault((m, k, n), []).append(f"{model} {'/'.join(names)}")
+    return {shape: "; ".join(what) for shape, what in labels.items()}
+
+
+def stream_rate(device: torch.device, kernel: str, dtype: torch.dtype, nbytes: int, warmup: int,
+                repeats: int) -> dict:
+    """Median bytes/s of one streaming kernel over buffers of nbytes each (bytes counted as
+    STREAM_MOVES[kernel] x buffer: each input read once, the output written once)."""
+    n = nbytes // dtype.itemsize
+    gen = torch.Generator(device=device).manual_seed(n)
+    x = torch.rand(n, generator=gen, device=device, dtype=dtype).add_(0.5)  # random, never zero
+    if kernel == "copy":
+        out = torch.full_like(x, float("nan"))
+        secs, covered = _time_calls(lambda i: out.copy_(x), device, warmup, repeats)
+        ok = torch.equal(out, x)
+    elif kernel == "add":
+        y = torch.rand(n, generator=gen, device=device, dtype=dtype).add_(0.5)
+        out = torch.full_like(x, float("nan"))
+        secs, covered = _time_calls(lambda i: torch.add(x, y, out=out), device, warmup, repeats)
+        ok = torch.equal(out, x + y)
+    elif kernel == "sum":
+        out = torch.full((), float("nan"), device=device, dtype=dtype)
+        secs, covered = _time_calls(lambda i: torch.sum(x, 0, out=out), device, warmup, repeats)
+        ref = sum(c.double().sum().item() for c in x.split(1 << 24))  # float64, chunked
+        ok = abs(out.item() - ref) <= (1e-2 if dtype.itemsize < 4 else 1e-3) * ref
+    else:
+        raise ValueError(f"unknown streaming kernel {kernel!r} (one of {', '.join(STREAM_MOVES)})")
+    if not ok:
+        raise AssertionError(f"{kernel} {dtype} check failed: wrong or unwritten output")
     med = statistics.median(secs)
-    return 2 * n * 4 / med, secs
+    moved = STREAM_MOVES[kernel] * n * dtype.itemsize
+    return {"kind": "stream", "kernel": kernel, "dtype": str(dtype).removeprefix("torch."),
+            "buffer_bytes": n * dtype.itemsize, "bytes": moved, "median_s": med,
+            "bytes_per_s": moved / med, "seconds": secs, "busy_fraction": covered}
 
 
-def matmul_rate(device: torch.device, key: str, size: int, warmup: int,
-                repeats: int) -> tuple[float, float]:
-    """(median FLOP/s, median seconds) of one size x size x size matmul, FLOPs = 2n^3."""
+def matmul_rate(device: torch.device, key: str, m: int, k: int, n: int, layout: str, warmup: int,
+                repeats: int) -> dict:
+    """Median FLOP/s of Y[M, N] = X[M, K] @ W, W stored [K, N] (`nn`) or [N, K] (`nt`, as
+    nn.Linear); FLOPs = 2MKN (one multiply + one add per MAC)."""
     dtype = GEMM_DTYPES[key]
-    gen = torch.Generator(device=device).manual_seed(size)
-    a = torch.randn(size, size, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    b = torch.randn(size, size, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    c = torch.empty(size, size, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(m * 31 + k * 7 + n)
+    a = torch.randn(m, k, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    w_shape = (k, n) if layout == "nn" else (n, k)
+    w = torch.randn(w_shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    b = w if layout == "nn" else w.t()  # [K, N] either way
+    c = torch.full((m, n), float("nan"), device=device, dtype=dtype)  # poisoned
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
     try:
-        secs, _ = _time_calls(lambda i: torch.mm(a, b, out=c), device, warmup, repeats)
+        secs, covered = _time_calls(lambda i: torch.mm(a, b, out=c), device, warmup, repeats)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    if not torch.isfinite(c).all():
-        raise AssertionError(f"{key} {size}^3 matmul produced non-finite values")
+    rows = min(m, 8)
+    ref = a[:rows].double() @ b.double()
+    err = ((c[:rows].double() - ref).norm() / ref.norm()).item()
+    if not (torch.isfinite(c).all() and err <= GEMM_TOLERANCE[key]):
+        raise AssertionError(f"{key} {m}x{k}x{n} {layout} matmul check failed: rel. error {err:.2e}"
+                             " or unwritten output")
     med = statistics.median(secs)
-    return 2.0 * size**3 / med, med
+    return {"kind": "matmul", "dtype": key, "M": m, "K": k, "N": n, "layout": layout,
+            "median_s": med, "flops_per_s": 2.0 * m * k * n / med, "seconds": secs,
+            "busy_fraction": covered, "rel_error": err}
+
+
+def _public(meas: dict) -> dict:
+    """A measurement as the hardware JSON keeps it (per-run seconds stay in the raw output)."""
+    return {k: v for k, v in meas.items() if k not in ("seconds", "busy_fraction", "rel_error")}
 
 
 @torch.inference_mode()
 def calibrate(device: str | None = None, copy_bytes: int | None = None,
               sizes: tuple[int, ...] | None = None, warmup: int | None = None,
               repeats: int | None = None, max_seconds: float = 1.0,
-              progress: Callable[[str], None] = print) -> tuple[dict, dict]:
-    """(hardware JSON dict, raw measurements). Sizes stop growing once one run takes longer
-    than max_seconds (keeps slow CPU dtypes cheap)."""
+              progress: Callable[[str], None] = print, models: tuple[str, ...] | None = None,
+              ms: tuple[int, ...] | None = None) -> tuple[dict, dict]:
+    """(hardware JSON dict, raw measurements with per-run seconds). Square sizes stop growing
+    once one run takes longer than max_seconds (keeps slow CPU dtypes cheap); `models` and `ms`
+    pick the LLM-shaped GEMMs (model preset names, token counts M)."""
     dev = resolve_device(device)
     d = DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
     copy_bytes = copy_bytes or d["copy_bytes"]
     sizes = tuple(sizes or d["sizes"])
+    models = tuple(d["models"] if models is None else models)
+    ms = tuple(ms or d["ms"])
     warmup = d["warmup"] if warmup is None else warmup
     repeats = repeats or d["repeats"]
     if dev.type == "cuda":
         dev_name = torch.cuda.get_device_name(dev)
         l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)
-        progress(f"[calibrate] {dev_name}, L2 {l2 / 2**20:.0f} MiB, copy buffers "
-                 f"{copy_bytes / 2**30:.2f} GiB")
+        progress(f"[calibrate] {dev_name}, L2 {l2 / 2**20:.0f} MiB, stream buffers "
+                 f"{copy_bytes / 2**30:.2f} GiB each")
     else:
         dev_name = cpu_name()
         progress(f"[calibrate] {dev_name} ({torch.get_num_threads()} threads)")
-    bw, copy_secs = copy_bandwidth(dev, copy_bytes, warmup, repeats)
-    progress(f"[calibrate] copy: {bw / 1e12:.3f} TB/s (read + write, median of {repeats})")
-    raw: dict = {"copy": {"bytes_per_buffer": copy_bytes, "seconds": copy_secs,
-                          "bandwidth": bw}, "matmul": {}}
-    peaks: dict[str, float] = {}
+    raw: list[dict] = []
+    for kernel in STREAM_MOVES:
+        for dtype in STREAM_DTYPES:
+            r = stream_rate(dev, kernel, dtype, copy_bytes, warmup, repeats)
+            raw.append(r)
+            progress(f"[calibrate] {kernel} {r['dtype']}: {r['bytes_per_s'] / 1e12:.3f} TB/s")
+    shapes = gemm_shapes(sizes, models, ms)
     keys = ["bf16", "fp16", "tf32", "fp32"] if dev.type == "cuda" else ["bf16", "fp16", "fp32"]
     for key in keys:
-        best = 0.0
-        for size in sizes:
-            rate, med = matmul_rate(dev, key, size, warmup, repeats)
-            raw["matmul"][f"{key}_{size}"] = {"flops_per_s": rate, "median_s": med}
-            progress(f"[calibrate] {key} {size}^3: {rate / 1e12:.2f} TFLOP/s")
-            best = max(best, rate)
-            if med > max_seconds:
-                break
-        peaks[key] = best
-    if dev.type != "cuda":
-        peaks["tf32"] = peaks["fp32"]
+        for (m, k, n), what in shapes.items():
+            if what.startswith("square") and any(r["kind"] == "matmul" and r["dtype"] == key and
+                                        r["shape"].startswith("square") and r["median_s"] > max_seconds
+                                        for r in raw):
+                continue  # a smaller square already took too long
+            for layout in ("nn", "nt"):
+                r = {**matmul_rate(dev, key, m, k, n, layout, warmup, repeats), "shape": what}
+                raw.append(r)
+                progress(f"[calibrate] {key} {m}x{k}x{n} {layout} ({what}): "
+                         f"{r['flops_per_s'] / 1e12:.2f} TFLOP/s")
     sync(dev)
+    streams = [r for r in raw if r["kind"] == "stream"]
+    best_bw = max(streams, key=lambda r: r["bytes_per_s"])
+    best = {key: max((r for r in raw if r["kind"] == "matmul" and r["dtype"] == (
+        key if key in keys else "fp32")), key=lambda r: r["flops_per_s"])
+        for key in ("bf16", "fp16", "tf32", "fp32")}  # no tf32 on CPUs: the fp32 figure
+    ceilings_from = {key: f"matmul {r['M']}x{r['K']}x{r['N']} {r['layout']} ({r['shape']})"
+                     for key, r in best.items()}
+    ceilings_from["mem_bandwidth"] = (f"{best_bw['kernel']} {best_bw['dtype']}, "
+                                      f"{best_bw['buffer_bytes'] / 2**20:.0f} MiB buffers")
+    for key, r in best.items():
+        progress(f"[calibrate] ceiling {key}: {r['flops_per_s'] / 1e12:.1f} TFLOP/s, "
+                 f"{ceilings_from[key]}")
+    progress(f"[calibrate] ceiling mem_bandwidth: {best_bw['bytes_per_s'] / 1e12:.3f} TB/s, "
+             f"{ceilings_from['mem_bandwidth']}")
     date = dt.date.today().isoformat()
     timer = "CUDA events" if dev.type == "cuda" else "time.perf_counter"
-    method = (f"copy: dst.copy_(src) of {copy_bytes / 2**20:.0f} MiB float32 buffers of random "
-              f"data, bytes = read + written; matmul: torch.mm of random normal square matrices, "
-              f"sizes {list(sizes)}, peak = best median over sizes, FLOPs = 2n^3; {warmup} warm-up "
-              f"then {repeats} runs each timed with {timer}, median")
+    method = (
+        f"memory: max over streaming kernels of their median bytes/s -- copy (bytes = read + "
+        f"written), add a+b->c (2 reads + 1 write), sum (bytes read) -- in float32 and bfloat16, "
+        f"{copy_bytes / 2**20:.0f} MiB random buffers each; compute: per dtype, max over GEMMs of "
+        f"their median FLOP/s (FLOPs = 2MKN) -- squares {list(sizes)} and the projections (q/k/v/o, "
+        f"gate/up/down, fused qkv and gate_up) of {', '.join(models) or 'no model'} at M "
+        f"{list(ms)} -- each with W stored [K, N] (nn) and [N, K] (nt, as nn.Linear), torch.mm "
+        f"of random normal data, checked against float64; {warmup} warm-up then {repeats} runs "
+        f"each timed with {timer}, median; every median in `measurements`, the kernel behind "
+        f"each ceiling in `ceilings_from`")
     if dev.type == "cuda":
         method += " (runs queued behind torch.cuda._sleep: kernel time, not launch gaps)"
     else:
         method += "; CPU has no TF32: tf32 = the fp32 measurement"
     hw = {
         "name": f"{device_tag(dev)}-measured",
-        "peak_flops": {k: peaks[k] for k in ("bf16", "fp16", "tf32", "fp32")},
-        "mem_bandwidth": bw,
+        "peak_flops": {k: best[k]["flops_per_s"] for k in ("bf16", "fp16", "tf32", "fp32")},
+        "mem_bandwidth": best_bw["bytes_per_s"],
         "source": (f"measured by trace-roofline calibrate on {date} (torch {torch.__version__}, "
                    f"{dev_name})"),
         "device_name": dev_name,
         "device_names": [dev_name],  # trace deviceProperties names this file applies to
         "date": date,
         "method": method,
+        "ceilings_from": ceilings_from,
+        "measurements": [_public(r) for r in raw],
     }
-    return hw, raw
+    return hw, {"device_name": dev_name, "torch": torch.__version__, "date": date,
+                "measurements": raw}
