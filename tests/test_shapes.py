@@ -232,3 +232,17 @@ def test_views_and_allocations_move_nothing():
     c = one(ops)
     assert c["cost_kind"].tolist() == ["view", "view"]
     assert c["flops"].tolist() == [0, 0] and c["bytes"].tolist() == [0, 0]
+
+
+def test_triton_kernel_fusing_an_embedding_reads_only_the_gathered_rows():
+    # torch.compile'd HF decode (H200 trace): Inductor passes the whole [vocab, H] table to every
+    # kernel that recomputes the lookup; only the 4 indexed rows are read.
+    name = "triton_red_fused__to_copy_add_embedding_mean_mul_pow_rsqrt_0"
+    dims = [[1, 4], [152064, H], [H], [1, 4, H], [], []]
+    types = ["long int", BF, BF, BF, "Scalar", "Scalar"]
+    c = one([Op("input_norm", name, dims, types)]).iloc[0]
+    # index 4·8 B + rows 4·3584·2 B + weight 3584·2 B + output 4·3584·2 B
+    assert c["bytes"] == 4 * 8 + 4 * H * 2 + H * 2 + 4 * H * 2
+    # a Triton kernel without `embedding` in its name is charged every buffer in full
+    plain = one([Op("input_norm", name.replace("embedding_", ""), dims, types)]).iloc[0]
+    assert plain["bytes"] == 4 * 8 + 152064 * H * 2 + H * 2 + 4 * H * 2

@@ -307,7 +307,7 @@ def _dispatch(name: str, args: list[_Arg], causal: str, attention_bytes: str,
         return _attention(name, args, causal, attention_bytes)
     base = name.removeprefix("aten::")
     if base.startswith("triton_"):
-        return _fused(args)
+        return _fused(base, args)
     gemm = _GEMMS.get(base) if name.startswith("aten::") else None
     if gemm is not None:
         return gemm(args)
@@ -550,11 +550,23 @@ def _arange(args: list[_Arg]) -> Cost:
     return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
-def _fused(args: list[_Arg]) -> Cost:
-    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs)."""
+def _fused(name: str, args: list[_Arg]) -> Cost:
+    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs).
+
+    Inductor names a kernel after the aten ops it fuses. With `embedding` among them, the largest
+    2-D buffer is the table it gathers from: only the indexed rows are read (index elements x row
+    width), not the whole table, which Inductor passes to every kernel that recomputes the lookup.
+    """
     ts = _tensors(args)
     if not ts:
         return Cost(uncosted="triton kernel without tensor arguments")
+    index = [t for t in ts if t.dtype in ("int64", "int32")]
+    if "embedding" in name.split("_") and index:
+        table = max(ts, key=lambda t: t.numel)
+        if len(table.dims) == 2:
+            rows = sum(t.numel for t in index)
+            gathered = _Arg([min(rows, table.dims[0]), table.dims[1]], table.type, table.concrete)
+            ts = [gathered if t is table else t for t in ts]
     main = max(ts, key=lambda t: t.numel)
     return _io(main.numel, ts, 0, 1, "fused", main.dtype)
 
