@@ -106,7 +106,7 @@ def test_layer_matches_hf_qwen2_decoder_layer() -> None:
 
 
 def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
-    """--cache static: StaticCache writes by index_copy_, SDPA over every slot, same S each step."""
+    """--cache static: StaticCache writes by index_copy_, SDPA reads every slot each step."""
     pytest.importorskip("transformers")
     from trace_roofline import attribute, load_trace
     from workloads.cli import main
@@ -131,8 +131,10 @@ def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
     kv = a[a["operator"] == "kv_cache"]
     assert set(kv["op_name"]) == {"aten::index_copy_"}
     assert sorted(map(int, kv["layer"].unique())) == [0, 1] and kv["step"].nunique() == 2
-    assert main([*args[:-2], "--max-cache-len", "8", "--out", str(tmp_path)]) == 2  # no room for S
-    assert "max_cache_len 8 cannot hold 8 prompt tokens" in capsys.readouterr().err
+    assert main([*args[:-2], "--max-cache-len", "12", "--out", str(tmp_path)]) == 2
+    assert "max_cache_len 12 cannot hold 8 prompt tokens and 5 decoded" in capsys.readouterr().err
+    assert main(["hf-capture", "--phase", "prefill", "--cache", "static"]) == 2
+    assert "cache static is for decode" in capsys.readouterr().err
 
 
 def ranges(events: list[dict], name: str) -> list[dict]:

@@ -174,7 +174,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "hf-capture", help="unannotated trace of HF Qwen2ForCausalLM (needs transformers)")
+        "hf-capture", help="unannotated trace of HF Qwen2ForCausalLM (needs transformers)",
+        description="Profile HF transformers' Qwen2ForCausalLM (random init, no ranges of ours) "
+                    "at prefill or decode; writes OUT/hf-qwen2-<model>-<L>l_<phase>_b<B>_"
+                    "<t|s><T>[_static][_compiled][_stack]_<device>.json.gz.")
     p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
     p.add_argument("--model", default="qwen2.5-7b")
     p.add_argument("--layers", type=int, default=2)
@@ -185,6 +188,13 @@ def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="run the profiled steps through torch.compile(model)")
+    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="KV cache: HF's default DynamicCache, or a StaticCache (decode only; "
+                        "step i writes slot T + i by index_copy_)")
+    p.add_argument("--max-cache-len", type=int, default=None,
+                   help="StaticCache slots (default 2 x --tokens)")
     p.add_argument("--out", "-o", default="traces")
     p.set_defaults(func=hf_capture_command)
     return p
@@ -193,9 +203,14 @@ def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
 def hf_capture_command(args: argparse.Namespace) -> int:
     from workloads.hf_capture import capture
 
-    path = capture(args.phase, args.model, args.layers, args.batch, args.tokens, args.device,
-                   args.dtype, args.warmup, args.steps, args.with_stack, args.out,
-                   progress=_progress)
+    try:
+        path = capture(args.phase, args.model, args.layers, args.batch, args.tokens, args.device,
+                       args.dtype, args.warmup, args.steps, args.with_stack, args.out,
+                       progress=_progress, compile=args.compile, cache=args.cache,
+                       max_cache_len=args.max_cache_len)
+    except ValueError as e:
+        _progress(f"trace-roofline: error: {e}")
+        return 2
     print(path)
     return 0
 

@@ -6,6 +6,16 @@ the trace holds only what torch.profiler sees of HF code (plus nn.Module frames 
 with_stack=True). Prefill: each step is a forward over B x T fresh tokens. Decode: a T-token
 prefill outside the profiler, then each step feeds one greedy token with HF's default
 DynamicCache, so the key length grows by one every step (S = T + step).
+
+Variants (transformers' other decode paths, each a different trace schema):
+- compile=True: the steps run through torch.compile(model) (Triton kernels, fused cache writes);
+  the prompt prefill stays eager. With the DynamicCache, each decode step crops the cache back
+  by one token, so every step attends to T + 1 keys and the compiled graph keeps its shapes.
+- cache="static" (decode): a transformers StaticCache of max_cache_len slots (default 2 x T). The
+  prompt fills slots 0..T-1, step i writes its token into slot T + i by aten::index_copy_
+  (`cache_position` says which), and SDPA reads all max_cache_len slots under a mask: the same
+  shapes every step.
+With either, two decode steps run outside the profiler first (torch.compile compiles there).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,42 +66,69 @@ def build_model(spec: ModelSpec, layers: int, dtype: torch.dtype, device: torch.
 def capture(phase: str = "prefill", model: str = "qwen2.5-7b", layers: int = 2, batch: int = 1,
             tokens: int = 512, device: str | None = None, dtype: str = "bfloat16",
             warmup: int = 2, steps: int = 3, with_stack: bool = False, out: str = "traces",
-            seed: int = 0, progress: Callable[[str], None] = print) -> Path:
+            seed: int = 0, progress: Callable[[str], None] = print, *, compile: bool = False,
+            cache: str = "dynamic", max_cache_len: int | None = None) -> Path:
     """Profile HF prefill or decode steps; returns the written .json.gz path."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be dynamic or static, got {cache!r}")
+    static = cache == "static"
+    cache_len = max_cache_len or 2 * tokens
+    if static and phase != "decode":
+        raise ValueError("cache static is for decode (a prefill step makes its own cache)")
+    decoded = 2 + warmup + steps  # tokens written after the prompt
+    if static and cache_len < tokens + decoded:
+        raise ValueError(f"max_cache_len {cache_len} cannot hold {tokens} prompt tokens and "
+                         f"{decoded} decoded ones")
     spec = get_model(model)
     dev = resolve_device(device)
     tdt = DTYPES[dtype.lower()]
     t0 = time.perf_counter()
     progress(f"[hf] building Qwen2ForCausalLM ({model} shapes, {layers} layers, {tdt}) on {dev}")
     lm = build_model(spec, layers, tdt, dev, seed)
+    fwd = torch.compile(lm) if compile else lm
     gen = torch.Generator(device=dev).manual_seed(seed + 3000)
     ids = torch.randint(0, spec.vocab_size, (batch, tokens), generator=gen, device=dev)
     shape = f"t{tokens}" if phase == "prefill" else f"s{tokens}"
     stem = "_".join([f"hf-qwen2-{spec.name}-{layers}l", phase, f"b{batch}", shape]
+                    + (["static"] if static else []) + (["compiled"] if compile else [])
                     + (["stack"] if with_stack else []) + [device_tag(dev)])
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stem}.json.gz"
     state: dict = {}
+    kv = None
+    if static:
+        from transformers import StaticCache
+
+        kv = StaticCache(config=lm.config, max_cache_len=cache_len)
+    slots = torch.arange(cache_len, device=dev)  # [max_cache_len] StaticCache positions
+    state["pos"] = tokens  # the next decoded token's position
 
     @torch.inference_mode()
-    def prefill() -> None:
-        state["out"] = lm(input_ids=ids, use_cache=True)
+    def prefill(fn: Callable = lm) -> None:
+        at = {} if kv is None else {"past_key_values": kv, "cache_position": slots[:tokens]}
+        state["out"] = fn(input_ids=ids, use_cache=True, **at)
         sync(dev)
 
     @torch.inference_mode()
     def decode() -> None:
         nxt = state["out"].logits[:, -1:].argmax(-1)  # [B, 1] greedy token
-        state["out"] = lm(input_ids=nxt, past_key_values=state["out"].past_key_values,
-                          use_cache=True)
+        past = state["out"].past_key_values
+        pos = state["pos"]
+        at = {} if kv is None else {"cache_position": slots[pos:pos + 1]}  # [1], a view
+        state["out"] = fwd(input_ids=nxt, past_key_values=past, use_cache=True, **at)
+        if kv is not None:
+            state["pos"] = pos + 1
+        elif compile:
+            past.crop(-1)  # back to T cached keys: the next step has the same shapes
         sync(dev)
 
-    prefill()  # warm-up (and, for decode, the prompt's KV cache)
-    if phase == "prefill":
-        prefill()
-    step = prefill if phase == "prefill" else decode
+    prefill()  # warm-up (and, for decode, the prompt's KV cache), eager
+    step = partial(prefill, fwd) if phase == "prefill" else decode
+    for _ in range(2 if compile or static else int(phase == "prefill")):
+        step()  # warm-up outside the profiler; torch.compile compiles here
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -107,7 +145,9 @@ def capture(phase: str = "prefill", model: str = "qwen2.5-7b", layers: int = 2, 
         prof.add_metadata_json("trace_roofline_workload", json.dumps(
             {"kind": "hf_qwen2", "model": spec.name, "layers": layers, "phase": phase,
              "batch": batch, "tokens": tokens, "dtype": dtype, "warmup": warmup,
-             "steps": steps, "attn_implementation": "sdpa", "cache": "DynamicCache",
+             "steps": steps, "attn_implementation": "sdpa",
+             "cache": "StaticCache" if static else "DynamicCache",
+             "max_cache_len": cache_len if static else None, "compile": compile,
              "with_stack": with_stack}))
         for i in range(warmup + steps):
             step()
