@@ -844,6 +844,36 @@ def test_real_traces_exist():
     assert any(n.startswith("hf-") for n in names)
 
 
+@pytest.mark.parametrize("variant", ["compiled", "static", "static_compiled"])
+def test_hf_decode_compile_and_static_cache(variant):
+    """HF decode under torch.compile (DynamicCache) and/or with StaticCache (index_copy_ writes,
+    fused into Triton kernels when compiled): 2 steps x 2 whole layers, in order, nothing lost."""
+    path = SAMPLES / f"hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_{variant}_h200.json.gz"
+    tr = load_trace(path)
+    a = attribute(tr, get_model("qwen2.5-7b"))
+    assert_conserved(a, tr)
+    assert coverage(a)["fraction"] > 0.99
+    per = layer_ops(a)
+    assert set(per) == {(s, i) for s in (1, 2) for i in (0, 1)}, sorted(per)
+    assert all(ops >= SEPARATE for ops in per.values()), per
+    core = a[a["operator"].isin(SEPARATE)]
+    for (step, layer), g in core.groupby(["step", "layer"]):
+        # one instance of each of the 7 projections (split-K GEMMs bring a reduce kernel)
+        gemms = g[g["operator"] != "attention"]
+        assert gemms.groupby("operator")["op_id"].nunique().eq(1).all(), (step, layer)
+        if layer == 1:  # layer 0's core kernels all run before layer 1's
+            first = core[(core["step"] == step) & (core["layer"] == 0)]
+            assert (first["ts_us"] + first["dur_us"]).max() <= g["ts_us"].min()
+    if variant == "static":  # eager StaticCache: K and V written by index_copy_ in every layer
+        kv = a[a["operator"] == "kv_cache"]
+        assert set(kv["op_name"]) == {"aten::index_copy_"}
+        assert kv.groupby(["step", "layer"])["op_id"].nunique().to_dict() == {k: 2 for k in per}
+    else:  # compiled: norms, rope + cache write and silu·mul are Triton kernels, all named
+        tri = a[a["name"].str.startswith("triton_")]
+        assert {"input_norm", "post_attention_norm", "rope", "act"} <= set(tri["operator"])
+        assert tri.loc[tri["operator"] == "other", "dur_us"].sum() < 0.01 * a["dur_us"].sum()
+
+
 def test_gzip_and_plain_give_the_same_attribution(tmp_path):
     path = next(p for p in _layer_traces() if "decode" in p.name)
     plain = tmp_path / "t.json"

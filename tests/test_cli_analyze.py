@@ -130,3 +130,20 @@ def test_by_shape_places_each_m_of_the_sweep(tmp_path):
         op = ops[f"q_proj [{m},3584]x[3584,3584]"]
         assert op["intensity"] == pytest.approx(m * 3584 / (2 * m + 3584))
         assert op["bound"] == ("memory" if m <= 64 else "compute")
+
+
+@pytest.mark.parametrize("variant", ["compiled", "static", "static_compiled"])
+def test_hf_compile_and_static_cache_placements(tmp_path, variant):
+    path = tmp_path / "r.json"
+    trace = SAMPLES / f"hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_{variant}_h200.json.gz"
+    assert main(["analyze", str(trace), "--model", "qwen2.5-7b", "--attention-bytes", "kv",
+                 "--json", str(path)]) == 0
+    ops = {o["operator"]: o for o in json.loads(path.read_text())["operators"]
+           if o["layer"] is None}
+    for name in ("q_proj", "down_proj"):  # decode GEMMs read their weights once: I ≈ 1
+        assert ops[name]["bound"] == "memory"
+        assert ops[name]["intensity"] == pytest.approx(1.0, abs=0.01)
+    if "compiled" in variant:
+        # HF repeats K/V to all 28 heads when it passes SDPA a mask (StaticCache, compiled
+        # graphs), so the kernel reads n_q heads of K/V: I = n_q/n_kv = 1 under kv bytes, not 7
+        assert ops["attention"]["intensity"] == pytest.approx(1.0, abs=0.01)
