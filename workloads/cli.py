@@ -139,10 +139,11 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "calibrate", help="measure copy bandwidth and matmul peaks into a hardware JSON",
-        description="Measure device-to-device copy bandwidth (read + write) and bf16/fp16/tf32/"
-                    "fp32 matmul peaks (random data, warm-up, median of repeats), and write a "
-                    "hardware JSON that --hardware accepts.")
+        "calibrate", help="measure memory bandwidth and matmul peaks into a hardware JSON",
+        description="Measure the memory ceiling (best median of copy, add and sum streams on "
+                    "buffers far past the caches) and the bf16/fp16/tf32/fp32 matmul peaks "
+                    "(best median over square and LLM-projection GEMMs, random data, warm-up), "
+                    "and write a hardware JSON that --hardware accepts.")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
     p.add_argument("--out", "-o", default=None, help="JSON path (default: print to stdout)")
     p.add_argument("--sizes", type=_ints, default=None, help="square GEMM sizes, e.g. 4096,8192")
