@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,10 +114,39 @@ def test_bad_arguments(tmp_path):
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     (tmp_path / "keep.txt").write_text("user file")
-    with pytest.raises(InputError, match="cannot write outputs"):  # the second file cannot be made
-        write_files(tmp_path, {"a.csv": b"1", "no/such/dir.csv": b"2"})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
-    assert write_files(tmp_path, {"a.csv": b"1"}) == [tmp_path / "a.csv"]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.csv").mkdir()  # a directory where the second output should go
+    with pytest.raises(InputError, match="is a directory"):
+        write_files({tmp_path / "a.csv": b"1", tmp_path / "sub" / "b.csv": b"2"})
+    with pytest.raises(InputError, match="keep.txt: exists and is not a directory"):
+        write_files({tmp_path / "a.csv": b"1", tmp_path / "keep.txt" / "b.csv": b"2"})
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro").chmod(0o500)  # staging the second file fails after the first was staged
+    try:
+        if not os.access(tmp_path / "ro", os.W_OK):  # root ignores permissions
+            with pytest.raises(InputError, match="cannot write output"):
+                write_files({tmp_path / "a.csv": b"1", tmp_path / "ro" / "b.csv": b"2"})
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "ro", "sub"]
+    assert write_files({tmp_path / "a.csv": b"1"}) == [tmp_path / "a.csv"]
+    # created with the user's umask, not mkstemp's private 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.csv").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_outputs_are_all_or_nothing(tmp_path):
+    blocked = tmp_path / "r"
+    blocked.mkdir()
+    (blocked / "report.json").mkdir()  # one output path is taken by a directory
+    r = _cli("analyze", str(DECODE), "--out", str(blocked), "--json", str(tmp_path / "j.json"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["r", "report.json"]
+    for args in (["--json", str(tmp_path)], ["--out", str(DECODE)]):
+        r = _cli("analyze", str(DECODE), *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["r", "report.json"]
 
 
 def test_by_shape_places_each_m_of_the_sweep(tmp_path):
@@ -147,3 +177,15 @@ def test_hf_compile_and_static_cache_placements(tmp_path, variant):
         # HF repeats K/V to all 28 heads when it passes SDPA a mask (StaticCache, compiled
         # graphs), so the kernel reads n_q heads of K/V: I = n_q/n_kv = 1 under kv bytes, not 7
         assert ops["attention"]["intensity"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_directory_of_traces(tmp_path, capsys):
+    d = tmp_path / "tb"
+    d.mkdir()
+    for src in (DECODE, PREFILL):  # the tensorboard_trace_handler layout
+        (d / src.name.replace(".json.gz", ".pt.trace.json.gz")).write_bytes(src.read_bytes())
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(d), "--json", str(path)]) == 0
+    assert len(json.loads(path.read_text())["traces"]) == 2
+    r = _cli("analyze", str(DECODE), "--ncu", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -24,36 +24,36 @@ def read_json(path: str | Path) -> object:
         raise InputError(f"{p}: not valid JSON ({e})") from None
 
 
-def write_files(out_dir: str | Path, files: Mapping[str, bytes]) -> list[Path]:
-    """Write `files` (name -> content) into `out_dir` atomically; return the final paths.
+def write_files(files: Mapping[str | Path, bytes]) -> list[Path]:
+    """Write every file (path -> content) or none; return the final paths.
 
-    Every file is first written to a temporary sibling; only when all of them are on disk are they
-    renamed into place, so a failure leaves no partial or half-written outputs behind.
+    All targets are checked first (parent directory creatable, target not a directory). Each
+    file is then written to a hidden temporary sibling (created with the user's umask); only when
+    all of them are on disk are they renamed into place. Any failure removes what was staged and
+    raises an InputError, so no partial or half-written output is left behind.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: output path exists and is not a directory")
+    targets = {Path(path): data for path, data in files.items()}
+    for path in targets:
+        if path.is_dir():
+            raise InputError(f"{path}: is a directory, expected a file path")
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise InputError(f"{parent}: exists and is not a directory")
+                break
+    staged: list[tuple[Path, Path]] = []
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"{out}: cannot create output directory ({e.strerror})") from None
-    staged: list[tuple[str, Path]] = []
-    try:
-        for name, data in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out)
-            staged.append((tmp, out / name))
-            with os.fdopen(fd, "wb") as f:
+        for path, data in targets.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            staged.append((tmp, path))
+            with open(tmp, "xb") as f:
                 f.write(data)
+        for tmp, path in staged:
+            os.replace(tmp, path)
     except OSError as e:
         for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"{out}: cannot write outputs ({e.strerror})") from None
-    for tmp, final in staged:
-        os.replace(tmp, final)
-    return [final for _, final in staged]
-
-
-def write_file(path: str | Path, data: bytes) -> Path:
-    """Atomically write one file (temporary sibling, then rename)."""
-    p = Path(path)
-    return write_files(p.parent if str(p.parent) else ".", {p.name: data})[0]
+            tmp.unlink(missing_ok=True)
+        where = e.filename or next(iter(targets), "")
+        raise InputError(f"{where}: cannot write output ({e.strerror})") from None
+    return list(targets)

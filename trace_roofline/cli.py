@@ -10,9 +10,10 @@ import io
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from trace_roofline import calculator, costs
-from trace_roofline._files import write_file, write_files
+from trace_roofline._files import write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -63,22 +64,28 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     # Heavy imports (pandas, matplotlib) only for the commands that need them.
     from trace_roofline import plot, report
     from trace_roofline.pipeline import analyze_trace, operators_frame
-    from trace_roofline.trace import progress_bar
+    from trace_roofline.trace import load_traces, progress_bar
 
-    if len(args.ncu) > len(args.traces):
-        raise InputError(f"{len(args.ncu)} --ncu files for {len(args.traces)} traces (one per trace)")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
+        raise InputError(f"{out}: --out exists and is not a directory")
     model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
-    ncu = args.ncu + [None] * (len(args.traces) - len(args.ncu))
+    # A directory (tensorboard_trace_handler output) stands for every trace in it, by name.
+    traces = [t for path in args.traces
+              for t in (load_traces(path, progress_bar()) if Path(path).is_dir() else [path])]
+    if len(args.ncu) > len(traces):
+        raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
+    ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
     analyses = [
-        analyze_trace(path, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
+        analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
                       layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
-        for path, csv in zip(args.traces, ncu, strict=True)
+        for t, csv in zip(traces, ncu, strict=True)
     ]
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
     payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
-    outputs: dict[str, bytes] = {}
+    outputs: dict[Path, bytes] = {Path(args.json): payload} if args.json else {}
     if args.out:
         table = operators_frame(analyses)
         parquet = io.BytesIO()
@@ -87,19 +94,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         png, svg = io.BytesIO(), io.BytesIO()
         fig.savefig(png, format="png")
         fig.savefig(svg, format="svg")
-        outputs = {
-            "operators.csv": table.to_csv(index=False).encode(),
-            "operators.parquet": parquet.getvalue(),
-            "report.json": payload,
-            "report.md": report.markdown(analyses).encode(),
-            "roofline.png": png.getvalue(),
-            "roofline.svg": svg.getvalue(),
+        outputs |= {
+            out / "operators.csv": table.to_csv(index=False).encode(),
+            out / "operators.parquet": parquet.getvalue(),
+            out / "report.json": payload,
+            out / "report.md": report.markdown(analyses).encode(),
+            out / "roofline.png": png.getvalue(),
+            out / "roofline.svg": svg.getvalue(),
         }
-    if args.json:
-        write_file(args.json, payload)
     if outputs:
-        written = write_files(args.out, outputs)
-        text += f"\n\nwrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written)
+        written = write_files(outputs)
+        text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
 

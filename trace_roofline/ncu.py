@@ -102,6 +102,8 @@ def read_ncu_csv(path: str | Path) -> pd.DataFrame:
     ncu CSV, missing metrics, unknown units or unparseable values.
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, expected an ncu CSV file")
     if not p.is_file():
         raise InputError(f"{p}: no such file")
     if p.suffix == ".ncu-rep":
