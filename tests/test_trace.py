@@ -93,6 +93,26 @@ def test_cpu_ops_keep_raw_shapes_and_parse_lazily(gpu):
     assert ops["tid"].eq(100).all() and ops["external_id"].notna().all()
 
 
+
+def test_input_strides_carried_raw_like_input_dims(tmp_path):
+    """`Input Strides` becomes the raw-JSON column input_strides (a 0 stride marks a broadcast
+    dim); an op without it gets NA; attribute() passes it through to the op's kernels."""
+    from trace_roofline.attribute import attribute
+
+    doc = gpu_trace(1)
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[0]["args"]["Input Strides"] = [[1, 0], [3584, 1]]
+    del ops[1]["args"]["Input Strides"]
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    strides = tr.cpu_ops["input_strides"]
+    assert strides.iloc[0] == "[[1, 0], [3584, 1]]" and pd.isna(strides.iloc[1])
+    assert parse_dims(strides.iloc[:1]) == [[[1, 0], [3584, 1]]]
+    att = attribute(tr)
+    by_op = att.dropna(subset=["op_id"]).set_index("op_id")["input_strides"]
+    first, second = tr.cpu_ops["op_id"].iloc[:2]
+    assert by_op.loc[[first]].eq("[[1, 0], [3584, 1]]").all()
+    assert by_op.loc[[second]].isna().all()
+
 def test_runtime_flows_and_frames_link_up(gpu):
     _, tr = gpu
     kernels = tr.device[tr.device["kind"] == "kernel"]
@@ -315,6 +335,10 @@ def test_committed_traces_match_a_stdlib_reading(path):
             for e in ops]
     assert tr.cpu_ops["input_dims"].astype(object).where(tr.cpu_ops["input_dims"].notna(),
                                                           None).tolist() == dims
+    strides = [json.dumps(e["args"]["Input Strides"]) if "Input Strides" in e["args"] else None
+               for e in ops]
+    got = tr.cpu_ops["input_strides"].astype(object)
+    assert got.where(got.notna(), None).tolist() == strides
     runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     assert tr.runtime["correlation"].tolist() == [e["args"]["correlation"] for e in runtime]
     flows = [e for e in events if e.get("cat") == "ac2g"]

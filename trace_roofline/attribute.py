@@ -58,6 +58,7 @@ ATTRIBUTED_COLUMNS = {
     "input_dims": "str",  # raw JSON text of the op's Input Dims (parse with trace.parse_dims)
     "input_types": "str",
     "concrete_inputs": "str",
+    "input_strides": "str",  # raw JSON text of the op's Input Strides (0 = broadcast dim)
     "operator": "str",  # canonical operator, `linear[K×N]`, `other` or `unattributed`
     "layer": "Int64",
     "step": "Int64",  # N of the enclosing ProfilerStep#N
@@ -139,7 +140,8 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
     })
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
-                     ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs")):
+                     ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
+                     ("input_strides", "input_strides")):
         got = pd.Series(ops[col].array.take(idx, allow_fill=True)).astype(object)
         out[dst] = got.where(got.notna(), None).to_numpy()
     out["operator"] = operator.astype(object)

@@ -9,8 +9,8 @@ into zero-copy `Raw` slices, then decodes them in batches into GC-free Structs t
 the fields below (everything else in an event is skipped by the C decoder). Each batch is turned
 into columns at once with C-level `map`/`attrgetter`/`np.fromiter`; strings become categorical
 codes and the structs are freed before the next batch, so memory stays near the file size.
-Shape arrays (`Input Dims`, `Input type`, `Concrete Inputs`) stay raw JSON text; decode them
-lazily, for the rows that need them, with `parse_dims`.
+Shape arrays (`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON
+text; decode them lazily, for the rows that need them, with `parse_dims`.
 
 Schema variants handled (Kineto's ChromeTraceLogger, old and new, and HTA's test traces):
 - categories: kernel/Kernel, gpu_memcpy/Memcpy, gpu_memset/Memset, cpu_op/Operator,
@@ -86,6 +86,7 @@ CPU_OP_COLUMNS = {
     "input_dims": "category",  # raw JSON text, e.g. "[[1, 3584], [18944, 3584]]"
     "input_types": "category",  # raw JSON text, e.g. "[\"c10::BFloat16\", \"c10::BFloat16\"]"
     "concrete_inputs": "category",  # raw JSON text
+    "input_strides": "category",  # raw JSON text, e.g. "[[3584, 1], [1, 3584]]"
 }
 RUNTIME_COLUMNS = {
     "event_id": "int64",
@@ -189,6 +190,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     input_dims_legacy: msgspec.Raw = _raw("Input dims")
     input_types: msgspec.Raw = _raw("Input type")
     concrete_inputs: msgspec.Raw = _raw("Concrete Inputs")
+    input_strides: msgspec.Raw = _raw("Input Strides")
     python_id: _I64 | None = _f("Python id")
     python_parent_id: _I64 | None = _f("Python parent id")
 
@@ -299,6 +301,7 @@ _FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "input_dims": (("args.input_dims", "args.input_dims_legacy"), "raw"),
         "input_types": (("args.input_types",), "raw"),
         "concrete_inputs": (("args.concrete_inputs",), "raw"),
+        "input_strides": (("args.input_strides",), "raw"),
     },
     "runtime": {
         "name": (("name",), "str"),
