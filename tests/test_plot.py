@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.text import Text
-from roofline_fixtures import attributed, qwen_layer
+from roofline_fixtures import attributed, concat, qwen_layer
 
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -124,3 +124,26 @@ def test_without_hardware_there_is_no_roof(analyses):
     assert ax.get_lines() == []
     assert "no device given" in ax.get_title()
     assert not any("roof" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_one_whole_model_star_per_phase_of_a_mixed_trace(analyses):
+    pre = attributed(qwen_layer(QWEN, 2048, 2048, PRE), step=0)
+    dec = attributed(qwen_layer(QWEN, 1, 2048, DEC), step=1, first_event=1000, first_op=10_000,
+                     t0=5000.0)
+    mixed = analyze(concat(pre, dec), QWEN, H200, trace="generate")
+    fig = roofline_figure([mixed])
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.texts]
+    assert "whole model" not in names
+    assert names.count("whole model (prefill)") == 1 and names.count("whole model (decode)") == 1
+    legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(),
+                                              ax.get_legend().legend_handles, strict=True)}
+    assert legend["decode"].get_marker() == "o" and legend["prefill"].get_marker() == "s"
+    stars = [c for c in ax.collections if c.get_sizes()[0] == 320]
+    at = sorted(tuple(c.get_offsets()[0]) for c in stars)
+    want = sorted((w["intensity"], w["achieved_flops_per_s"]) for w in mixed.whole_by_phase.values())
+    assert np.allclose(at, want, rtol=1e-12)
+    # each star sits on its own phase's single-trace whole model
+    single = {a.trace: a.whole for a in analyses}
+    assert mixed.whole_by_phase["decode"]["intensity"] == single["decode"]["intensity"]
+    assert mixed.whole_by_phase["prefill"]["intensity"] == single["prefill"]["intensity"]

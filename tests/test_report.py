@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from roofline_fixtures import BF, Op, attributed, qwen_layer
+from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
 
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -117,3 +117,62 @@ def test_measured_intensity_column_when_ncu_bytes_are_joined(decode):
     q = next(line for line in text.splitlines() if line.startswith("q_proj "))
     assert q.split()[-1] == f"{(2 * 3584 * 3584 + 3584) / 51.4e6:.2f}"
     assert "ncu F/B" not in terminal_table([decode])
+
+
+@pytest.fixture(scope="module")
+def generate():
+    """One trace holding a prefill step, then a decode step (an HF `generate` profile)."""
+    pre = attributed(qwen_layer(QWEN, 512, 512), step=0)
+    dec = attributed(qwen_layer(QWEN, 1, 512, DUR), step=1, first_event=1000, first_op=10_000,
+                     t0=5000.0)
+    return analyze(concat(pre, dec), QWEN, H200, trace="generate.json.gz")
+
+
+def test_whole_model_by_phase_in_report_json(decode, generate):
+    d = report_dict([decode])
+    assert d["whole_model_by_phase"] == {"decode": d["whole_model"]}  # single phase: as before
+    g = report_dict([generate])
+    by_phase = g["whole_model_by_phase"]
+    assert list(by_phase) == ["prefill", "decode"]  # order of first appearance
+    for phase, w in by_phase.items():
+        assert set(w) >= WHOLE and w["phases"] == [phase]
+        assert w["intensity"] == pytest.approx(generate.whole_by_phase[phase]["intensity"])
+    # whole_model: the phase with the most device time (prefill: 512 tokens, default 1 µs/kernel
+    # vs decode's chosen durations)
+    longest = max(by_phase, key=lambda p: by_phase[p]["time_us"])
+    assert g["whole_model"] == by_phase[longest]
+    assert by_phase["prefill"]["intensity"] > 100 > 2 > by_phase["decode"]["intensity"]
+    json.dumps(g, allow_nan=False)
+
+
+def test_terminal_has_a_whole_model_line_per_phase(generate):
+    lines = terminal_table([generate]).splitlines()
+    whole = [line.split() for line in lines if line.startswith("whole model")]
+    assert [w[2] for w in whole] == ["prefill", "decode"]
+    for w in whole:
+        assert w[8] == f"{generate.whole_by_phase[w[2]]['intensity']:.2f}"
+        assert w[5] == "100.0"  # of the phase's device time
+    assert not any("decode/" in line or "/prefill" in line for line in lines)
+
+
+def test_markdown_reconciles_each_phase(generate):
+    md = markdown([generate])
+    sums = [row.split("|") for row in md.splitlines() if "| **sum** |" in row]
+    assert [s[1].strip() for s in sums] == ["prefill", "decode"]
+    for s in sums:
+        phase = s[1].strip()
+        assert s[3].strip() == "100.0%"
+        assert s[5].strip() == f"**{generate.whole_by_phase[phase]['intensity']:.4f}**"
+    rows = [r.split("|") for r in md.splitlines() if r.startswith("| **whole model** |")]
+    assert [r[2].strip() for r in rows] == ["prefill", "decode"]
+
+
+def test_above_roof_is_explained(decode):
+    md, text = markdown([decode]), terminal_table([decode])
+    for out in (md, text):  # k_proj: 3.7 MB in 0.2 µs
+        assert "served from L2" in out and "bytes counted too high" in out
+    ops = qwen_layer(QWEN, 1, 2048)
+    slow = analyze(attributed(qwen_layer(QWEN, 1, 2048, {o.operator: (100.0,) for o in ops})),
+                   QWEN, H200)
+    assert not slow.operators["exceeds_roof"].fillna(False).any()
+    assert "served from L2" not in markdown([slow]) + terminal_table([slow])

@@ -1,16 +1,17 @@
 """roofline: placements, whole model, reconciliation, extrapolation, on synthetic layers."""
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
+from roofline_fixtures import BF, F32, Op, attributed, concat, qwen_layer
 
 from trace_roofline import costs, roofline
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import get_hardware
+from trace_roofline.hardware import Hardware, get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.roofline import analyze, extrapolate, place, reconcile, whole_model
 from trace_roofline.shapes import attach_costs
@@ -305,3 +306,105 @@ def test_an_empty_trace_is_one_clear_error():
     empty = attributed(qwen_layer(QWEN, 1, 64)).iloc[0:0]
     with pytest.raises(InputError, match="empty.json: no kernels or timed ops"):
         analyze(empty, QWEN, H200, trace="empty.json")
+
+
+# ------------------------------------------------ traces holding prefill and decode steps
+def join(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Attributed tables of separate traces as one trace (an HF `generate` profile: a prefill
+    step, then decode steps): later frames get fresh step numbers, ids and start times."""
+    out, step, ids, t = [], 0, 0, 0.0
+    for f in frames:
+        f = f.assign(step=f["step"] - f["step"].min() + step, op_id=f["op_id"] + ids,
+                     event_id=f["event_id"] + ids, ts_us=f["ts_us"] - f["ts_us"].min() + t)
+        out.append(f)
+        step = int(f["step"].max()) + 1
+        ids = int(max(f["op_id"].max(), f["event_id"].max())) + 1
+        t = float((f["ts_us"] + f["dur_us"]).max()) + 50.0
+    return concat(*out)
+
+
+def assert_whole_per_phase(mixed, singles: dict) -> None:
+    """Each phase of `mixed` has the whole model of its own trace, reconciled within the phase."""
+    assert list(mixed.whole_by_phase) == list(singles)
+    for phase, single in singles.items():
+        w, ref = mixed.whole_by_phase[phase], single.whole
+        assert w["phases"] == [phase]
+        for key in ("flops", "bytes", "intensity", "time_us", "kernels", "achieved_flops_per_s",
+                    "pct_of_roof", "bound"):
+            assert w[key] == pytest.approx(ref[key], rel=1e-12), (phase, key)
+        rec = mixed.reconciliation[mixed.reconciliation["phase"] == phase]
+        assert math.fsum(rec["byte_share"]) == pytest.approx(1.0, rel=1e-14)
+        assert math.fsum(rec["contribution"]) == pytest.approx(w["intensity"], rel=1e-14)
+    assert mixed.whole is max(mixed.whole_by_phase.values(), key=lambda w: w["time_us"])
+
+
+def test_a_trace_with_both_phases_gets_a_whole_model_per_phase():
+    pre = attributed(qwen_layer(QWEN, 64, 64), step=0)
+    dec = attributed(qwen_layer(QWEN, 1, 64, DECODE_US), step=0)
+    mixed = analyze(join(pre, dec), QWEN, H200)
+    assert_whole_per_phase(mixed, {"prefill": analyze(pre, QWEN, H200),
+                                   "decode": analyze(dec, QWEN, H200)})
+    assert mixed.whole["phases"] == ["decode"]  # 127.5 µs of decode vs 32 µs of prefill
+
+
+def test_h200_prefill_then_decode_in_one_trace():
+    """The committed prefill T=512 and decode S=2048 traces joined: before, one blended line
+    said 180.79 FLOP/B while the phases' contributions summed to 278.95 and 1.05."""
+    from trace_roofline.attribute import attribute
+    from trace_roofline.pipeline import trace_hardware
+    from trace_roofline.trace import load_trace
+
+    paths = [SAMPLES / f"qwen2.5-7b_{n}_h200.json.gz" for n in ("prefill_b1_t512", "decode_b1_s2048")]
+    if not all(p.exists() for p in paths):
+        pytest.skip("H200 sample traces not committed")
+    traces = [load_trace(p) for p in paths]
+    hw = trace_hardware(traces[0])
+    pre, dec = (attribute(t, QWEN) for t in traces)
+    mixed = analyze(join(pre, dec), QWEN, hw, trace="generate.json")
+    singles = {"prefill": analyze(pre, QWEN, hw), "decode": analyze(dec, QWEN, hw)}
+    assert_whole_per_phase(mixed, singles)
+    assert mixed.whole_by_phase["prefill"]["intensity"] == pytest.approx(278.95, abs=0.01)
+    assert mixed.whole_by_phase["decode"]["intensity"] == pytest.approx(1.052, abs=0.001)
+    assert mixed.whole["phases"] == ["prefill"]  # 1505 µs of prefill vs 613 µs of decode
+    device = sum(t.device["dur_us"].sum() for t in traces)
+    assert math.fsum(w["time_us"] for w in mixed.whole_by_phase.values()) == pytest.approx(
+        device, rel=1e-12)
+
+
+# ---------------------------------------------------------------- peaks per dtype
+def hardware(peaks: dict[str, float]) -> Hardware:
+    return Hardware("lab-gpu", {k: v * 1e12 for k, v in peaks.items()}, 4.8e12, "test")
+
+
+def test_a_float_dtype_the_hardware_lacks_is_an_input_error(tmp_path):
+    path = tmp_path / "fp8_only.json"
+    path.write_text(json.dumps({"name": "fp8-only", "peak_flops": {"fp8": 1978.9e12},
+                                "mem_bandwidth": 4.8e12}))
+    fp8_only = get_hardware(str(path))
+    bf16 = attributed([Op("q_proj", "aten::mm", [[1, H], [H, H]], [BF, BF])])
+    with pytest.raises(InputError, match=r"^decode.json: hardware 'fp8-only' has no bf16 peak "
+                                         r"\(has: fp8\) .*add \"bf16\" to peak_flops"):
+        analyze(bf16, QWEN, fp8_only, trace="decode.json")
+    # no fp32 -> tf32 alias: the trace says fp32, and fp32 is what torch runs by default
+    fp32 = attributed([Op("q_proj", "aten::mm", [[64, H], [H, H]], [F32, F32])])
+    with pytest.raises(InputError, match=r"no fp32 peak \(has: bf16, tf32\)"):
+        analyze(fp32, QWEN, hardware({"bf16": 989.4, "tf32": 494.7}))
+    # a bf16 layer's RMSNorm computes in fp32: its roof needs the fp32 peak too
+    with pytest.raises(InputError, match="no fp32 peak"):
+        analyze(attributed(qwen_layer(QWEN, 1, 64)), QWEN, hardware({"bf16": 989.4}))
+    assert analyze(bf16, QWEN, hardware({"bf16": 989.4})).whole["bound"] == "memory"
+
+
+def test_dtypes_without_a_listable_peak_borrow_the_main_dtypes():
+    hw = hardware({"bf16": 989.4, "fp8": 1978.9})
+    ops = [Op("q_proj", "aten::mm", [[1, H], [H, H]], [BF, BF]),
+           Op("sampling/other", "aten::add", [[1024], [1024], []], ["long int", "long int", "Scalar"]),
+           Op("other", "aten::mul", [[64], [64]], ["double", "double"])]
+    t = analyze(attributed(ops), None, hw).operators
+    assert agg(t, "sampling/other")["peak_flops_per_s"] == 989.4e12
+    assert agg(t, "other")["peak_flops_per_s"] == 989.4e12  # fp64: no key a file can list
+    assert roofline.peak_key(hw, "int64", "bf16") == "bf16"
+    # no floating-point work at all: bf16's peak, else the highest listed
+    assert roofline.peak_key(hw, "int64", None) == "bf16"
+    assert roofline.peak_key(hardware({"fp16": 900.0, "fp8": 1800.0}), "int64", "int64") == "fp8"
+    assert roofline.peak_for(hw, "fp8") == 1978.9e12

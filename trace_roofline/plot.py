@@ -3,10 +3,11 @@
 Log-log axes: the memory slope I·B_mem and the compute roof P meet at the ridge I* = P/B_mem.
 One point per operator (aggregated over layers and steps) at (intensity, achieved FLOP/s); colour
 per trace, marker per phase (decode o, prefill s), marker area by share of device time; a star per
-trace for the whole model; a hollow triangle on the bottom edge for the intensity of the model
-extrapolated to its full depth (it has no measured time). Measured DRAM bytes (ncu), when present,
-add a hollow marker at the measured intensity joined to the analytical point. Labels are placed
-greedily so none overlap. Returns a Figure (Agg canvas); never shows or saves it.
+trace and phase for the whole model (ΣFLOPs/Σbytes of the phase); a hollow triangle on the bottom
+edge for the intensity of the model extrapolated to its full depth (it has no measured time).
+Measured DRAM bytes (ncu), when present, add a hollow marker at the measured intensity joined to
+the analytical point. Labels are placed greedily so none overlap. Returns a Figure (Agg canvas);
+never shows or saves it.
 """
 
 from __future__ import annotations
@@ -114,11 +115,12 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
             if _pos(mi):
                 p["mx"] = float(mi)
             points.append(p)
-        w = a.whole
-        if _pos(w.get("intensity")) and _pos(w.get("achieved_flops_per_s")):
-            points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
-                           "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,
-                           "label": "whole model"})
+        for phase, w in a.whole_by_phase.items():
+            if _pos(w.get("intensity")) and _pos(w.get("achieved_flops_per_s")):
+                label = "whole model" if len(a.whole_by_phase) == 1 else f"whole model ({phase})"
+                points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
+                               "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,
+                               "label": label})
         for e in a.extrapolated_whole.values():  # no time: marked on the bottom edge
             if _pos(e.get("intensity")):
                 points.append({"x": float(e["intensity"]), "y": None, "c": colour, "m": "^",
@@ -194,6 +196,11 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool) -> Non
         marker = PHASE_MARKERS.get(phases[0], "^") if len(phases) == 1 else "o"
         handles.append(Line2D([], [], ls="", marker=marker, color=colour, markersize=8,
                               label=f"{short_name(a.trace)} ({'/'.join(phases)})"))
+    mixed = sorted({p for a in analyses if a.operators["phase"].nunique() > 1
+                    for p in a.operators["phase"].dropna()})
+    for phase in mixed:  # a trace holding several phases: its colour alone does not say which
+        handles.append(Line2D([], [], ls="", marker=PHASE_MARKERS.get(phase, "^"), color="0.3",
+                              markersize=7, label=phase))
     handles.append(Line2D([], [], ls="", marker="*", color="0.3", markersize=12,
                           markeredgecolor="black", label="whole model (ΣFLOPs/Σbytes)"))
     if any(a.extrapolated_whole for a in analyses):

@@ -1,6 +1,19 @@
 """Reports of one or more analysed traces: terminal table text, the report.json dict, markdown.
 
 Library code: every function returns a string or a dict; the CLI prints and writes files.
+
+report.json, per trace (several traces go under `traces`): `trace`, `hardware` {name, dtype,
+peak_flops_per_s, bandwidth_bytes_per_s, ridge, source}, `model`, `conventions`, `coverage`,
+`operators` [{operator, layer, phase, ...}], `reconciliation` [{phase, operator, flops, bytes,
+intensity, byte_share, contribution}], and the whole model per phase: `whole_model_by_phase`
+{phase: {flops, bytes, intensity, time_us, costed_time_us, kernels, uncosted,
+achieved_flops_per_s, achieved_bytes_per_s, phases, [peak_flops_per_s, attainable_flops_per_s,
+pct_of_roof, bound]}}, phases in order of first appearance, always present; `whole_model` is the
+entry of the phase with the most device time (the only phase of a decode or prefill trace; its
+`phases` names it). A trace holding both phases (an HF `generate` profile) gets no blended
+figure: the reconciliation's contributions sum to each phase's ΣFLOPs/Σbytes. Also:
+`preset_mismatches`, `uncosted` {reason: instances}, with --ncu `ncu`, with --layers
+`extrapolated` {layers, whole_model {phase: {flops, bytes, intensity}}, operators}.
 """
 
 from __future__ import annotations
@@ -12,7 +25,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from trace_roofline.hardware import Hardware
-from trace_roofline.roofline import Analysis, main_dtype, peak_for
+from trace_roofline.roofline import Analysis, main_dtype, peak_key
 
 CONVENTION_TEXT = {
     "causal": {"causal": "causal attention counts only unmasked query-key pairs",
@@ -20,6 +33,11 @@ CONVENTION_TEXT = {
     "attention_bytes": {"all": "attention bytes = Q, K, V read + O written",
                         "kv": "attention bytes = K, V read only (the lesson's count)"},
 }
+# Marks an operator above its roof, and what that means.
+ABOVE_ROOF = "above roof"
+ABOVE_ROOF_NOTE = ("above roof: achieved beats the roof. Memory-bound: the analytical minimum bytes "
+                   "exceed the DRAM traffic that moved (reuse served from L2, or bytes counted too "
+                   "high); compute-bound: FLOPs counted too high or the peak understated.")
 # Keys of each report.json `operators` entry (the contract's first, then extras).
 OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "bytes",
                  "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
@@ -33,8 +51,8 @@ def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str,
     hw = hardware or a.hardware
     if hw is None:
         return None
-    dtype = main_dtype(a.costed) or "bf16"
-    peak = peak_for(hw, dtype)
+    dtype = peak_key(hw, main_dtype(a.costed))
+    peak = hw.peak_flops[dtype]
     return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
             "source": hw.source}
@@ -49,8 +67,8 @@ def conventions_line(a: Analysis) -> str:
 
 # ----------------------------------------------------------------------------- terminal
 def terminal_table(analyses: Sequence[Analysis], per_layer: bool = False) -> str:
-    """Compact text: per trace, operators by device time, the whole-model line, coverage,
-    conventions and hardware."""
+    """Compact text: per trace, operators by device time, a whole-model line per phase,
+    coverage, conventions and hardware."""
     return "\n\n".join(_terminal_one(a, per_layer) for a in analyses)
 
 
@@ -69,16 +87,19 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
              _hardware_line(a), f"conventions: {conventions_line(a)}",
              _head(width) + (f" {'ncu MB':>9} {'ncu/an':>6} {'ncu F/B':>8}" if measured else "")]
     for name, r in zip(names.to_numpy(), ops.itertuples(), strict=True):
-        flag = " ! above roof" if _flagged(r.exceeds_roof) else ""
+        flag = f" ! {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
         ncu = (f" {_fmt(r.measured_bytes, '.2f', 1e6):>9} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
                f" {_fmt(r.measured_intensity, '.2f'):>8}") if measured else ""
         lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
                           r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
                           r.pct_of_roof, r.bound, width) + ncu + flag)
-    w = a.whole
-    lines.append(_row("whole model", "/".join(w["phases"]), w["kernels"], w["time_us"], 1.0,
-                      w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
-                      w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"), width))
+    for phase, w in a.whole_by_phase.items():
+        lines.append(_row("whole model", phase, w["kernels"], w["time_us"], 1.0, w["flops"],
+                          w["bytes"], w["intensity"], w["achieved_flops_per_s"],
+                          w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"),
+                          width))
+    if _flagged(ops["exceeds_roof"].any()):
+        lines.append(f"! {ABOVE_ROOF_NOTE}")
     lines.append(_coverage_line(a))
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
@@ -155,6 +176,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "coverage": dict(a.coverage),
         "operators": _records(ops[cols]),
         "whole_model": dict(a.whole),
+        "whole_model_by_phase": {p: dict(w) for p, w in a.whole_by_phase.items()},
         "reconciliation": _records(a.reconciliation),
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
@@ -206,21 +228,29 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 "| GB/s | % of roof | bound |", "|" + "---|" * 12]
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
-            flag = " ⚠ above roof" if _flagged(r.exceeds_roof) else ""
+            flag = f" ⚠ {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
             out.append(_md_row(r.operator, r.phase, r.kernels, r.time_us, r.time_share, r.flops,
                                r.bytes, r.intensity, r.achieved_flops_per_s,
                                r.achieved_bytes_per_s, r.pct_of_roof, r.bound, flag))
-        w = a.whole
-        out.append(_md_row("**whole model**", "/".join(w["phases"]), w["kernels"], w["time_us"],
-                           1.0, w["flops"], w["bytes"], w["intensity"],
-                           w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
-                           w.get("pct_of_roof"), w.get("bound"), ""))
-        out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity", "",
+        for phase, w in a.whole_by_phase.items():
+            out.append(_md_row("**whole model**", phase, w["kernels"], w["time_us"], 1.0,
+                               w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
+                               w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"),
+                               ""))
+        if _flagged(ops["exceeds_roof"].any()):
+            out += ["", f"⚠ {ABOVE_ROOF_NOTE}"]
+        out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity, per phase", "",
                 "| phase | operator | byte share | intensity | contribution |", "|---|---|---|---|---|"]
-        for r in a.reconciliation.itertuples():
-            out.append(f"| {r.phase} | {r.operator} | {_pct(r.byte_share)} | "
-                       f"{_fmt(r.intensity, '.2f')} | {_fmt(r.contribution, '.4f')} |")
-        out.append(f"| | **sum** | 100% | | **{_fmt(a.whole['intensity'], '.4f')}** |")
+        for phase in a.whole_by_phase:
+            rec = a.reconciliation[a.reconciliation["phase"] == phase]
+            if rec.empty:
+                continue
+            for r in rec.itertuples():
+                out.append(f"| {phase} | {r.operator} | {_pct(r.byte_share)} | "
+                           f"{_fmt(r.intensity, '.2f')} | {_fmt(r.contribution, '.4f')} |")
+            # Column sums: 100% and the phase's ΣFLOPs/Σbytes (whole-model row above).
+            out.append(f"| {phase} | **sum** | {_pct(math.fsum(rec['byte_share']))} | | "
+                       f"**{_fmt(math.fsum(rec['contribution']), '.4f')}** |")
         if a.extrapolated is not None:
             out += ["", f"### Extrapolated to {a.layers} layers + embedding, final norm, lm_head"
                     " (one step)", "",

@@ -6,9 +6,16 @@ instances, attainable = min(P, I·B_mem) at the peak P of the operator's dtype, 
 % of roof is achieved / attainable, computed as achieved bytes/s / B_mem below the ridge (the same
 number when I > 0, and defined for 0-FLOP copies) and achieved FLOP/s / P above it.
 
-Whole model: ΣFLOPs / Σbytes is the byte-weighted mean of the operator intensities,
+Whole model, per phase (a trace may hold a prefill step and decode steps, as an HF `generate`
+profile does; their intensities differ by 100x and a blend of them describes neither):
+ΣFLOPs / Σbytes is the byte-weighted mean of the phase's operator intensities,
 Σ_i (bytes_i/Σbytes)·I_i; the time-weighted achieved rate Σ_i t_i·(F_i/t_i) / Σ_i t_i = ΣF/Σt.
-`reconcile` lists each operator's contribution bytes_i/Σbytes·I_i = F_i/Σbytes, which sum to it.
+`reconcile` lists each operator's contribution bytes_i/Σbytes·I_i = F_i/Σbytes, which sum to its
+phase's figure.
+
+Peaks: an operator's dtype picks the compute peak; a floating-point dtype the hardware lists no
+peak for is an InputError (never another dtype's roof). Integers, bool, fp64 and complex have no
+listable tensor peak and borrow the trace's main dtype's.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import pandas as pd
 
 from trace_roofline import costs
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware
+from trace_roofline.hardware import Hardware, dtype_key
 from trace_roofline.models import ModelSpec
 from trace_roofline.shapes import attach_costs, model_level_costs
 
@@ -46,7 +53,10 @@ OPERATOR_COLUMNS = {
     "attainable_flops_per_s": "float64",  # min(P, I·B_mem)
     "pct_of_roof": "float64",  # achieved / attainable, in percent
     "bound": "str",  # memory|compute
-    "exceeds_roof": "boolean",  # achieved > attainable: analytical bytes too low, or cache hits
+    # achieved > attainable. Memory-bound: the analytical minimum bytes exceed the DRAM traffic
+    # that moved (reuse served from L2, or bytes counted too high); compute-bound: FLOPs counted
+    # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
+    "exceeds_roof": "boolean",
 }
 
 # Operators outside the decoder layers (attribute.py gives them no layer): not scaled when a
@@ -76,13 +86,18 @@ class Analysis:
     conventions: dict[str, str]
     costed: pd.DataFrame  # shapes.COSTED_COLUMNS
     operators: pd.DataFrame  # OPERATOR_COLUMNS
-    whole: dict[str, object]
+    whole_by_phase: dict[str, dict[str, object]]  # phase -> whole_model(), phases by first start
     reconciliation: pd.DataFrame
     coverage: dict[str, float]
     layers: int | None = None  # the depth `extrapolated` scales to
     extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
     extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
     ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
+
+    @property
+    def whole(self) -> dict[str, object]:
+        """The whole model of the phase with the most device time (of the only phase, usually)."""
+        return max(self.whole_by_phase.values(), key=lambda w: w["time_us"])
 
 
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
@@ -97,12 +112,17 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
     costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
-    if by_shape:
-        shaped = costed.assign(operator=costed["operator"].where(
-            costed["shape"].isna(), costed["operator"] + " " + costed["shape"].astype(object)))
-        ops = place(shaped, hardware)
-    else:
-        ops = place(costed, hardware, measured=measured)
+    phases = costed.sort_values("ts_us", kind="stable")["phase"].unique().tolist()
+    try:
+        if by_shape:
+            shaped = costed.assign(operator=costed["operator"].where(
+                costed["shape"].isna(), costed["operator"] + " " + costed["shape"].astype(object)))
+            ops = place(shaped, hardware)
+        else:
+            ops = place(costed, hardware, measured=measured)
+        whole = {p: whole_model(ops[ops["phase"] == p], hardware) for p in phases}
+    except InputError as e:  # a floating-point dtype without a peak: name the trace too
+        raise InputError(f"{trace or 'trace'}: {e}") from None
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
@@ -112,7 +132,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     return Analysis(
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": causal, "attention_bytes": attention_bytes},
-        costed=costed, operators=ops, whole=whole_model(ops, hardware),
+        costed=costed, operators=ops, whole_by_phase=whole,
         reconciliation=reconcile(ops), coverage=coverage(costed),
         layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
     )
@@ -187,17 +207,39 @@ def main_dtype(table: pd.DataFrame) -> str | None:
     return str(flops.idxmax()) if len(flops) and flops.max() > 0 else None
 
 
+def peak_key(hardware: Hardware, dtype: str | None, main: str | None = None) -> str:
+    """The `hardware.peak_flops` key that rules `dtype`: its own for a floating-point dtype a
+    hardware file can list (bf16, fp16, fp32, tf32, fp8), an InputError when `hardware` lacks it;
+    for the rest (integers, bool, fp64, complex, none) `main`'s by the same rule, and with no
+    such `main` (no floating-point work) bf16's, else the highest listed."""
+    for d in (dtype, main):
+        key = _listable(d)
+        if key is None:
+            continue
+        if key not in hardware.peak_flops:
+            raise InputError(
+                f"hardware {hardware.name!r} has no {key} peak (has: "
+                f"{', '.join(hardware.peak_flops)}) for the {key} operators; add \"{key}\" to "
+                "peak_flops in a hardware JSON file (--hardware FILE)")
+        return key
+    if "bf16" in hardware.peak_flops:
+        return "bf16"
+    return max(hardware.peak_flops, key=hardware.peak_flops.__getitem__)
+
+
 def peak_for(hardware: Hardware, dtype: str | None, main: str | None = None) -> float:
-    """The hardware's peak for `dtype`; dtypes it has no peak for (integers, bool) use `main`'s,
-    then bf16's, then the highest peak listed."""
-    for d in (dtype, main, "bf16"):
-        if d is None:
-            continue
-        try:
-            return hardware.peak(d)
-        except InputError:
-            continue
-    return max(hardware.peak_flops.values())
+    """The compute peak that rules `dtype` (`peak_key`)."""
+    return hardware.peak_flops[peak_key(hardware, dtype, main)]
+
+
+def _listable(dtype: str | None) -> str | None:
+    """The peak key of a dtype a hardware file can list a peak for, else None."""
+    if dtype is None:
+        return None
+    try:
+        return dtype_key(dtype)
+    except InputError:
+        return None
 
 
 def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:
