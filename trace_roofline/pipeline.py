@@ -54,10 +54,11 @@ def analyze_trace(
     a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
                 attention_bytes=attention_bytes, layers=layers, by_shape=by_shape,
                 measured=ncu_csv.measured_by_operator(matched))
-    # Whole model: NaN unless every kernel was measured (a partial sum understates traffic).
+    # Whole trace (every phase): NaN unless every kernel was measured (a partial sum understates).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
+    flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
-               "whole_model_measured_intensity": float(a.whole["flops"]) / whole_bytes}
+               "whole_model_measured_intensity": flops / whole_bytes}
     return dataclasses.replace(a, ncu=summary)
 
 
