@@ -108,7 +108,7 @@ def machine() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    ap.add_argument("--source", type=lambda s: Path(s).resolve(), default=DEFAULT_SOURCE)
     ap.add_argument("--sizes", default="100,1000", help="target sizes in MB, comma separated")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--gzip", action="store_true", help="also time the .json.gz of each size")
