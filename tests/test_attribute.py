@@ -744,6 +744,72 @@ def test_torch_compile_triton_kernels(build):
     assert sorted(layer_ops(a)) == [(1, 0), (1, 1)]
 
 
+
+def test_triton_cache_store_and_kv_expansion_named_by_what_they_do(build):
+    """Inductor's decode order: K's kernel (rotates and stores into the cache), v_proj, V's
+    cache store, Q's RoPE kernel, then kernels on 4-D buffers only (K/V expanded to every
+    query head, the mask). Stores into a 4-D buffer and cats that append to a cache are
+    kv_cache wherever they sit, also when they rotate K on the way; the 4-D-only kernels are
+    attention (eager HF's repeat_kv copies are); a store without a cache-shaped buffer and a
+    RoPE kernel writing a fresh [1, 2, 1, 32] K are named by position (RoPE)."""
+    k = Kineto()
+    rope_tables = [[64, 32], [64, 32]]
+    tri = {
+        "krope_store": ("triton_poi_fused_add_cat_copy_mul_neg_slice_split_transpose_view_1",
+                        [[1, 64], *rope_tables, [1, 2, 64, 32], []], "kv_cache"),
+        "krope": ("triton_poi_fused_add_cat_mul_neg_2", [[1, 64], *rope_tables, [1, 2, 1, 32], []],
+                  "rope"),
+        "kcat": ("triton_poi_fused_add_cat_cos_mul_neg_sin_3",
+                 [[1, 2, 64, 32], [1, 64], [64, 1], [1, 2, 65, 32], []], "kv_cache"),
+        "flat": ("triton_poi_fused_copy_4", [[1, 64], [1, 64], []], "rope"),
+        "vstore": ("triton_poi_fused_copy_slice_transpose_view_5", [[1, 64], [1, 2, 64, 32], []],
+                   "kv_cache"),
+        "vcat": ("triton_poi_fused_cat_transpose_view_6", [[1, 2, 64, 32], [1, 64], [1, 2, 65, 32],
+                                                            []], "kv_cache"),
+        "qrope": ("triton_poi_fused__scaled_dot_product_flash_attention_add_cat_mul_neg_7",
+                  [[1, 256], *rope_tables, [1, 8, 1, 32], []], "rope"),
+        "expand": ("triton_poi_fused__scaled_dot_product_flash_attention_cat_clone_cos_expand_"
+                   "neg_sin_8", [[1, 2, 65, 32], [1, 8, 65, 32], []], "attention"),
+        "mask": ("triton_poi_fused_le_where_9", [[], [1, 1, 1, 65], []], "attention"),
+    }
+    with k.ann("ProfilerStep#1"), k.op("Torch-Compiled Region: 0/0"):
+        elementwise(k, "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0",
+                    [[1, 1, 256], [256], [1, 1, 256], [], []], "norm")
+        linear(k, 1, 256, 256, True)
+        linear(k, 1, 256, 64, True)
+        for key in ("krope_store", "krope", "kcat"):
+            elementwise(k, tri[key][0], tri[key][1], tri[key][0])
+        linear(k, 1, 256, 64, True)
+        for key in ("flat", "vstore", "vcat", "qrope", "expand", "mask"):
+            elementwise(k, tri[key][0], tri[key][1], tri[key][0])
+        with k.op("aten::_scaled_dot_product_flash_attention", [[1, 8, 1, 32]] * 3):
+            k.kernel("flash")
+        with k.op("aten::mm", [[1, 256], [256, 256], [1, 256]]):
+            k.kernel("gemm")
+    a = attribute(build(k), TINY)
+    by_kernel = dict(zip(a["name"], a["operator"], strict=True))
+    assert {key: by_kernel[name] for key, (name, _, _) in tri.items()} == {
+        key: want for key, (_, _, want) in tri.items()}
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*compiled*.json.gz")),
+                         ids=lambda p: p.name.removesuffix(".json.gz"))
+def test_compiled_traces_have_k_and_v_cache_writes_per_layer(path):
+    """Every committed torch.compile trace: in each (step, layer) two Triton kernels write the
+    K and V caches (each passed a [1, 4, S, 128] cache: n_kv x d = 512), Q's RoPE is a kernel
+    of its own, and no 4-D-only kernel is named RoPE."""
+    a = attribute(load_trace(path), get_model("qwen2.5-7b"))
+    layers = a[a["layer"].notna()]
+    pairs = set(zip(layers["step"], layers["layer"], strict=True))
+    kv = layers[layers["operator"] == "kv_cache"]
+    assert kv["name"].str.startswith("triton_poi_fused").all()
+    assert kv["input_dims"].str.contains(r"\[1, 4, \d+, 128\]").all()
+    assert kv.groupby(["step", "layer"])["op_id"].nunique().to_dict() == dict.fromkeys(pairs, 2)
+    rope = layers[layers["operator"] == "rope"]
+    assert set(zip(rope["step"], rope["layer"], strict=True)) == pairs
+    assert rope["input_dims"].str.contains(r"\[\d+(?:, \d+){0,2}\]").all()  # a 1-3-D buffer
+
+
 def test_module_frames_name_operators_and_layers(build):
     k = Kineto()
     qwen_model(k, layers=2, steps=1, modules=True)

@@ -13,6 +13,16 @@ Evidence, strongest first inside this module:
   Triton kernels, the aten ops the kernel name says it fuses): e.g. between o_proj and
   gate_proj a residual `add` then the norm; between the projections and attention the RoPE
   ops, then the KV-cache writes (cat / copy_ / index_copy_ after the last RoPE op).
+- Triton kernels between the projections and attention, by what they store, wherever they
+  sit (Inductor schedules V's cache store before Q's RoPE kernel):
+  - KV-cache write: a store (the name fuses copy, index_put, index_copy, scatter or
+    slice_scatter) with a 4-D [B, heads, S, d] buffer among its arguments, or a `cat` that
+    appends to the cache (DynamicCache: one 4-D argument is another grown along S). This
+    holds when the kernel also rotates K on the way (it fuses neg/cos/sin): one name per
+    kernel, and the cache traffic (the whole cache, for a cat) outweighs one token's RoPE.
+  - attention: every tensor argument 4-D (or 0-d), so no projection output is read: K/V
+    expanded to every query head, or SDPA's mask (eager HF's repeat_kv copies are attention).
+  - RoPE otherwise (Q's rotation, always a kernel of its own).
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ _TRITON_RE = re.compile(r"^triton_[a-z]+_fused")
 _TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
 _TOK_ROPE = re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)")
 _TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)")
+_TOK_CAT = re.compile(r"(?:^|_)cat(?:_|$)")
+_DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, heads, S, d]
 _TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
 
 
@@ -96,6 +108,8 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "kvwrite": base.isin(KV_WRITE_OPS) | (tri.str.contains(_TOK_KV)
                                               & ~tri.str.contains(_TOK_ROPE)),
         "kvonly": base.isin(KV_ONLY_OPS),
+        "tristore": tri.str.contains(_TOK_KV),
+        "tricat": tri.str.contains(_TOK_CAT),
         "act": base.isin(ACT_OPS) | tri.str.contains(_TOK_ACT),
         "softmax": base.isin(SOFTMAX_OPS),
         "bgemm": base.isin(BATCHED_GEMM_OPS),
@@ -104,7 +118,9 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
 
 def classify(inst: pd.DataFrame) -> pd.DataFrame:
     """Boolean op-family flags per instance, from its own op, the outermost op around it
-    (casts, cache writes and embeddings are recognised there) and Triton name tokens."""
+    (casts, cache writes and embeddings are recognised there), Triton name tokens and, for
+    Triton kernels, their 4-D arguments: a store into a cache-shaped buffer or a cat growing
+    one is a cache write (kvonly), a kernel on 4-D buffers only prepares attention."""
     op = per_value(inst["op_name"], _op_flags)
     top = per_value(inst["top_name"], _op_flags)
     either = ("attn", "emb", "normcore", "kvonly", "act", "softmax")
@@ -113,7 +129,30 @@ def classify(inst: pd.DataFrame) -> pd.DataFrame:
         out[col] = op[col] | top[col]
     out["cast"] = top["cast"]
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
-    return out
+    dims = per_value(inst["input_dims"], _dims_flags)
+    has4d, grows = dims["has4d"].to_numpy(dtype=bool), dims["grows"].to_numpy(dtype=bool)
+    out["kvonly"] |= (op["tristore"] & has4d) | (op["tricat"] & grows)
+    out["attnprep"] = op["triton"] & ~out["kvonly"] & dims["only4d"].to_numpy(dtype=bool)
+    return out.drop(columns=["tristore", "tricat"])
+
+
+def _dims_flags(dims: pd.Series) -> pd.DataFrame:
+    """Per distinct Input Dims text: has4d (some argument is 4-D), only4d (the others are 0-d
+    or no tensor), grows (a 4-D argument equals another but for a longer dim 2: a cache
+    [B, h, S, d] and the same cache with the new tokens appended)."""
+    text = dims.fillna("")
+    has4d = text.str.contains(_DIMS_4D)
+    rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
+    four = text.str.findall(_DIMS_4D)  # one Python pass per distinct text, not per event
+
+    def appended(found: list[str]) -> bool:
+        shapes = [tuple(int(v) for v in f.strip("[] ").split(",")) for f in found]
+        return any(a[:2] == b[:2] and a[3] == b[3] and b[2] > a[2]
+                   for a in shapes for b in shapes)
+
+    grows = [appended(f) if isinstance(f, list) and len(f) > 1 else False for f in four]
+    return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(r"\d"),
+                         "grows": pd.Series(grows, index=text.index, dtype=bool)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,6 +355,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         is_anchor,
         after_proj & (pos >= attn_core),
         after_proj & kv,
+        after_proj & F["attnprep"],
         after_proj & (pos > last_rope) & np.isin(Na, ["attention", "o_proj", ""]),
         after_proj,
         Pa == "attention",
@@ -332,9 +372,9 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         np.isin(Pa, ["", "embedding"]) & F["emb"],
     ]
     choices = [
-        anchor.fillna("").to_numpy(), "attention", "kv_cache", "attention", "rope", "attention",
-        "act", "residual", "input_norm", "input_norm", "embedding", "rope", "residual",
-        "post_attention_norm", "residual", "final_norm", "embedding",
+        anchor.fillna("").to_numpy(), "attention", "kv_cache", "attention", "attention", "rope",
+        "attention", "act", "residual", "input_norm", "input_norm", "embedding", "rope",
+        "residual", "post_attention_norm", "residual", "final_norm", "embedding",
     ]
     name = pd.Series(np.select(conds, choices, default="other"), index=inst.index, dtype="string")
     source = np.where(F["triton"] & ~is_anchor, "compile",
