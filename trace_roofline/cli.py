@@ -61,8 +61,7 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    # Heavy imports (pandas, matplotlib) only for the commands that need them.
-    from trace_roofline import plot, report
+    from trace_roofline import report
     from trace_roofline.pipeline import analyze_trace, operators_frame
     from trace_roofline.trace import load_traces, progress_bar
 
@@ -87,6 +86,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
     outputs: dict[Path, bytes] = {Path(args.json): payload} if args.json else {}
     if args.out:
+        from trace_roofline import plot  # matplotlib: only when a chart is written
+
         table = operators_frame(analyses)
         parquet = io.BytesIO()
         table.to_parquet(parquet, index=False)
