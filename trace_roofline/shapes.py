@@ -5,10 +5,15 @@ shape-carrying cpu op that launched them: a split-K GEMM's two kernels are one i
 instance is costed from the `Input Dims` / `Input type` the trace recorded, through the formulas
 of `trace_roofline.costs`. The model preset is only a cross-check (`check` names mismatches).
 
-The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs)
-combination and the costs are mapped back to the instances by factorised codes.
+The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
+input_strides) combination and the costs are mapped back to the instances by factorised codes.
 
 Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, costs.py):
+- Broadcast inputs: where `Input Strides` are recorded, an input is read as its distinct
+  elements, the product of its dims whose stride is not 0 (an `expand`ed [512, 3584] index with
+  strides [1, 0] reads 512 elements, HF's K/V expanded to n_q heads reads n_kv heads); outputs
+  are written in full. Applies wherever inputs are counted (elementwise, norms, reductions,
+  copies, gather indices, Triton buffers), not to GEMMs and attention.
 - GEMM: mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K], bias?);
   matmul (broadcast batch); bmm / baddbmm (batch x GEMM); _scaled_mm (fp8 in, out_dtype out).
   FLOPs 2·M·K·N (+ M·N for a bias add), costs.gemm_flops.
@@ -25,8 +30,19 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   Inputs when recorded), cat/stack (read and write every input), fill_/zero_/arange (write only),
   index_copy_/index_put_ (read source + index, write source-many elements), embedding /
   index_select / gather (read and write the gathered elements, plus the indices).
-- torch.compile Triton kernels (`triton_*` cpu ops carry every buffer argument): each argument
-  moved once; FLOPs 1 per element of the largest buffer (a placeholder of the right magnitude).
+- torch.compile Triton kernels (`triton_*` cpu ops carry every buffer argument, whole, even
+  when the kernel touches a slice of it: the KV cache and the cos/sin tables passed to a decode
+  RoPE kernel that rotates one token). Each buffer moves its distinct elements once, but at
+  most W of them, W being the kernel's work size: the points of its iteration space, which
+  Inductor passes as the last integer arguments (`Concrete Inputs`, after any symbolic sizes
+  ks0, ...): xnumel for `triton_poi_*`, xnumel·r0_numel for `triton_red_*`/`triton_per_*`;
+  a tiled kernel's ynumel (znumel) is included when only the longer product is some buffer's
+  size (`_work`). Each point loads or stores one element of
+  a buffer at one index (RoPE's rotate-half reads a second one of the same slice), so a
+  buffer cannot move more than W distinct elements. FLOPs: 1 per point, W (a placeholder of
+  the right magnitude). Without recorded sizes (`triton_tem_*` templates, old traces) every
+  buffer counts whole and FLOPs are the largest buffer's size. A kernel fusing `embedding`
+  reads only the gathered rows of the table (index elements × row width) in any case.
 - Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
 "none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns.
@@ -157,6 +173,7 @@ class _Arg:
     dims: list
     type: str
     concrete: str
+    strides: list | None = None  # Input Strides when recorded
 
     @property
     def is_tensor(self) -> bool:
@@ -165,6 +182,15 @@ class _Arg:
     @property
     def numel(self) -> int:
         return math.prod(self.dims)
+
+    @property
+    def distinct(self) -> int:
+        """Elements a read touches: a dim of stride 0 (broadcast, expand) repeats the same ones."""
+        st = self.strides
+        if (not isinstance(st, list) or len(st) != len(self.dims)
+                or not all(isinstance(v, int) for v in st)):
+            return self.numel
+        return math.prod(d for d, v in zip(self.dims, st, strict=True) if v != 0)
 
     @property
     def dtype(self) -> str:
@@ -179,8 +205,9 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
                  attention_bytes: str = "all") -> pd.DataFrame:
     """One row per op instance (`COSTED_COLUMNS`) with FLOPs and minimum bytes from its shapes.
 
-    `attributed` is attribute.attribute()'s table (one row per device row); an optional
-    `concrete_inputs` column (raw JSON) supplies is_causal and dtype arguments. `causal` is
+    `attributed` is attribute.attribute()'s table (one row per device row); optional
+    `concrete_inputs` and `input_strides` columns (raw JSON) supply is_causal, dtype and Triton
+    size arguments, and broadcast (stride-0) dims. `causal` is
     "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all" (Q, K, V read
     and O written) or "kv" (K and V only). Time is conserved: Σ time_us == Σ dur_us.
     """
@@ -191,14 +218,15 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         raise InputError(f"--attention-bytes must be one of "
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
-    text = ["op_name", "input_dims", "input_types", "concrete_inputs"]
+    text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]
     codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
     _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
-        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model)
-        for name, dims, types, conc in zip(*(combos[c].tolist() for c in text), strict=True)
+        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model, strides)
+        for name, dims, types, conc, strides in zip(*(combos[c].tolist() for c in text),
+                                                     strict=True)
     ]
     out = inst[["op_id", "op_name", "operator", "layer", "step", "kernels", "ts_us", "time_us"]]
     out = out.reset_index(drop=True)
@@ -224,6 +252,11 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise InputError(f"attributed table lacks columns {', '.join(missing)}")
     op_id = att["op_id"].astype("Int64")
+
+    def optional(col: str) -> np.ndarray:
+        return (att[col] if col in att
+                else pd.Series(None, index=att.index, dtype="object")).to_numpy()
+
     work = pd.DataFrame({
         "_inst": op_id.fillna(-1 - att["event_id"].astype("int64")).to_numpy(),
         "op_id": op_id.to_numpy(),
@@ -233,8 +266,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "op_name": att["op_name"].to_numpy(),
         "input_dims": att["input_dims"].to_numpy(),
         "input_types": att["input_types"].to_numpy(),
-        "concrete_inputs": (att["concrete_inputs"] if "concrete_inputs" in att
-                            else pd.Series(None, index=att.index, dtype="object")).to_numpy(),
+        "concrete_inputs": optional("concrete_inputs"),
+        "input_strides": optional("input_strides"),
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
@@ -242,11 +275,12 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     inst = g.agg(
         op_id=("op_id", "first"), op_name=("op_name", "first"),
         input_dims=("input_dims", "first"), input_types=("input_types", "first"),
-        concrete_inputs=("concrete_inputs", "first"), kernels=("dur_us", "size"),
+        concrete_inputs=("concrete_inputs", "first"),
+        input_strides=("input_strides", "first"), kernels=("dur_us", "size"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
     ).reset_index()
     inst = inst.sort_values("ts_us", kind="stable").reset_index(drop=True)
-    for col in ["op_name", "input_dims", "input_types", "concrete_inputs"]:
+    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]:
         inst[col] = inst[col].astype("object").where(inst[col].notna(), None)
     return inst
 
@@ -279,7 +313,7 @@ def _decode(raw: str | None) -> list | None:
 
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
-          model: ModelSpec | None) -> Cost:
+          model: ModelSpec | None, strides_raw: str | None = None) -> Cost:
     """Cost one unique combination (decodes its JSON once)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
@@ -287,7 +321,9 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
     if dims is None or types is None or len(dims) != len(types):
         return Cost(uncosted=f"{name}: no recorded shapes")
     concrete = _decode(concrete_raw) or []
-    args = [_Arg(d, str(t), str(concrete[i]) if i < len(concrete) else "")
+    strides = _decode(strides_raw) or []
+    args = [_Arg(d, str(t), str(concrete[i]) if i < len(concrete) else "",
+                 strides[i] if i < len(strides) else None)
             for i, (d, t) in enumerate(zip(dims, types, strict=True))]
     try:
         cost = _dispatch(name, args, causal, attention_bytes, fallback)
@@ -441,8 +477,9 @@ def _tensors(args: Sequence[_Arg]) -> list[_Arg]:
 
 def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: int, kind: str,
         dtype: str, extra_read_bytes: float = 0.0) -> Cost:
-    """Read every tensor in `reads` once, write `out_numel` elements of `out_b` bytes."""
-    nbytes = sum(costs.elementwise_bytes(r.numel, 0, r.b) for r in reads)
+    """Read every tensor in `reads` once (its distinct elements), write `out_numel` elements of
+    `out_b` bytes."""
+    nbytes = sum(costs.elementwise_bytes(r.distinct, 0, r.b) for r in reads)
     nbytes += costs.elementwise_bytes(0, out_numel, out_b) + extra_read_bytes
     shape = " ".join(str(r.dims) for r in reads) + f" -> {int(out_numel)}"
     return Cost(kind, float(flops), float(nbytes), dtype, shape)
@@ -509,14 +546,15 @@ def _index_write(op: str, args: list[_Arg]) -> Cost:
     written slots of `self` move."""
     ts = _tensors(args)
     dst, src = ts[0], ts[-1]
-    index_bytes = sum(costs.elementwise_bytes(t.numel, 0, t.b) for t in ts[1:-1])
+    index_bytes = sum(costs.elementwise_bytes(t.distinct, 0, t.b) for t in ts[1:-1])
     flops = float(src.numel) if op == "index_add" else 0.0
     return _io(flops, [src], src.numel, dst.b, "copy", dst.dtype, index_bytes)
 
 
 def _gather(base: str, args: list[_Arg]) -> Cost:
     """embedding(weight, ids) / index_select(self, dim, index) / gather(self, dim, index): read
-    and write the chosen elements, plus the indices."""
+    and write the chosen elements, plus the indices (their distinct elements: HF's gather passes
+    a [T, H] index expanded from T ids)."""
     ts = _tensors(args)
     table, index = ts[0], ts[1]
     if base == "embedding":
@@ -527,7 +565,7 @@ def _gather(base: str, args: list[_Arg]) -> Cost:
         dim = int(args[1].concrete or 0)
         rows = table.numel // table.dims[dim] * index.numel
     nbytes = costs.elementwise_bytes(rows, rows, table.b)
-    nbytes += costs.elementwise_bytes(index.numel, 0, index.b)
+    nbytes += costs.elementwise_bytes(index.distinct, 0, index.b)
     return Cost("copy", 0.0, nbytes, table.dtype, f"{table.dims}[{index.dims}] -> {rows}")
 
 
@@ -551,11 +589,12 @@ def _arange(args: list[_Arg]) -> Cost:
 
 
 def _fused(name: str, args: list[_Arg]) -> Cost:
-    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs).
+    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs), whole.
 
-    Inductor names a kernel after the aten ops it fuses. With `embedding` among them, the largest
-    2-D buffer is the table it gathers from: only the indexed rows are read (index elements x row
-    width), not the whole table, which Inductor passes to every kernel that recomputes the lookup.
+    Each buffer counts its distinct elements, at most the kernel's work size W (`_work`). With
+    `embedding` among the fused ops, the largest 2-D buffer is the table it gathers from: only
+    the indexed rows are read (index elements x row width), not the whole table, which Inductor
+    passes to every kernel that recomputes the lookup.
     """
     ts = _tensors(args)
     if not ts:
@@ -568,7 +607,38 @@ def _fused(name: str, args: list[_Arg]) -> Cost:
             gathered = _Arg([min(rows, table.dims[0]), table.dims[1]], table.type, table.concrete)
             ts = [gathered if t is table else t for t in ts]
     main = max(ts, key=lambda t: t.numel)
-    return _io(main.numel, ts, 0, 1, "fused", main.dtype)
+    work = _work(name, args, ts)
+    moved = [t.distinct if work is None else min(t.distinct, work) for t in ts]
+    nbytes = sum(costs.elementwise_bytes(n, 0, t.b) for n, t in zip(moved, ts, strict=True))
+    shape = " ".join(str(t.dims) for t in ts)
+    shape += f" over {work}" if work is not None else " (no sizes recorded)"
+    flops = work if work is not None else main.numel
+    return Cost("fused", float(flops), float(nbytes), main.dtype, shape)
+
+
+def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
+    """Points in a Triton kernel's iteration space, from the sizes Inductor passes last.
+
+    The trailing integer `Scalar` arguments end with the numels of the kernel's range trees:
+    xnumel (`poi`), xnumel, r0_numel (`red`, `per`); tiled kernels add ynumel (and znumel)
+    before xnumel, and symbolic sizes (ks0, ...) come first. The fewest trailing sizes (1 for
+    poi, 2 for red/per, at most 3) whose product is some buffer's size are taken; when none
+    is, the fewest. None for other kernels (templates) or when no sizes were recorded.
+    """
+    kind = name.removeprefix("triton_").split("_", 1)[0]
+    least = {"poi": 1, "red": 2, "per": 2}.get(kind)
+    sizes: list[int] = []
+    for a in reversed(args):
+        if a.type != "Scalar" or not a.concrete.isdigit():
+            break
+        sizes.insert(0, int(a.concrete))
+    if least is None or len(sizes) < least:
+        return None
+    numels = {t.numel for t in tensors}
+    for k in range(least, min(len(sizes), 3) + 1):
+        if math.prod(sizes[-k:]) in numels:
+            return math.prod(sizes[-k:])
+    return math.prod(sizes[-least:])
 
 
 # ---------------------------------------------------------------------- phase and checks
