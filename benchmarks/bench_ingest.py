@@ -1,9 +1,11 @@
 """Ingest benchmark: a real committed trace tiled to ~100 MB and ~1 GB, timed end to end.
 
-For each size it runs, each in a fresh process (wall time, peak RSS from wait4):
+For each size it runs, each in a fresh process (wall and CPU time, peak RSS of the largest
+process from wait4 and of the whole process tree, sampled, since big files fork a parse worker):
   load     trace_roofline.trace.load_trace(path)            (ingest alone)
   analyze  `trace-roofline analyze path` through cli.main   (ingest + attribution + costs +
            roofline + terminal report: whatever stages exist, via the public CLI)
+  load-serial, analyze-serial   the same with the parse worker disabled (one process)
   hta      HolisticTraceAnalysis 0.5.0 TraceAnalysis(trace_dir=...) on the same file, in a
            throwaway venv under benchmarks/data/ (skipped with a note if it cannot be set up)
 MB/s is uncompressed JSON megabytes (1e6 bytes) per wall second, including interpreter start
@@ -12,6 +14,7 @@ benchmarks/data/results.json; benchmarks/README.md records the figures.
 
     python benchmarks/bench_ingest.py                       # 100 MB and 1 GB, with HTA
     python benchmarks/bench_ingest.py --sizes 100 --no-hta  # quick
+    python benchmarks/bench_ingest.py --tools load,load-serial,analyze,analyze-serial --repeat 3
 """
 
 from __future__ import annotations
@@ -42,16 +45,38 @@ from tile import tile  # noqa: E402
 
 LOAD = "import sys; from trace_roofline.trace import load_trace; load_trace(sys.argv[1])"
 ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', sys.argv[1]]))"
+SERIAL = "import trace_roofline.trace as T; T.PARALLEL_MIN_BYTES = float('inf'); "  # one core
 STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
 HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
        "TraceAnalysis(trace_dir=sys.argv[1])")
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process plus all its descendants (from /proc, cheap to read).
+
+    A forked worker's copy-on-write pages that it still shares with its parent are counted in
+    both, so the sum is an upper bound on the tree's physical memory."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            total += int(f.read().split()[1]) * PAGE
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return total
+    return total + sum(tree_rss(c) for c in children)
+
+
 def measure(cmd: list[str], timeout: float) -> dict:
-    """Run cmd with stdout discarded: wall and CPU (user + sys) seconds, peak RSS (MB).
+    """Run cmd with stdout discarded: wall and CPU (user + sys, children included) seconds, peak
+    RSS of the largest process (MB, from wait4) and of the whole process tree (sampled).
 
     CPU seconds are what the work costs; wall seconds also count waiting for a core when the
     machine is shared (the load average is recorded with the results)."""
+    tree_peak = 0
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
@@ -64,6 +89,7 @@ def measure(cmd: list[str], timeout: float) -> dict:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 return {"ok": False, "note": f"timed out after {timeout:.0f} s"}
+            tree_peak = max(tree_peak, tree_rss(proc.pid))
             time.sleep(0.02)
         wall = time.perf_counter() - t0
         err.seek(0)
@@ -71,7 +97,8 @@ def measure(cmd: list[str], timeout: float) -> dict:
     rc = os.waitstatus_to_exitcode(status)
     out = {"ok": rc == 0, "wall_s": round(wall, 2),
            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-           "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+           "peak_rss_mb": round(usage.ru_maxrss / 1024),
+           "peak_tree_rss_mb": round(max(tree_peak, usage.ru_maxrss * 1024) / 2**20)}
     if rc != 0:
         out["note"] = f"exit {rc}: {tail[0] if tail else ''}"[:200]
     return out
@@ -113,9 +140,15 @@ def main() -> None:
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--gzip", action="store_true", help="also time the .json.gz of each size")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--tools", default="load,analyze,hta",
+                    help="any of load, analyze, hta, load-serial, analyze-serial (the last two "
+                         "force the one-process parse, for comparison)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (all recorded)")
     args = ap.parse_args()
+    wanted = set(args.tools.split(","))
 
-    py, hta_note = (None, "HTA skipped (--no-hta)") if args.no_hta else hta_python()
+    skip_hta = args.no_hta or "hta" not in wanted
+    py, hta_note = (None, "HTA skipped") if skip_hta else hta_python()
     startup = measure([sys.executable, "-c", STARTUP], 120)
     rows, results = [], {"machine": machine(), "source": str(args.source.relative_to(ROOT)),
                          "hta": hta_note, "startup": startup, "runs": []}
@@ -135,21 +168,26 @@ def main() -> None:
             files.append((gz, size))
         for file, raw_size in files:
             tools = [("load", [sys.executable, "-c", LOAD, str(file)]),
-                     ("analyze", [sys.executable, "-c", ANALYZE, str(file)])]
-            if py:
+                     ("analyze", [sys.executable, "-c", ANALYZE, str(file)]),
+                     ("load-serial", [sys.executable, "-c", SERIAL + LOAD, str(file)]),
+                     ("analyze-serial", [sys.executable, "-c", SERIAL + ANALYZE, str(file)])]
+            tools = [t for t in tools if t[0] in wanted]
+            if py and "hta" in wanted:
                 hta_dir = DATA / f"hta_{file.name}"
                 hta_dir.mkdir(exist_ok=True)
                 link = hta_dir / file.name
                 if not link.exists():
                     link.symlink_to(file)
                 tools.append(("hta", [py, "-c", HTA, str(hta_dir)]))
-            for tool, cmd in tools:
+            for tool, cmd in [t for t in tools for _ in range(args.repeat)]:
+                load = os.getloadavg()[0]
                 r = measure(cmd, args.timeout)
-                r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6), events=info["events"])
+                r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6), events=info["events"],
+                         load_avg=round(load, 2))
                 if r.get("wall_s"):
                     r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
                     r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
-                    r["rss_x_file"] = round(r["peak_rss_mb"] * 2**20 / raw_size, 2)
+                    r["rss_x_file"] = round(r["peak_tree_rss_mb"] * 2**20 / raw_size, 2)
                 results["runs"].append(r)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
@@ -157,13 +195,13 @@ def main() -> None:
     print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
           f"startup+imports {startup.get('wall_s')} s ({startup.get('cpu_s')} s CPU), "
           f"{startup.get('peak_rss_mb')} MB\n")
-    print("| file | MB | events | tool | wall s | CPU s | MB/s (wall) | MB/s (CPU) | peak RSS MB "
-          "| RSS / file |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| file | MB | events | tool | load avg | wall s | CPU s | MB/s (wall) | MB/s (CPU) "
+          "| peak RSS MB | tree RSS MB | tree RSS / file |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r["file"], r["mb"], r["events"], r["tool"]] + [
+        cells = [r["file"], r["mb"], r["events"], r["tool"], r["load_avg"]] + [
             r.get(k, "-") for k in ("wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s", "peak_rss_mb",
-                                    "rss_x_file")]
+                                    "peak_tree_rss_mb", "rss_x_file")]
         print("| " + " | ".join(map(str, cells)) + " |" + (f" {r['note']}" if "note" in r else ""))
 
 

@@ -2,8 +2,10 @@
 real trace."""
 
 import gzip
+import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -350,3 +352,172 @@ def test_committed_traces_match_a_stdlib_reading(path):
         assert tr.meta["device_properties"] == [] and len(tr.cpu_ops) > 0
     else:
         assert tr.meta["device_properties"][0]["name"] == "NVIDIA H200"
+
+
+# ----------------------------------------------------------------------------------------------
+# Two processes: big files fork a worker for the later events; the tables must not change
+# ----------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tile():
+    spec = importlib.util.spec_from_file_location("tile", ROOT / "benchmarks" / "tile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.tile
+
+
+def column_bits(s: pd.Series):
+    """Everything that defines a column: categories in order and codes, mask and values, bytes."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return s.cat.categories.tolist(), s.cat.codes.to_numpy().tobytes()
+    if str(s.dtype) == "Int64":
+        return s.isna().to_numpy().tobytes(), s.fillna(0).to_numpy("int64").tobytes()
+    return str(s.dtype), s.to_numpy().tobytes()
+
+
+def assert_identical(a, b):
+    assert a.meta == b.meta
+    for table in SCHEMAS:
+        x, y = getattr(a, table), getattr(b, table)
+        pd.testing.assert_frame_equal(x, y, check_exact=True)
+        for col in x.columns:
+            assert column_bits(x[col]) == column_bits(y[col]), (table, col)
+
+
+def children() -> list[str]:
+    pid = os.getpid()
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+@pytest.fixture
+def both(monkeypatch):
+    """load(path, parallel) -> Trace or the InputError message; counts forks in `forks`."""
+    forks = []
+    real_fork = os.fork
+
+    def fork():
+        forks.append(1)
+        return real_fork()
+
+    parent, spans, real_parse = os.getpid(), [], T._parse_events
+
+    def parse(p, buf, raws, lo, hi, *rest):
+        if os.getpid() == parent:
+            spans.append((lo, hi, len(raws)))
+        return real_parse(p, buf, raws, lo, hi, *rest)
+
+    monkeypatch.setattr(T.os, "fork", fork)
+    monkeypatch.setattr(T, "_parse_events", parse)
+    monkeypatch.setattr(T, "BATCH_EVENTS", 64)
+
+    def load(path, parallel: bool, fallback: bool = False):
+        monkeypatch.setattr(T, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 62)
+        before = len(forks)
+        spans.clear()
+        try:
+            out = load_trace(path)
+        except InputError as e:
+            out = str(e)
+        assert len(forks) - before == int(parallel)  # the worker ran (or not) as asked
+        assert children() == []  # and was reaped, also when the parent's half failed
+        # the parent decoded only its own share, unless the worker died (or it failed first)
+        assert len(spans) == 1 + fallback and (spans[0][1] < spans[0][2]) == parallel
+        return out
+
+    load.forks = forks
+    return load
+
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork") or T._cores() < 2,
+                                reason="the parallel parse needs fork and two cores")
+
+
+@needs_fork
+@pytest.mark.parametrize("source", ["qwen2.5-7b_decode_b1_s2048_h200.json.gz",
+                                    "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_stack_h200.json.gz",
+                                    "qwen-tiny_decode_b2_s64_l2_cpu.json.gz"])
+def test_parallel_parse_is_bit_identical_on_tiled_real_traces(tmp_path, both, source):
+    path = tmp_path / "tiled.json"
+    src = ROOT / "sample_traces" / source
+    _tile()(src, path, 3 * len(gzip.decompress(src.read_bytes())))
+    serial, parallel = both(path, False), both(path, True)
+    assert len(serial.device) + len(serial.cpu_ops) > 1000
+    assert_identical(serial, parallel)
+
+
+def _mixed_events() -> list:
+    """A GPU trace with bad, partly bad, legacy and late-first-seen events spread over it."""
+    doc = gpu_trace(steps=6)
+    events = doc["traceEvents"]
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5.0, "dur": 1.0,
+         "args": {"device": 0, "stream": 7, "correlation": 1, "External id": 2}}
+    bad = [dict(k, ts="12"), dict(k, dur=-1.0), dict(k, dur=1e20), dict(k, ph="B"), 7, None,
+           {kk: v for kk, v in k.items() if kk != "dur"},
+           {"ph": "s", "cat": "ac2g", "id": 3, "pid": 1, "tid": 1}]
+    partly = [dict(k, args={"External id": "abc"}), dict(k, pid=1.5), dict(k, args=[1])]
+    late = [dict(k, name="only_in_the_second_half", args={"grid": [9, 9, 9]}),
+            {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#99", "pid": 1, "tid": 1,
+             "ts": 9.0, "dur": 1.0, "args": {}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::late", "pid": 1, "tid": 1, "ts": 9.0,
+             "dur": 1.0, "args": {"Input Dims": [[7, 7]], "Input type": ["float"]}}]
+    n = len(events)
+    for i, e in enumerate(bad + partly):
+        events.insert((i * 37) % n, e)
+    events[-5:-5] = late
+    return doc
+
+
+@needs_fork
+def test_parallel_parse_is_bit_identical_with_skipped_and_bad_events(tmp_path, both):
+    doc = _mixed_events()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc).replace("Infinity", "1e400"))
+    serial, parallel = both(path, False), both(path, True)
+    assert serial.meta["skipped_events"] and serial.meta["events_with_dropped_fields"] == 3
+    assert "only_in_the_second_half" in serial.device["name"].cat.categories
+    assert_identical(serial, parallel)
+
+
+@needs_fork
+@pytest.mark.parametrize("where", [[0.9], [0.2], [0.2, 0.9]])
+def test_parallel_parse_reports_the_first_malformed_event(tmp_path, both, where):
+    """An event the decoder rejects (invalid UTF-8 in its name) in either half, or both: the
+    same one-line error, naming the first such event, and no worker left behind."""
+    doc = gpu_trace(steps=6)
+    n = len(doc["traceEvents"])
+    for frac in where:
+        doc["traceEvents"][int(frac * n)]["name"] = "BAD\u00ff"
+    data = json.dumps(doc, ensure_ascii=False).encode().replace("BAD\u00ff".encode(), b"BAD\xff")
+    path = tmp_path / "t.json"
+    path.write_bytes(data)
+    serial, parallel = both(path, False), both(path, True)
+    assert isinstance(serial, str) and f"traceEvents[{int(where[0] * n)}]" in serial
+    assert parallel == serial
+
+
+@needs_fork
+@pytest.mark.parametrize("how", ["exit", "raise"])
+def test_a_dying_worker_falls_back_to_the_serial_result(tmp_path, both, monkeypatch, how):
+    """A worker killed or crashing is not a failure: the parent decodes that half itself."""
+    parent = os.getpid()
+    real = T._parse_events
+
+    def parse(*args):
+        if os.getpid() != parent:
+            if how == "exit":
+                os._exit(9)
+            raise RuntimeError("boom")
+        return real(*args)
+
+    path = write(gpu_trace(steps=6), tmp_path / "t.json")
+    serial = both(path, False)
+    monkeypatch.setattr(T, "_parse_events", parse)
+    assert_identical(serial, both(path, True, fallback=True))
+
+
+def test_small_files_stay_in_one_process(tmp_path, monkeypatch):
+    forks = []
+    monkeypatch.setattr(T.os, "fork", lambda: forks.append(1))
+    load_trace(write(gpu_trace(steps=6), tmp_path / "t.json"))
+    assert forks == [] and T.PARALLEL_MIN_BYTES >= 1 << 20

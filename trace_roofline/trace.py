@@ -11,6 +11,12 @@ into columns at once with C-level `map`/`attrgetter`/`np.fromiter`; strings beco
 codes and the structs are freed before the next batch, so memory stays near the file size.
 Shape arrays (`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON
 text; decode them lazily, for the rows that need them, with `parse_dims`.
+Files of PARALLEL_MIN_BYTES or more use a second core (msgspec holds the GIL, so a process):
+after the split the parent forks one worker, which inherits the buffer and the slices
+copy-on-write, decodes the later half of the batches into its own columns and pipes them back
+(arrays plus each categorical column's values in first-seen order); the parent decodes the
+first half meanwhile and appends the worker's part, re-coded, so the tables, their category
+order, the skip counters and the first-bad-event error are exactly those of one process.
 
 Schema variants handled (Kineto's ChromeTraceLogger, old and new, and HTA's test traces):
 - categories: kernel/Kernel, gpu_memcpy/Memcpy, gpu_memset/Memset, cpu_op/Operator,
@@ -41,7 +47,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
+import signal
 import sys
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,6 +148,8 @@ SCHEMAS = {
 MAX_DUR_US = 86_400e6  # a duration longer than a day is corrupt, not a real event
 BATCH_EVENTS = 4096  # events per batch: bounds live Python objects, keeps them in cache
 PROGRESS_MIN_BYTES = 64 << 20  # progress_bar() stays silent below this file size
+PARALLEL_MIN_BYTES = 64 << 20  # from this much JSON on, a forked worker decodes part of it
+PARALLEL_SHARE = 0.5  # the parent's share of the events when it forks a worker
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); stage "read" | "parse"
 
@@ -513,15 +524,22 @@ def _parse_file(p: Path, progress: Progress | None) -> Trace:
         raise InputError(f"{p}: JSON nested too deeply") from None
     acc = _Accumulator()
     n = len(raws)
-    base = _address(buf)
-    batch = text = None
-    for start in range(0, n, BATCH_EVENTS):
-        batch = raws[start : start + BATCH_EVENTS]
-        text = _batch_text(buf, base, batch)
-        acc.add(_decode_batch(p, text, batch, start, acc), start)
-        if progress:
-            progress("parse", min(start + BATCH_EVENTS, n), n)
-    del raws, batch, text, buf
+    worker = _Worker.start(p, buf, raws) if _parallel(len(buf), n) else None
+    try:
+        mid = worker.lo if worker else n
+        _parse_events(p, buf, raws, 0, mid, acc, progress)
+        if worker:
+            part = worker.result()
+            if part is None:  # the worker died: do its share here, as the serial path would
+                _parse_events(p, buf, raws, mid, n, acc, None)
+            else:
+                acc.absorb(part)
+    finally:
+        if worker:
+            worker.close()
+    if progress:
+        progress("parse", n, n)
+    del raws, buf
     tables = acc.finish()
     if tables["device"].empty and tables["cpu_ops"].empty:
         skipped = sum(acc.skipped.values())
@@ -534,6 +552,94 @@ def _parse_file(p: Path, progress: Progress | None) -> Trace:
         events_with_dropped_fields=acc.partly_read,
     )
     return Trace(path=str(p), meta=meta, **tables)
+
+
+def _parse_events(p: Path, buf: bytearray, raws: list, lo: int, hi: int, acc: _Accumulator,
+                  progress: Progress | None) -> None:
+    """Decode raws[lo:hi] batch by batch into `acc` (batches start at multiples of BATCH_EVENTS)."""
+    base, n = _address(buf), len(raws)
+    for start in range(lo, hi, BATCH_EVENTS):
+        batch = raws[start : min(start + BATCH_EVENTS, hi)]
+        acc.add(_decode_batch(p, _batch_text(buf, base, batch), batch, start, acc), start)
+        if progress and start + BATCH_EVENTS < n:  # the caller reports the end
+            progress("parse", start + BATCH_EVENTS, n)
+
+
+# ----------------------------------------------------------------------------------------------
+# Two cores: a forked worker decodes the second half of the events
+# ----------------------------------------------------------------------------------------------
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _parallel(size: int, n: int) -> bool:
+    """Fork a worker for big files on a machine with a second core, from a single thread."""
+    return (size >= PARALLEL_MIN_BYTES and n > BATCH_EVENTS and hasattr(os, "fork")
+            and threading.active_count() == 1 and _cores() >= 2)
+
+
+class _Worker:
+    """A forked child that decodes raws[lo:] into its own _Accumulator and pickles the result
+    (arrays, category keys, counters) back through a pipe. It inherits `buf` and `raws`
+    copy-on-write, so nothing is copied to start it. Its outcome is one of: the part (merged in
+    file order by `_Accumulator.absorb`), an InputError message (raised here as is: the
+    parent's earlier half was clean, so it is the first bad event in the file), or nothing (it
+    died: the caller decodes that half itself)."""
+
+    def __init__(self, p: Path, pid: int, fd: int, lo: int):
+        self.p, self.pid, self.fd, self.lo = p, pid, fd, lo
+
+    @classmethod
+    def start(cls, p: Path, buf: bytearray, raws: list) -> _Worker | None:
+        # The parent takes the first share: it also frees the raw slices and builds the tables.
+        lo = max(1, round(len(raws) * PARALLEL_SHARE / BATCH_EVENTS)) * BATCH_EVENTS
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:  # pragma: no cover - runs in the child (coverage does not follow forks)
+            code = 1
+            try:
+                os.close(r)
+                acc = _Accumulator()
+                try:
+                    _parse_events(p, buf, raws, lo, len(raws), acc, None)
+                    out: tuple = ("part", acc.export())
+                except InputError as e:
+                    out = ("error", str(e))
+                with open(w, "wb") as f:
+                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        return cls(p, pid, r, lo)
+
+    def result(self) -> dict | None:
+        try:
+            with open(self.fd, "rb", closefd=False) as f:
+                kind, value = pickle.load(f)
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError):
+            return None
+        if kind == "error":
+            raise InputError(value)
+        return value
+
+    def close(self) -> None:
+        """Reap the child (killing it first if the parent gave up early) and close the pipe."""
+        os.close(self.fd)
+        try:
+            if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+        except ChildProcessError:  # pragma: no cover - already reaped
+            pass
 
 
 def _address(obj) -> int:
@@ -702,6 +808,20 @@ class _Interner:
     def codes(self, values, n: int) -> np.ndarray:
         return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, n)
 
+    def dense(self, chunks: list[np.ndarray]) -> tuple[list, np.ndarray]:
+        """(every value in first-seen order, the rows' codes into that list) to ship."""
+        keys = list(self.seen)
+        provisional = np.fromiter(self.seen.values(), np.int64, len(keys))
+        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int32)
+        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
+        return keys, lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+
+    def absorb(self, keys: list, codes: np.ndarray) -> np.ndarray:
+        """Codes from `dense()` of a later part of the file -> this interner's codes. New values
+        are appended in their first-seen order, so categories come out as a serial read's."""
+        mine = np.fromiter(map(self.seen.setdefault, keys, self.counter), np.int64, len(keys))
+        return mine[codes]
+
     def finish(self, chunks: list[np.ndarray]) -> pd.Categorical:
         keys = [k for k in self.seen if k is not None]
         provisional = np.fromiter((self.seen[k] for k in keys), np.int64, len(keys))
@@ -837,6 +957,41 @@ class _Accumulator:
                 out[gap] = _ints(list(compress(rows, gap.tolist())), getters[1])
             return out
         return self.interners[table, col].codes(map(getters[0], rows), len(rows))
+
+    def export(self) -> dict:
+        """Everything gathered so far, picklable: per table one concatenated chunk whose
+        categorical columns are (values, codes) pairs (see _Interner.dense)."""
+        tables = {}
+        for table, chunks in self.chunks.items():
+            if not chunks:
+                continue
+            part = {}
+            for col in chunks[0]:
+                parts = [c[col] for c in chunks]
+                if col == "raw":
+                    part[col] = self.raw_groups[table].interner.dense(parts)
+                elif (table, col) in self.interners:
+                    part[col] = self.interners[table, col].dense(parts)
+                else:
+                    part[col] = np.concatenate(parts)
+            tables[table] = part
+        return {"tables": tables, "skipped": self.skipped, "partly_read": self.partly_read}
+
+    def absorb(self, part: dict) -> None:
+        """Append an `export()` of the events that follow the ones added so far."""
+        for table, cols in part["tables"].items():
+            chunk = {}
+            for col, v in cols.items():
+                if col == "raw":
+                    chunk[col] = self.raw_groups[table].interner.absorb(*v)
+                elif (table, col) in self.interners:
+                    chunk[col] = self.interners[table, col].absorb(*v)
+                else:
+                    chunk[col] = v
+            self.chunks[table].append(chunk)
+        for reason, k in part["skipped"].items():
+            self.skipped[reason] += k
+        self.partly_read += part["partly_read"]
 
     def finish(self) -> dict[str, pd.DataFrame]:
         cols: dict[str, dict] = {}
