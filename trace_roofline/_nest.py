@@ -20,29 +20,41 @@ def to_ns(us: pd.Series | np.ndarray) -> np.ndarray:
 
 
 class KeySpace:
-    """One int code per (pid, tid) pair seen in any of the given tables (-1: unknown)."""
+    """One int code per (pid, tid) pair seen in any of the given tables (-1: unknown).
+
+    Profiler rows come in runs on one thread, so pairs are looked up once per run."""
 
     _NA = -(2**62)
 
     def __init__(self, *frames: pd.DataFrame, cols: tuple[str, str] = ("pid", "tid")):
-        pid = np.concatenate([self._ints(f[cols[0]]) for f in frames] or [np.zeros(0, np.int64)])
-        tid = np.concatenate([self._ints(f[cols[1]]) for f in frames] or [np.zeros(0, np.int64)])
+        firsts = [self._runs(self._ints(f[cols[0]]), self._ints(f[cols[1]]))[:2]
+                  for f in frames]
+        pid = np.concatenate([p for p, _ in firsts] or [np.zeros(0, np.int64)])
+        tid = np.concatenate([t for _, t in firsts] or [np.zeros(0, np.int64)])
         self._pids = pd.Index(pd.unique(pid))
         self._tids = pd.Index(pd.unique(tid))
         self._pairs = pd.Index(pd.unique(self._pair(pid, tid)))
 
     @classmethod
     def _ints(cls, s: pd.Series) -> np.ndarray:
-        s = pd.to_numeric(pd.Series(s), errors="coerce").astype("Int64")
-        return s.fillna(cls._NA).to_numpy(np.int64)
+        if not isinstance(s.dtype, pd.Int64Dtype):
+            s = pd.to_numeric(pd.Series(s), errors="coerce").astype("Int64")
+        return s.to_numpy(np.int64, na_value=cls._NA)
+
+    @staticmethod
+    def _runs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(a, b) at the start of each run of equal consecutive pairs, and each row's run."""
+        start = np.ones(len(a), dtype=bool)
+        start[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+        return a[start], b[start], np.cumsum(start) - 1
 
     def _pair(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         return self._pids.get_indexer(pid) * (len(self._tids) + 1) + self._tids.get_indexer(tid)
 
     def codes(self, pid: pd.Series, tid: pd.Series) -> np.ndarray:
-        a, b = self._ints(pid), self._ints(tid)
+        a, b, run = self._runs(self._ints(pid), self._ints(tid))
         c = self._pairs.get_indexer(self._pair(a, b))
-        return np.where((a == self._NA) | (b == self._NA), -1, c).astype(np.int64)
+        return np.where((a == self._NA) | (b == self._NA), -1, c).astype(np.int64)[run]
 
 
 class Nest:
@@ -50,26 +62,55 @@ class Nest:
 
     def __init__(self, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray):
         key = np.asarray(key, dtype=np.int64)
-        self._keep = np.flatnonzero(key >= 0)  # intervals on an unknown thread never match
-        start = np.asarray(start_ns, dtype=np.int64)[self._keep]
-        end = np.maximum(np.asarray(end_ns, dtype=np.int64)[self._keep], start + 1)  # 0 -> 1 ns
-        key = key[self._keep]
-        self.n = len(start)
-        lo, hi = (int(start.min()), int(end.max())) if self.n else (0, 0)
+        self._len = len(key)
+        keep = np.flatnonzero(key >= 0)  # intervals on an unknown thread never match
+        start = np.asarray(start_ns, dtype=np.int64)[keep]
+        end = np.maximum(np.asarray(end_ns, dtype=np.int64)[keep], start + 1)  # 0 -> 1 ns
+        key = key[keep]
+        lo, hi = (int(start.min()), int(end.max())) if len(keep) else (0, 0)
         self._lo, self._span = lo, hi - lo + 2
         if (int(key.max(initial=0)) + 1) * self._span >= 2**62:
             raise ValueError("trace too long or too many threads for interval nesting")
         s, e = self._flat(start, key), self._flat(end, key)
         # start ascending, then the longer first, then file order: a parent precedes its child
-        order = np.lexsort((np.arange(self.n), -e, s))
-        s_sorted, e_sorted = s[order], e[order]
-        depth_sorted = np.arange(self.n) - np.searchsorted(np.sort(e), s_sorted, side="right")
-        self.depth = np.full(len(np.asarray(start_ns)), -1, dtype=np.int64)
-        self.depth[self._keep[order]] = depth_sorted
-        self._levels = []
-        for d in range(int(depth_sorted.max(initial=-1)) + 1):
-            pos = np.flatnonzero(depth_sorted == d)
-            self._levels.append((s_sorted[pos], e_sorted[pos], self._keep[order[pos]]))
+        # (two stable sorts = lexsort; timsort is fast on profiler events, nearly in time order)
+        order = np.argsort(-e, kind="stable")
+        order = order[np.argsort(s[order], kind="stable")]
+        by_end = np.argsort(e, kind="stable")
+        self._build(keep[order], s[order], e[order], keep[by_end], e[by_end])
+
+    def _build(self, rows: np.ndarray, s: np.ndarray, e: np.ndarray, end_rows: np.ndarray,
+               ends: np.ndarray) -> None:
+        """Depths and levels from the intervals in start order (rows: constructor indices;
+        s, e: flat times) and the same intervals in end order (end_rows, ends)."""
+        self._sorted = (rows, s, e, end_rows, ends)
+        self.n = len(rows)
+        # depth = intervals opened before mine (in start order) not yet closed at my start
+        depth = np.arange(self.n) - np.searchsorted(ends, s, side="right")
+        self._depth = depth
+        # the intervals of one depth, in start order: disjoint, so one searchsorted answers
+        small = depth.astype(np.int16) if self.n and depth.max() < 2**15 else depth
+        by_depth = np.argsort(small, kind="stable")  # radix sort for int16
+        cuts = np.cumsum(np.bincount(depth, minlength=1))[:-1]
+        self._levels = [(s[p], e[p], rows[p]) for p in np.split(by_depth, cuts) if len(p)]
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Per constructor row: the number of enclosing intervals (-1: unknown thread)."""
+        out = np.full(self._len, -1, dtype=np.int64)
+        out[self._sorted[0]] = self._depth
+        return out
+
+    def subset(self, mask: np.ndarray) -> Nest:
+        """The Nest of the intervals where `mask` (over the constructor's arrays) holds, with
+        the same indices; built from this one's sorted arrays, without sorting again."""
+        mask = np.asarray(mask, dtype=bool)
+        out = object.__new__(Nest)
+        out._len, out._lo, out._span = self._len, self._lo, self._span
+        rows, s, e, end_rows, ends = self._sorted
+        a, b = mask[rows], mask[end_rows]
+        out._build(rows[a], s[a], e[a], end_rows[b], ends[b])
+        return out
 
     def _flat(self, t: np.ndarray, key: np.ndarray) -> np.ndarray:
         # offsets clipped to [-1, span-1]: a point outside every interval stays outside

@@ -17,6 +17,8 @@ shapes, except that everything inside an attention op belongs to the outermost o
 its mask preparation, cuDNN kernels and memsets, or a math fallback's bmm/softmax). So a
 split-K GEMM and its reduce, or an attention call, are one instance of one operator.
 Nesting is found with sorted arrays and `searchsorted` per depth (_nest.Nest), never per event.
+Names (kernels, ops, shapes, operators) stay categorical codes throughout: string work runs once
+per distinct value, and the `str` output columns are decoded from the codes at the end.
 
 Naming an op instance, strongest evidence first (`source` column):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
@@ -39,6 +41,8 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from trace_roofline import _naming
 from trace_roofline._nest import KeySpace, Nest, to_ns
@@ -94,6 +98,7 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunction|Pregraph bytecode|"
                          r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.)")
 _PS_PER_US = 1_000_000
+_TAKE_CHUNK = 1 << 15  # rows per arrow take when decoding a string column
 
 
 def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
@@ -115,25 +120,30 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     """Per unit: its instance's name, source and layer; a unit without an op has only the
-    range around it (or is unattributed)."""
+    range around it (or is unattributed). Strings stay categorical codes until the output."""
+    n = len(units)
     at = inst.index.get_indexer(units["op_idx"].to_numpy())
     has = at >= 0
-
-    def pick(col: str) -> np.ndarray:
-        vals = inst[col].to_numpy(dtype=object)
-        return vals[np.maximum(at, 0)] if len(vals) else np.full(len(at), None, dtype=object)
-
-    ann = units["ann_name"].to_numpy(dtype=object)
-    named = ~has & pd.notna(ann)
-    operator = np.where(has, pick("operator"), np.where(named, ann, UNATTRIBUTED))
-    source = np.where(has, pick("source"), np.where(named, "annotation", UNATTRIBUTED))
-    layer = pd.Series(np.where(has, pick("layer"), units["ann_layer"].to_numpy(dtype=object)))
-    layer = layer.where(~np.isin(operator, list(NON_LAYER | {UNATTRIBUTED})))
+    ann = units["ann_name"].array
+    named = ~has & (ann.codes >= 0)
+    (op, an, un), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                   _const(UNATTRIBUTED, n))
+    operator = np.where(has, op, np.where(named, an, un))
+    (src, an, un), src_cats = _unify(_take_cat(inst["source"].array, at),
+                                     _const("annotation", n), _const(UNATTRIBUTED, n))
+    source = np.where(has, src, np.where(named, an, un))
+    inst_layer = inst["layer"].array.take(at, allow_fill=True)
+    ann_layer = units["ann_layer"].array
+    no_layer = np.append(op_cats.isin(NON_LAYER | {UNATTRIBUTED}), True)[operator]
+    layer = pd.arrays.IntegerArray(
+        np.where(has, inst_layer.to_numpy(np.int64, na_value=0),
+                 ann_layer.to_numpy(np.int64, na_value=0)),
+        np.where(has, inst_layer.isna(), ann_layer.isna()) | no_layer)
     idx = units["op_idx"].to_numpy()
     out = pd.DataFrame({
         "event_id": units["event_id"].to_numpy(np.int64),
-        "name": units["name"].astype(str).to_numpy(dtype=object),
-        "kind": units["kind"].astype(str).to_numpy(dtype=object),
+        "name": _strings(units["name"]),
+        "kind": _strings(units["kind"]),
         "stream": pd.array(units["stream"], dtype="Int64"),
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
@@ -142,12 +152,11 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
                      ("input_strides", "input_strides")):
-        got = pd.Series(ops[col].array.take(idx, allow_fill=True)).astype(object)
-        out[dst] = got.where(got.notna(), None).to_numpy()
-    out["operator"] = operator.astype(object)
-    out["layer"] = pd.array(pd.to_numeric(layer), dtype="Float64").astype("Int64")
+        out[dst] = _strings(_take_cat(_categorical(ops[col]), idx))
+    out["operator"] = _strings(pd.Categorical.from_codes(operator, op_cats))
+    out["layer"] = layer
     out["step"] = pd.array(units["step"], dtype="Int64")
-    out["source"] = source.astype(object)
+    out["source"] = _strings(pd.Categorical.from_codes(source, src_cats))
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
@@ -194,6 +203,49 @@ def coverage(attributed: pd.DataFrame) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# String columns as categorical codes: str work once per distinct value, never per row
+# ----------------------------------------------------------------------------------------------
+def _categorical(values: pd.Series | pd.Categorical) -> pd.Categorical:
+    """A column as a Categorical (a no-op for the trace tables' category columns)."""
+    if isinstance(values, pd.Categorical):
+        return values
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.array
+    return pd.Categorical(values)
+
+
+def _take_cat(values: pd.Categorical, idx: np.ndarray) -> pd.Categorical:
+    """values[idx], missing where idx < 0."""
+    return values.take(idx, allow_fill=True)
+
+
+def _const(value: str, n: int) -> pd.Categorical:
+    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), [value])
+
+
+def _unify(*cols: pd.Categorical) -> tuple[list[np.ndarray], pd.Index]:
+    """The codes of several categoricals over one shared index of their categories."""
+    cats = pd.Index(np.concatenate([np.asarray(c.categories, dtype=object) for c in cols]))
+    cats = cats.unique()
+    codes = [np.append(cats.get_indexer(c.categories), -1)[c.codes] for c in cols]
+    return codes, cats
+
+
+def _strings(values: pd.Series | pd.Categorical) -> pd.api.extensions.ExtensionArray:
+    """A categorical column as the `str` dtype (missing -> NaN), decoding each category once.
+
+    Arrow's take grows its output by reallocation, which costs ~10x the copy on 100+ MB of
+    long kernel names; takes of bounded chunks joined by concat_arrays (sized once) do not."""
+    c = _categorical(values)
+    cats = pa.array(np.asarray(c.categories, dtype=object), type=pa.large_string())
+    codes = np.asarray(c.codes)
+    idx = pa.array(codes, mask=codes < 0)
+    parts = [pc.take(cats, idx.slice(i, _TAKE_CHUNK))
+             for i in range(0, max(len(codes), 1), _TAKE_CHUNK)]
+    return pd.array(pa.concat_arrays(parts), dtype="str")
+
+
+# ----------------------------------------------------------------------------------------------
 # Units and their launch points
 # ----------------------------------------------------------------------------------------------
 def _ps(dur_us: pd.Series) -> np.ndarray:
@@ -203,14 +255,18 @@ def _ps(dur_us: pd.Series) -> np.ndarray:
 
 def _by_category(col: pd.Series, flag) -> np.ndarray:
     """Evaluate a vectorised str predicate once per distinct value of a column."""
-    c = col.astype("category")
-    cats = pd.Series(c.cat.categories.astype(str))
-    return np.append(np.asarray(flag(cats), dtype=bool), False)[c.cat.codes.to_numpy()]
+    c = _categorical(col)
+    cats = pd.Series(c.categories.astype(str))
+    return np.append(np.asarray(flag(cats), dtype=bool), False)[c.codes]
+
+
+def _ints(col: pd.Series, fill: int) -> np.ndarray:
+    return col.astype("Int64").to_numpy(np.int64, na_value=fill)
 
 
 def _ops_frame(cpu_ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
     """cpu ops with ns bounds, thread key and per-op flags."""
-    ops = cpu_ops.reset_index(drop=True).copy()
+    ops = cpu_ops.reset_index(drop=True)  # a new frame (copy-on-write): cpu_ops stays as is
     ops["s"] = to_ns(ops["ts_us"])
     ops["e"] = ops["s"] + to_ns(ops["dur_us"])
     ops["key"] = keys.codes(ops["pid"], ops["tid"])
@@ -222,15 +278,13 @@ def _ops_frame(cpu_ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
 
 def _cpu_units(ops: pd.DataFrame) -> pd.DataFrame:
     """CPU-only trace: the top-level (outermost non-wrapper) cpu ops are the timed units."""
-    real = ~ops["wrapper"].to_numpy()
-    depth = np.full(len(ops), -1)
-    depth[real] = Nest(ops["s"].to_numpy()[real], ops["e"].to_numpy()[real],
-                       ops["key"].to_numpy()[real]).depth
-    top = np.flatnonzero(depth == 0)
+    key = np.where(ops["wrapper"].to_numpy(), -1, ops["key"].to_numpy())
+    top = np.flatnonzero(Nest(ops["s"].to_numpy(), ops["e"].to_numpy(), key).depth == 0)
     u = ops.iloc[top]
     return pd.DataFrame({
-        "event_id": u["op_id"].to_numpy(np.int64), "name": u["name"].astype(str).to_numpy(),
-        "kind": "cpu_op", "stream": pd.array([pd.NA] * len(u), dtype="Int64"),
+        "event_id": u["op_id"].to_numpy(np.int64), "name": _categorical(u["name"]),
+        "kind": _const("cpu_op", len(u)),
+        "stream": pd.arrays.IntegerArray(np.zeros(len(u), np.int64), np.ones(len(u), bool)),
         "ts_us": u["ts_us"].to_numpy(), "dur_us": u["dur_us"].to_numpy(),
         "op_idx": top, "top_idx": top, "t": u["s"].to_numpy(), "key": u["key"].to_numpy(),
     })
@@ -243,61 +297,80 @@ def _take(values: np.ndarray, idx: np.ndarray, fill) -> np.ndarray:
     return np.where(idx >= 0, values[np.maximum(idx, 0)], fill)
 
 
+def _lookup(values: np.ndarray, valid: np.ndarray, queries: np.ndarray, *,
+            unique: bool) -> np.ndarray:
+    """Per query, the row of `values` (among `valid` rows) equal to it: the first such row, or
+    with `unique` only a value held by exactly one row; -1 where none. Sort + searchsorted
+    (ids come nearly sorted, so the stable sort is cheap)."""
+    rows = np.flatnonzero(valid)
+    if not len(rows):
+        return np.full(len(queries), -1, dtype=np.int64)
+    rows = rows[np.argsort(values[rows], kind="stable")]
+    v = values[rows]
+    lo = np.searchsorted(v, queries, side="left")
+    hi = np.searchsorted(v, queries, side="right")
+    found = (hi - lo == 1) if unique else (hi > lo)
+    return np.where(found, rows[np.minimum(lo, len(rows) - 1)], -1)
+
+
 def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
     """Device rows with their launch point (thread key, ns), launching op and op instance."""
     dev = trace.device.reset_index(drop=True)
-    corr = dev["correlation"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    # correlation -> the runtime launch; else the flow start event with that id
-    rt = trace.runtime.dropna(subset=["correlation"]).drop_duplicates("correlation")
-    fl = trace.flows
-    fl = fl[fl["ph"].astype(str) == "s"].dropna(subset=["id"]).drop_duplicates("id")
-    ri = pd.Index(rt["correlation"].astype("int64")).get_indexer(corr)
-    fi = np.where(ri >= 0, -1, pd.Index(fl["id"].astype("int64")).get_indexer(corr))
+    corr = _ints(dev["correlation"], -1)
+    # correlation -> the (first) runtime launch; else the (first) flow start event with that id
+    rt, fl = trace.runtime, trace.flows
+    ri = _lookup(_ints(rt["correlation"], 0), rt["correlation"].notna().to_numpy(), corr,
+                 unique=False)
+    fl_start = (fl["ph"] == "s").to_numpy(dtype=bool) & fl["id"].notna().to_numpy()
+    fi = np.where(ri >= 0, -1, _lookup(_ints(fl["id"], 0), fl_start, corr, unique=False))
     has_pt = (ri >= 0) | (fi >= 0)
-    pt_key = np.where(ri >= 0, _take(keys.codes(rt["pid"], rt["tid"]), ri, -1),
-                      _take(keys.codes(fl["pid"], fl["tid"]), fi, -1))
-    pt_t = np.where(ri >= 0, _take(to_ns(rt["ts_us"]), ri, 0), _take(to_ns(fl["ts_us"]), fi, 0))
-    # External id of the kernel (else of its runtime launch) -> the launching cpu op
-    ext = dev["external_id"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    rt_ext = _take(rt["external_id"].astype("Int64").fillna(-1).to_numpy(np.int64), ri, -1)
-    ext = np.where(ext > 0, ext, rt_ext)
-    op_ext = ops["external_id"].astype("Int64")
-    unique = (~op_ext.duplicated(keep=False) & op_ext.notna() & (op_ext > 0)).to_numpy()
-    ext_pos = pd.Index(op_ext[unique].astype("int64")).get_indexer(ext)
-    launch = np.where((ext > 0) & (ext_pos >= 0), _take(np.flatnonzero(unique), ext_pos, -1), -1)
+
+    def at(table: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(thread key, ns) of the given rows of a table (-1, 0 where rows < 0)."""
+        pid, tid = (table[c].array.take(rows, allow_fill=True) for c in ("pid", "tid"))
+        return keys.codes(pid, tid), to_ns(_take(table["ts_us"].to_numpy(np.float64), rows, 0))
+
+    (rt_key, rt_t), (fl_key, fl_t) = at(rt, ri), at(fl, fi)
+    pt_key, pt_t = np.where(ri >= 0, rt_key, fl_key), np.where(ri >= 0, rt_t, fl_t)
+    # External id of the kernel (else of its runtime launch) -> the launching cpu op, when one
+    # op alone carries it
+    ext = _ints(dev["external_id"], -1)
+    ext = np.where(ext > 0, ext, _take(_ints(rt["external_id"], -1), ri, -1))
+    op_ext = _ints(ops["external_id"], -1)
+    launch = np.where(ext > 0, _lookup(op_ext, op_ext > 0, ext, unique=True), -1)
     s, e, k = ops["s"].to_numpy(), ops["e"].to_numpy(), ops["key"].to_numpy()
-    by_time = Nest(s, e, k).innermost(pt_t, pt_key)
-    launch = np.where(launch < 0, np.where(has_pt, by_time, -1), launch)
+    nest = Nest(s, e, k)
+    by_time = np.flatnonzero((launch < 0) & has_pt)
+    launch[by_time] = nest.innermost(pt_t[by_time], pt_key[by_time])
     # the launch point: the runtime call when it lies inside the launching op, else the op start
     linked = launch >= 0
     ls, le, lk = _take(s, launch, 0), _take(e, launch, 0), _take(k, launch, -1)
     inside = has_pt & linked & (pt_key == lk) & (pt_t >= ls) & (pt_t < le)
     t = np.where(inside, pt_t, np.where(linked, ls, pt_t))
     key = np.where(linked, lk, np.where(has_pt, pt_key, -1))
-    op_idx = _instance_op(ops, t, key, launch)
-    real = np.flatnonzero(~ops["wrapper"].to_numpy())
-    top = Nest(s[real], e[real], k[real]).outermost(t, key)
+    op_idx = _instance_op(ops, nest, t, key, launch)
+    top = nest.subset(~ops["wrapper"].to_numpy()).outermost(t, key)
     return pd.DataFrame({
-        "event_id": dev["event_id"].to_numpy(np.int64), "name": dev["name"],
-        "kind": dev["kind"], "stream": dev["stream"], "ts_us": dev["ts_us"],
+        "event_id": dev["event_id"].to_numpy(np.int64), "name": _categorical(dev["name"]),
+        "kind": _categorical(dev["kind"]), "stream": dev["stream"], "ts_us": dev["ts_us"],
         "dur_us": dev["dur_us"], "op_idx": op_idx,
-        "top_idx": np.where(top >= 0, _take(real, top, -1), op_idx), "t": t, "key": key,
+        "top_idx": np.where(top >= 0, top, op_idx), "t": t, "key": key,
         "dev_pid": dev["pid"], "dev_stream": dev["stream"], "ts_ns": to_ns(dev["ts_us"]),
     })
 
 
-def _instance_op(ops: pd.DataFrame, t: np.ndarray, key: np.ndarray,
+def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
     """The outermost attention op around the launch point (SDPA and everything it launches,
     mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
     shape-carrying op, else the launching op itself; -1 for unlinked units."""
     out = launch.copy()
     for flag, outermost in (("shaped", False), ("attn", True)):  # later wins
-        m = np.flatnonzero(ops[flag].to_numpy())
-        if len(m):
-            nest = Nest(ops["s"].to_numpy()[m], ops["e"].to_numpy()[m], ops["key"].to_numpy()[m])
-            hit = nest.outermost(t, key) if outermost else nest.innermost(t, key)
-            out = np.where(hit >= 0, _take(m, hit, -1), out)
+        m = ops[flag].to_numpy()
+        if m.any():
+            sub = nest.subset(m)
+            hit = sub.outermost(t, key) if outermost else sub.innermost(t, key)
+            out = np.where(hit >= 0, hit, out)
     return np.where(launch >= 0, out, -1)
 
 
@@ -316,79 +389,84 @@ def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
     around its launch point; unlinked device rows use gpu_user_annotation ranges around them
     on their stream, and for the step any CPU ProfilerStep range around their start."""
     n = len(units)
-    per_name = _naming.per_value(ann["name"], lambda u: pd.DataFrame({
-        "name": _canonical(u),
-        "layer": pd.to_numeric(u.str.extract(_LAYER_RE, expand=False), errors="coerce"),
-        "step": pd.to_numeric(u.str.extract(_STEP_RE, expand=False), errors="coerce"),
-    }))
+    # the facts of each distinct range name, then per range row by its code
+    names = _categorical(ann["name"])
+    u = pd.Series(np.asarray(names.categories, dtype=object), dtype="string")
+    canon = _categorical(_canonical(u))
     facts = {
-        "name": per_name["name"].to_numpy(dtype=object),
-        "layer": per_name["layer"].to_numpy(dtype="float64"),
-        "step": per_name["step"].to_numpy(dtype="float64"),
+        "name": np.append(canon.codes, -1)[names.codes],
+        "layer": np.append(pd.to_numeric(u.str.extract(_LAYER_RE, expand=False),
+                                         errors="coerce").to_numpy("float64", na_value=np.nan),
+                           np.nan)[names.codes],
+        "step": np.append(pd.to_numeric(u.str.extract(_STEP_RE, expand=False),
+                                        errors="coerce").to_numpy("float64", na_value=np.nan),
+                          np.nan)[names.codes],
     }
-    gpu = ann["cat"].astype(str).str.lower().eq("gpu_user_annotation").to_numpy()
+    missing = {"name": lambda v: v < 0, "layer": np.isnan, "step": np.isnan}
+    gpu = _by_category(ann["cat"], lambda c: c.str.lower().eq("gpu_user_annotation"))
     s = to_ns(ann["ts_us"])
     e = s + to_ns(ann["dur_us"])
-    cpu_key = keys.codes(ann["pid"], ann["tid"])
     t, key = units["t"].to_numpy(), units["key"].to_numpy()
-    out = {f: np.full(n, np.nan, dtype=object) for f in facts}
+    out = {"name": np.full(n, -1, dtype=np.int64), "layer": np.full(n, np.nan),
+           "step": np.full(n, np.nan)}
 
-    def fill(field: str, rows: np.ndarray, mask: np.ndarray, ann_key: np.ndarray,
-             q_t: np.ndarray, q_key: np.ndarray) -> None:
-        m = np.flatnonzero(mask & pd.notna(facts[field]))
-        if not len(m) or not rows.any():
+    def fill(field: str, rows: np.ndarray, nest: Nest, q_t: np.ndarray,
+             q_key: np.ndarray) -> None:
+        m = ~missing[field](facts[field])
+        if not m.any() or not rows.any():
             return
-        hit = Nest(s[m], e[m], ann_key[m]).innermost(q_t, q_key)
+        hit = nest.subset(m).innermost(q_t, q_key)
         cur = out[field][rows]
-        out[field][rows] = np.where(pd.isna(cur) & (hit >= 0), _take(facts[field][m], hit, None),
-                                    cur)
+        fact = _take(facts[field], hit, -1 if field == "name" else np.nan)
+        out[field][rows] = np.where(missing[field](cur) & (hit >= 0), fact, cur)
 
     everyone = np.ones(n, dtype=bool)
+    cpu = Nest(s, e, np.where(gpu, -1, keys.codes(ann["pid"], ann["tid"])))
     for field in facts:
-        fill(field, everyone, ~gpu, cpu_key, t, key)
+        fill(field, everyone, cpu, t, key)
     if "dev_pid" in units and (key < 0).any():
         lost = key < 0
         gkeys = KeySpace(pd.DataFrame({"pid": units["dev_pid"], "tid": units["dev_stream"]}))
-        ann_gkey = gkeys.codes(ann["pid"], ann["tid"])
+        on_stream = Nest(s, e, np.where(gpu, gkeys.codes(ann["pid"], ann["tid"]), -1))
         q_t = units["ts_ns"].to_numpy()[lost]
         q_key = gkeys.codes(units["dev_pid"], units["dev_stream"])[lost]
         for field in facts:
-            fill(field, lost, gpu, ann_gkey, q_t, q_key)
+            fill(field, lost, on_stream, q_t, q_key)
     # the step, as a last resort: a CPU ProfilerStep range on any thread around the launch
     # (or, for an unlinked device row, around the kernel's start)
-    nostep = pd.isna(out["step"])
+    nostep = np.isnan(out["step"])
     if nostep.any():
         q_t = np.where(key >= 0, t, units["ts_ns"].to_numpy() if "ts_ns" in units else t)[nostep]
-        fill("step", nostep, ~gpu, np.zeros(len(ann), np.int64), q_t, np.zeros(len(q_t), np.int64))
-    as_int = lambda v: pd.array(pd.to_numeric(pd.Series(v), errors="coerce"),  # noqa: E731
-                                dtype="Float64").astype("Int64")
-    name = pd.Series(out["name"], dtype=object)
-    return name.where(name.notna(), None).to_numpy(), as_int(out["layer"]), as_int(out["step"])
+        anywhere = Nest(s, e, np.where(gpu, -1, 0))
+        fill("step", nostep, anywhere, q_t, np.zeros(len(q_t), np.int64))
+
+    def as_int(v: np.ndarray) -> pd.api.extensions.ExtensionArray:
+        return pd.array(v, dtype="Float64").astype("Int64")
+
+    return (pd.Categorical.from_codes(out["name"], canon.categories), as_int(out["layer"]),
+            as_int(out["step"]))
 
 
 # ----------------------------------------------------------------------------------------------
 # Op instances and their names
 # ----------------------------------------------------------------------------------------------
 def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
-    """One row per op instance (index: op_idx), in launch order within (step, thread)."""
+    """One row per op instance (index: op_idx), in launch order within (step, thread); its
+    name columns are categoricals over the trace's distinct values."""
     op_idx = units["op_idx"].to_numpy()
     oi, first = np.unique(op_idx, return_index=True)
     first, oi = first[oi >= 0], oi[oi >= 0]
-    names = ops["name"].astype("category")
-
-    def take(col: str) -> np.ndarray:
-        return units[col].to_numpy(dtype=object)[first]
-
+    names = _categorical(ops["name"])
     step = units["step"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1)[first]
     key = units["key"].to_numpy()[first]
     inst = pd.DataFrame({
         "t": ops["s"].to_numpy()[oi], "key": key,
         "step": pd.array(np.where(step >= 0, step, 0), dtype="Int64"),
-        "ann_name": take("ann_name"),
-        "ann_layer": units["ann_layer"].astype("Int64").to_numpy()[first],
-        "op_name": names.to_numpy()[oi],
-        "top_name": names.to_numpy()[units["top_idx"].to_numpy()[first]],
-        "input_dims": ops["input_dims"].to_numpy()[oi],
+        "ann_name": _take_cat(units["ann_name"].array, first),
+        "ann_layer": units["ann_layer"].array.take(first),
+        "op_name": _take_cat(names, oi),
+        "top_name": _take_cat(names, units["top_idx"].to_numpy()[first]),
+        "input_dims": _take_cat(_categorical(ops["input_dims"]), oi),
     }, index=pd.Index(oi, name="op_idx"))
     inst["step"] = inst["step"].where(step >= 0)
     inst["grp"] = pd.factorize(step * (int(key.max(initial=0)) + 2) + key + 1)[0]
@@ -396,15 +474,20 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
-    base = _naming.base_name(inst["op_name"]).fillna("")
-    k, n = _naming.gemm_kn(base, inst["input_dims"])
-    return inst.assign(K=k, N=n)
+    """(K, N) of each instance, parsed once per distinct (op name, Input Dims) pair."""
+    op, dims = inst["op_name"].array, inst["input_dims"].array
+    pair = op.codes.astype(np.int64) * (len(dims.categories) + 1) + dims.codes + 1
+    _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
+    distinct = inst.iloc[first]
+    k, n = _naming.gemm_kn(_naming.base_name(distinct["op_name"]).fillna(""),
+                           distinct["input_dims"])
+    return inst.assign(K=k[inv], N=n[inv])
 
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
     """The model's linears if any GEMM of the trace matches them, else linears inferred."""
-    gemms = inst[inst["K"] >= 0]
-    seen = set(zip(gemms["K"].tolist(), gemms["N"].tolist(), strict=True))
+    gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
+    seen = set(zip(*gemms.drop_duplicates().to_numpy().T.tolist(), strict=True))
     if model is not None:
         lin = _naming.model_linears(model)
         if seen & set(lin.values()):
@@ -418,51 +501,90 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
     return _naming.infer_linears(per) if len(per) else None
 
 
+def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
+    """_naming.module_frames, evaluated once per distinct frame name and mapped back to rows
+    (class and kind as categoricals)."""
+    names = _categorical(frames["name"])
+    per = _naming.module_frames(pd.DataFrame({
+        "name": np.asarray(names.categories, dtype=object), "_cat": np.arange(len(names.categories))
+    }))
+    pos = np.full(len(names.categories) + 1, -1)
+    pos[per["_cat"].to_numpy(np.int64)] = np.arange(len(per))
+    at = pos[names.codes]
+    rows = np.flatnonzero(at >= 0)
+    mod = frames.iloc[rows].reset_index(drop=True)
+    for col in per.columns.difference(["name", "_cat"], sort=False):
+        v = per[col]
+        mod[col] = (_take_cat(_categorical(v), at[rows]) if pd.api.types.is_string_dtype(v)
+                    else v.array.take(at[rows]))
+    return mod
+
+
 def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
                     keys: KeySpace, model: ModelSpec | None):
     """(operator, source, layer) per instance: annotation > module frames > position."""
-    if inst.empty:
-        empty = pd.Series(dtype=object)
-        return empty, empty, pd.Series(dtype="Int64")
+    n = len(inst)
+    if not n:
+        empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
+        return empty, empty, pd.array([], dtype="Int64")
     inst = _gemm_shapes(inst)
     gemm = _naming.name_gemms(inst, _linears(inst, model))
     pos_name, pos_src = _naming.position_names(inst, gemm)
-    mod = _naming.module_frames(frames)
-    mod_name = pd.Series(pd.NA, index=inst.index, dtype="string")
-    mod_layer = pd.Series(pd.NA, index=inst.index, dtype="Int64")
+    mod = _module_frames(frames)
+    mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
+    mod_layer = pd.array(np.zeros(n, np.int64), dtype="Int64")
+    mod_layer[:] = pd.NA
     if len(mod):
         mod["s"] = to_ns(mod["ts_us"])
         mod["e"] = mod["s"] + to_ns(mod["dur_us"])
         mod["key"] = keys.codes(mod["pid"], mod["tid"])
-        mod_name, mod_layer = _naming.module_names(
-            inst["t"].to_numpy(), inst["key"].to_numpy(), mod, pos_name)
-    ann = inst["ann_name"].astype("string")
-    name = ann.fillna(mod_name).fillna(pos_name)
-    source = pd.Series(np.where(ann.notna(), "annotation",
-                                np.where(mod_name.notna(), "module", pos_src)),
-                       index=inst.index, dtype=object)
-    explicit = inst["ann_layer"].astype("Int64").fillna(mod_layer)
-    layer = explicit.fillna(_segment_layers(name, inst["grp"]))
-    return name.astype(object), source, layer.astype("Int64")
+        named, layer = _naming.module_names(inst["t"].to_numpy(), inst["key"].to_numpy(), mod,
+                                            pos_name)
+        mod_name, mod_layer = _categorical(named), layer.array
+    ann = inst["ann_name"].array
+    (a, m, p), cats = _unify(ann, mod_name, _categorical(pos_name))
+    name = np.where(a >= 0, a, np.where(m >= 0, m, p))
+    (sa, sm, sp), src_cats = _unify(_const("annotation", n), _const("module", n),
+                                    _categorical(pos_src))
+    source = np.where(a >= 0, sa, np.where(m >= 0, sm, sp))
+    layer = _coalesce(inst["ann_layer"].array, mod_layer,
+                      _segment_layers(name, cats, inst["grp"].to_numpy()))
+    return (pd.Categorical.from_codes(name, cats), pd.Categorical.from_codes(source, src_cats),
+            layer)
 
 
-def _segment_layers(name: pd.Series, grp: pd.Series) -> pd.Series:
+def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArray:
+    """The first non-missing value per row of several Int64 arrays."""
+    values, miss = arrays[0].to_numpy(np.int64, na_value=0), arrays[0].isna()
+    for a in arrays[1:]:
+        values = np.where(miss, a.to_numpy(np.int64, na_value=0), values)
+        miss = miss & a.isna()
+    return pd.arrays.IntegerArray(values, np.asarray(miss))
+
+
+def _segment_layers(name: np.ndarray, cats: pd.Index, grp: np.ndarray) -> pd.arrays.IntegerArray:
     """Count layers along each sequence: a new one starts where the stage order goes back, and
-    the count restarts at each embedding (several forward passes in one profiler step)."""
-    emb = name.eq("embedding").to_numpy()
-    g_arr = grp.to_numpy()
-    first_emb = emb & ~np.r_[False, emb[:-1] & (g_arr[1:] == g_arr[:-1])]
-    fwd = pd.Series(first_emb.astype(int), index=name.index).groupby(grp).cumsum()
-    seq = pd.Series(pd.factorize(pd.MultiIndex.from_arrays([g_arr, fwd.to_numpy()]))[0],
-                    index=name.index)
-    stage = name.map(_STAGE).astype("float64")
-    st = stage.dropna()
-    g = seq.loc[st.index]
-    prev = st.groupby(g).shift(1)
-    new = prev.isna() | (st < prev)
-    at_stage = new.astype(int).groupby(g).cumsum() - 1
-    layer = pd.Series(np.nan, index=name.index)
-    layer.loc[at_stage.index] = at_stage.to_numpy()
-    layer = layer.groupby(seq).ffill()
-    layer = layer.where(~name.isin(NON_LAYER | {"other"}))
-    return pd.Series(pd.array(layer, dtype="Float64").astype("Int64"), index=name.index)
+    the count restarts at each embedding (several forward passes in one profiler step).
+
+    `name` holds codes into `cats` (-1: none); rows are sorted by `grp` (then launch time), so
+    a group, and a forward pass inside it, is a run of rows."""
+    n = len(name)
+    emb = np.append(cats == "embedding", False)[name]
+    new_grp = np.r_[True, grp[1:] != grp[:-1]]
+    first_emb = emb & ~np.r_[False, emb[:-1] & ~new_grp[1:]]  # not after one in its group
+    seq = np.cumsum(new_grp | first_emb) - 1  # one forward pass of one group
+    stage = np.append(pd.Series(cats, dtype=object).map(_STAGE).to_numpy(np.float64),
+                      np.nan)[name]
+    staged = np.flatnonzero(~np.isnan(stage))
+    st, sq = stage[staged], seq[staged]
+    cont = np.r_[False, sq[1:] == sq[:-1]]  # not the first staged row of its pass
+    new = ~cont | (st < np.r_[np.nan, st[:-1]])  # the stage order goes back: a new layer
+    count = np.cumsum(new)
+    first = np.maximum.accumulate(np.where(cont, 0, np.arange(len(st))))
+    at_stage = np.zeros(n, np.int64)
+    at_stage[staged] = count - count[first]
+    # every row: the layer of the last staged row before it in its pass
+    last = np.maximum.accumulate(np.where(~np.isnan(stage), np.arange(n), -1))
+    ok = (last >= 0) & (seq[np.maximum(last, 0)] == seq)
+    ok &= ~np.append(cats.isin(NON_LAYER | {"other"}), False)[name]
+    return pd.arrays.IntegerArray(np.where(ok, at_stage[np.maximum(last, 0)], 0), ~ok)
