@@ -1,7 +1,8 @@
 """Ingest benchmark: a real committed trace tiled to ~100 MB and ~1 GB, timed end to end.
 
 For each size it runs, each in a fresh process (wall and CPU time, peak RSS of the largest
-process from wait4 and of the whole process tree, sampled, since big files fork a parse worker):
+process from wait4; with --memory, one more run samples the physical memory of the whole
+process tree, since big files fork a parse worker):
   load     trace_roofline.trace.load_trace(path)            (ingest alone)
   analyze  `trace-roofline analyze path` through cli.main   (ingest + attribution + costs +
            roofline + terminal report: whatever stages exist, via the public CLI)
@@ -14,7 +15,8 @@ benchmarks/data/results.json; benchmarks/README.md records the figures.
 
     python benchmarks/bench_ingest.py                       # 100 MB and 1 GB, with HTA
     python benchmarks/bench_ingest.py --sizes 100 --no-hta  # quick
-    python benchmarks/bench_ingest.py --tools load,load-serial,analyze,analyze-serial --repeat 3
+    python benchmarks/bench_ingest.py --tools load,load-serial,analyze,analyze-serial --repeat 3 \
+        --memory --no-hta
 """
 
 from __future__ import annotations
@@ -54,25 +56,39 @@ HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process plus all its descendants (from /proc, cheap to read).
+def tree_bytes(pid: int) -> int:
+    """Physical memory of a process tree: the root's RSS plus each descendant's private pages
+    (smaps_rollup Private_Clean + Private_Dirty). Pages a forked worker still shares with the
+    root copy-on-write are counted once, in the root's RSS. Reading smaps walks the page
+    tables (~25 ms for a GB-sized process), so only `--memory` runs sample it."""
+    def children(p: int) -> list[int]:
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            return []
+        return kids + [g for k in kids for g in children(k)]
 
-    A forked worker's copy-on-write pages that it still shares with its parent are counted in
-    both, so the sum is an upper bound on the tree's physical memory."""
-    total = 0
     try:
         with open(f"/proc/{pid}/statm") as f:
-            total += int(f.read().split()[1]) * PAGE
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
+            total = int(f.read().split()[1]) * PAGE
     except (OSError, ValueError):
-        return total
-    return total + sum(tree_rss(c) for c in children)
+        return 0
+    for c in children(pid):
+        try:
+            with open(f"/proc/{c}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith(("Private_Clean:", "Private_Dirty:")))
+        except (OSError, ValueError):
+            continue
+    return total
 
 
-def measure(cmd: list[str], timeout: float) -> dict:
-    """Run cmd with stdout discarded: wall and CPU (user + sys, children included) seconds, peak
-    RSS of the largest process (MB, from wait4) and of the whole process tree (sampled).
+def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
+    """Run cmd with stdout discarded: wall and CPU (user + sys, reaped children included)
+    seconds and the peak RSS of its largest process (MB, from wait4). With `tree`, also the
+    peak physical memory of the whole process tree (`tree_bytes`, sampled every ~20 ms); the
+    sampling costs CPU, so such a run's times are not reported.
 
     CPU seconds are what the work costs; wall seconds also count waiting for a core when the
     machine is shared (the load average is recorded with the results)."""
@@ -89,7 +105,8 @@ def measure(cmd: list[str], timeout: float) -> dict:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 return {"ok": False, "note": f"timed out after {timeout:.0f} s"}
-            tree_peak = max(tree_peak, tree_rss(proc.pid))
+            if tree:
+                tree_peak = max(tree_peak, tree_bytes(proc.pid))
             time.sleep(0.02)
         wall = time.perf_counter() - t0
         err.seek(0)
@@ -97,8 +114,9 @@ def measure(cmd: list[str], timeout: float) -> dict:
     rc = os.waitstatus_to_exitcode(status)
     out = {"ok": rc == 0, "wall_s": round(wall, 2),
            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-           "peak_rss_mb": round(usage.ru_maxrss / 1024),
-           "peak_tree_rss_mb": round(max(tree_peak, usage.ru_maxrss * 1024) / 2**20)}
+           "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+    if tree:
+        out = {"ok": rc == 0, "tree_mb": round(max(tree_peak, usage.ru_maxrss * 1024) / 2**20)}
     if rc != 0:
         out["note"] = f"exit {rc}: {tail[0] if tail else ''}"[:200]
     return out
@@ -144,6 +162,9 @@ def main() -> None:
                     help="any of load, analyze, hta, load-serial, analyze-serial (the last two "
                          "force the one-process parse, for comparison)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (all recorded)")
+    ap.add_argument("--memory", action="store_true",
+                    help="one extra run of each of our tools that samples the whole process "
+                         "tree's physical memory (parent + parse worker)")
     args = ap.parse_args()
     wanted = set(args.tools.split(","))
 
@@ -179,29 +200,36 @@ def main() -> None:
                 if not link.exists():
                     link.symlink_to(file)
                 tools.append(("hta", [py, "-c", HTA, str(hta_dir)]))
-            for tool, cmd in [t for t in tools for _ in range(args.repeat)]:
-                load = os.getloadavg()[0]
-                r = measure(cmd, args.timeout)
-                r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6), events=info["events"],
-                         load_avg=round(load, 2))
-                if r.get("wall_s"):
-                    r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
-                    r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
-                    r["rss_x_file"] = round(r["peak_tree_rss_mb"] * 2**20 / raw_size, 2)
-                results["runs"].append(r)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+            for tool, cmd in tools:
+                tree = {}
+                if args.memory and tool != "hta":
+                    tree = measure(cmd, args.timeout, tree=True)
+                for _ in range(args.repeat):
+                    load = os.getloadavg()[0]
+                    r = measure(cmd, args.timeout)
+                    r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6),
+                             events=info["events"], load_avg=round(load, 2))
+                    if r.get("wall_s"):
+                        r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
+                        r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
+                        r["tree_mb"] = tree.get("tree_mb", r["peak_rss_mb"] if "serial" in tool
+                                                else "-")
+                        if r["tree_mb"] != "-":
+                            r["tree_x_file"] = round(r["tree_mb"] * 2**20 / raw_size, 2)
+                    results["runs"].append(r)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
     (DATA / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
           f"startup+imports {startup.get('wall_s')} s ({startup.get('cpu_s')} s CPU), "
           f"{startup.get('peak_rss_mb')} MB\n")
     print("| file | MB | events | tool | load avg | wall s | CPU s | MB/s (wall) | MB/s (CPU) "
-          "| peak RSS MB | tree RSS MB | tree RSS / file |")
+          "| peak RSS MB | tree MB | tree / file |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [r["file"], r["mb"], r["events"], r["tool"], r["load_avg"]] + [
             r.get(k, "-") for k in ("wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s", "peak_rss_mb",
-                                    "peak_tree_rss_mb", "rss_x_file")]
+                                    "tree_mb", "tree_x_file")]
         print("| " + " | ".join(map(str, cells)) + " |" + (f" {r['note']}" if "note" in r else ""))
 
 

@@ -1,4 +1,5 @@
-"""Fuzz: mutated traces either load or raise InputError, and loaded traces keep device time.
+"""Fuzz: mutated traces either load or raise InputError, and loaded traces keep device time;
+the two-process parse gives exactly the one-process result or error on every mutation.
 
 The reference for device time is independent of trace.py: the stdlib json module reads the
 mutated document, and a device event counts when its ph/cat/name/ts/dur are well formed
@@ -9,14 +10,17 @@ import copy
 import gzip
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trace_factory import gpu_trace, legacy_trace
 
+from trace_roofline import trace as T
 from trace_roofline.errors import InputError
 from trace_roofline.trace import MAX_DUR_US, load_trace
 
@@ -25,7 +29,9 @@ DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
 FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args"]
 ARGS = ["External id", "external id", "correlation", "device", "stream", "grid", "block",
         "Input Dims", "Input type", "Concrete Inputs", "Python id", "Python parent id"]
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+# FUZZ_EXAMPLES=2000 for a longer search (the default keeps the suite fast)
+SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 40)), deadline=None,
+                    derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -82,15 +88,41 @@ def reference_device_durations(doc) -> list[float] | None:
     return out
 
 
+def load_both(p: Path):
+    """load_trace(p) in one process and, where fork exists, with the two-process parse forced
+    (small batches, so both halves hold several): the same trace or the same error."""
+    try:
+        one = load_trace(p)
+    except InputError as e:
+        one = e
+    if not hasattr(os, "fork"):
+        return one
+    saved = T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS
+    T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS = 0, 16
+    try:
+        two = load_trace(p)
+    except InputError as e:
+        two = e
+    finally:
+        T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS = saved
+    if isinstance(one, InputError):
+        assert str(two) == str(one)
+    else:
+        assert two.meta == one.meta
+        for table in T.SCHEMAS:
+            pd.testing.assert_frame_equal(getattr(two, table), getattr(one, table),
+                                          check_exact=True)
+    return one
+
+
 def check(data: bytes, gz: bool = False):
     """Load the bytes; only InputError may escape; a loaded trace must keep device time."""
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / ("t.json.gz" if gz else "t.json")
         p.write_bytes(gzip.compress(data) if gz else data)
-        try:
-            tr = load_trace(p)
-        except InputError as e:
-            assert "\n" not in str(e) and str(p) in str(e)
+        tr = load_both(p)
+        if isinstance(tr, InputError):
+            assert "\n" not in str(tr) and str(p) in str(tr)
             return
     try:
         doc = json.loads(data)

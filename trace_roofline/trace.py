@@ -11,12 +11,10 @@ into columns at once with C-level `map`/`attrgetter`/`np.fromiter`; strings beco
 codes and the structs are freed before the next batch, so memory stays near the file size.
 Shape arrays (`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON
 text; decode them lazily, for the rows that need them, with `parse_dims`.
-Files of PARALLEL_MIN_BYTES or more use a second core (msgspec holds the GIL, so a process):
-after the split the parent forks one worker, which inherits the buffer and the slices
-copy-on-write, decodes the later half of the batches into its own columns and pipes them back
-(arrays plus each categorical column's values in first-seen order); the parent decodes the
-first half meanwhile and appends the worker's part, re-coded, so the tables, their category
-order, the skip counters and the first-bad-event error are exactly those of one process.
+Files of PARALLEL_MIN_BYTES or more use a second core (msgspec holds the GIL, so a forked
+process): the worker reads, splits and decodes the later half of the file while the parent
+does the first half, and pipes its columns back; the result, and any error, is exactly the
+one-process result (how, and why it is safe, at `_Worker`).
 
 Schema variants handled (Kineto's ChromeTraceLogger, old and new, and HTA's test traces):
 - categories: kernel/Kernel, gpu_memcpy/Memcpy, gpu_memset/Memset, cpu_op/Operator,
@@ -44,10 +42,12 @@ pid, tid or id are malformed keeps its timing, those fields become <NA>, and it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -442,8 +442,12 @@ def _trace_files(d: Path) -> list[Path]:
     return sorted(files)
 
 
-def _read(p: Path, progress: Progress | None) -> bytearray:
-    """The file's bytes, gunzipped when it starts with the gzip magic number."""
+def _read(p: Path, progress: Progress | None, fork: bool = False) -> tuple[bytearray, Any]:
+    """The file's bytes, gunzipped when it starts with the gzip magic number, and None.
+
+    With `fork`, a big file gets a `_Worker` too: for a gzip file it is forked after inflating
+    and shares the bytes; for a plain file it reads the bytes from its `cut` on while the
+    parent reads (only) the bytes before it (then `worker.partial`)."""
     chunk = 16 << 20
     try:
         with open(p, "rb") as f:
@@ -453,19 +457,22 @@ def _read(p: Path, progress: Progress | None) -> bytearray:
             if progress:
                 progress("read", 0, size)
             if head == b"\x1f\x8b":
-                return _gunzip(p, f, size, chunk, progress)
+                buf = _gunzip(p, f, size, chunk, progress)
+                cut = int(len(buf) * PARALLEL_SHARE)
+                return buf, _Worker.start(p, buf, cut) if fork and _parallel(len(buf)) else None
+            cut = int(size * PARALLEL_SHARE)
+            worker = _Worker.start(p, None, cut, size) if fork and _parallel(size) else None
+            if worker:
+                buf = bytearray(cut + _SEARCH_BYTES)  # room for the bytes up to the boundary
+                with _closing_on_error(worker):
+                    done = _read_into(f, buf, 0, cut, progress, size)
+                if done == cut:
+                    return buf, worker
+                worker.__exit__()  # the file shrank: read it again in one process
+                f.seek(0)
             buf = bytearray(size)
-            view, done = memoryview(buf), 0
-            while done < size:
-                got = f.readinto(view[done : done + chunk])
-                if not got:
-                    break
-                done += got
-                if progress:
-                    progress("read", done, size)
-            del view
-            del buf[done:]
-            return buf
+            del buf[_read_into(f, buf, 0, size, progress, size) :]
+            return buf, None
     except FileNotFoundError:
         raise InputError(f"{p}: no such file") from None
     except IsADirectoryError:
@@ -474,6 +481,32 @@ def _read(p: Path, progress: Progress | None) -> bytearray:
         raise InputError(f"{p}: permission denied") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+@contextlib.contextmanager
+def _closing_on_error(worker: _Worker):
+    try:
+        yield
+    except BaseException:
+        worker.__exit__()
+        raise
+
+
+def _read_into(f, buf, lo: int, hi: int, progress: Progress | None, total: int) -> int:
+    """Read into buf[lo:hi] from f's position; the number of bytes read (short at EOF)."""
+    chunk = 16 << 20
+    view, done = memoryview(buf), lo
+    try:
+        while done < hi:
+            got = f.readinto(view[done : min(done + chunk, hi)])
+            if not got:
+                break
+            done += got
+            if progress:  # the parent reads its share while the worker reads the rest
+                progress("read", done * total // hi, total)
+    finally:
+        view.release()
+    return done - lo
 
 
 def _gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> bytearray:
@@ -515,7 +548,15 @@ _ts_of, _dur_of, _cat_of, _ph_of = (attrgetter(a) for a in ("ts", "dur", "cat", 
 
 
 def _parse_file(p: Path, progress: Progress | None) -> Trace:
-    buf = _read(p, progress)
+    buf, worker = _read(p, progress, fork=True)
+    if worker:
+        with worker:
+            got = worker.parse(p, buf, progress)
+        if got:
+            del buf
+            return _trace(p, *got)
+        if worker.partial:  # the two-process parse gave up after reading only part of the file
+            buf, _ = _read(p, progress)
     try:
         meta, raws = _split_top(p, buf)  # zero-copy slices of buf, one per event
     except msgspec.DecodeError as e:
@@ -524,22 +565,12 @@ def _parse_file(p: Path, progress: Progress | None) -> Trace:
         raise InputError(f"{p}: JSON nested too deeply") from None
     acc = _Accumulator()
     n = len(raws)
-    worker = _Worker.start(p, buf, raws) if _parallel(len(buf), n) else None
-    try:
-        mid = worker.lo if worker else n
-        _parse_events(p, buf, raws, 0, mid, acc, progress)
-        if worker:
-            part = worker.result()
-            if part is None:  # the worker died: do its share here, as the serial path would
-                _parse_events(p, buf, raws, mid, n, acc, None)
-            else:
-                acc.absorb(part)
-    finally:
-        if worker:
-            worker.close()
-    if progress:
-        progress("parse", n, n)
+    _parse_events(p, buf, raws, acc, progress)
     del raws, buf
+    return _trace(p, meta, n, acc)
+
+
+def _trace(p: Path, meta: dict, n: int, acc: _Accumulator) -> Trace:
     tables = acc.finish()
     if tables["device"].empty and tables["cpu_ops"].empty:
         skipped = sum(acc.skipped.values())
@@ -554,20 +585,43 @@ def _parse_file(p: Path, progress: Progress | None) -> Trace:
     return Trace(path=str(p), meta=meta, **tables)
 
 
-def _parse_events(p: Path, buf: bytearray, raws: list, lo: int, hi: int, acc: _Accumulator,
-                  progress: Progress | None) -> None:
-    """Decode raws[lo:hi] batch by batch into `acc` (batches start at multiples of BATCH_EVENTS)."""
+def _parse_events(p: Path, buf, raws: list, acc: _Accumulator, progress: Progress | None,
+                  first: int = 0) -> None:
+    """Decode `raws` (events number `first`, `first` + 1, ...) batch by batch into `acc`."""
     base, n = _address(buf), len(raws)
-    for start in range(lo, hi, BATCH_EVENTS):
-        batch = raws[start : min(start + BATCH_EVENTS, hi)]
-        acc.add(_decode_batch(p, _batch_text(buf, base, batch), batch, start, acc), start)
-        if progress and start + BATCH_EVENTS < n:  # the caller reports the end
-            progress("parse", start + BATCH_EVENTS, n)
+    for start in range(0, n, BATCH_EVENTS):
+        batch = raws[start : start + BATCH_EVENTS]
+        text = _batch_text(buf, base, batch)
+        acc.add(_decode_batch(p, text, batch, first + start, acc), first + start)
+        if progress:
+            progress("parse", min(start + BATCH_EVENTS, n), n)
 
 
 # ----------------------------------------------------------------------------------------------
-# Two cores: a forked worker decodes the second half of the events
+# Two cores. msgspec holds the GIL, so the second core is a forked process, `_Worker`:
+#  1. read: for a plain file the worker reads bytes [cut, end) while the parent reads [0, cut),
+#     each into its own buffer (a gzip file is inflated by the parent, then the worker is forked
+#     and shares that buffer copy-on-write);
+#  2. split: the worker finds the first event boundary '}' , '{' after `cut` and the closing ']'
+#     of traceEvents near the end, and splits the events between them; the parent finds the
+#     '[' that opens traceEvents and splits the events before the boundary. Each half is
+#     decoded as a JSON array of its own, and the keys before and after the array as one object
+#     ("[]" in place of the events): when all of them are valid JSON, so is the whole file, and
+#     JSON's grammar leaves only one parse, so the events are exactly a one-process read's;
+#     anything else (no boundary, a malformed file, a worker that dies) falls back to the
+#     one-process path, which gives its usual result or error;
+#  3. decode: each process decodes its half into columns; the worker pickles its columns back
+#     (each categorical as its values in first-seen order plus codes) and the parent appends
+#     them after its own, re-coded (`_Accumulator.absorb`): tables, category order, counters
+#     and the first-bad-event error are those of one process.
 # ----------------------------------------------------------------------------------------------
+_WS = rb"[ \t\n\r]*"
+_CUT = re.compile(rb"\}(" + _WS + rb"," + _WS + rb")\{")  # a boundary between two events
+_END = re.compile(rb"\}" + _WS + rb"\]")  # the last event and the array's closing bracket
+_EVENTS_KEY = re.compile(rb'"traceEvents"' + _WS + rb":" + _WS + rb"\[")
+_SEARCH_BYTES = 1 << 20  # how far from the cut / the file's ends boundaries are looked for
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -575,88 +629,236 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _parallel(size: int, n: int) -> bool:
+def _parallel(size: int) -> bool:
     """Fork a worker for big files on a machine with a second core, from a single thread."""
-    return (size >= PARALLEL_MIN_BYTES and n > BATCH_EVENTS and hasattr(os, "fork")
+    return (size >= max(PARALLEL_MIN_BYTES, 1) and hasattr(os, "fork")
             and threading.active_count() == 1 and _cores() >= 2)
 
 
 class _Worker:
-    """A forked child that decodes raws[lo:] into its own _Accumulator and pickles the result
-    (arrays, category keys, counters) back through a pipe. It inherits `buf` and `raws`
-    copy-on-write, so nothing is copied to start it. Its outcome is one of: the part (merged in
-    file order by `_Accumulator.absorb`), an InputError message (raised here as is: the
-    parent's earlier half was clean, so it is the first bad event in the file), or nothing (it
-    died: the caller decodes that half itself)."""
+    """The parent's handle on the forked worker (protocol above); a context manager that
+    always kills and reaps the child on the way out."""
 
-    def __init__(self, p: Path, pid: int, fd: int, lo: int):
-        self.p, self.pid, self.fd, self.lo = p, pid, fd, lo
+    def __init__(self, pid: int, up, down, cut: int, partial: bool):
+        self.pid, self.up, self.down, self.cut, self.partial = pid, up, down, cut, partial
 
     @classmethod
-    def start(cls, p: Path, buf: bytearray, raws: list) -> _Worker | None:
-        # The parent takes the first share: it also frees the raw slices and builds the tables.
-        lo = max(1, round(len(raws) * PARALLEL_SHARE / BATCH_EVENTS)) * BATCH_EVENTS
-        r, w = os.pipe()
+    def start(cls, p: Path, buf, cut: int, size: int = 0) -> _Worker | None:
+        """Fork; the child works on `buf` (the whole document) or, when None, reads bytes
+        [cut, size) of `p` itself."""
+        r_down, w_down = os.pipe()
+        r_up, w_up = os.pipe()
         try:
             pid = os.fork()
         except OSError:
-            os.close(r)
-            os.close(w)
+            for fd in (r_down, w_down, r_up, w_up):
+                os.close(fd)
             return None
         if pid == 0:  # pragma: no cover - runs in the child (coverage does not follow forks)
             code = 1
             try:
-                os.close(r)
-                acc = _Accumulator()
-                try:
-                    _parse_events(p, buf, raws, lo, len(raws), acc, None)
-                    out: tuple = ("part", acc.export())
-                except InputError as e:
-                    out = ("error", str(e))
-                with open(w, "wb") as f:
-                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+                os.close(w_down)
+                os.close(r_up)
+                with open(r_down, "rb") as down, open(w_up, "wb") as up:
+                    _work(p, buf, cut, size, up, down)
                 code = 0
             finally:
                 os._exit(code)
-        os.close(w)
-        return cls(p, pid, r, lo)
+        os.close(r_down)
+        os.close(w_up)
+        return cls(pid, open(r_up, "rb"), open(w_down, "wb"), cut, buf is None)
 
-    def result(self) -> dict | None:
+    def __enter__(self) -> _Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in (self.down, self.up):
+            with contextlib.suppress(OSError):  # the child may be gone
+                f.close()
+        if self.pid is not None and os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        self.pid = None
+
+    def _recv(self) -> tuple:
         try:
-            with open(self.fd, "rb", closefd=False) as f:
-                kind, value = pickle.load(f)
-        except (EOFError, OSError, pickle.UnpicklingError, ValueError):
+            return pickle.load(self.up)
+        except Exception:  # nothing, or half a message: the worker died
+            return ("died",)
+
+    def parse(self, p: Path, buf, progress: Progress | None
+              ) -> tuple[dict, int, _Accumulator] | None:
+        """(meta, event count, columns) of the whole trace, or None to fall back."""
+        msg = self._recv()
+        if msg[0] != "cut":
             return None
-        if kind == "error":
-            raise InputError(value)
-        return value
-
-    def close(self) -> None:
-        """Reap the child (killing it first if the parent gave up early) and close the pipe."""
-        os.close(self.fd)
+        _, s1, d, gap = msg
+        if self.partial:  # buf holds bytes [0, cut) and spare room: add the bytes up to d
+            buf[self.cut : d] = gap
+            del buf[d:]
+        head = _events_start(buf, s1)
+        raws = _split_at(buf, head[0], s1) if head else None
+        if not raws:
+            return None
+        msg = self._recv()
+        if msg[0] != "split" or msg[3] != (head[1] is None):
+            return None
+        _, n2, tail, _ = msg
         try:
-            if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-        except ChildProcessError:  # pragma: no cover - already reaped
-            pass
+            meta = ({"device_properties": []} if head[1] is None
+                    else _meta(_TOP.decode(head[1] + b"[]" + tail)))
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        n1 = len(raws)
+        n = n1 + n2
+        try:
+            pickle.dump(("go", n1), self.down)
+            self.down.flush()
+        except OSError:  # pragma: no cover - the child is gone
+            return None
+        self.partial = True  # buf gets patched from here on: a fallback must read the file again
+        acc = _Accumulator()
+
+        def scaled(stage: str, done: int, total: int) -> None:
+            progress(stage, min(done * n // total, n - 1), n)
+
+        _parse_events(p, buf, raws, acc, scaled if progress else None)
+        del raws
+        msg = self._recv()
+        if msg[0] == "error":  # the first malformed event: the parent's half had none
+            raise InputError(msg[1])
+        if msg[0] != "part":  # the worker died: start again in one process
+            return None
+        acc.absorb(msg[1])
+        if progress:
+            progress("parse", n, n)
+        return meta, n, acc
+
+
+def _work(p: Path, buf, cut: int, size: int, up, down) -> None:
+    """The worker's side of the protocol: read, split and decode the events after `cut`."""
+
+    def send(msg: tuple) -> None:
+        pickle.dump(msg, up, protocol=pickle.HIGHEST_PROTOCOL)
+        up.flush()
+
+    base = 0  # file offset of buf[0]
+    if buf is None:
+        base, buf = cut, _read_tail(p, cut, size)
+        if buf is None:
+            return send(("failed",))
+    m = _CUT.search(buf, cut - base, cut - base + _SEARCH_BYTES)
+    if m is None:
+        return send(("failed",))
+    s1, d = m.start(1), m.end(1)
+    send(("cut", base + s1, base + d, bytes(buf[cut - base : d]) if base else b""))
+    end = _events_end(buf, d)
+    raws = None
+    if end:
+        q, array_doc = end
+        buf[d - 1] = 0x5B  # '[' (buf is this process's own copy)
+        try:
+            raws = _RAW_LIST.decode(memoryview(buf)[d - 1 : q + 1])
+        except (msgspec.DecodeError, RecursionError):
+            raws = None
+    if not raws:
+        return send(("failed",))
+    send(("split", len(raws), bytes(buf[q + 1 :]), array_doc))
+    msg = pickle.load(down)
+    if msg[0] != "go":  # pragma: no cover - the parent closes the pipe instead
+        return None
+    acc = _Accumulator()
+    try:
+        _parse_events(p, buf, raws, acc, None, first=msg[1])
+    except InputError as e:
+        return send(("error", str(e)))
+    del raws
+    send(("part", acc.export()))
+
+
+def _read_tail(p: Path, cut: int, size: int) -> bytearray | None:
+    """Bytes [cut, size) of the file, or None if they cannot all be read."""
+    buf = bytearray(size - cut)
+    try:
+        with open(p, "rb") as f:
+            f.seek(cut)
+            done = _read_into(f, buf, 0, len(buf), None, 0)
+    except OSError:
+        return None
+    return buf if done == len(buf) else None
+
+
+def _events_start(buf, s1: int) -> tuple[int, bytes | None] | None:
+    """(offset of the '[' opening traceEvents, the document's bytes before it) for an object
+    document, (offset of '[', None) for a top-level array of events; None if not proven."""
+    bom = 3 if buf[:3] == b"\xef\xbb\xbf" else 0
+    kind = _kind(memoryview(buf)[bom:])
+    if kind == "an array":
+        return buf.index(b"[", bom), None
+    if kind != "an object":
+        return None
+    m = _EVENTS_KEY.search(buf, bom, min(s1, bom + _SEARCH_BYTES))
+    if m is None:
+        return None
+    a = m.end() - 1
+    head = bytes(buf[bom:a])
+    try:  # the bytes before the '[' are an object whose last key is traceEvents
+        top = _TOP.decode(head + b"[]}")
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return (a, head) if list(top)[-1] == "traceEvents" else None
+
+
+def _split_at(buf, a: int, s1: int) -> list | None:
+    """The events between the '[' at `a` and the separator at `s1`, or None if not valid JSON."""
+    if not a < s1:
+        return None
+    keep, buf[s1] = buf[s1], 0x5D  # ']'
+    try:
+        return _RAW_LIST.decode(memoryview(buf)[a : s1 + 1])
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    finally:
+        buf[s1] = keep
+
+
+def _events_end(buf, d: int) -> tuple[int, bool] | None:
+    """(offset of the ']' closing traceEvents, whether the document is a top-level array): the
+    first '}' ']' in the last _SEARCH_BYTES after which the rest of the file is whitespace (an
+    array document) or the rest of an object without another traceEvents key."""
+    lo = max(d, len(buf) - _SEARCH_BYTES)
+    for m in list(_END.finditer(buf, lo))[-16:]:  # lowest first
+        q = m.end() - 1
+        tail = bytes(buf[q + 1 :])
+        if not tail.strip(b" \t\n\r"):
+            return q, True
+        try:
+            rest = _TOP.decode(b'{"_":0' + tail)
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if "traceEvents" not in rest:
+            return q, False
+    return None
 
 
 def _address(obj) -> int:
     return np.frombuffer(obj, np.uint8).ctypes.data if len(obj) else 0
 
 
-def _batch_text(buf: bytearray, base: int, batch: list):
+def _batch_text(buf, base: int, batch: list, patch: bool = True):
     """The batch's events as one JSON array, without copying when the slices are zero-copy.
 
     The events of a batch are contiguous in `buf`; the separator bytes just before the first
     and just after the last one (whitespace, ',' or the array's own brackets) are overwritten
-    with '[' and ']' so that the range decodes as an array. `buf` is our private copy.
+    with '[' and ']' so that the range decodes as an array. `buf` is our private copy (or its
+    bytes around this batch are ours alone); with `patch=False` the range is copied instead.
     """
     first, last = batch[0], batch[-1]
     start = _address(first) - base
     end = _address(last) - base + len(last)
     if start > 0 and end < len(buf) and start < end:
+        if not patch:
+            return b"[" + memoryview(buf)[start:end] + b"]"
         buf[start - 1] = 0x5B  # '['
         buf[end] = 0x5D  # ']'
         return memoryview(buf)[start - 1 : end + 1]
@@ -703,9 +905,13 @@ def _split_top(p: Path, buf: bytearray) -> tuple[dict, list]:
         if events is None:
             raise InputError(f"{p}: no traceEvents key at the top level")
         raise InputError(f"{p}: traceEvents is {_kind(events)}, not a list")
-    meta = _TOP.decode(_without_events(buf, view, raws))
-    meta.pop("traceEvents", None)
-    meta = {k: _decode_json(v, keep_text=True) for k, v in meta.items()}
+    return _meta(_TOP.decode(_without_events(buf, view, raws))), raws
+
+
+def _meta(top: dict) -> dict:
+    """The top-level keys other than traceEvents (raw JSON values), decoded and normalised."""
+    top.pop("traceEvents", None)
+    meta = {k: _decode_json(v, keep_text=True) for k, v in top.items()}
     props = meta.get("deviceProperties")
     meta["device_properties"] = (
         [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
@@ -714,7 +920,7 @@ def _split_top(p: Path, buf: bytearray) -> tuple[dict, list]:
                      ("pytorch_version", "torch_version")):
         if src in meta:
             meta[dst] = meta[src]
-    return meta, raws
+    return meta
 
 
 def _without_events(buf: bytearray, view: memoryview, raws: list):
