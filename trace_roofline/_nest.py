@@ -62,22 +62,29 @@ class Nest:
 
     def __init__(self, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray):
         key = np.asarray(key, dtype=np.int64)
+        start = np.asarray(start_ns, dtype=np.int64)
+        end = np.asarray(end_ns, dtype=np.int64)
         self._len = len(key)
-        keep = np.flatnonzero(key >= 0)  # intervals on an unknown thread never match
-        start = np.asarray(start_ns, dtype=np.int64)[keep]
-        end = np.maximum(np.asarray(end_ns, dtype=np.int64)[keep], start + 1)  # 0 -> 1 ns
-        key = key[keep]
-        lo, hi = (int(start.min()), int(end.max())) if len(keep) else (0, 0)
+        rows = np.flatnonzero(key >= 0)  # intervals on an unknown thread never match
+        if len(rows) < self._len:
+            start, end, key = start[rows], end[rows], key[rows]
+        end = np.maximum(end, start + 1)  # 0 -> 1 ns
+        lo, hi = (int(start.min()), int(end.max())) if len(rows) else (0, 0)
         self._lo, self._span = lo, hi - lo + 2
         if (int(key.max(initial=0)) + 1) * self._span >= 2**62:
             raise ValueError("trace too long or too many threads for interval nesting")
         s, e = self._flat(start, key), self._flat(end, key)
-        # start ascending, then the longer first, then file order: a parent precedes its child
-        # (two stable sorts = lexsort; timsort is fast on profiler events, nearly in time order)
-        order = np.argsort(-e, kind="stable")
-        order = order[np.argsort(s[order], kind="stable")]
+        del start, end, key
+        # start ascending, then the longer first, then file order: a parent precedes its child.
+        # Profiler tables usually come in that order already; else two stable sorts (= lexsort;
+        # timsort is fast on events nearly in time order).
+        later = s[1:] > s[:-1]
+        if not (later | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))).all():
+            order = np.argsort(-e, kind="stable")
+            order = order[np.argsort(s[order], kind="stable")]
+            rows, s, e = rows[order], s[order], e[order]
         by_end = np.argsort(e, kind="stable")
-        self._build(keep[order], s[order], e[order], keep[by_end], e[by_end])
+        self._build(rows, s, e, rows[by_end], e[by_end])
 
     def _build(self, rows: np.ndarray, s: np.ndarray, e: np.ndarray, end_rows: np.ndarray,
                ends: np.ndarray) -> None:
@@ -114,8 +121,10 @@ class Nest:
 
     def _flat(self, t: np.ndarray, key: np.ndarray) -> np.ndarray:
         # offsets clipped to [-1, span-1]: a point outside every interval stays outside
-        off = np.clip(np.asarray(t, dtype=np.int64) - self._lo, -1, self._span - 1)
-        return key * self._span + off
+        off = np.subtract(np.asarray(t, dtype=np.int64), self._lo)
+        np.clip(off, -1, self._span - 1, out=off)
+        off += key * self._span
+        return off
 
     def _query(self, q_ns: np.ndarray, q_key: np.ndarray, innermost: bool) -> np.ndarray:
         q_key = np.asarray(q_key, dtype=np.int64)
