@@ -547,8 +547,7 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     pos_name, pos_src = _naming.position_names(inst, gemm)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
-    mod_layer = pd.array(np.zeros(n, np.int64), dtype="Int64")
-    mod_layer[:] = pd.NA
+    mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
     if len(mod):
         mod["s"] = to_ns(mod["ts_us"])
         mod["e"] = mod["s"] + to_ns(mod["dur_us"])
