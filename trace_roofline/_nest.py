@@ -70,9 +70,12 @@ class Nest:
             start, end, key = start[rows], end[rows], key[rows]
         end = np.maximum(end, start + 1)  # 0 -> 1 ns
         lo, hi = (int(start.min()), int(end.max())) if len(rows) else (0, 0)
-        self._lo, self._span = lo, hi - lo + 2
+        self._lo, self._span, self._grid = lo, hi - lo + 2, None
         if (int(key.max(initial=0)) + 1) * self._span >= 2**62:
-            raise ValueError("trace too long or too many threads for interval nesting")
+            # Too long a time range for (key, ns) packed in int64 (e.g. one stray event at ts 0
+            # among epoch timestamps on many threads): work on ranks of the distinct boundaries.
+            self._grid = np.unique(np.concatenate([start, end]))
+            self._lo, self._span = 0, 2 * len(self._grid) + 2
         s, e = self._flat(start, key), self._flat(end, key)
         del start, end, key
         # start ascending, then the longer first, then file order: a parent precedes its child.
@@ -113,15 +116,25 @@ class Nest:
         the same indices; built from this one's sorted arrays, without sorting again."""
         mask = np.asarray(mask, dtype=bool)
         out = object.__new__(Nest)
-        out._len, out._lo, out._span = self._len, self._lo, self._span
+        out._len, out._lo, out._span, out._grid = self._len, self._lo, self._span, self._grid
         rows, s, e, end_rows, ends = self._sorted
         a, b = mask[rows], mask[end_rows]
         out._build(rows[a], s[a], e[a], end_rows[b], ends[b])
         return out
 
+    def _rank(self, t: np.ndarray) -> np.ndarray:
+        """Order-preserving map onto the boundary grid: a boundary -> 2·i, a time strictly
+        between boundaries i-1 and i -> 2·i - 1, so s <= t < e holds exactly as on times."""
+        i = np.searchsorted(self._grid, t, side="left")
+        exact = self._grid[np.minimum(i, len(self._grid) - 1)] == t
+        return 2 * i - (~exact)
+
     def _flat(self, t: np.ndarray, key: np.ndarray) -> np.ndarray:
         # offsets clipped to [-1, span-1]: a point outside every interval stays outside
-        off = np.subtract(np.asarray(t, dtype=np.int64), self._lo)
+        t = np.asarray(t, dtype=np.int64)
+        if self._grid is not None:
+            t = self._rank(t)
+        off = np.subtract(t, self._lo)
         np.clip(off, -1, self._span - 1, out=off)
         off += key * self._span
         return off
