@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -217,11 +216,10 @@ def hf_capture_command(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: Path, obj: object) -> None:
-    """Write atomically: a partial file never takes the final name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write atomically (the analyzer's all-or-nothing writer): no partial file is left."""
+    from trace_roofline._files import write_files
+
+    write_files({path: (json.dumps(obj, indent=2) + "\n").encode()})
 
 
 def main(argv: list[str] | None = None) -> int:
