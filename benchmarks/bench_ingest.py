@@ -84,6 +84,24 @@ def tree_bytes(pid: int) -> int:
     return total
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all cores, /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(limit_s: float) -> None:
+    """On a shared machine: wait (at most limit_s) until other processes use < 0.1 core."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        b0 = busy_cpu_s()
+        time.sleep(1.0)
+        if busy_cpu_s() - b0 < 0.1:
+            return
+
+
 def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
     """Run cmd with stdout discarded: wall and CPU (user + sys, reaped children included)
     seconds and the peak RSS of its largest process (MB, from wait4). With `tree`, also the
@@ -91,9 +109,11 @@ def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
     sampling costs CPU, so such a run's times are not reported.
 
     CPU seconds are what the work costs; wall seconds also count waiting for a core when the
-    machine is shared (the load average is recorded with the results)."""
+    machine is shared: `other_cpu_s` is the CPU time other processes took meanwhile (all cores
+    busy minus ours; ~0 on a quiet machine), the load average is recorded too."""
     tree_peak = 0
     with tempfile.TemporaryFile() as err:
+        busy0 = busy_cpu_s()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
         deadline = t0 + timeout
@@ -109,11 +129,13 @@ def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
                 tree_peak = max(tree_peak, tree_bytes(proc.pid))
             time.sleep(0.02)
         wall = time.perf_counter() - t0
+        busy = busy_cpu_s() - busy0
         err.seek(0)
         tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
     rc = os.waitstatus_to_exitcode(status)
-    out = {"ok": rc == 0, "wall_s": round(wall, 2),
-           "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+    cpu = usage.ru_utime + usage.ru_stime
+    out = {"ok": rc == 0, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+           "other_cpu_s": round(max(busy - cpu, 0.0), 1),
            "peak_rss_mb": round(usage.ru_maxrss / 1024)}
     if tree:
         out = {"ok": rc == 0, "tree_mb": round(max(tree_peak, usage.ru_maxrss * 1024) / 2**20)}
@@ -162,6 +184,8 @@ def main() -> None:
                     help="any of load, analyze, hta, load-serial, analyze-serial (the last two "
                          "force the one-process parse, for comparison)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (all recorded)")
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
+                    help="before each run wait up to S seconds for the machine to be idle")
     ap.add_argument("--memory", action="store_true",
                     help="one extra run of each of our tools that samples the whole process "
                          "tree's physical memory (parent + parse worker)")
@@ -205,6 +229,7 @@ def main() -> None:
                 if args.memory and tool != "hta":
                     tree = measure(cmd, args.timeout, tree=True)
                 for _ in range(args.repeat):
+                    wait_idle(args.wait_idle)
                     load = os.getloadavg()[0]
                     r = measure(cmd, args.timeout)
                     r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6),
@@ -223,13 +248,13 @@ def main() -> None:
     print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
           f"startup+imports {startup.get('wall_s')} s ({startup.get('cpu_s')} s CPU), "
           f"{startup.get('peak_rss_mb')} MB\n")
-    print("| file | MB | events | tool | load avg | wall s | CPU s | MB/s (wall) | MB/s (CPU) "
-          "| peak RSS MB | tree MB | tree / file |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| file | MB | events | tool | load avg | others' CPU s | wall s | CPU s | MB/s (wall) "
+          "| MB/s (CPU) | peak RSS MB | tree MB | tree / file |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [r["file"], r["mb"], r["events"], r["tool"], r["load_avg"]] + [
-            r.get(k, "-") for k in ("wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s", "peak_rss_mb",
-                                    "tree_mb", "tree_x_file")]
+            r.get(k, "-") for k in ("other_cpu_s", "wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s",
+                                    "peak_rss_mb", "tree_mb", "tree_x_file")]
         print("| " + " | ".join(map(str, cells)) + " |" + (f" {r['note']}" if "note" in r else ""))
 
 

@@ -442,12 +442,13 @@ def _trace_files(d: Path) -> list[Path]:
     return sorted(files)
 
 
-def _read(p: Path, progress: Progress | None, fork: bool = False) -> tuple[bytearray, Any]:
-    """The file's bytes, gunzipped when it starts with the gzip magic number, and None.
+def _read(p: Path, progress: Progress | None, fork: bool = False
+          ) -> tuple[bytearray, _Worker | None]:
+    """The file's bytes, gunzipped when it starts with the gzip magic number, and a worker.
 
-    With `fork`, a big file gets a `_Worker` too: for a gzip file it is forked after inflating
-    and shares the bytes; for a plain file it reads the bytes from its `cut` on while the
-    parent reads (only) the bytes before it (then `worker.partial`)."""
+    The worker is None unless `fork` and the file is big: for a gzip file it is forked after
+    inflating and shares the bytes; for a plain file it reads the bytes from its `cut` on
+    while the parent reads (only) the bytes before it (then `worker.partial`)."""
     chunk = 16 << 20
     try:
         with open(p, "rb") as f:
@@ -464,14 +465,17 @@ def _read(p: Path, progress: Progress | None, fork: bool = False) -> tuple[bytea
             worker = _Worker.start(p, None, cut, size) if fork and _parallel(size) else None
             if worker:
                 buf = bytearray(cut + _SEARCH_BYTES)  # room for the bytes up to the boundary
-                with _closing_on_error(worker):
-                    done = _read_into(f, buf, 0, cut, progress, size)
+                try:
+                    done = _read_into(f, buf, cut, progress, size)
+                except BaseException:
+                    worker.__exit__()
+                    raise
                 if done == cut:
                     return buf, worker
                 worker.__exit__()  # the file shrank: read it again in one process
                 f.seek(0)
             buf = bytearray(size)
-            del buf[_read_into(f, buf, 0, size, progress, size) :]
+            del buf[_read_into(f, buf, size, progress, size) :]
             return buf, None
     except FileNotFoundError:
         raise InputError(f"{p}: no such file") from None
@@ -483,30 +487,21 @@ def _read(p: Path, progress: Progress | None, fork: bool = False) -> tuple[bytea
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
 
 
-@contextlib.contextmanager
-def _closing_on_error(worker: _Worker):
-    try:
-        yield
-    except BaseException:
-        worker.__exit__()
-        raise
-
-
-def _read_into(f, buf, lo: int, hi: int, progress: Progress | None, total: int) -> int:
-    """Read into buf[lo:hi] from f's position; the number of bytes read (short at EOF)."""
+def _read_into(f, buf, n: int, progress: Progress | None, total: int) -> int:
+    """Read n bytes into buf[:n] from f's position; the number read (fewer at EOF)."""
     chunk = 16 << 20
-    view, done = memoryview(buf), lo
+    view, done = memoryview(buf), 0
     try:
-        while done < hi:
-            got = f.readinto(view[done : min(done + chunk, hi)])
+        while done < n:
+            got = f.readinto(view[done : min(done + chunk, n)])
             if not got:
                 break
             done += got
-            if progress:  # the parent reads its share while the worker reads the rest
-                progress("read", done * total // hi, total)
+            if progress:  # (the parent may read only its share while the worker reads the rest)
+                progress("read", done * total // n, total)
     finally:
         view.release()
-    return done - lo
+    return done
 
 
 def _gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> bytearray:
@@ -782,7 +777,7 @@ def _read_tail(p: Path, cut: int, size: int) -> bytearray | None:
     try:
         with open(p, "rb") as f:
             f.seek(cut)
-            done = _read_into(f, buf, 0, len(buf), None, 0)
+            done = _read_into(f, buf, len(buf), None, 0)
     except OSError:
         return None
     return buf if done == len(buf) else None
@@ -1237,7 +1232,7 @@ def _build_tables(cols: dict[str, dict]) -> dict[str, pd.DataFrame]:
         for col, dtype in schema.items():
             v = c[col]
             data[col] = _int64(v) if dtype == "Int64" else v
-        out[table] = pd.DataFrame(data)
+        out[table] = pd.DataFrame(data, copy=False)  # the arrays are ours: no copies
     return _move_profiler_steps(out)
 
 
