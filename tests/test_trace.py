@@ -611,6 +611,20 @@ def test_every_malformed_file_case_gives_the_same_error_in_parallel(tmp_path, bo
         assert both(path, "any") == both(path, "serial"), case
 
 
+@needs_fork
+def test_parallel_parse_when_children_are_reaped_automatically(tmp_path, both):
+    """A host program ignoring SIGCHLD (the kernel reaps children at once) still gets a result."""
+    import signal
+
+    path = write(_mixed_events(), tmp_path / "t.json")
+    serial = both(path, "serial")
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert_identical(serial, both(path, "two"))
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+
+
 def test_small_files_stay_in_one_process(tmp_path, monkeypatch):
     forks = []
     monkeypatch.setattr(T.os, "fork", lambda: forks.append(1))

@@ -670,9 +670,11 @@ class _Worker:
         for f in (self.down, self.up):
             with contextlib.suppress(OSError):  # the child may be gone
                 f.close()
-        if self.pid is not None and os.waitpid(self.pid, os.WNOHANG)[0] == 0:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+        # (ChildProcessError/ProcessLookupError: reaped already, e.g. under SIGCHLD = SIG_IGN)
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if self.pid is not None and os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
         self.pid = None
 
     def _recv(self) -> tuple:
