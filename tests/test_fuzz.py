@@ -22,7 +22,10 @@ from trace_factory import gpu_trace, legacy_trace
 
 from trace_roofline import trace as T
 from trace_roofline.errors import InputError
-from trace_roofline.trace import MAX_DUR_US, load_trace
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.pipeline import analyze_trace
+from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, load_trace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
@@ -82,7 +85,7 @@ def reference_device_durations(doc) -> list[float] | None:
         if name is not None and not isinstance(name, str):
             continue
         ts, dur = _number(e.get("ts")), _number(e.get("dur"))
-        if ts is None or dur is None or not 0 <= dur <= MAX_DUR_US:
+        if ts is None or dur is None or not 0 <= dur <= MAX_DUR_US or abs(ts) > MAX_TS_US:
             continue
         out.append(dur)
     return out
@@ -135,6 +138,14 @@ def check(data: bytes, gz: bool = False):
     assert len(got) == len(ref)
     assert math.fsum(got) == math.fsum(ref)
     assert tr.device["ts_us"].notna().all()
+    # the rest of the pipeline: no exception but InputError, every device µs in one operator row
+    try:
+        analysis = analyze_trace(tr, get_model("qwen2.5-7b"), get_hardware("h200-sxm"))
+    except InputError as e:
+        assert "\n" not in str(e)
+        return
+    if not tr.cpu_only:
+        assert math.fsum(analysis.costed["time_us"]) == pytest.approx(math.fsum(ref), abs=1e-6)
 
 
 @SETTINGS

@@ -125,6 +125,7 @@ def test_bad_events_are_skipped_counted_and_time_is_kept(tmp_path):
         ],
         "negative duration": [kernel(dur=-1.0)],
         "duration longer than a day": [kernel(dur=1e20)],
+        "timestamp beyond int64 nanoseconds": [kernel(ts=1e18), kernel(ts=-1e308)],
         "device/cpu category with a phase other than X": [kernel(ph="B"), kernel(ph=None)],
     }
     events = good + [e for es in bad.values() for e in es]

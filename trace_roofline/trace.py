@@ -146,6 +146,8 @@ SCHEMAS = {
 }
 
 MAX_DUR_US = 86_400e6  # a duration longer than a day is corrupt, not a real event
+# |ts| beyond this does not fit int64 nanoseconds (epoch µs of the year 2255): corrupt.
+MAX_TS_US = 9e15
 BATCH_EVENTS = 4096  # events per batch: bounds live Python objects, keeps them in cache
 PROGRESS_MIN_BYTES = 64 << 20  # progress_bar() stays silent below this file size
 PARALLEL_MIN_BYTES = 64 << 20  # from this much JSON on, a forked worker decodes part of it
@@ -534,6 +536,7 @@ _SKIP_REASONS = {
     "missing": "complete event without ts or dur",
     "negative": "negative duration",
     "huge": "duration longer than a day",
+    "far": "timestamp beyond int64 nanoseconds",
     "flow": "flow event without ts",
 }
 _JSON_KINDS = {ord("["): "an array", ord("{"): "an object", ord('"'): "a string",
@@ -1126,11 +1129,13 @@ class _Accumulator:
         missing = np.isnan(ts) | (~flow & np.isnan(dur))
         negative = ~flow & (dur < 0)
         huge = ~flow & (dur > MAX_DUR_US)
+        far = np.abs(ts) > MAX_TS_US
         self.skipped["missing"] += int(np.count_nonzero(missing & ~flow))
         self.skipped["flow"] += int(np.count_nonzero(missing & flow))
         self.skipped["negative"] += int(np.count_nonzero(negative))
         self.skipped["huge"] += int(np.count_nonzero(huge))
-        valid = ~(missing | negative | huge)
+        self.skipped["far"] += int(np.count_nonzero(far & ~(missing | negative | huge)))
+        valid = ~(missing | negative | huge | far)
         for table, codes in _TABLE_CODES.items():
             rows = valid & (t == codes[0]) if len(codes) == 1 else valid & np.isin(t, codes)
             if not rows.any():
