@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from trace_roofline._files import read_json
@@ -74,10 +74,6 @@ class ModelSpec:
             "qkv_proj": (h, self.q_size + 2 * self.kv_size, self.qkv_bias),
             "gate_up_proj": (h, 2 * i, False),
         }
-
-    def with_(self, **changes: object) -> ModelSpec:
-        """A copy with some fields changed (e.g. a reduced-size model for CPU tests)."""
-        return replace(self, **changes)
 
 
 # Sources: each model's config.json on the Hugging Face Hub.
