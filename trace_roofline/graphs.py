@@ -47,9 +47,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from trace_roofline import _naming
-from trace_roofline.attribute import _segment_layers, _strings
+from trace_roofline.attribute import _segment_layers
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 from trace_roofline.passes import _decode, _gemm_m, forward_passes
@@ -209,21 +211,25 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
     if len(attributed) != len(trace.device):
         raise InputError(f"{trace.path}: attributed table does not match the trace's kernels")
     rows = rr["row"].to_numpy()
-    names = attributed["name"].astype(object).to_numpy()[rows]
-    kinds = attributed["kind"].astype(object).to_numpy()[rows]
-    grids = trace.device["grid"].astype(object).to_numpy()[rows]
     own = None if mapping is not None else _own_mapping(trace, attributed)
     templates = mapping if mapping is not None else own
-    vocab = pd.Index(pd.unique(np.concatenate(
-        [names, templates.rows["name"].astype(object).to_numpy() if templates else []])))
-    codes = vocab.get_indexer(names)
+    dev = trace.device
+    names = dev["name"].cat
+    vocab = names.categories.astype(object)
+    if templates is not None:
+        vocab = vocab.append(pd.Index(templates.rows["name"].astype(object).unique())).unique()
+    codes = np.append(vocab.get_indexer(names.categories.astype(object)), -1)[
+        names.codes.to_numpy()[rows]]
     replay = rr["replay"].to_numpy()
     graph, reps = _graphs(codes, replay)
     starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
     results, per_graph, flags = [], [], []
     for r in reps:
         seq = slice(starts[r], starts[r + 1] if r + 1 < len(starts) else len(rows))
-        res, info = _name_graph(codes[seq], names[seq], kinds[seq], grids[seq], vocab,
+        at = rows[seq]
+        res, info = _name_graph(codes[seq], vocab[codes[seq]].to_numpy(dtype=object),
+                                dev["kind"].astype(object).to_numpy()[at],
+                                dev["grid"].astype(object).to_numpy()[at], vocab,
                                 templates, templates is own, model, shapes)
         results.append(res)
         flags.extend(info.pop("flags"))
@@ -609,8 +615,7 @@ def _write(att: pd.DataFrame, rr: pd.DataFrame, graph: np.ndarray,
     rows = rr["row"].to_numpy()
     out = att.copy()
     for c in (*CARRIED, "source"):
-        vals = pos_table[c].to_numpy(dtype=object)[at]
-        out[c] = _overwrite(att[c], rows, vals)
+        out[c] = _overwrite(att[c], rows, pos_table[c].to_numpy(dtype=object), at)
     layer = out["layer"].astype("Int64").array.copy()
     layer[rows] = pos_table["layer"].astype("Int64").array.take(at)
     out["layer"] = layer
@@ -626,14 +631,15 @@ def _write(att: pd.DataFrame, rr: pd.DataFrame, graph: np.ndarray,
     return out, pos_table["how"].to_numpy(dtype=object)[at]
 
 
-def _overwrite(col: pd.Series, rows: np.ndarray, values: np.ndarray):
-    """A str column with `values` (object, None = missing) at `rows`."""
-    old = pd.Categorical(col)
-    new = pd.Categorical(values)
-    cats = old.categories.append(new.categories).unique()
-    codes = np.append(cats.get_indexer(old.categories), -1)[old.codes]
-    codes[rows] = np.append(cats.get_indexer(new.categories), -1)[new.codes]
-    return _strings(pd.Categorical.from_codes(codes, cats))
+def _overwrite(col: pd.Series, rows: np.ndarray, values: np.ndarray, at: np.ndarray):
+    """A str column with values[at] (object, None = missing) at `rows` (arrow take and
+    replace_with_mask: no per-row Python, no categorical of the whole column)."""
+    order = np.argsort(rows, kind="stable")
+    mask = np.zeros(len(col), dtype=bool)
+    mask[rows] = True
+    old = pa.array(col.array, type=pa.large_string())
+    new = pc.take(pa.array(values, type=pa.large_string()), pa.array(at[order]))
+    return pd.array(pc.replace_with_mask(old, pa.array(mask), new), dtype="str")
 
 
 def _report(out, rr, graph, how, per_graph, flags) -> GraphReport:
