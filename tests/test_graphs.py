@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,12 @@ def doc():
     return rf.load(STATIC)
 
 
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory, doc):
+    """The two eager steps as two replays (trace, attributed), shared: name_replays copies."""
+    return _replay(tmp_path_factory.mktemp("replay"), doc)
+
+
 def _replay(tmp_path: Path, doc: dict, **kw):
     t = tr.load_trace(rf.write(rf.as_replays(doc, **kw), tmp_path / "replay.json.gz"))
     return t, tr.attribute(t, QWEN)
@@ -50,8 +57,8 @@ def _flops(att: pd.DataFrame) -> pd.Series:
     return c.groupby("operator")["flops"].sum()
 
 
-def test_replays_are_found_and_unnamed_without_help(tmp_path, doc):
-    t, att = _replay(tmp_path, doc)
+def test_replays_are_found_and_unnamed_without_help(replay):
+    t, att = replay
     rr = graphs.replay_rows(t)
     assert len(rr) == 276 and rr["replay"].nunique() == 2
     assert rr.groupby("replay")["pos"].max().tolist() == [137, 137]
@@ -61,8 +68,8 @@ def test_replays_are_found_and_unnamed_without_help(tmp_path, doc):
     assert (out["operator"] == "unattributed").all()
 
 
-def test_graph_map_carries_names_and_costs(tmp_path, doc, eager, mapping):
-    t, att = _replay(tmp_path, doc)
+def test_graph_map_carries_names_and_costs(eager, mapping, replay):
+    t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, mapping=mapping)
     assert rep.named_fraction == 1.0 and rep.matched_time_us == pytest.approx(rep.time_us)
     assert rep.graphs["method"].tolist() == ["graph_map"] and rep.flags == ()
@@ -79,7 +86,7 @@ def test_graph_map_carries_names_and_costs(tmp_path, doc, eager, mapping):
     assert p["phase"].tolist() == ["decode", "decode"] and p["S"].tolist() == [4096, 4096]
 
 
-def test_missing_and_extra_memsets_are_tolerated(tmp_path, doc, eager):
+def test_missing_and_extra_memsets_are_tolerated(tmp_path, doc, eager, replay):
     """The replay lacks the eager lm_head memset; or the mapping lacks it and the replay has
     it: either way everything is named and lm_head's FLOPs are unchanged."""
     t, att = _replay(tmp_path, doc, drop_memsets=True)
@@ -92,7 +99,7 @@ def test_missing_and_extra_memsets_are_tolerated(tmp_path, doc, eager):
                          tmp_path / "m" / "eager.json.gz")
     m_t = tr.load_trace(no_memset)
     m = graphs.mapping_from(m_t, tr.attribute(m_t, QWEN))
-    t, att = _replay(tmp_path, doc)
+    t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, mapping=m)
     assert rep.named_fraction == 1.0 and rep.graphs["attached"].tolist() == [1]
     memset = (out["kind"] == "memset").to_numpy()
@@ -111,8 +118,8 @@ def test_other_batch_mapping_is_refused(tmp_path, doc, mapping):
     assert out["input_dims"].isna().all()
 
 
-def test_mapping_batch_differs_from_user_batch(tmp_path, doc, mapping):
-    t, att = _replay(tmp_path, doc)
+def test_mapping_batch_differs_from_user_batch(mapping, replay):
+    t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, mapping=mapping,
                                    shapes=graphs.DecodeShapes(batch=4, context=4096))
     assert rep.costed_time_us == 0.0 and "M = 1" in rep.flags[0] and "--batch is 4" in rep.flags[0]
@@ -140,9 +147,9 @@ def test_own_eager_passes_are_the_mapping(tmp_path, doc):
     assert str(path) in rep.graphs["template"].iloc[0]
 
 
-def test_kernel_names_alone(tmp_path, doc, eager):
+def test_kernel_names_alone(eager, replay):
     """No mapping: layers from the attention runs and GEMM counts, checked to repeat."""
-    t, att = _replay(tmp_path, doc)
+    t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN)
     assert rep.graphs["method"].tolist() == ["kernel_name"] and rep.named_fraction == 1.0
     e = eager[1]
@@ -158,8 +165,8 @@ def test_kernel_names_alone(tmp_path, doc, eager):
     assert rep.costed_time_us == 0.0  # named, but no shapes without --batch/--context
 
 
-def test_kernel_names_with_user_shapes(tmp_path, doc, eager):
-    t, att = _replay(tmp_path, doc)
+def test_kernel_names_with_user_shapes(eager, replay):
+    t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, shapes=graphs.DecodeShapes(1, 4096))
     got, want = _flops(out), _flops(eager[1])
     for op in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -195,3 +202,46 @@ def test_align_is_banded_lcs():
     long = np.r_[np.arange(100, 140), a]
     assert (graphs.align(a, long, band=1) >= 0).sum() == 8  # |n - m| widens the band
     assert graphs.align(np.array([5]), np.array([], dtype=int)).tolist() == [-1]
+
+
+# A real replay trace: tests/data/cuda_graph_probe_h200.json.gz, captured on the project's H200
+# (torch 2.11.0+cu130, CUDA 13.0, 2026-11-30) by
+#   lin1 = nn.Linear(1024, 1024), lin2 = nn.Linear(1024, 4096) (bf16); x = randn(4, 1024)
+#   step(x) = silu(lin2(lin1(x))).sum()
+#   with profile(CPU, CUDA, record_shapes=True): two eager warm-up steps on a side stream,
+#   torch.cuda.graph capture of step(x), g.replay() x 3, synchronize.
+# Kernels of a replay: two nvjet GEMMs, silu, sum; all with the cudaGraphLaunch's correlation.
+PROBE = Path(__file__).resolve().parent / "data" / "cuda_graph_probe_h200.json.gz"
+PROBE_FLOPS = 3 * (2 * 4 * 1024 * 1024 + 4 * 1024 + 2 * 4 * 1024 * 4096 + 4 * 4096)
+
+
+def _probe_check(out, rep):
+    assert rep.replays == 3 and rep.kernels == 12 and rep.named_fraction == 1.0
+    c = attach_costs(out[out["source"] == "graph_map"], None)
+    gemm = c[c["cost_kind"] == "gemm"]
+    assert len(gemm) == 6 and gemm["flops"].sum() == PROBE_FLOPS
+
+
+def test_real_replay_named_by_its_warm_up():
+    t = tr.load_trace(PROBE)
+    att = tr.attribute(t)
+    assert (att["source"] == "unattributed").sum() == 12  # the 3 replays
+    out, rep = graphs.name_replays(t, att)
+    assert rep.graphs["method"].tolist() == ["graph_map"]
+    assert "(capture)" not in rep.graphs["template"].iloc[0]  # the eager warm-up came first
+    _probe_check(out, rep)
+
+
+def test_real_replay_named_by_its_capture():
+    """Without the warm-up kernels, the capture's launches (cpu ops with shapes, no kernels)
+    name the replays position by position."""
+    t = tr.load_trace(PROBE)
+    dev = t.device
+    eager = dev["external_id"].notna().to_numpy()
+    t = dataclasses.replace(t, device=dev[~eager].reset_index(drop=True))
+    att = tr.attribute(t)
+    out, rep = graphs.name_replays(t, att)
+    assert rep.graphs["template"].iloc[0].endswith("(capture) 0")
+    assert out["op_name"].tolist()[-4:] == ["aten::addmm", "aten::addmm", "aten::silu",
+                                             "aten::sum"]
+    _probe_check(out, rep)

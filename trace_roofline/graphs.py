@@ -42,6 +42,7 @@ named but uncosted.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trace_roofline import _naming
-from trace_roofline.attribute import _segment_layers
+from trace_roofline.attribute import _segment_layers, attribute
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 from trace_roofline.passes import _decode, _gemm_m, forward_passes
@@ -93,6 +94,8 @@ KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for 
     (r"ArgMaxOps", "aten::argmax"),
     (r"softmax", "aten::_softmax"),
 ))
+_GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
+             "_scaled_mm"}
 _PRE = {3: ("q_proj", "k_proj", "v_proj"), 1: ("qkv_proj",)}
 _POST = {4: ("o_proj", "gate_proj", "up_proj", "down_proj"), 3: ("o_proj", "gate_up_proj",
                                                                   "down_proj")}
@@ -119,6 +122,7 @@ class Mapping:
     source: str
     rows: pd.DataFrame  # CARRIED + layer, op_id, name, kind, grid
     starts: np.ndarray  # template t = rows[starts[t]:starts[t + 1]]
+    positional: bool = False  # a capture: names unknown, kernel k is the k-th launch
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,9 @@ def mapping_from(trace: Trace, attributed: pd.DataFrame) -> Mapping:
     keep[replay_rows(trace)["row"].to_numpy()] = False
     att = attributed.assign(grid=trace.device["grid"].astype(object).to_numpy(),
                             _row=np.arange(len(attributed)))[keep]
-    passes = forward_passes(att)
-    pid = np.asarray(passes.pass_id.to_numpy(np.int64, na_value=-1))
+    pid = np.asarray(forward_passes(att).pass_id.to_numpy(np.int64, na_value=-1))
+    if not (pid >= 0).any():  # no model structure: each ProfilerStep, else all, is one pass
+        pid = pd.factorize(att["step"].astype("Int64").to_numpy(np.float64, na_value=-1.0))[0]
     att = att.assign(_pass=pid)[pid >= 0].sort_values(["_pass", "ts_us"], kind="stable")
     names = pd.Categorical(att["name"].astype(object))
     seq_pass = att["_pass"].to_numpy()
@@ -200,6 +205,56 @@ def mapping_from(trace: Trace, attributed: pd.DataFrame) -> Mapping:
     return Mapping(trace.path, rows[cols], np.r_[bounds, len(rows)])
 
 
+_CAPTURE_BEGIN = re.compile(r"StreamBeginCapture")
+_CAPTURE_END = re.compile(r"StreamEndCapture")
+_LAUNCH = re.compile(r"^(?:cu(?:da)?LaunchKernel(?:Ex|ExC)?(?:_v\d+)?|cudaMemsetAsync|cudaMemcpyAsync)")
+
+
+def capture_mapping(trace: Trace, model: ModelSpec | None = None) -> Mapping | None:
+    """Templates from graph captures in the trace itself: the kernel launches recorded between
+    a cudaStreamBeginCapture and its cudaStreamEndCapture on one thread (they ran no kernel;
+    their cpu ops carry the shapes), in launch order, one template per capture. They are named
+    by attributing them as if each had run a kernel at its launch (`attribute`, rows appended
+    to the device table), so a captured op gets the name and shapes its eager twin would."""
+    rt = trace.runtime.reset_index(drop=True)
+    name = rt["name"].astype(object).fillna("")
+    thread = pd.factorize(pd.MultiIndex.from_arrays([rt["pid"].fillna(-1), rt["tid"].fillna(-1)]))[0]
+    ts = rt["ts_us"].to_numpy(np.float64)
+    begin = np.flatnonzero(name.str.contains(_CAPTURE_BEGIN).to_numpy())
+    end = np.flatnonzero(name.str.contains(_CAPTURE_END).to_numpy())
+    ran = set(trace.device["correlation"].dropna().astype("int64").tolist())
+    corr = rt["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
+    launch = name.str.contains(_LAUNCH).to_numpy() & ~np.isin(corr, list(ran)) & (corr >= 0)
+    capture = np.full(len(rt), -1, dtype=np.int64)
+    for k, b in enumerate(begin):  # captures are few: one loop step each
+        e = end[(thread[end] == thread[b]) & (ts[end] > ts[b])]
+        if len(e):
+            inside = launch & (thread == thread[b]) & (ts > ts[b]) & (ts < ts[e].min())
+            capture[inside] = k
+    rows = np.flatnonzero(capture >= 0)
+    if not len(rows):
+        return None
+    dev = trace.device
+    kind = np.where(name.to_numpy()[rows] == "cudaMemsetAsync", "memset",
+                    np.where(name.to_numpy()[rows] == "cudaMemcpyAsync", "memcpy", "kernel"))
+    fake = pd.DataFrame({
+        "event_id": -1 - np.arange(len(rows)), "name": "captured launch", "kind": kind,
+        "pid": dev["pid"].iloc[0] if len(dev) else pd.NA, "device": 0, "stream": -1,
+        "ts_us": ts[rows], "dur_us": 0.0, "correlation": corr[rows],
+        "external_id": rt["external_id"].to_numpy()[rows], "grid": None, "block": None,
+    })
+    fake = fake.astype({c: t for c, t in dev.dtypes.items() if str(t) != "category"})
+    both = pd.concat([dev.astype({c: object for c, t in dev.dtypes.items()
+                                  if str(t) == "category"}), fake], ignore_index=True)
+    att = attribute(dataclasses.replace(trace, device=both), model).iloc[len(dev):]
+    att = att.assign(grid=None, _pass=capture[rows], _t=ts[rows])
+    att = att.sort_values(["_pass", "_t"], kind="stable").reset_index(drop=True)
+    cols = [*CARRIED, "layer", "op_id", "name", "kind", "grid", "_pass"]
+    p = att["_pass"].to_numpy()
+    bounds = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+    return Mapping(f"{trace.path} (capture)", att[cols], np.r_[bounds, len(att)], positional=True)
+
+
 def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None = None,
                  mapping: Mapping | None = None, shapes: DecodeShapes | None = None
                  ) -> tuple[pd.DataFrame, GraphReport | None]:
@@ -211,13 +266,17 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
     if len(attributed) != len(trace.device):
         raise InputError(f"{trace.path}: attributed table does not match the trace's kernels")
     rows = rr["row"].to_numpy()
-    own = None if mapping is not None else _own_mapping(trace, attributed)
-    templates = mapping if mapping is not None else own
+    if mapping is not None:
+        candidates = [(mapping, MAPPING_MATCH, True)]
+    else:
+        own, cap = _own_mapping(trace, attributed), capture_mapping(trace, model)
+        candidates = [(own, OWN_PASS_MATCH, False)] * (own is not None)
+        candidates += [(cap, 1.0, False)] * (cap is not None)
     dev = trace.device
     names = dev["name"].cat
     vocab = names.categories.astype(object)
-    if templates is not None:
-        vocab = vocab.append(pd.Index(templates.rows["name"].astype(object).unique())).unique()
+    for m, _, _ in candidates:
+        vocab = vocab.append(pd.Index(m.rows["name"].astype(object).unique())).unique()
     codes = np.append(vocab.get_indexer(names.categories.astype(object)), -1)[
         names.codes.to_numpy()[rows]]
     replay = rr["replay"].to_numpy()
@@ -230,7 +289,7 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
         res, info = _name_graph(codes[seq], vocab[codes[seq]].to_numpy(dtype=object),
                                 dev["kind"].astype(object).to_numpy()[at],
                                 dev["grid"].astype(object).to_numpy()[at], vocab,
-                                templates, templates is own, model, shapes)
+                                candidates, model, shapes)
         results.append(res)
         flags.extend(info.pop("flags"))
         per_graph.append(info)
@@ -290,26 +349,58 @@ def _own_mapping(trace: Trace, attributed: pd.DataFrame) -> Mapping | None:
     return m if len(m.rows) else None
 
 
-def _name_graph(codes, names, kinds, grids, vocab, templates, own, model, shapes):
+def _name_graph(codes, names, kinds, grids, vocab, candidates, model, shapes):
     """(position table, info) of one graph: the position table has one row per kernel of the
-    replay with CARRIED, layer, inst (instance within the replay, -1 none), source, how."""
-    info = {"method": "none", "template": None, "matched": 0, "attached": 0,
-            "grid_mismatch": 0, "shapes": "none", "note": None, "flags": []}
-    if templates is not None:
-        res = _by_mapping(codes, kinds, grids, vocab, templates, shapes, info)
-        need = OWN_PASS_MATCH if own else MAPPING_MATCH
+    replay with CARRIED, layer, inst (instance within the replay, -1 none), source, how.
+    `candidates`: (Mapping, needed match share, explicit) to try in order."""
+    info = _fresh_info()
+    for m, need, explicit in candidates:
+        res = (_by_capture(names, kinds, m, info) if m.positional
+               else _by_mapping(codes, kinds, grids, vocab, m, shapes, info))
         if res is not None and info["matched"] >= need * len(codes):
             return res, info
-        if not own:
-            flags = [f"graph mapping {templates.source}: its best pass matches "
-                     f"{info['matched']} of the graph's {len(codes)} kernels (< {need:.0%}): "
-                     "not the replayed step, not used"]
-        info.update(method="none", template=None, matched=0, attached=0, grid_mismatch=0,
-                    shapes="none", note=None, flags=[] if own else flags)
+        flags = [f"graph mapping {m.source}: its best pass matches {info['matched']} of the "
+                 f"graph's {len(codes)} kernels (< {need:.0%}): not the replayed step, not "
+                 "used"] if explicit else []
+        info = _fresh_info(flags)
     res = _by_kernel_names(names, kinds, model, shapes, info)
     if res is not None:
         return res, info
     return _empty(len(codes)), info
+
+
+def _fresh_info(flags: list[str] | None = None) -> dict:
+    return {"method": "none", "template": None, "matched": 0, "attached": 0,
+            "grid_mismatch": 0, "shapes": "none", "note": None, "flags": flags or []}
+
+
+def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
+    """The capture with as many launches as the replay has kernels, kernel k = launch k, when
+    every GEMM / fused-attention / memset kernel sits where the capture launched that kind."""
+    n = len(names)
+    op = kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object)
+    for t in range(len(m.starts) - 1):
+        tmpl = m.rows.iloc[m.starts[t]:m.starts[t + 1]].reset_index(drop=True)
+        if len(tmpl) != n:
+            continue
+        base = tmpl["op_name"].astype(object).fillna("").str.rsplit("::", n=1).str[-1]
+        t_gemm = base.isin(_GEMM_OPS).to_numpy()
+        t_attn = _naming.is_attention(tmpl["op_name"].astype(object).fillna("")).to_numpy()
+        fits = ((op == "gemm") <= t_gemm) & ((op == "aten::scaled_dot_product_attention")
+                                             <= t_attn)
+        fits &= (kinds == "memset") == (tmpl["kind"].to_numpy(dtype=object) == "memset")
+        if not fits.all():
+            continue
+        res = _empty(n)
+        for c in (*CARRIED, "layer"):
+            res[c] = tmpl[c].to_numpy(dtype=object) if c != "layer" else tmpl[c].array
+        res["inst"] = pd.factorize(tmpl["op_id"].astype("Int64").to_numpy(
+            np.float64, na_value=np.nan))[0]
+        res["source"] = "graph_map"
+        res["how"] = "matched"
+        info.update(method="graph_map", template=f"{m.source} {t}", matched=n, shapes="mapping")
+        return res
+    return None
 
 
 def _empty(n: int) -> pd.DataFrame:
@@ -328,6 +419,8 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, shapes, info) -> pd.Data
     best, best_n = None, 0
     for t in range(len(m.starts) - 1):
         tc = t_codes[m.starts[t]:m.starts[t + 1]]
+        if len(tc) > 8 * len(codes) + BAND:  # too long to be this step: keeps align linear
+            continue
         common = np.minimum(np.bincount(codes, minlength=len(vocab)),
                             np.bincount(tc, minlength=len(vocab))).sum()
         if common > best_n:
