@@ -178,3 +178,15 @@ def test_no_structure_no_pass():
     rows = _rows([("other", "aten::add", [[4], [4]], None)], pass_of=[None])
     p = forward_passes(rows)
     assert p.table.empty and p.pass_id.isna().all() and p.phase.tolist() == ["unknown"]
+
+
+def test_annotate_sets_step_to_the_pass(hf_decode, hf_prefill):
+    from trace_roofline.passes import annotate
+
+    pre = hf_prefill[hf_prefill["step"] == 3]
+    gen = pd.concat([pre, hf_decode.assign(ts_us=hf_decode["ts_us"] + 1e6)], ignore_index=True)
+    out, p = annotate(gen)
+    assert out["profiler_step"].tolist() == gen["step"].astype("Int64").tolist()
+    assert sorted(out["step"].unique().tolist()) == [0, 1, 2, 3]
+    assert out.groupby("step")["phase"].first().tolist() == ["prefill"] + ["decode"] * 3
+    assert len(p.table) == 4

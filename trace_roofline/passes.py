@@ -208,6 +208,15 @@ def forward_passes(attributed: pd.DataFrame) -> Passes:
                   phase.astype(object), table)
 
 
+def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
+    """`attributed` with the forward pass as `step` (NA outside every pass), the ProfilerStep
+    number it had as `profiler_step`, and the pass's `phase`; and the passes found."""
+    p = forward_passes(attributed)
+    out = attributed.assign(profiler_step=attributed["step"].astype("Int64"),
+                            step=p.pass_id, phase=pd.array(p.phase, dtype="str"))
+    return out, p
+
+
 def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
               ) -> tuple[np.ndarray, dict[int, str]]:
     """Pass number per time-sorted row (-1: none) and what opened each pass."""
