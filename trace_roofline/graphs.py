@@ -731,6 +731,8 @@ def _overwrite(col: pd.Series, rows: np.ndarray, values: np.ndarray, at: np.ndar
     mask = np.zeros(len(col), dtype=bool)
     mask[rows] = True
     old = pa.array(col.array, type=pa.large_string())
+    if isinstance(old, pa.ChunkedArray):
+        old = old.combine_chunks()
     new = pc.take(pa.array(values, type=pa.large_string()), pa.array(at[order]))
     return pd.array(pc.replace_with_mask(old, pa.array(mask), new), dtype="str")
 

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from trace_roofline.shapes import _ATTENTION
 
@@ -194,7 +196,8 @@ def forward_passes(attributed: pd.DataFrame) -> Passes:
     """
     n = len(attributed)
     order = np.argsort(attributed["ts_us"].to_numpy(np.float64), kind="stable")
-    op = attributed["operator"].to_numpy(dtype=object)[order]
+    op_codes, op_cats = _codes(attributed["operator"])
+    op = np.append(op_cats, None)[op_codes[order]]
     layer = attributed["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
     step = attributed["step"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
     pid_sorted, opened = _pass_ids(op, layer, step)
@@ -268,21 +271,36 @@ def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
     return out, opened
 
 
+def _codes(col: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, categories) of a str column (or of its `rows`), missing = -1: arrow's dictionary
+    encoding, no Python object per row."""
+    arr = pa.array(col.array if hasattr(col, "array") else col, type=pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if rows is not None:
+        arr = pc.take(arr, pa.array(rows))
+    enc = pc.dictionary_encode(arr)
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    codes = np.where(enc.indices.is_null().to_numpy(zero_copy_only=False), -1, codes)
+    return codes.astype(np.int64), np.asarray(enc.dictionary.to_pylist(), dtype=object)
+
+
 def _evidence(att: pd.DataFrame, pass_id: np.ndarray) -> pd.DataFrame:
     """One row per (pass, evidence row) with rule, T_min, T_max, B, S."""
-    cols = ["operator", "op_name", "input_dims"]
-    conc = att.get("concrete_inputs")
-    cand = (att["op_name"].notna() & att["input_dims"].notna()).to_numpy() & (pass_id >= 0)
-    opn = att["operator"].astype(object).to_numpy()
-    cand &= np.isin(opn, ["attention", "kv_cache", *_Q_PROJ]) | att["op_name"].astype(
-        object).isin(list(ATTENTION_LAYOUTS)).to_numpy()
+    op, op_cats = _codes(att["operator"])
+    name, name_cats = _codes(att["op_name"])
+    keep_op = np.append(np.isin(op_cats, ["attention", "kv_cache", *_Q_PROJ]), False)
+    keep_name = np.append(np.isin(name_cats, list(ATTENTION_LAYOUTS)), False)
+    cand = (keep_op[op] | keep_name[name]) & (name >= 0) & (pass_id >= 0)
+    cand &= att["input_dims"].notna().to_numpy()
     rows = np.flatnonzero(cand)
-    sub = att.iloc[rows][cols].astype(object)
-    sub["concrete_inputs"] = (conc.iloc[rows].astype(object).to_numpy() if conc is not None
-                              else None)
-    sub = sub.fillna("")
-    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(sub))
-    found = [_read_combo(*u) for u in uniq]
+    cols = ["operator", "op_name", "input_dims", "concrete_inputs"]
+    parts = [_codes(att[c], rows) if c in att else (np.full(len(rows), -1), np.zeros(0, object))
+             for c in cols]
+    codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([c for c, _ in parts]))
+    found = [_read_combo(*(cats[k] if k >= 0 else "" for k, (_, cats) in zip(u, parts,
+                                                                             strict=True)))
+             for u in uniq]
     table = pd.DataFrame(found, columns=["rule", "T_min", "T_max", "B", "S", "M", "B4"])
     ev = table.iloc[codes].reset_index(drop=True)
     ev["pass"] = pass_id[rows]
