@@ -122,7 +122,10 @@ def test_mapping_batch_differs_from_user_batch(mapping, replay):
     t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, mapping=mapping,
                                    shapes=graphs.DecodeShapes(batch=4, context=4096))
-    assert rep.costed_time_us == 0.0 and "M = 1" in rep.flags[0] and "--batch is 4" in rep.flags[0]
+    assert "M = 1" in rep.flags[0] and "--batch is 4" in rep.flags[0]
+    assert rep.graphs["shapes"].tolist() == ["user"]  # the user's shapes, not the mapping's
+    q = attach_costs(out, QWEN).query("operator == 'q_proj'")
+    assert q["M"].tolist() == [4] * 4
 
 
 def test_own_eager_passes_are_the_mapping(tmp_path, doc):

@@ -8,22 +8,28 @@ same kernels in the same order): each graph is worked out once and the result is
 its replays, so the cost is linear in kernels. Evidence, best first (`source` of the rows):
 
 1. `graph_map`: the kernels of an eager forward pass of the same step, from a mapping trace
-   (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step) or, without one, from the
-   replay trace's own eager passes (the warm-up before the capture; used only when they match
-   >= OWN_PASS_MATCH of the graph's kernels; a mapping matching < MAPPING_MATCH of them is not
-   the replayed step and is not used, with a flag). The graph's kernel-name sequence is aligned with
-   each eager pass's: a longest common subsequence inside a band of BAND kernels around the
-   diagonal (plus the length difference), O((n + m)·w), never O(n·m); the pass sharing the most
-   kernels is the template. A matched kernel takes its eager twin's operator, layer, op name and
-   Input Dims / types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op
-   instance becomes one instance per replay. Unmatched split-K reduces join the kernel before
-   them, unmatched memsets / memcpys the kernel after them (`attached`).
+   (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step; `mapping_from`) or,
+   without one, from the replay trace's own eager passes (the warm-up before the capture; used
+   only when they match >= OWN_PASS_MATCH of the graph's kernels; a mapping trace matching
+   < MAPPING_MATCH of them is not the replayed step and is not used, with a flag). Passes come
+   from `passes.forward_passes`; without model structure each ProfilerStep (else the whole
+   eager sequence) is one. The graph's kernel-name sequence is aligned with each eager pass's:
+   a longest common subsequence inside a band of BAND kernels around the diagonal (plus the
+   length difference), O((n + m)·w), never O(n·m); the pass sharing the most kernels is the
+   template. A matched kernel takes its eager twin's operator, layer, op name and Input Dims /
+   types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op instance becomes
+   one instance per replay. Unmatched split-K reduces join the kernel before them, unmatched
+   memsets / memcpys the kernel after them (`attached`).
    Shape check: the step and its mapping must launch the same grids. A matched kernel with
    another grid outside attention means another batch (elementwise grids scale with B·H, GEMM
    grids with M): every carried shape is dropped and a flag says why (names stay: the order
    matched); another grid inside attention only means another context length: attention's
    shapes are dropped. With `shapes` given, a template whose q_proj M differs from the batch is
    refused the same way.
+   Last, the capture itself (`capture_mapping`): the launches between cudaStreamBeginCapture
+   and cudaStreamEndCapture ran no kernel but their cpu ops carry shapes; a capture with as
+   many launches as the graph has kernels names kernel k by launch k, when the GEMM,
+   fused-attention and memset kernels sit where the capture launched those kinds of op.
 2. `kernel_name`: no usable mapping: the model and the kernel sequence alone. Kernels are
    classified by name (KERNEL_OPS: GEMM libraries, fused attention, Triton, at::native
    functors); fused-attention kernels in runs mark the layers; the GEMMs between them must come
@@ -356,7 +362,7 @@ def _name_graph(codes, names, kinds, grids, vocab, candidates, model, shapes):
     info = _fresh_info()
     for m, need, explicit in candidates:
         res = (_by_capture(names, kinds, m, info) if m.positional
-               else _by_mapping(codes, kinds, grids, vocab, m, shapes, info))
+               else _by_mapping(codes, kinds, grids, vocab, m, model, shapes, info))
         if res is not None and info["matched"] >= need * len(codes):
             return res, info
         flags = [f"graph mapping {m.source}: its best pass matches {info['matched']} of the "
@@ -413,7 +419,8 @@ def _empty(n: int) -> pd.DataFrame:
     return t
 
 
-def _by_mapping(codes, kinds, grids, vocab, m: Mapping, shapes, info) -> pd.DataFrame | None:
+def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
+                ) -> pd.DataFrame | None:
     """Align with the best template; carry names and (checked) shapes."""
     t_codes = vocab.get_indexer(m.rows["name"].astype(object).to_numpy())
     best, best_n = None, 0
@@ -454,7 +461,7 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, shapes, info) -> pd.Data
     res["how"] = how
     info.update(method="graph_map", template=f"{m.source} pass {int(tmpl['_pass'].iloc[0])}",
                 matched=int((how == "matched").sum()), attached=int((how == "attached").sum()))
-    _check_shapes(res, match, grids, tmpl, shapes, info)
+    _check_shapes(res, match, grids, tmpl, model, shapes, info)
     return res
 
 
@@ -468,7 +475,7 @@ def _ffill(src: np.ndarray, forward: bool) -> np.ndarray:
     return out if forward else out[::-1]
 
 
-def _check_shapes(res, match, grids, tmpl, shapes, info) -> None:
+def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
     """Drop carried shapes the replay does not share (module docstring, shape check)."""
     ok = match >= 0
     t_grid = tmpl["grid"].to_numpy(dtype=object)
@@ -493,10 +500,15 @@ def _check_shapes(res, match, grids, tmpl, shapes, info) -> None:
             refuse = True
             why = (f"the mapping's q_proj has M = {m} tokens but --batch is {shapes.batch}: "
                    "names carried, the mapping's shapes not")
+    info["shapes"] = "mapping"
     if refuse:
         res.loc[:, ["op_name", "input_dims", "input_types", "concrete_inputs",
                     "input_strides"]] = None
-    info["shapes"] = "none" if refuse else "mapping"
+        info["shapes"] = "none"
+        if shapes is not None and model is not None:
+            user_shapes(res, model, shapes)
+            info["shapes"] = "user"
+            why += "; costed from --batch/--context instead"
     if why:
         info["note"] = why
         info["flags"].append(f"graph mapping {info['template']}: {why}")
