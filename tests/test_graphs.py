@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,25 @@ def test_real_replay_named_by_its_capture():
     assert out["op_name"].tolist()[-4:] == ["aten::addmm", "aten::addmm", "aten::silu",
                                              "aten::sum"]
     _probe_check(out, rep)
+
+
+def test_cli_graph_map_and_user_shapes(tmp_path, doc, capsys):
+    from trace_roofline.cli import main
+
+    path = rf.write(rf.as_replays(doc), tmp_path / "replay.json.gz")
+    assert main(["analyze", str(path), "--model", "qwen2.5-7b", "--graph-map", str(STATIC),
+                 "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "forward passes: 2 decode (T=1)" in out
+    assert "CUDA graphs: 2 replay(s) of 1 graph(s), 276 kernels" in out
+    assert "named 100.0% of their time (100.0% by an aligned eager kernel" in out
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["forward_passes"]["per_phase"] == {"decode": 2}
+    assert rep["cuda_graphs"]["named_fraction"] == 1.0
+    assert main(["analyze", str(path), "--model", "qwen2.5-7b", "--batch", "1",
+                 "--context", "4096"]) == 0
+    assert "evidence: kernel_name" in capsys.readouterr().out
+    assert main(["analyze", str(path), "--batch", "1"]) == 2
+    assert "--batch and --context go together" in capsys.readouterr().err
+    assert main(["analyze", str(path), "--batch", "1", "--context", "9"]) == 2
+    assert "need --model" in capsys.readouterr().err

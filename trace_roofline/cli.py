@@ -76,9 +76,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if len(args.ncu) > len(traces):
         raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
     ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
+    shapes = None
+    if (args.batch is None) != (args.context is None):
+        raise InputError("--batch and --context go together (the decode shapes of graph replays)")
+    if args.batch is not None:
+        from trace_roofline.graphs import DecodeShapes
+
+        shapes = DecodeShapes(args.batch, args.context)
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
+                      layers=args.layers, ncu=csv, by_shape=args.by_shape,
+                      graph_map=args.graph_map, decode_shapes=shapes, progress=progress_bar())
         for t, csv in zip(traces, ncu, strict=True)
     ]
     # Render every output in memory first: a failure leaves no partial files behind.
@@ -134,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-layer", action="store_true", help="one terminal row per layer")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
+    p.add_argument("--graph-map", metavar="EAGER_TRACE",
+                   help="eager (graphs off) trace of the same step: names and shapes for "
+                        "CUDA-graph replays")
+    p.add_argument("--batch", type=int, help="CUDA-graph replays without a mapping: decode batch B")
+    p.add_argument("--context", type=int, help="... and keys S each query attends to (with --batch)")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
     add_convention_args(p)

@@ -7,8 +7,10 @@ import os
 
 import pandas as pd
 
+from trace_roofline import graphs, passes
 from trace_roofline import ncu as ncu_csv
 from trace_roofline.attribute import attribute
+from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
@@ -34,6 +36,8 @@ def analyze_trace(
     layers: int | None = None,
     ncu: str | os.PathLike | None = None,
     by_shape: bool = False,
+    graph_map: Trace | str | os.PathLike | None = None,
+    decode_shapes: graphs.DecodeShapes | None = None,
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
@@ -41,14 +45,30 @@ def analyze_trace(
     `hardware` defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
     intensities but no roofline placement. `ncu` is an Nsight Compute raw CSV of the same
     workload: its DRAM bytes become each operator's measured bytes and measured intensity.
+    CUDA-graph replays are named by `graphs.name_replays`: from `graph_map` (an eager trace of
+    the same step, attributed with the same model) when given, else from the trace's own eager
+    passes or capture, else from the model and the kernel names, costed there from
+    `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
+    phase (`passes.annotate`).
     """
+    if decode_shapes is not None and model is None:
+        raise InputError("--batch/--context need --model (the shapes of its linears)")
     if not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
     hw = hardware or trace_hardware(trace)
-    attributed = attribute(trace, model)
+    mapping = None
+    if graph_map is not None:
+        m_trace = graph_map if isinstance(graph_map, Trace) else load_trace(graph_map,
+                                                                            progress=progress)
+        mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
+    attributed, replays = graphs.name_replays(trace, attribute(trace, model), model,
+                                              mapping=mapping, shapes=decode_shapes)
+    attributed, found = passes.annotate(attributed)
+    extra = {"passes": found.table, "graphs": replays}
     if ncu is None:
-        return analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                       attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)
+        a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
+                    attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)
+        return dataclasses.replace(a, **extra)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
@@ -59,7 +79,7 @@ def analyze_trace(
     flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
-    return dataclasses.replace(a, ncu=summary)
+    return dataclasses.replace(a, ncu=summary, **extra)
 
 
 def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:

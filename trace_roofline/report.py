@@ -101,11 +101,12 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     if _flagged(ops["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
     lines.append(_coverage_line(a))
+    lines += passes_lines(a) + graphs_lines(a)
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
-                     f"({phase}, per step): {ext['flops'] / 1e9:.2f} GFLOP, "
+                     f"({phase}, per forward pass): {ext['flops'] / 1e9:.2f} GFLOP, "
                      f"{ext['bytes'] / 1e9:.3f} GB, intensity {ext['intensity']:.2f} FLOP/B")
     checks = a.costed["check"].dropna().unique()
     if len(checks):
@@ -142,6 +143,36 @@ def _coverage_line(a: Analysis) -> str:
     return (f"coverage: {_pct(c['fraction'])} of {c['kernel_time_us']:.1f} µs measured time "
             f"attributed to operators, {_pct(c['costed_fraction'])} costed; "
             f"{c['uncosted_instances']} uncosted op instance(s)")
+
+
+def passes_lines(a: Analysis) -> list[str]:
+    """How many forward passes each phase holds, and that its figures are sums over them."""
+    t = a.passes
+    if t is None or t.empty:
+        return []
+    parts = []
+    for phase, g in t.groupby("phase", sort=False):
+        lo, hi = g["T_min"].min(), g["T_max"].max()
+        tokens = "" if pd.isna(lo) else f" (T={lo})" if lo == hi else f" (T={lo}..{hi})"
+        parts.append(f"{len(g)} {phase}{tokens}")
+    evidence = ", ".join(sorted(t["evidence"].unique()))
+    return [f"forward passes: {', '.join(parts)} (phase from {evidence}); each phase's time, "
+            "FLOPs and bytes are summed over its passes (per pass: divide by their number)"]
+
+
+def graphs_lines(a: Analysis) -> list[str]:
+    """CUDA-graph replays: how much of their time was named and costed, on what evidence."""
+    g = a.graphs
+    if g is None:
+        return []
+    methods = ", ".join(f"{r.method}" + (f" ({r.template})" if isinstance(r.template, str) else "")
+                        for r in g.graphs.itertuples())
+    share = (lambda us: us / g.time_us) if g.time_us else (lambda us: math.nan)
+    return [f"CUDA graphs: {g.replays} replay(s) of {len(g.graphs)} graph(s), {g.kernels} "
+            f"kernels, {g.time_us:.1f} µs; named {_pct(g.named_fraction)} of their time "
+            f"({_pct(share(g.matched_time_us))} by an aligned eager kernel of the same name), "
+            f"costed {_pct(share(g.costed_time_us))}; evidence: {methods}"] + [
+        f"! {f}" for f in g.flags]
 
 
 def _pct(x: float) -> str:
@@ -181,6 +212,20 @@ def _entry(a: Analysis) -> dict[str, object]:
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
     }
+    if a.passes is not None:
+        entry["forward_passes"] = {
+            "per_phase": {str(k): int(v) for k, v in a.passes["phase"].value_counts(sort=False).items()},
+            "figures_are": "sums over each phase's passes",
+            "passes": _records(a.passes),
+        }
+    if a.graphs is not None:
+        g = a.graphs
+        entry["cuda_graphs"] = {
+            "replays": g.replays, "kernels": g.kernels, "time_us": g.time_us,
+            "named_time_us": g.named_time_us, "named_fraction": g.named_fraction,
+            "matched_time_us": g.matched_time_us, "costed_time_us": g.costed_time_us,
+            "flags": list(g.flags), "graphs": _records(g.graphs),
+        }
     if a.ncu is not None:
         entry["ncu"] = dict(a.ncu)
     if a.extrapolated is not None:
@@ -220,7 +265,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         out += [f"![roofline]({chart})", ""]
     for a in analyses:
         out += [f"## {a.trace}", "", f"- {_hardware_line(a)}", f"- conventions: {conventions_line(a)}",
-                f"- {_coverage_line(a)}"]
+                f"- {_coverage_line(a)}", *(f"- {x}" for x in passes_lines(a) + graphs_lines(a))]
         if a.model:
             out.append(f"- model: {a.model.name}")
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
@@ -253,7 +298,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                        f"**{_fmt(math.fsum(rec['contribution']), '.4f')}** |")
         if a.extrapolated is not None:
             out += ["", f"### Extrapolated to {a.layers} layers + embedding, final norm, lm_head"
-                    " (one step)", "",
+                    " (one forward pass)", "",
                     "| phase | operator | source | GFLOP | MB | FLOP/B | byte share | contribution |",
                     "|---|---|---|---|---|---|---|---|"]
             for r in a.extrapolated.itertuples():

@@ -69,7 +69,7 @@ COSTED_COLUMNS = {
     "operator": "str",  # canonical operator (attribute.py)
     "layer": "Int64",
     "step": "Int64",
-    "phase": "str",  # decode|prefill of the instance's step (from its attention), else unknown
+    "phase": "str",  # prefill|decode|mixed of the instance's forward pass (passes.py), else unknown
     "kernels": "int64",  # device rows (kernels, memcpy, memset) of the instance
     "ts_us": "float64",  # first kernel start
     "time_us": "float64",  # Σ dur_us of the instance's kernels
@@ -239,7 +239,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     # An op whose kernels were attributed to several rows is costed once, on its first row.
     again = out["op_id"].notna() & out["op_id"].duplicated() & out["flops"].notna()
     out.loc[again, ["flops", "bytes"]] = 0.0
-    out["phase"] = _phases(out)
+    # the forward pass's phase (passes.annotate) when the table has it, else per step
+    out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     out["check"] = out["check"].fillna(_gemm_check(out, model))
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
@@ -271,8 +272,11 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
+    if "phase" in att:
+        work["phase"] = att["phase"].to_numpy()
     g = work.groupby(["_inst", "operator", "layer", "step"], dropna=False, sort=False)
     inst = g.agg(
+        **({"phase": ("phase", "first")} if "phase" in att else {}),
         op_id=("op_id", "first"), op_name=("op_name", "first"),
         input_dims=("input_dims", "first"), input_types=("input_types", "first"),
         concrete_inputs=("concrete_inputs", "first"),
