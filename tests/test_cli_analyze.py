@@ -10,9 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.builders import attributed, qwen_layer
 from trace_roofline._files import write_files
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.report import report_dict
+from trace_roofline.roofline import analyze
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
@@ -193,3 +198,23 @@ def test_directory_of_traces(tmp_path, capsys):
     assert len(json.loads(path.read_text())["traces"]) == 2
     r = _cli("analyze", str(DECODE), "--ncu", str(tmp_path))
     assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+def test_a_builder_trace_analyses_like_its_op_table(tmp_path, kineto, trace_file):
+    """tests/builders.py: the trace `Kineto.emit` writes for an op list and the attributed table
+    of the same list give the same operators, kernels, FLOPs and bytes."""
+    tiny = get_model("qwen-tiny")
+    ops = qwen_layer(tiny, 1, 64)
+    kineto.emit(ops)
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(trace_file(kineto)), "--model", "qwen-tiny", "--json",
+                 str(path)]) == 0
+    table = report_dict([analyze(attributed(ops), tiny, get_hardware("h200-measured"), trace="t")])
+
+    def rows(report: dict) -> dict:
+        entry = report["traces"][0] if "traces" in report else report
+        return {o["operator"]: (o["kernels"], o["flops"], o["bytes"]) for o in entry["operators"]
+                if o["layer"] is None}
+
+    assert rows(json.loads(path.read_text())) == rows(table)
+    assert len(rows(table)) == 14

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.text import Text
-from roofline_fixtures import attributed, concat, qwen_layer
 
+from tests.builders import attributed, concat, qwen_layer
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.plot import roofline_figure

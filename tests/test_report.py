@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
 
+from tests.builders import BF, Op, attributed, concat, qwen_layer
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.report import markdown, report_dict, terminal_table
