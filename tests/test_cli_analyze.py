@@ -10,16 +10,27 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.builders import attributed, qwen_layer
 from trace_roofline._files import write_files
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
+from trace_roofline.hardware import get_hardware
+from trace_roofline.models import get_model
+from trace_roofline.report import report_dict
+from trace_roofline.roofline import analyze
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 NCU = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
-OUTPUTS = {"operators.csv", "operators.parquet", "report.json", "report.md", "roofline.png",
-           "roofline.svg"}
+OUTPUTS = {"operators.csv", "operators_by_layer.csv", "operators.parquet", "report.json",
+           "report.md", "roofline.png", "roofline.svg"}
+
+
+def entry(path: Path) -> dict:
+    """The one trace's entry of a report.json."""
+    (only,) = json.loads(path.read_text())["traces"]
+    return only
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -53,9 +64,17 @@ def test_decode_and_prefill_side_by_side(tmp_path, capsys):
     assert ops["decode", "attention"]["intensity"] == pytest.approx(6.98, abs=0.01)
     assert decode["extrapolated"]["whole_model"]["decode"]["intensity"] == pytest.approx(1.05, abs=0.02)
     csv = pd.read_csv(out / "operators.csv")
+    by_layer = pd.read_csv(out / "operators_by_layer.csv")
     parquet = pd.read_parquet(out / "operators.parquet")
-    assert len(csv) == len(parquet) and set(csv["trace"]) == {str(DECODE), str(PREFILL)}
-    assert csv["time_us"].sum() == pytest.approx(parquet["time_us"].sum())
+    assert len(csv) + len(by_layer) == len(parquet)
+    assert set(csv["trace"]) == {str(DECODE), str(PREFILL)}
+    assert csv["time_us"].sum() == pytest.approx(parquet.loc[parquet["layer"].isna(), "time_us"].sum())
+    # one scale for shares: fractions, named by unit; the layer reads back as an integer
+    assert "pct_of_roof" not in csv.columns and "pct_of_roof" not in parquet.columns
+    down = csv.set_index(["trace", "operator"]).loc[(str(DECODE), "down_proj")]
+    assert down["roof_fraction"] == pytest.approx(ops["decode", "down_proj"]["roof_fraction"])
+    assert 0.7 < down["roof_fraction"] < 0.9 and 0 < down["time_share"] < 1
+    assert by_layer["layer"].dtype == "int64" and set(by_layer["layer"]) == {0}
     assert (out / "roofline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.md").read_text().startswith("# trace_roofline report")
 
@@ -64,7 +83,7 @@ def test_conventions_change_attention_only(tmp_path):
     def attention(*conv: str) -> dict:
         path = tmp_path / f"{'_'.join(conv) or 'default'}.json"
         assert main(["analyze", str(PREFILL), "--json", str(path), *conv]) == 0
-        report = json.loads(path.read_text())
+        report = entry(path)
         assert report["conventions"]["causal"] in ("causal", "full")
         return {o["operator"]: o for o in report["operators"] if o["layer"] is None}
 
@@ -79,7 +98,7 @@ def test_ncu_measured_bytes(tmp_path, capsys):
     path = tmp_path / "report.json"
     assert main(["analyze", str(DECODE), "--ncu", str(NCU), "--json", str(path)]) == 0
     assert "138 of 138 trace kernels matched" in capsys.readouterr().out
-    report = json.loads(path.read_text())
+    report = entry(path)
     assert report["ncu"]["trace_unmatched"] == 0
     down = next(o for o in report["operators"] if o["operator"] == "down_proj" and o["layer"] is None)
     # a decode GEMM reads its weights once: measured DRAM bytes within 2% of the analytical minimum
@@ -153,8 +172,7 @@ def test_by_shape_places_each_m_of_the_sweep(tmp_path):
     path = tmp_path / "sweep.json"
     sweep = SAMPLES / "qwen2.5-7b_msweep_q_proj_bf16_h200.json.gz"
     assert main(["analyze", str(sweep), "--by-shape", "--json", str(path)]) == 0
-    ops = {o["operator"]: o for o in json.loads(path.read_text())["operators"]
-           if o["layer"] is None}
+    ops = {o["operator"]: o for o in entry(path)["operators"] if o["layer"] is None}
     # q_proj at M: I = 2·M·K·N / ((M·K + K·N + M·N)·2) = M·3584 / (2·M + 3584) with K = N = 3584
     for m in (1, 16, 64, 256, 1024):
         op = ops[f"q_proj [{m},3584]x[3584,3584]"]
@@ -168,8 +186,7 @@ def test_hf_compile_and_static_cache_placements(tmp_path, variant):
     trace = SAMPLES / f"hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_{variant}_h200.json.gz"
     assert main(["analyze", str(trace), "--model", "qwen2.5-7b", "--attention-bytes", "kv",
                  "--json", str(path)]) == 0
-    ops = {o["operator"]: o for o in json.loads(path.read_text())["operators"]
-           if o["layer"] is None}
+    ops = {o["operator"]: o for o in entry(path)["operators"] if o["layer"] is None}
     for name in ("q_proj", "down_proj"):  # decode GEMMs read their weights once: I ≈ 1
         assert ops[name]["bound"] == "memory"
         assert ops[name]["intensity"] == pytest.approx(1.0, abs=0.01)
@@ -193,3 +210,85 @@ def test_directory_of_traces(tmp_path, capsys):
     assert len(json.loads(path.read_text())["traces"]) == 2
     r = _cli("analyze", str(DECODE), "--ncu", str(tmp_path))
     assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+def test_directory_skips_files_that_are_not_traces(tmp_path, capsys):
+    """sample_traces/ holds a sweep's .results.json, an ncu CSV, a PNG and a README."""
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(SAMPLES), "--json", str(path)]) == 0
+    traces = json.loads(path.read_text())["traces"]
+    assert len(traces) == len(list(SAMPLES.glob("*.json.gz")))
+    note = capsys.readouterr().err
+    assert "skipped 4 file(s) that are not traces" in note
+    for name in ("qwen2.5-7b_msweep_q_proj_bf16_h200.results.json", "README.md",
+                 "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"):
+        assert name in note
+
+
+def test_tensorboard_plugin_layout(tmp_path, capsys):
+    """tensorboard_trace_handler(logdir): logdir/plugins/profile/<run>/<host>.pt.trace.json.gz."""
+    for i, src in enumerate((DECODE, PREFILL)):
+        run = tmp_path / "logs" / "plugins" / "profile" / f"run{i}"
+        run.mkdir(parents=True)
+        (run / f"host_{i}.123.pt.trace.json.gz").write_bytes(src.read_bytes())
+        (run / f"host_{i}.results.json").write_text('{"kind": "m_sweep"}')
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "logs"), "--json", str(path)]) == 0
+    assert [Path(t["trace"]).name for t in json.loads(path.read_text())["traces"]] == [
+        "host_0.123.pt.trace.json.gz", "host_1.123.pt.trace.json.gz"]
+
+
+def test_a_sweep_output_directory_analyses(tmp_path):
+    """`sweep` writes <stem>.json.gz next to <stem>.results.json; `analyze DIR` takes it."""
+    sweep = "qwen2.5-7b_msweep_q_proj_bf16_h200"
+    for suffix in (".json.gz", ".results.json"):
+        (tmp_path / f"{sweep}{suffix}").write_bytes((SAMPLES / f"{sweep}{suffix}").read_bytes())
+    r = _cli("analyze", str(tmp_path), "--by-shape")
+    assert r.returncode == 0, r.stderr
+    assert "q_proj [1024,3584]x[3584,3584]" in r.stdout and ".results.json" in r.stderr
+
+
+def test_a_directory_without_traces_is_one_line(tmp_path):
+    (tmp_path / "notes.json").write_text('{"a": 1}')
+    r = _cli("analyze", str(tmp_path))
+    assert r.returncode == 2 and "directory holds no trace files" in r.stderr
+
+
+def test_model_may_be_a_hugging_face_model_directory(tmp_path):
+    """--model DIR reads DIR/config.json (Qwen2.5-7B-Instruct's, the fields that matter)."""
+    model = tmp_path / "Qwen2.5-7B-Instruct"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+        "intermediate_size": 18944, "num_attention_heads": 28, "num_hidden_layers": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-06}))
+    got, want = tmp_path / "dir.json", tmp_path / "preset.json"
+    assert main(["analyze", str(DECODE), "--model", str(model), "--layers", "28",
+                 "--json", str(got)]) == 0
+    assert main(["analyze", str(DECODE), "--model", "qwen2.5-7b", "--layers", "28",
+                 "--json", str(want)]) == 0
+    g, w = entry(got), entry(want)
+    assert g["extrapolated"]["whole_model"] == w["extrapolated"]["whole_model"]
+    assert g["operators"] == w["operators"]
+    r = _cli("analyze", str(DECODE), "--model", str(tmp_path))
+    assert r.returncode == 2 and f"{tmp_path}: directory holds no config.json" in r.stderr
+
+
+def test_a_builder_trace_analyses_like_its_op_table(tmp_path, kineto, trace_file):
+    """tests/builders.py: the trace `Kineto.emit` writes for an op list and the attributed table
+    of the same list give the same operators, kernels, FLOPs and bytes."""
+    tiny = get_model("qwen-tiny")
+    ops = qwen_layer(tiny, 1, 64)
+    kineto.emit(ops)
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(trace_file(kineto)), "--model", "qwen-tiny", "--json",
+                 str(path)]) == 0
+    table = report_dict([analyze(attributed(ops), tiny, get_hardware("h200-measured"), trace="t")])
+
+    def rows(report: dict) -> dict:
+        return {o["operator"]: (o["kernels"], o["flops"], o["bytes"])
+                for o in report["traces"][0]["operators"] if o["layer"] is None}
+
+    assert rows(json.loads(path.read_text())) == rows(table)
+    assert len(rows(table)) == 14

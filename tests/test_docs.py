@@ -37,3 +37,11 @@ def test_analyzer_modules_never_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_readme_documents_the_report_schema_and_share_scale():
+    from trace_roofline.report import OPERATOR_KEYS, SCHEMA_VERSION
+
+    assert f'{{"schema_version": {SCHEMA_VERSION}, "traces": [...]}}' in README
+    assert "`roof_fraction`" in README and "fractions from 0 to 1" in README
+    assert "pct_of_roof" not in OPERATOR_KEYS and "roof_fraction" in OPERATOR_KEYS

@@ -261,7 +261,7 @@ def test_cli_graph_map_and_user_shapes(tmp_path, doc, capsys):
     assert "forward passes: 2 decode (T=1)" in out
     assert "CUDA graphs: 2 replay(s) of 1 graph(s), 276 kernels" in out
     assert "named 100.0% of their time (100.0% by an aligned eager kernel" in out
-    rep = json.loads((tmp_path / "r.json").read_text())
+    rep = json.loads((tmp_path / "r.json").read_text())["traces"][0]
     assert rep["forward_passes"]["per_phase"] == {"decode": 2}
     assert rep["cuda_graphs"]["named_fraction"] == 1.0
     assert main(["analyze", str(path), "--model", "qwen2.5-7b", "--batch", "1",

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.text import Text
-from roofline_fixtures import attributed, concat, qwen_layer
 
+from tests.builders import attributed, concat, qwen_layer
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.plot import roofline_figure
@@ -104,7 +104,7 @@ def test_measured_points_are_hollow_and_linked(analyses):
     ax = fig.axes[0]
     hollow = [c for c in ax.collections if len(c.get_facecolor()) == 0
               or c.get_facecolor()[0][3] == 0]
-    assert len(hollow) == 2 + 1  # two measured points + the extrapolated triangle
+    assert len(hollow) == 2 + 1 + 1  # two measured points, the extrapolated triangle, the star
     links = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert len(links) == 2
     q = ops[(ops["operator"] == "q_proj") & ops["layer"].isna()].iloc[0]
@@ -147,3 +147,71 @@ def test_one_whole_model_star_per_phase_of_a_mixed_trace(analyses):
     single = {a.trace: a.whole for a in analyses}
     assert mixed.whole_by_phase["decode"]["intensity"] == single["decode"]["intensity"]
     assert mixed.whole_by_phase["prefill"]["intensity"] == single["prefill"]["intensity"]
+
+
+# ------------------------------------------------------------- one panel per hardware (item 4)
+def test_each_trace_is_placed_under_its_own_hardware(analyses):
+    dec, pre = analyses
+    cpu = dataclasses.replace(dec, trace="cpu.json", hardware=None)
+    rtx = dataclasses.replace(pre, trace="rtx.json", hardware=get_hardware("rtx4090"))
+    fig = roofline_figure([dec, cpu, pre, rtx])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(fig.axes) == 3  # h200 (decode and prefill), no device, rtx4090
+    assert "2 trace(s) on h200-sxm" in titles[0] and "no device given" in titles[1]
+    assert "1 trace(s) on rtx4090" in titles[2]
+    h200, bare, rtx_ax = fig.axes
+    assert bare.get_lines() == [] and not any("on h200" in t for t in titles[1:])
+    legend = [t.get_text() for t in h200.get_legend().get_texts()]
+    assert "cpu (decode)" not in legend and "cpu (decode)" in [
+        t.get_text() for t in bare.get_legend().get_texts()]
+    rtx_peak = get_hardware("rtx4090").peak("bf16")
+    assert max(rtx_ax.get_lines()[0].get_ydata()) == pytest.approx(rtx_peak)
+
+
+# ------------------------------------------------------------ multi-trace legibility (item 11)
+def six(analyses) -> list:
+    return [dataclasses.replace(analyses[i % 2], trace=f"t{i}.json.gz") for i in range(6)]
+
+
+def test_traces_differ_in_colour_and_marker_and_the_legend_is_outside(analyses):
+    fig = roofline_figure(six(analyses))
+    (ax,) = fig.axes
+    legend = ax.get_legend()
+    handles = [h for h, t in zip(legend.legend_handles, legend.get_texts(), strict=True)
+               if t.get_text().startswith("t")]
+    assert len(handles) == 6
+    assert len({h.get_color() for h in handles}) == 6
+    assert len({h.get_marker() for h in handles}) == 6
+    renderer = fig.canvas.get_renderer()
+    assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
+def test_every_label_has_a_leader_line(fig):
+    labels = [t for t in fig.axes[0].texts if hasattr(t, "arrow_patch") and t.get_color() != "k"
+              and "roof" not in t.get_text() and "ridge" not in t.get_text()
+              and "slope" not in t.get_text()]
+    assert len(labels) > 20 and all(t.arrow_patch is not None for t in labels)
+
+
+def test_the_whole_model_star_hides_no_point(fig):
+    ax = fig.axes[0]
+    stars = [c for c in ax.collections if c.get_sizes()[0] == 320]
+    points = [c for c in ax.collections if c.get_sizes()[0] not in (320, 110)]
+    assert len(stars) == 2 and points
+    for star in stars:
+        assert star.get_facecolor().size == 0 or star.get_facecolor()[0][3] == 0  # outline only
+        assert star.get_zorder() < min(c.get_zorder() for c in points)
+
+
+def test_more_than_six_traces_become_small_multiples(analyses):
+    many = [dataclasses.replace(analyses[i % 2], trace=f"run{i}.json.gz") for i in range(8)]
+    fig = roofline_figure(many)
+    assert len(fig.axes) == 8
+    for i, ax in enumerate(fig.axes):
+        assert ax.get_title().startswith(f"run{i}\non h200-sxm")
+        labels = [t.get_text() for t in ax.texts if hasattr(t, "arrow_patch")
+                  and t.arrow_patch is not None]
+        assert 1 <= len(labels) <= 4 + 2  # the largest operators, the star, the 28-layer mark
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,11 +3,19 @@
 import json
 
 import pytest
-from roofline_fixtures import BF, Op, attributed, concat, qwen_layer
 
+from tests.builders import BF, Op, attributed, concat, qwen_layer
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
-from trace_roofline.report import markdown, report_dict, terminal_table
+from trace_roofline.report import (
+    SCHEMA_VERSION,
+    duration,
+    markdown,
+    operators_tables,
+    report_dict,
+    si,
+    terminal_table,
+)
 from trace_roofline.roofline import analyze
 
 QWEN = get_model("qwen2.5-7b")
@@ -19,7 +27,7 @@ HARDWARE = {"name", "peak_flops_per_s", "bandwidth_bytes_per_s", "ridge"}
 COVERAGE = {"kernel_time_us", "attributed_time_us", "fraction"}
 OPERATOR = {"operator", "layer", "phase", "kernels", "time_us", "flops", "bytes", "intensity",
             "achieved_flops_per_s", "achieved_bytes_per_s", "attainable_flops_per_s",
-            "pct_of_roof", "bound"}
+            "roof_fraction", "bound"}
 WHOLE = {"flops", "bytes", "intensity", "time_us", "achieved_flops_per_s"}
 
 
@@ -37,7 +45,9 @@ def prefill():
 
 
 def test_report_dict_honours_the_contract(decode):
-    d = report_dict([decode])
+    report = report_dict([decode])
+    assert set(report) == {"schema_version", "traces"} and report["schema_version"] == 2
+    (d,) = report["traces"]
     assert set(d) >= CONTRACT
     assert set(d["hardware"]) >= HARDWARE and set(d["coverage"]) >= COVERAGE
     assert set(d["whole_model"]) >= WHOLE
@@ -56,15 +66,18 @@ def test_report_dict_honours_the_contract(decode):
     assert q["flops"] == 2 * 3584 * 3584 + 3584 and q["bound"] == "memory"
     assert d["coverage"]["fraction"] < 1.0
     assert d["extrapolated"]["layers"] == 28
-    text = json.dumps(d, allow_nan=False)  # NaN (the unattributed row) became null
-    assert json.loads(text) == d
+    text = json.dumps(report, allow_nan=False)  # NaN (the unattributed row) became null
+    assert json.loads(text) == report
     un = next(e for e in agg if e["operator"] == "unattributed")
     assert un["flops"] is None and un["bound"] is None
 
 
-def test_several_traces_go_under_traces(decode, prefill):
-    d = report_dict([decode, prefill])
-    assert set(d) == {"traces"} and len(d["traces"]) == 2
+def test_report_json_has_one_shape_for_any_number_of_traces(decode, prefill):
+    one, two = report_dict([decode]), report_dict([decode, prefill])
+    assert set(one) == set(two) == {"schema_version", "traces"}
+    assert one["schema_version"] == two["schema_version"] == SCHEMA_VERSION
+    assert one["traces"][0] == two["traces"][0]
+    d = two
     assert [t["trace"] for t in d["traces"]] == ["decode.json.gz", "prefill.json.gz"]
     assert {e["phase"] for e in d["traces"][1]["operators"]} == {"prefill"}
     json.dumps(d, allow_nan=False)
@@ -81,8 +94,7 @@ def test_terminal_table(decode, prefill):
     assert k.endswith("! above roof")  # 3.7 MB in 0.2 µs
     first = lines.index(next(line for line in lines if line.startswith("operator")))
     assert lines[first + 1].startswith("gate_proj") or lines[first + 1].startswith("up_proj")
-    assert "[0]" not in text  # per-layer rows only on request
-    assert "q_proj[0]" in terminal_table([decode], per_layer=True)
+    assert "layer 0" not in text  # per-layer rows only on request
 
 
 def test_markdown(decode):
@@ -97,7 +109,7 @@ def test_markdown(decode):
 
 def test_no_hardware_report():
     a = analyze(attributed(qwen_layer(QWEN, 1, 64)), QWEN, None, trace="cpu")
-    d = report_dict([a])
+    d = report_dict([a])["traces"][0]
     assert d["hardware"] is None
     assert "no placements" in terminal_table([a])
     json.dumps(d, allow_nan=False)
@@ -129,9 +141,9 @@ def generate():
 
 
 def test_whole_model_by_phase_in_report_json(decode, generate):
-    d = report_dict([decode])
+    d = report_dict([decode])["traces"][0]
     assert d["whole_model_by_phase"] == {"decode": d["whole_model"]}  # single phase: as before
-    g = report_dict([generate])
+    g = report_dict([generate])["traces"][0]
     by_phase = g["whole_model_by_phase"]
     assert list(by_phase) == ["prefill", "decode"]  # order of first appearance
     for phase, w in by_phase.items():
@@ -149,9 +161,9 @@ def test_terminal_has_a_whole_model_line_per_phase(generate):
     lines = terminal_table([generate]).splitlines()
     whole = [line.split() for line in lines if line.startswith("whole model")]
     assert [w[2] for w in whole] == ["prefill", "decode"]
-    for w in whole:
-        assert w[8] == f"{generate.whole_by_phase[w[2]]['intensity']:.2f}"
-        assert w[5] == "100.0"  # of the phase's device time
+    for w in whole:  # whole model PHASE KERNELS TIME UNIT TIME% FLOPS UNIT BYTES UNIT FLOP/B
+        assert w[11] == f"{generate.whole_by_phase[w[2]]['intensity']:.2f}"
+        assert w[6] == "100.0"  # of the phase's device time
     assert not any("decode/" in line or "/prefill" in line for line in lines)
 
 
@@ -176,3 +188,78 @@ def test_above_roof_is_explained(decode):
                    QWEN, H200)
     assert not slow.operators["exceeds_roof"].fillna(False).any()
     assert "served from L2" not in markdown([slow]) + terminal_table([slow])
+
+
+def test_units_scale_with_size():
+    assert si(407.51e6, "B") == "407.5 MB" and si(14.28e9, "B") == "14.28 GB"
+    assert si(1026.0, "FLOP") == "1.026 kFLOP" and si(3.541e12, "FLOP/s") == "3.541 TFLOP/s"
+    assert si(0.0, "FLOP") == "0 FLOP" and si(12.0, "B") == "12 B" and si(None, "B") == "-"
+    assert si(999.99e9, "B") == "1 TB"  # rounds up into the next prefix, not "1000 GB"
+    assert duration(115.13) == "115.1 µs" and duration(2315.0) == "2.315 ms"
+    assert duration(1.5e6) == "1.5 s" and duration(0.5) == "0.5 µs"
+
+
+def test_a_cpu_sized_run_prints_no_zero_figures():
+    """The qwen-tiny CPU decode layer: kFLOP, kB and MB/s where fixed GFLOP/GB/s columns
+    printed 0.000 and 0."""
+    tiny = get_model("qwen-tiny")
+    a = analyze(attributed(qwen_layer(tiny, 1, 64, {"q_proj": (500.0,)})), tiny, None, trace="cpu")
+    q = next(line for line in terminal_table([a]).splitlines() if line.startswith("q_proj "))
+    assert "131.3 kFLOP" in q and "132.6 kB" in q and "500 µs" in q
+    assert "262.7 MFLOP/s" in q and "265.2 MB/s" in q  # 131328 FLOP, 132608 B in 500 µs
+
+
+@pytest.fixture(scope="module")
+def two_layers():
+    layer = {"q_proj": (8.0,), "down_proj": (20.0, 15.0)}
+    return analyze(concat(attributed(qwen_layer(QWEN, 1, 2048, layer), layer=0),
+                          attributed(qwen_layer(QWEN, 1, 2048, layer), layer=1, first_event=1000,
+                                     first_op=10_000, t0=5000.0)), QWEN, H200, trace="l2")
+
+
+def _block(text: str, title: str) -> list[list[str]]:
+    """The rows (split) of the terminal block whose title line starts with `title`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    start += 1 if title == "operator" else 2  # past the block's title and column header
+    end = next((i for i in range(start, len(lines))
+                if not lines[i] or lines[i].startswith(("layer ", "whole model", "coverage"))),
+               len(lines))
+    return [line.split() for line in lines[start:end]]
+
+
+def test_per_layer_blocks_each_sum_to_100_percent(two_layers):
+    text = terminal_table([two_layers], per_layer=True)
+    top = _block(text, "operator")
+    assert sum(float(r[5]) for r in top) == pytest.approx(100, abs=0.1)
+    for layer in (0, 1):
+        rows = _block(text, f"layer {layer} (decode)")
+        assert len(rows) == 14 and sum(float(r[5]) for r in rows) == pytest.approx(100, abs=0.1)
+        assert all(r[0] in {o.operator for o in qwen_layer(QWEN, 1, 1)} for r in rows)
+    assert "layer 0 (decode): " in text and "50.0% of the phase's device time" in text
+    assert "[0]" not in text and "[1]" not in text  # the layer is a heading, not a name suffix
+
+
+def test_one_layer_trace_prints_its_rows_once(decode):
+    text = terminal_table([decode], per_layer=True)
+    assert sum(line.startswith("q_proj ") for line in text.splitlines()) == 1
+    assert "one decoder layer per phase; its rows are the table above" in text
+
+
+def test_by_shape_rows_keep_the_layer_apart():
+    by_shape = analyze(concat(attributed(qwen_layer(QWEN, 1, 2048), layer=0),
+                              attributed(qwen_layer(QWEN, 1, 2048), layer=1, first_event=1000,
+                                         first_op=10_000)), QWEN, H200, trace="s", by_shape=True)
+    text = terminal_table([by_shape], per_layer=True)
+    assert "down_proj [1,18944]x[18944,3584]" in text
+    assert "][0]" not in text and "][1]" not in text
+
+
+def test_tables_use_fractions_and_an_integer_layer(two_layers):
+    tables = operators_tables([two_layers])
+    agg, by_layer = tables["aggregate"], tables["by_layer"]
+    assert "layer" not in agg.columns and str(by_layer["layer"].dtype) == "int64"
+    assert "pct_of_roof" not in agg.columns
+    assert agg["time_share"].sum() == pytest.approx(1.0)
+    q = two_layers.operators.query("operator == 'q_proj' and layer.isna()").iloc[0]
+    assert agg.set_index("operator").loc["q_proj", "roof_fraction"] == q["pct_of_roof"] / 100

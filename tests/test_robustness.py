@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from trace_factory import gpu_trace, write
 
+from tests.builders import gpu_trace, write
 from trace_roofline.errors import InputError
 from trace_roofline.trace import load_trace, load_traces
 

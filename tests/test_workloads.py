@@ -355,3 +355,74 @@ def test_trace_roofline_cli_has_workload_commands(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == str(want) and "down_proj" in out
     assert main(["run", "--model", "qwen-tiny", "--device", "cpu", "--steps", "0"]) == 2
+
+
+# ------------------------------------------------------------------------ capture_all.sh
+CAPTURE_ALL = REPO / "workloads" / "capture_all.sh"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_capture_all_refuses_without_a_gpu(tmp_path: Path) -> None:
+    r = subprocess.run(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "CAPTURE_WORK": str(tmp_path / "w")})
+    assert r.returncode == 2 and "torch sees no CUDA GPU" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing captured, no calibration named for a GPU
+
+
+def test_capture_all_stops_its_children_when_interrupted(tmp_path: Path) -> None:
+    """A stand-in `python3` passes the GPU check and plays a capture that never ends; SIGTERM
+    to the script must end that capture too, not leave it running."""
+    import os
+    import signal
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    pidfile = tmp_path / "capture.pid"
+    (fake / "python3").write_text(
+        "#!/bin/bash\n"
+        'if [ "$1 $2" = "-m workloads.capture_all" ]; then echo $$ > "$PIDFILE"; exec sleep 120; fi\n'
+        "exit 0\n")
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "CAPTURE_WORK": str(tmp_path / "w"),
+           "PIDFILE": str(pidfile)}
+    script = subprocess.Popen(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=REPO,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert script.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=30) == 130
+        assert "interrupted" in script.stderr.read().decode()
+        deadline = time.monotonic() + 10
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), "the capture outlived capture_all.sh"
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_cpu_dry_run_names_its_calibration_after_the_cpu(tmp_path: Path, monkeypatch) -> None:
+    from workloads import capture_all
+
+    monkeypatch.setattr(capture_all, "calibrate", lambda progress: ({"name": "cpu"}, {}))
+    (name, do_calibrate), *_ = capture_all.captures(tmp_path)
+    assert name == "calibrate"
+    do_calibrate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_calibration_raw.json",
+                                                          "cpu_measured.json"]

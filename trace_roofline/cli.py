@@ -1,34 +1,91 @@
 """`trace-roofline` command line: a thin layer that parses arguments, calls the library, prints/writes.
 
-Every user error ends in one line on stderr and exit code 2.
+Every user error ends in one line on stderr and exit code 2. Library errors name parameters
+(`layers must be >= 1`, `layers needs model`); `FLAGS` turns those names into this CLI's flags,
+once, where errors are printed (`flag_message`).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from trace_roofline import calculator, costs
-from trace_roofline._files import write_files
+from trace_roofline._files import check_targets, find_traces, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 
 PROG = "trace-roofline"
+DESCRIPTION = """\
+Place every kernel of a profiled LLM on the roofline, and say why it sits there.
+
+trace-roofline reads torch.profiler Chrome traces, attributes every kernel microsecond to a
+named operator (q_proj, attention, down_proj, ...), costs each operator from the shapes in the
+trace, and reports its intensity, achieved FLOP/s and bytes/s, the attainable roof and whether
+it is memory- or compute-bound. `run`, `sweep` and `calibrate` produce traces and ceilings
+(they need torch)."""
+EXAMPLES = """\
+examples:
+  trace-roofline analyze trace.json.gz --model qwen2.5-7b --layers 28 --out report
+  trace-roofline analyze traces/ --per-layer          # every trace in a directory
+  trace-roofline intensity --model qwen2.5-7b --hardware rtx4090 --lesson
+  trace-roofline run --phase prefill --tokens 2048 --device cuda
+"""
+# Library parameter name -> the flag that sets it. Applied to error messages (`flag_message`).
+FLAGS = {
+    "attention_bytes": "--attention-bytes", "by_shape": "--by-shape", "causal": "--causal",
+    "context": "--context", "device": "--device", "dtype": "--dtype", "hardware": "--hardware",
+    "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
+    "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
+    "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch",
+}
+# A parameter is a flag in backquotes, as the subject (`layers must`, `layers=`), before its
+# quoted value (`device 'tpu'`) or as the object of a requirement (`needs model`); elsewhere the
+# same word is prose ("28 layers").
+_PARAM = "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
+_AS_PARAMETER = re.compile(
+    rf"(?<![\w-])(?:`({_PARAM})`|({_PARAM})(?= (?:must|needs|requires|is not|expects)\b|=| ')"
+    rf"|(?<=\bneeds )({_PARAM})\b|(?<=\bwithout )({_PARAM})\b)")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) with exit code 2."""
+def flag_message(message: str) -> str:
+    """A library error message with each parameter it names spelled as the CLI flag."""
+    return _AS_PARAMETER.sub(lambda m: FLAGS[next(g for g in m.groups() if g)], message)
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's and epilog's lines; appends each option's default to its help
+    (an option whose default is None says in its help what happens without it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default not in (None, argparse.SUPPRESS) and action.nargs != 0  # not a switch
+                and "%(default)" not in text and "(default:" not in text and action.option_strings):
+            shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
+            text += f" (default: {shown})"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (no usage dump) with exit code 2 and shows
+    defaults in its help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers, e.g. '1,16,64'."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -38,44 +95,86 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def model_arg(text: str) -> str:
+    """argparse type for --model: a preset name, a config.json, or a Hugging Face model
+    directory (its config.json)."""
+    path = Path(text)
+    if not path.is_dir():
+        return text
+    config = path / "config.json"
+    if not config.is_file():
+        raise argparse.ArgumentTypeError(f"{path}: directory holds no config.json")
+    return str(config)
+
+
 def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> None:
-    """--causal / --attention-bytes (and --lesson where the lesson's table is reproducible)."""
-    p.add_argument("--causal", choices=costs.CAUSAL_CONVENTIONS, default="causal",
-                   help="attention FLOPs: every query-key pair (full) or unmasked ones (causal)")
-    p.add_argument("--attention-bytes", choices=costs.ATTENTION_BYTES_CONVENTIONS, default="all",
-                   help="attention bytes: K,V reads only (kv) or Q,K,V read + O written (all)")
+    """--causal / --attention-bytes (and --lesson where the lesson's table is reproducible:
+    then both default to None, resolved by `conventions`)."""
+    p.add_argument("--causal", choices=costs.CAUSAL_CONVENTIONS, default=None if lesson else "causal",
+                   help="attention FLOPs: every query-key pair (full) or unmasked ones (causal)"
+                        + (" (default: causal; full with --lesson)" if lesson else ""))
+    p.add_argument("--attention-bytes", choices=costs.ATTENTION_BYTES_CONVENTIONS,
+                   default=None if lesson else "all",
+                   help="attention bytes: K,V reads only (kv) or Q,K,V read + O written (all)"
+                        + (" (default: all; kv with --lesson)" if lesson else ""))
     if lesson:
         p.add_argument("--lesson", action="store_true",
                        help="the lesson's conventions: --causal full --attention-bytes kv")
 
 
+def conventions(args: argparse.Namespace) -> tuple[str, str]:
+    """(causal, attention_bytes) of `intensity`: --lesson's unless a flag contradicts it."""
+    if not args.lesson:
+        return args.causal or "causal", args.attention_bytes or "all"
+    for flag, given, lesson in (("--causal", args.causal, "full"),
+                                ("--attention-bytes", args.attention_bytes, "kv")):
+        if given not in (None, lesson):
+            raise InputError(f"--lesson means {flag} {lesson}; drop --lesson or {flag} {given}")
+    return "full", "kv"
+
+
 def _cmd_intensity(args: argparse.Namespace) -> int:
-    if args.lesson:
-        args.causal, args.attention_bytes = "full", "kv"
+    causal, attention_bytes = conventions(args)
     table = calculator.intensity_table(
         get_model(args.model), get_hardware(args.hardware), args.m, args.s,
-        args.causal, args.attention_bytes, args.fused,
+        causal, attention_bytes, args.fused,
     )
     print(json.dumps(table, indent=2) if args.json else calculator.format_intensity(table))
     return 0
 
 
+def _trace_paths(given: Sequence[str]) -> list[str]:
+    """Each given path, a directory standing for the traces in it (notes on stderr name the
+    files skipped as not traces)."""
+    paths: list[str] = []
+    for path in given:
+        if not Path(path).is_dir():
+            paths.append(path)
+            continue
+        traces, skipped = find_traces(path)
+        paths += map(str, traces)
+        if skipped:
+            print(f"{PROG}: note: {path}: skipped {len(skipped)} file(s) that are not traces: "
+                  + ", ".join(p.name for p in skipped), file=sys.stderr)
+    return paths
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import report
-    from trace_roofline.pipeline import analyze_trace, operators_frame
-    from trace_roofline.trace import load_traces, progress_bar
+    from trace_roofline.pipeline import analyze_trace
+    from trace_roofline.trace import progress_bar
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
         raise InputError(f"{out}: --out exists and is not a directory")
+    check_targets([args.json] if args.json else [])
     model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
-    # A directory (tensorboard_trace_handler output) stands for every trace in it, by name.
-    traces = [t for path in args.traces
-              for t in (load_traces(path, progress_bar()) if Path(path).is_dir() else [path])]
-    if len(args.ncu) > len(traces):
-        raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
-    ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
+    traces = _trace_paths(args.traces)
+    if args.ncu and len(args.ncu) != len(traces):
+        raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
+                         "--ncu per trace, in the order of the traces")
+    ncu = args.ncu or [None] * len(traces)
     shapes = None
     if (args.batch is None) != (args.context is None):
         raise InputError("--batch and --context go together (the decode shapes of graph replays)")
@@ -91,26 +190,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     ]
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
-    payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
-    outputs: dict[Path, bytes] = {Path(args.json): payload} if args.json else {}
-    if args.out:
-        from trace_roofline import plot  # matplotlib: only when a chart is written
-
-        table = operators_frame(analyses)
-        parquet = io.BytesIO()
-        table.to_parquet(parquet, index=False)
-        fig = plot.roofline_figure(analyses)
-        png, svg = io.BytesIO(), io.BytesIO()
-        fig.savefig(png, format="png")
-        fig.savefig(svg, format="svg")
-        outputs |= {
-            out / "operators.csv": table.to_csv(index=False).encode(),
-            out / "operators.parquet": parquet.getvalue(),
-            out / "report.json": payload,
-            out / "report.md": report.markdown(analyses).encode(),
-            out / "roofline.png": png.getvalue(),
-            out / "roofline.svg": svg.getvalue(),
-        }
+    outputs: dict[Path, bytes] = {Path(args.json): report.report_json(analyses)} if args.json else {}
+    if out is not None:
+        outputs |= {out / name: data for name, data in report.output_files(analyses).items()}
     if outputs:
         written = write_files(outputs)
         text += "\n\nwrote " + ", ".join(str(p) for p in written)
@@ -119,36 +201,67 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog=PROG, description=DESCRIPTION, epilog=EXAMPLES)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("intensity", help="shape-only GEMM/attention intensity, regimes, M* and S*")
-    p.add_argument("--model", default="qwen2.5-7b", help="preset name or HF config.json")
+    p = sub.add_parser(
+        "intensity", help="shape-only GEMM/attention intensity, regimes, M* and S*",
+        description="Arithmetic intensity of each projection GEMM and of attention from the "
+                    "model's shapes alone (no trace), at each token count M and context S; the "
+                    "regime of each (memory- or compute-bound on the hardware), and M* and S*, "
+                    "where they cross the ridge.",
+        epilog="example:\n  trace-roofline intensity --model qwen2.5-7b --hardware rtx4090 "
+               "--m 1,256 --s 128,512,2048 --lesson")
+    p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
+                   help="preset name, HF config.json or HF model directory")
     p.add_argument("--hardware", default="rtx4090", help="preset name or hardware JSON file")
-    p.add_argument("--m", type=_int_list, default=[1, 256], help="tokens in flight, e.g. 1,256")
-    p.add_argument("--s", type=_int_list, default=[128, 512, 2048], help="context lengths")
+    p.add_argument("--m", type=int_list, default=[1, 256], help="tokens in flight, e.g. 1,256")
+    p.add_argument("--s", type=int_list, default=[128, 512, 2048], help="context lengths")
     p.add_argument("--fused", action="store_true", help="fused qkv_proj / gate_up_proj layout")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     add_convention_args(p, lesson=True)
     p.set_defaults(func=_cmd_intensity)
 
-    p = sub.add_parser("analyze", help="attribute, cost and place every operator of traces on the roofline")
-    p.add_argument("traces", nargs="+", help="torch.profiler trace(s): .json, .json.gz or a directory")
-    p.add_argument("--model", help="preset name or HF config.json (names GEMMs in unannotated traces)")
-    p.add_argument("--hardware", help="preset name or JSON file (default: the trace's GPU)")
-    p.add_argument("--layers", type=int, help="extrapolate a layer trace to this many layers")
+    p = sub.add_parser(
+        "analyze", help="attribute, cost and place every operator of traces on the roofline",
+        description="Attribute every kernel of each trace to an operator, cost it from the "
+                    "shapes in the trace and place it on its device's roofline; prints a table "
+                    "per trace and, with --out, writes operators.csv, operators_by_layer.csv, "
+                    "operators.parquet, report.json, report.md, roofline.png and roofline.svg.",
+        epilog="examples:\n"
+               "  trace-roofline analyze decode.json.gz prefill.json.gz --model qwen2.5-7b "
+               "--layers 28 --out report\n"
+               "  trace-roofline analyze log_dir/ --per-layer   # tensorboard_trace_handler output\n"
+               "  trace-roofline analyze decode.json.gz --ncu decode.ncu.csv")
+    p.add_argument("traces", nargs="+",
+                   help="torch.profiler trace(s): .json, .json.gz, or a directory of them "
+                        "(tensorboard_trace_handler layouts included; other files skipped)")
+    p.add_argument("--model", type=model_arg,
+                   help="preset name, HF config.json or HF model directory: names GEMMs in "
+                        "unannotated traces, needed by --layers (default: none)")
+    p.add_argument("--hardware",
+                   help="preset name or JSON file for every trace (default: each trace's own "
+                        "GPU; none for a CPU trace: intensities only)")
+    p.add_argument("--layers", type=int,
+                   help="extrapolate a layer trace to this many layers (default: no extrapolation)")
     p.add_argument("--ncu", action="append", default=[], metavar="CSV",
-                   help="Nsight Compute raw CSV of the same run, one per trace in order")
-    p.add_argument("--per-layer", action="store_true", help="one terminal row per layer")
+                   help="Nsight Compute raw CSV of the same run: one per trace, in order "
+                        "(default: none)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
     p.add_argument("--graph-map", metavar="EAGER_TRACE",
-                   help="eager (graphs off) trace of the same step: names and shapes for "
-                        "CUDA-graph replays")
-    p.add_argument("--batch", type=int, help="CUDA-graph replays without a mapping: decode batch B")
-    p.add_argument("--context", type=int, help="... and keys S each query attends to (with --batch)")
-    p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
-    p.add_argument("--json", help="also write report.json to this path")
+                   help="eager (graphs off) trace of the same step, named with the same "
+                        "--model: names and shapes for CUDA-graph replays (default: none: the "
+                        "trace's own eager passes or capture, else kernel names)")
+    p.add_argument("--batch", type=int,
+                   help="decode batch B of CUDA-graph replays named from kernel names, to cost "
+                        "them, with --context (default: none: named, uncosted)")
+    p.add_argument("--context", type=int,
+                   help="keys S each decode query attends to, with --batch (default: none)")
+    p.add_argument("--out", help="directory for the output files (default: print only)")
+    p.add_argument("--json", help="also write report.json to this path (default: none)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
@@ -158,16 +271,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(args: argparse.Namespace) -> int:
+    """Run a parsed subcommand: an InputError becomes one line on stderr (parameters spelled
+    as flags) and exit code 2."""
     try:
         return args.func(args)
     except InputError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {flag_message(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `trace-roofline analyze ... | head`: stop quietly
         sys.stderr.close()
         return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
-"""The roofline chart: every operator of one or more traces on the device's roofline.
+"""The roofline chart: every operator of one or more traces on its device's roofline.
 
 Log-log axes: the memory slope I·B_mem and the compute roof P meet at the ridge I* = P/B_mem.
-One point per operator (aggregated over layers and steps) at (intensity, achieved FLOP/s); colour
-per trace, marker per phase (decode o, prefill s), marker area by share of device time; a star per
-trace and phase for the whole model (ΣFLOPs/Σbytes of the phase); a hollow triangle on the bottom
-edge for the intensity of the model extrapolated to its full depth (it has no measured time).
-Measured DRAM bytes (ncu), when present, add a hollow marker at the measured intensity joined to
-the analytical point. Labels are placed greedily so none overlap. Returns a Figure (Agg canvas);
-never shows or saves it.
+Each trace is drawn under its own hardware: one panel per hardware (a CPU trace and an H200
+trace are never drawn under one roof), titled with that hardware's ceilings; a hardware with
+more than `MAX_TRACES_PER_PANEL` traces gets small multiples, one panel per trace.
+One point per operator (aggregated over layers and steps) at (intensity, achieved FLOP/s); a
+colour and a marker per trace (a trace holding several phases marks them decode o, prefill s),
+marker area by share of device time; a hollow star per trace and phase for the whole model
+(ΣFLOPs/Σbytes of the phase), drawn under the operator points so none is hidden; a hollow
+triangle on the bottom edge for the intensity of the model extrapolated to its full depth (it
+has no measured time). Measured DRAM bytes (ncu), when present, add a hollow marker at the
+measured intensity joined to the analytical point. Labels are placed greedily so none overlap,
+each joined to its point by a leader line; the legend sits outside the axes. Returns a Figure
+(Agg canvas); never shows or saves it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from trace_roofline.roofline import Analysis
 
 PHASE_MARKERS = {"decode": "o", "prefill": "s", "unknown": "^"}
 TRACE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+TRACE_MARKERS = ["o", "s", "D", "v", "P", "X"]
+MAX_TRACES_PER_PANEL = len(TRACE_COLOURS)  # more traces of one hardware: one panel per trace
+SMALL_MULTIPLE_LABELS = 4  # operators labelled per small-multiple panel (the largest by time)
 # Label offsets tried around a point, nearest first (points; angle 0 = right of the point).
 _RADII = (7, 16, 28, 42, 58, 76, 96, 120)
 _ANGLES = (0, 180, 35, -35, 145, -145, 90, -90, 60, -60, 120, -120)
@@ -36,17 +44,67 @@ _ANGLES = (0, 180, 35, -35, 145, -145, 90, -90, 60, -60, 120, -120)
 
 def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = None, *,
                     title: str | None = None) -> Figure:
-    """The roofline chart of `analyses` on `hardware` (default: the first analysis's device)."""
+    """The roofline chart of `analyses`, each under `hardware` if given, else its own device."""
     if not analyses:
         raise ValueError("roofline_figure needs at least one analysis")
-    hw = hardware or analyses[0].hardware
-    fig = Figure(figsize=(11.5, 7.5), dpi=150)
+    panels = _panels(analyses, hardware)
+    small = not all(label_all for _, _, label_all in panels)  # small multiples
+    cols = min(len(panels), 3 if small else 2)
+    rows = math.ceil(len(panels) / cols)
+    width, height = (5.5, 4.2) if small else (11.5 if cols == 1 else 9.0, 7.5)
+    fig = Figure(figsize=(width * cols, height * rows), dpi=150 if len(panels) < 7 else 100)
     fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))  # room for the notes
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    placed, skipped = [], {}
+    for i, (hw, group, label_all) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        points, roof_texts = _draw_panel(ax, group, hw, skipped, label_all, many=len(panels) > 1,
+                                         title=title)
+        placed.append((ax, points, roof_texts))
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")  # freeze the layout the labels are placed in
+    for ax, points, roof_texts in placed:
+        _place_labels(fig, ax, points, roof_texts)
+    notes = []
+    many = len(analyses) > 1
+    tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
+            for op, t in skipped.items()]
+    if tags:
+        notes.append("not on the log axes (0 FLOPs or no time): " + ", ".join(tags))
+    c = analyses[0].conventions
+    notes.append(f"conventions: --causal {c['causal']}, --attention-bytes {c['attention_bytes']};"
+                 " marker area ∝ share of the trace's device time")
+    text = "\n".join(textwrap.fill(n, 200) for n in notes)
+    fig.text(0.01, 0.005, text, fontsize=7, color="0.3", ha="left", va="bottom")
+    return fig
+
+
+def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
+            ) -> list[tuple[Hardware | None, list[Analysis], bool]]:
+    """(hardware, analyses, label every operator) per panel: analyses grouped by the hardware
+    they are placed under, in order of first appearance; a group of more than
+    MAX_TRACES_PER_PANEL traces split into one panel per trace, labelling its largest operators."""
+    groups: dict[object, tuple[Hardware | None, list[Analysis]]] = {}
+    for a in analyses:
+        hw = hardware or a.hardware
+        groups.setdefault(None if hw is None else (hw.name, hw.mem_bandwidth,
+                                                   tuple(sorted(hw.peak_flops.items()))),
+                          (hw, []))[1].append(a)
+    panels = []
+    for hw, group in groups.values():
+        if len(group) > MAX_TRACES_PER_PANEL:
+            panels += [(hw, [a], False) for a in group]
+        else:
+            panels.append((hw, group, True))
+    return panels
+
+
+def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict,
+                label_all: bool, many: bool, title: str | None) -> tuple[list[dict], list]:
+    """One panel: roof, points, axes and legend; returns the points to label and the roof texts."""
     ax.set_xscale("log")
     ax.set_yscale("log")
-    points, skipped = _points(analyses)
+    points = _points(analyses, skipped)
     summary = hardware_summary(analyses[0], hw)
     peak = summary["peak_flops_per_s"] if summary else None
     xs = [p["x"] for p in points] + [p.get("mx", p["x"]) for p in points]
@@ -67,11 +125,12 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
             ax.plot([p["x"], p["mx"]], [p["y"], p["y"]], ls="--", lw=0.8, color=p["c"], zorder=2)
             ax.scatter([p["mx"]], [p["y"]], s=p["s"], marker=p["m"], facecolors="none",
                        edgecolors=p["c"], linewidths=1.2, zorder=3)
-        face = "none" if p.get("hollow") else p["c"]
-        edge = p["c"] if p.get("hollow") else "black" if p["whole"] else "white"
-        ax.scatter([p["x"]], [p["y"]], s=p["s"], marker=p["m"], facecolors=face,
-                   edgecolors=edge, linewidths=1.2 if p.get("hollow") else 0.6,
-                   zorder=5 if p["whole"] else 4, alpha=0.9)
+        hollow = p.get("hollow") or p["m"] == "*"  # a star outlines, never hides, the points
+        ax.scatter([p["x"]], [p["y"]], s=p["s"], marker=p["m"],
+                   facecolors="none" if hollow else p["c"],
+                   edgecolors=p["c"] if hollow else "white",
+                   linewidths=1.6 if p["m"] == "*" else 1.2 if hollow else 0.6,
+                   zorder=3 if p["whole"] else 4, alpha=0.9)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
     ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
     ax.yaxis.set_major_formatter(_rate_formatter())
@@ -80,25 +139,31 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     device = (f"{hw.name}: {peak / 1e12:.0f} TFLOP/s {summary['dtype']}, "
               f"{hw.mem_bandwidth / 1e12:.2f} TB/s" if hw is not None and peak
               else "no device given (no roofs: pass --hardware)")
-    ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}", fontsize=11)
-    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts))
-    _place_labels(fig, ax, points, roof_texts)
-    fig.set_layout_engine("none")  # freeze the layout the labels were placed in
-    notes = []
-    if skipped:
-        notes.append("not on the log axes (0 FLOPs or no time): " + ", ".join(skipped))
-    c = analyses[0].conventions
-    notes.append(f"conventions: --causal {c['causal']}, --attention-bytes {c['attention_bytes']};"
-                 " marker area ∝ share of the trace's device time")
-    text = "\n".join(textwrap.fill(n, 200) for n in notes)
-    fig.text(0.01, 0.005, text, fontsize=7, color="0.3", ha="left", va="bottom")
-    return fig
+    if not label_all:  # a small multiple: the trace names the panel
+        a = analyses[0]
+        ax.set_title(f"{short_name(a.trace)}\non {device}", fontsize=8)
+        ranked = sorted((p for p in points if not p["whole"]), key=lambda p: -p["rank"])
+        keep = {id(p) for p in ranked[:SMALL_MULTIPLE_LABELS]}
+        points = [p for p in points if p["whole"] or id(p) in keep]
+    else:
+        ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}",
+                     fontsize=11 if not many else 9)
+    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts), outside=label_all)
+    return points, roof_texts
 
 
-def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
-    """Plottable operator and whole-model points, and the operators that are not plottable
-    (with the traces they come from when there are several)."""
-    points, skipped = [], {}
+def _style(i: int, a: Analysis, phase: str) -> tuple[str, str]:
+    """(colour, marker) of the i-th trace of a panel; a trace holding several phases marks
+    each phase (decode o, prefill s) in its colour."""
+    several = a.operators["phase"].nunique() > 1
+    return (TRACE_COLOURS[i % len(TRACE_COLOURS)],
+            PHASE_MARKERS.get(phase, "^") if several else TRACE_MARKERS[i % len(TRACE_MARKERS)])
+
+
+def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list[dict]:
+    """Plottable operator and whole-model points; the operators that are not plottable are
+    added to `skipped` (operator -> the traces they come from)."""
+    points = []
     for i, a in enumerate(analyses):
         colour = TRACE_COLOURS[i % len(TRACE_COLOURS)]
         ops = a.operators[a.operators["layer"].isna()]
@@ -109,7 +174,7 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
                     skipped.setdefault(r.operator, []).append(short_name(a.trace))
                 continue
             share = r.time_share if _pos(r.time_share) else 0.0
-            p = {"x": float(x), "y": float(y), "c": colour, "m": PHASE_MARKERS.get(r.phase, "^"),
+            p = {"x": float(x), "y": float(y), "c": colour, "m": _style(i, a, r.phase)[1],
                  "s": 25 + 600 * share, "label": r.operator, "whole": False, "rank": share}
             mi = getattr(r, "measured_intensity", None)
             if _pos(mi):
@@ -126,10 +191,7 @@ def _points(analyses: Sequence[Analysis]) -> tuple[list[dict], list[str]]:
                 points.append({"x": float(e["intensity"]), "y": None, "c": colour, "m": "^",
                                "s": 110, "whole": True, "rank": 1.5, "hollow": True,
                                "label": f"{a.layers} layers: I = {e['intensity']:.3g}"})
-    many = len(analyses) > 1
-    tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
-            for op, t in skipped.items()]
-    return points, tags
+    return points
 
 
 def short_name(path: str) -> str:
@@ -188,12 +250,14 @@ def _rate_formatter():
     return FuncFormatter(fmt)
 
 
-def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool) -> None:
+def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
+            outside: bool = True) -> None:
+    """Traces, phases of a mixed trace and symbols; to the right of the axes (`outside`) or,
+    in a small multiple, small in its upper left, where nothing is attainable."""
     handles = []
     for i, a in enumerate(analyses):
-        colour = TRACE_COLOURS[i % len(TRACE_COLOURS)]
         phases = sorted(set(a.operators["phase"].dropna()))
-        marker = PHASE_MARKERS.get(phases[0], "^") if len(phases) == 1 else "o"
+        colour, marker = _style(i, a, phases[0] if phases else "unknown")
         handles.append(Line2D([], [], ls="", marker=marker, color=colour, markersize=8,
                               label=f"{short_name(a.trace)} ({'/'.join(phases)})"))
     mixed = sorted({p for a in analyses if a.operators["phase"].nunique() > 1
@@ -202,7 +266,7 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool) -> Non
         handles.append(Line2D([], [], ls="", marker=PHASE_MARKERS.get(phase, "^"), color="0.3",
                               markersize=7, label=phase))
     handles.append(Line2D([], [], ls="", marker="*", color="0.3", markersize=12,
-                          markeredgecolor="black", label="whole model (ΣFLOPs/Σbytes)"))
+                          markerfacecolor="none", label="whole model (ΣFLOPs/Σbytes)"))
     if any(a.extrapolated_whole for a in analyses):
         handles.append(Line2D([], [], ls="", marker="^", color="0.3", markerfacecolor="none",
                               markersize=8, label="extrapolated full model: intensity only"))
@@ -211,8 +275,11 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool) -> Non
                               label="measured DRAM bytes (ncu)"))
     if roof:
         handles.append(Line2D([], [], color="black", lw=1.6, label="roof: min(P, I·B)"))
-    # Above the memory slope nothing is attainable: the upper left stays free of points.
-    ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
+    if outside:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                  borderaxespad=0.0, framealpha=0.9)
+    else:  # above the memory slope nothing is attainable: the upper left stays free of points
+        ax.legend(handles=handles[1:], loc="upper left", fontsize=6, framealpha=0.9)
 
 
 def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
@@ -220,7 +287,6 @@ def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
     box overlaps no placed label, marker, roof line or roof text, the legend or the axes edge;
     a leader line joins a label set away from its point."""
     renderer = fig.canvas.get_renderer()
-    fig.draw_without_rendering()
     px_per_pt = fig.dpi / 72.0
     frame = ax.get_window_extent(renderer)
     legend = ax.get_legend()
@@ -276,12 +342,13 @@ def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
             x0 = cx + dx * px_per_pt
             best = (dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2))
         dx, dy, ha, box = best
-        far = math.hypot(dx, dy) - own > 12
+        # Every label has a leader line to its point: a label between two points is never read
+        # as the nearer one's.
         ax.annotate(p["label"], (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points",
                     ha=ha, va="center", fontsize=size, color=p["c"],
                     weight="bold" if p["whole"] else None, zorder=6,
                     arrowprops={"arrowstyle": "-", "color": p["c"], "lw": 0.6, "alpha": 0.7,
-                                "shrinkA": 1, "shrinkB": own * 0.9} if far else None)
+                                "shrinkA": 1, "shrinkB": own * 0.9})
         taken.append(box)
 
 

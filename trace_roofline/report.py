@@ -1,23 +1,33 @@
-"""Reports of one or more analysed traces: terminal table text, the report.json dict, markdown.
+"""Reports of one or more analysed traces: terminal text, report.json, markdown, and the bytes of
+every output file.
 
-Library code: every function returns a string or a dict; the CLI prints and writes files.
+Library code: every function returns a string, a dict or bytes; the CLI prints and writes files.
 
-report.json, per trace (several traces go under `traces`): `trace`, `hardware` {name, dtype,
+Shares are fractions from 0 to 1 in every machine-readable output (report.json, CSV, Parquet):
+`time_share` (of the phase's device time), `roof_fraction` (achieved / attainable), coverage
+`fraction` / `costed_fraction`, `byte_share`. Text outputs (terminal, report.md) print them as
+percentages and scale units with size (µs/ms/s, kB/MB/GB, MFLOP/GFLOP/TFLOP, GB/s, TB/s).
+
+report.json (`schema_version` 2) has one shape whatever the number of traces:
+{"schema_version": 2, "traces": [entry, ...]}. Each entry: `trace`, `hardware` {name, dtype,
 peak_flops_per_s, bandwidth_bytes_per_s, ridge, source}, `model`, `conventions`, `coverage`,
-`operators` [{operator, layer, phase, ...}], `reconciliation` [{phase, operator, flops, bytes,
-intensity, byte_share, contribution}], and the whole model per phase: `whole_model_by_phase`
-{phase: {flops, bytes, intensity, time_us, costed_time_us, kernels, uncosted,
-achieved_flops_per_s, achieved_bytes_per_s, phases, [peak_flops_per_s, attainable_flops_per_s,
-pct_of_roof, bound]}}, phases in order of first appearance, always present; `whole_model` is the
-entry of the phase with the most device time (the only phase of a decode or prefill trace; its
-`phases` names it). A trace holding both phases (an HF `generate` profile) gets no blended
-figure: the reconciliation's contributions sum to each phase's ΣFLOPs/Σbytes. Also:
-`preset_mismatches`, `uncosted` {reason: instances}, with --ncu `ncu`, with --layers
-`extrapolated` {layers, whole_model {phase: {flops, bytes, intensity}}, operators}.
+`operators` [{operator, layer, phase, ...}] (layer null for the aggregate over layers and steps),
+`reconciliation` [{phase, operator, flops, bytes, intensity, byte_share, contribution}], and the
+whole model per phase: `whole_model_by_phase` {phase: {flops, bytes, intensity, time_us,
+costed_time_us, kernels, uncosted, achieved_flops_per_s, achieved_bytes_per_s, phases,
+[peak_flops_per_s, attainable_flops_per_s, roof_fraction, bound]}}, phases in order of first
+appearance, always present; `whole_model` is the entry of the phase with the most device time
+(the only phase of a decode or prefill trace; its `phases` names it). A trace holding both phases
+(an HF `generate` profile) gets no blended figure: the reconciliation's contributions sum to each
+phase's ΣFLOPs/Σbytes. Also: `preset_mismatches`, `uncosted` {reason: instances}, with --ncu
+`ncu`, with --layers `extrapolated` {layers, whole_model {phase: {flops, bytes, intensity}},
+operators}.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -25,7 +35,12 @@ from dataclasses import asdict
 import pandas as pd
 
 from trace_roofline.hardware import Hardware
+from trace_roofline.pipeline import operators_frame
 from trace_roofline.roofline import Analysis, main_dtype, peak_key
+
+SCHEMA_VERSION = 2
+# Analysis column -> output name where the output's scale differs (percent -> fraction).
+_RENAMED = {"pct_of_roof": "roof_fraction"}
 
 CONVENTION_TEXT = {
     "causal": {"causal": "causal attention counts only unmasked query-key pairs",
@@ -41,7 +56,7 @@ ABOVE_ROOF_NOTE = ("above roof: achieved beats the roof. Memory-bound: the analy
 # Keys of each report.json `operators` entry (the contract's first, then extras).
 OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "bytes",
                  "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
-                 "attainable_flops_per_s", "pct_of_roof", "bound",
+                 "attainable_flops_per_s", "roof_fraction", "bound",
                  "instances", "uncosted", "time_share", "dtype", "peak_flops_per_s",
                  "exceeds_roof", "measured_bytes", "measured_intensity"]
 
@@ -65,40 +80,104 @@ def conventions_line(a: Analysis) -> str:
             f"{CONVENTION_TEXT['attention_bytes'][c['attention_bytes']]}")
 
 
+# ----------------------------------------------------------------------------- units
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def _missing(x: object) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def si(x: object, unit: str) -> str:
+    """`x` in `unit` with an SI prefix that keeps 1 <= mantissa < 1000, four significant
+    digits: 407510000 B -> '407.5 MB', 3.54e12 FLOP/s -> '3.54 TFLOP/s'; '-' when missing."""
+    if _missing(x):
+        return "-"
+    v = float(x)
+    scale, prefix = next(((s, p) for s, p in _PREFIXES if abs(v) >= s * 0.99995), (1.0, ""))
+    return f"{v / scale:.4g} {prefix}{unit}"
+
+
+def duration(us: object) -> str:
+    """A time given in µs, in µs, ms or s: 115.1 µs, 2.315 ms, 1.5 s; '-' when missing."""
+    if _missing(us):
+        return "-"
+    v = float(us)
+    for scale, unit in ((1e6, "s"), (1e3, "ms")):
+        if abs(v) >= scale * 0.99995:
+            return f"{v / scale:.4g} {unit}"
+    return f"{v:.4g} µs"
+
+
+def _pct(x: object) -> str:
+    """A fraction (0-1) as a percentage; 'n/a' when missing."""
+    return "n/a" if _missing(x) else f"{100 * float(x):.1f}%"
+
+
+def _fmt(x: object, fmt: str, scale: float = 1.0) -> str:
+    """`x / scale` formatted; '-' for a missing value."""
+    return "-" if _missing(x) else format(float(x) / scale, fmt)
+
+
 # ----------------------------------------------------------------------------- terminal
 def terminal_table(analyses: Sequence[Analysis], per_layer: bool = False) -> str:
     """Compact text: per trace, operators by device time, a whole-model line per phase,
-    coverage, conventions and hardware."""
+    coverage, conventions and hardware; with `per_layer` a block per (phase, layer) after it,
+    whose time% is of that layer's device time (each block sums to 100%)."""
     return "\n\n".join(_terminal_one(a, per_layer) for a in analyses)
 
 
-def _head(width: int) -> str:
-    return (f"{'operator':<{width}} {'phase':<7} {'kern':>5} {'time µs':>10} {'time%':>6} {'GFLOP':>9} "
-            f"{'MB':>9} {'FLOP/B':>8} {'TFLOP/s':>8} {'GB/s':>7} {'%roof':>6} {'bound':<7}")
+# (title, width) of each right-aligned terminal column between the phase and the bound
+_COLUMNS = (("kern", 5), ("time", 10), ("time%", 6), ("FLOPs", 12), ("bytes", 10),
+            ("FLOP/B", 8), ("FLOP/s", 13), ("B/s", 10), ("%roof", 6))
+_NCU_COLUMNS = (("ncu bytes", 10), ("ncu/an", 6), ("ncu F/B", 8))
+
+
+def _head(width: int, measured: bool) -> str:
+    return (f"{'operator':<{width}} {'phase':<7} " + " ".join(f"{t:>{w}}" for t, w in _COLUMNS)
+            + f" {'bound':<7}"
+            + ("".join(f" {t:>{w}}" for t, w in _NCU_COLUMNS) if measured else ""))
+
+
+def _cells(kernels, time_us, share, flops, nbytes, intensity, fps, bps, roof) -> list[str]:
+    return [str(kernels), duration(time_us), _fmt(share, ".1f", 0.01), si(flops, "FLOP"),
+            si(nbytes, "B"), _fmt(intensity, ".2f"), si(fps, "FLOP/s"), si(bps, "B/s"),
+            _fmt(roof, ".1f")]
+
+
+def _row(name: str, phase: str, cells: list[str], bound: object, width: int) -> str:
+    return (f"{name:<{width}.{width}} {phase:<7.7} "
+            + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLUMNS, strict=True))
+            + f" {bound if isinstance(bound, str) else '-':<7}")
+
+
+def _op_row(r, width: int, measured: bool, share: object = None) -> str:
+    line = _row(r.operator, r.phase, _cells(r.kernels, r.time_us,
+                                            r.time_share if share is None else share, r.flops,
+                                            r.bytes, r.intensity, r.achieved_flops_per_s,
+                                            r.achieved_bytes_per_s, r.pct_of_roof),
+                r.bound, width)
+    if measured:
+        line += (f" {si(r.measured_bytes, 'B'):>10} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
+                 f" {_fmt(r.measured_intensity, '.2f'):>8}")
+    return line + (f" ! {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else "")
 
 
 def _terminal_one(a: Analysis, per_layer: bool) -> str:
-    ops = a.operators if per_layer else a.operators[a.operators["layer"].isna()]
-    ops = ops.sort_values("time_us", ascending=False, kind="stable")
-    measured = "measured_intensity" in ops.columns  # ncu DRAM bytes joined
-    names = ops["operator"].astype(str) + ops["layer"].map(lambda x: "" if pd.isna(x) else f"[{x}]")
-    width = max(20, *names.str.len()) if len(ops) else 20
+    agg = a.operators[a.operators["layer"].isna()].sort_values("time_us", ascending=False,
+                                                               kind="stable")
+    measured = "measured_intensity" in agg.columns  # ncu DRAM bytes joined
+    width = max(20, *a.operators["operator"].astype(str).str.len()) if len(agg) else 20
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
              _hardware_line(a), f"conventions: {conventions_line(a)}",
-             _head(width) + (f" {'ncu MB':>9} {'ncu/an':>6} {'ncu F/B':>8}" if measured else "")]
-    for name, r in zip(names.to_numpy(), ops.itertuples(), strict=True):
-        flag = f" ! {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
-        ncu = (f" {_fmt(r.measured_bytes, '.2f', 1e6):>9} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
-               f" {_fmt(r.measured_intensity, '.2f'):>8}") if measured else ""
-        lines.append(_row(name, r.phase, r.kernels, r.time_us, r.time_share, r.flops, r.bytes,
-                          r.intensity, r.achieved_flops_per_s, r.achieved_bytes_per_s,
-                          r.pct_of_roof, r.bound, width) + ncu + flag)
+             _head(width, measured)]
+    lines += [_op_row(r, width, measured) for r in agg.itertuples()]
     for phase, w in a.whole_by_phase.items():
-        lines.append(_row("whole model", phase, w["kernels"], w["time_us"], 1.0, w["flops"],
-                          w["bytes"], w["intensity"], w["achieved_flops_per_s"],
-                          w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"),
-                          width))
-    if _flagged(ops["exceeds_roof"].any()):
+        lines.append(_row("whole model", phase, _cells(
+            w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
+            w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
+            w.get("bound"), width))
+    if _flagged(a.operators["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
     lines.append(_coverage_line(a))
     lines += passes_lines(a) + graphs_lines(a)
@@ -106,19 +185,42 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
         lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
-                     f"({phase}, per forward pass): {ext['flops'] / 1e9:.2f} GFLOP, "
-                     f"{ext['bytes'] / 1e9:.3f} GB, intensity {ext['intensity']:.2f} FLOP/B")
+                     f"({phase}, per forward pass): {si(ext['flops'], 'FLOP')}, "
+                     f"{si(ext['bytes'], 'B')}, intensity {ext['intensity']:.2f} FLOP/B")
     checks = a.costed["check"].dropna().unique()
     if len(checks):
         lines.append(f"preset cross-check: {len(checks)} mismatch(es): {checks[0]}"
                      + (" ..." if len(checks) > 1 else ""))
+    if per_layer:
+        lines += ["", *_per_layer_blocks(a, agg, width, measured)]
     return "\n".join(lines)
+
+
+def _per_layer_blocks(a: Analysis, agg: pd.DataFrame, width: int, measured: bool) -> list[str]:
+    """One block per (phase, layer), rows by time, time% of the layer's device time."""
+    rows = a.operators[a.operators["layer"].notna()]
+    if rows.empty:
+        return ["per layer: no operator was placed in a decoder layer"]
+    layers = rows.groupby("phase", sort=False)["layer"].nunique()
+    layered = agg[agg["operator"].isin(rows["operator"])]
+    if (layers == 1).all() and math.isclose(rows["time_us"].sum(), layered["time_us"].sum()):
+        return ["per layer: one decoder layer per phase; its rows are the table above"]
+    out = []
+    for (phase, layer), g in rows.groupby(["phase", "layer"], sort=False):
+        total = g["time_us"].sum()
+        phase_time = a.whole_by_phase.get(phase, {}).get("time_us")
+        out += [f"layer {layer} ({phase}): {duration(total)}, "
+                f"{_pct(total / phase_time) if phase_time else 'n/a'} of the phase's device time",
+                _head(width, measured)]
+        out += [_op_row(r, width, measured, share=r.time_us / total)
+                for r in g.sort_values("time_us", ascending=False, kind="stable").itertuples()]
+    return out
 
 
 def _ncu_line(n: dict) -> str:
     line = (f"ncu {n['file']}: {n['matched']} of {n['trace_kernels']} trace kernels matched "
             f"({n['ncu_kernels']} in the CSV), whole model measured "
-            f"{_fmt(n['whole_model_measured_bytes'], '.2f', 1e6)} MB, "
+            f"{si(n['whole_model_measured_bytes'], 'B')}, "
             f"intensity {_fmt(n['whole_model_measured_intensity'], '.2f')} FLOP/B")
     if n["trace_unmatched"] or n["ncu_unmatched"]:
         line += (f"; WARNING {n['trace_unmatched']} trace / {n['ncu_unmatched']} ncu kernels "
@@ -134,13 +236,13 @@ def _hardware_line(a: Analysis) -> str:
     h = hardware_summary(a)
     if h is None:
         return "hardware: none given (no device in the trace): intensities only, no placements"
-    return (f"hardware {h['name']}: {h['peak_flops_per_s'] / 1e12:.0f} TFLOP/s {h['dtype']}, "
-            f"{h['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, ridge {h['ridge']:.0f} FLOP/B")
+    return (f"hardware {h['name']}: {si(h['peak_flops_per_s'], 'FLOP/s')} {h['dtype']}, "
+            f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B")
 
 
 def _coverage_line(a: Analysis) -> str:
     c = a.coverage
-    return (f"coverage: {_pct(c['fraction'])} of {c['kernel_time_us']:.1f} µs measured time "
+    return (f"coverage: {_pct(c['fraction'])} of {duration(c['kernel_time_us'])} measured time "
             f"attributed to operators, {_pct(c['costed_fraction'])} costed; "
             f"{c['uncosted_instances']} uncosted op instance(s)")
 
@@ -169,34 +271,28 @@ def graphs_lines(a: Analysis) -> list[str]:
                         for r in g.graphs.itertuples())
     share = (lambda us: us / g.time_us) if g.time_us else (lambda us: math.nan)
     return [f"CUDA graphs: {g.replays} replay(s) of {len(g.graphs)} graph(s), {g.kernels} "
-            f"kernels, {g.time_us:.1f} µs; named {_pct(g.named_fraction)} of their time "
+            f"kernels, {duration(g.time_us)}; named {_pct(g.named_fraction)} of their time "
             f"({_pct(share(g.matched_time_us))} by an aligned eager kernel of the same name), "
             f"costed {_pct(share(g.costed_time_us))}; evidence: {methods}"] + [
         f"! {f}" for f in g.flags]
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
-
-
-def _row(name, phase, kernels, time_us, share, flops, nbytes, intensity, fps, bps, pct,
-         bound, width: int = 20) -> str:
-    return (f"{name:<{width}.{width}} {phase:<7.7} {kernels:>5} {_fmt(time_us, '.1f'):>10} "
-            f"{_fmt(share, '.1f', 0.01):>6} {_fmt(flops, '.3f', 1e9):>9} "
-            f"{_fmt(nbytes, '.2f', 1e6):>9} {_fmt(intensity, '.2f'):>8} "
-            f"{_fmt(fps, '.2f', 1e12):>8} {_fmt(bps, '.0f', 1e9):>7} "
-            f"{_fmt(pct, '.1f'):>6} {bound if isinstance(bound, str) else '-':<7}")
-
-
 # --------------------------------------------------------------------------------- JSON
 def report_dict(analyses: Sequence[Analysis]) -> dict[str, object]:
-    """report.json: one entry per trace; several traces go under `traces`."""
-    entries = [_entry(a) for a in analyses]
-    return entries[0] if len(entries) == 1 else {"traces": entries}
+    """report.json: {"schema_version": 2, "traces": [one entry per analysis]}."""
+    return {"schema_version": SCHEMA_VERSION, "traces": [_entry(a) for a in analyses]}
+
+
+def _shares(d: dict) -> dict:
+    """A whole-model dict with percentages turned into fractions (`roof_fraction`)."""
+    out = {_RENAMED.get(k, k): v for k, v in d.items()}
+    if "roof_fraction" in out and not _missing(out["roof_fraction"]):
+        out["roof_fraction"] = out["roof_fraction"] / 100.0
+    return out
 
 
 def _entry(a: Analysis) -> dict[str, object]:
-    ops = a.operators
+    ops = _fractions(a.operators)
     cols = [k for k in OPERATOR_KEYS if k in ops.columns]
     reasons = a.costed["uncosted"].value_counts()
     entry: dict[str, object] = {
@@ -206,8 +302,8 @@ def _entry(a: Analysis) -> dict[str, object]:
         "conventions": dict(a.conventions),
         "coverage": dict(a.coverage),
         "operators": _records(ops[cols]),
-        "whole_model": dict(a.whole),
-        "whole_model_by_phase": {p: dict(w) for p, w in a.whole_by_phase.items()},
+        "whole_model": _shares(a.whole),
+        "whole_model_by_phase": {p: _shares(w) for p, w in a.whole_by_phase.items()},
         "reconciliation": _records(a.reconciliation),
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
@@ -237,6 +333,14 @@ def _entry(a: Analysis) -> dict[str, object]:
     return _clean(entry)
 
 
+def _fractions(ops: pd.DataFrame) -> pd.DataFrame:
+    """An operator table with its percentage columns as fractions, renamed by unit."""
+    out = ops.rename(columns=_RENAMED)
+    if "roof_fraction" in out.columns:
+        out["roof_fraction"] = out["roof_fraction"] / 100.0
+    return out
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, object]]:
     return [dict(zip(df.columns, row, strict=True)) for row in df.itertuples(index=False)]
 
@@ -256,6 +360,48 @@ def _clean(x: object) -> object:
     return x
 
 
+def report_json(analyses: Sequence[Analysis]) -> bytes:
+    """report.json's bytes (NaN written as null)."""
+    return json.dumps(report_dict(analyses), indent=2).encode() + b"\n"
+
+
+# ------------------------------------------------------------------------------- tables
+def operators_tables(analyses: Sequence[Analysis]) -> dict[str, pd.DataFrame]:
+    """The operator tables of every analysis, a leading `trace` column, shares as fractions:
+    `aggregate` (one row per trace, phase, operator; no layer column), `by_layer` (one per
+    trace, phase, layer, operator; `layer` an int64 column) and `all` (both, `layer` nullable)."""
+    table = _fractions(operators_frame(list(analyses)))
+    layered = table["layer"].notna()
+    return {"aggregate": table[~layered].drop(columns="layer").reset_index(drop=True),
+            "by_layer": table[layered].astype({"layer": "int64"}).reset_index(drop=True),
+            "all": table}
+
+
+def output_files(analyses: Sequence[Analysis], chart: bool = True) -> dict[str, bytes]:
+    """Every output file's name and bytes, rendered in memory: operators.csv (aggregates),
+    operators_by_layer.csv, operators.parquet (both), report.json, report.md and, with
+    `chart`, roofline.png and roofline.svg."""
+    tables = operators_tables(analyses)
+    parquet = io.BytesIO()
+    tables["all"].to_parquet(parquet, index=False)
+    files = {
+        "operators.csv": tables["aggregate"].to_csv(index=False).encode(),
+        "operators_by_layer.csv": tables["by_layer"].to_csv(index=False).encode(),
+        "operators.parquet": parquet.getvalue(),
+        "report.json": report_json(analyses),
+        "report.md": markdown(analyses, chart="roofline.png" if chart else None).encode(),
+    }
+    if chart:
+        from trace_roofline import plot  # matplotlib: only when a chart is drawn
+
+        fig = plot.roofline_figure(analyses)
+        for fmt in ("png", "svg"):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt)
+            files[f"roofline.{fmt}"] = buf.getvalue()
+    return files
+
+
 # ----------------------------------------------------------------------------- markdown
 def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -> str:
     """A markdown report: hardware, conventions, per-trace operator tables, reconciliation and
@@ -269,19 +415,19 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         if a.model:
             out.append(f"- model: {a.model.name}")
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
-                "| operator | phase | kernels | time µs | time % | GFLOP | MB | FLOP/B | TFLOP/s "
-                "| GB/s | % of roof | bound |", "|" + "---|" * 12]
+                "| operator | phase | kernels | time | time % | FLOPs | bytes | FLOP/B | FLOP/s "
+                "| B/s | % of roof | bound |", "|" + "---|" * 12]
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
             flag = f" ⚠ {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
-            out.append(_md_row(r.operator, r.phase, r.kernels, r.time_us, r.time_share, r.flops,
-                               r.bytes, r.intensity, r.achieved_flops_per_s,
-                               r.achieved_bytes_per_s, r.pct_of_roof, r.bound, flag))
+            out.append(_md_row(r.operator, r.phase, _cells(
+                r.kernels, r.time_us, r.time_share, r.flops, r.bytes, r.intensity,
+                r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag))
         for phase, w in a.whole_by_phase.items():
-            out.append(_md_row("**whole model**", phase, w["kernels"], w["time_us"], 1.0,
-                               w["flops"], w["bytes"], w["intensity"], w["achieved_flops_per_s"],
-                               w["achieved_bytes_per_s"], w.get("pct_of_roof"), w.get("bound"),
-                               ""))
+            out.append(_md_row("**whole model**", phase, _cells(
+                w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
+                w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
+                w.get("bound"), ""))
         if _flagged(ops["exceeds_roof"].any()):
             out += ["", f"⚠ {ABOVE_ROOF_NOTE}"]
         out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity, per phase", "",
@@ -299,15 +445,15 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         if a.extrapolated is not None:
             out += ["", f"### Extrapolated to {a.layers} layers + embedding, final norm, lm_head"
                     " (one forward pass)", "",
-                    "| phase | operator | source | GFLOP | MB | FLOP/B | byte share | contribution |",
+                    "| phase | operator | source | FLOPs | bytes | FLOP/B | byte share | contribution |",
                     "|---|---|---|---|---|---|---|---|"]
             for r in a.extrapolated.itertuples():
-                out.append(f"| {r.phase} | {r.operator} | {r.source} | {_fmt(r.flops, '.3f', 1e9)}"
-                           f" | {_fmt(r.bytes, '.2f', 1e6)} | {_fmt(r.intensity, '.2f')} | "
+                out.append(f"| {r.phase} | {r.operator} | {r.source} | {si(r.flops, 'FLOP')}"
+                           f" | {si(r.bytes, 'B')} | {_fmt(r.intensity, '.2f')} | "
                            f"{_pct(r.byte_share)} | {_fmt(r.contribution, '.4f')} |")
             for phase, e in a.extrapolated_whole.items():
-                out.append(f"| {phase} | **whole model** | | {e['flops'] / 1e9:.3f} | "
-                           f"{e['bytes'] / 1e6:.2f} | {e['intensity']:.2f} | 100% | "
+                out.append(f"| {phase} | **whole model** | | {si(e['flops'], 'FLOP')} | "
+                           f"{si(e['bytes'], 'B')} | {e['intensity']:.2f} | 100% | "
                            f"{e['intensity']:.4f} |")
         checks = sorted(a.costed["check"].dropna().unique())
         if checks:
@@ -316,17 +462,6 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
     return "\n".join(out)
 
 
-def _fmt(x: object, fmt: str, scale: float = 1.0) -> str:
-    """`x / scale` formatted; '-' for a missing value."""
-    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return format(float(x) / scale, fmt)
-
-
-def _md_row(name, phase, kernels, time_us, share, flops, nbytes, intensity, fps, bps, pct,
-            bound, flag) -> str:
-    cells = [name, phase, str(kernels), _fmt(time_us, ".1f"), _pct(share),
-             _fmt(flops, ".3f", 1e9), _fmt(nbytes, ".2f", 1e6), _fmt(intensity, ".2f"),
-             _fmt(fps, ".2f", 1e12), _fmt(bps, ".0f", 1e9), _fmt(pct, ".1f"),
-             (bound if isinstance(bound, str) else "-") + flag]
+def _md_row(name: str, phase: str, cells: list[str], bound: object, flag: str) -> str:
+    cells = [name, phase, *cells, (bound if isinstance(bound, str) else "-") + flag]
     return "| " + " | ".join(cells) + " |"

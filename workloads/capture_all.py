@@ -2,7 +2,9 @@
 
 Each capture is independent: a failure is logged and the rest still run. After each one,
 `on_done` (e.g. re-tarring the output) is called so a later timeout loses nothing captured.
-Run through workloads/capture_all.sh, which adds nvidia-smi, ncu and the GPU tests.
+Run through workloads/capture_all.sh, which adds nvidia-smi, ncu and the GPU tests. The
+calibration is named after the device it measured (h200_measured.json on an H200,
+cpu_measured.json in a CPU dry run), never after a GPU it did not run on.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from workloads.calibrate import calibrate
-from workloads.runner import RunConfig, run
+from workloads.runner import RunConfig, device_tag, resolve_device, run
 from workloads.sweep import run_sweep
 
 MAX_TRACE_BYTES = 2_000_000
@@ -33,7 +35,8 @@ def log(msg: str) -> None:
 
 
 def captures(out: Path) -> list[tuple[str, Callable[[], object]]]:
-    hw_path = out / "h200_measured.json"
+    tag = device_tag(resolve_device(None))
+    hw_path = out / f"{tag}_measured.json"
     sweep_hw = str(hw_path)
 
     def runner(**kw: object) -> Callable[[], object]:
@@ -48,7 +51,7 @@ def captures(out: Path) -> list[tuple[str, Callable[[], object]]]:
     def do_calibrate() -> object:
         hw, raw = calibrate(progress=log)
         hw_path.write_text(json.dumps(hw, indent=2) + "\n")
-        (out / "h200_calibration_raw.json").write_text(json.dumps(raw, indent=2) + "\n")
+        (out / f"{tag}_calibration_raw.json").write_text(json.dumps(raw, indent=2) + "\n")
         return hw
 
     def do_sweep() -> object:

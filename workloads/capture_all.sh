@@ -1,13 +1,34 @@
 #!/usr/bin/env bash
 # All GPU captures for sample_traces/ in one device call:  bash workloads/capture_all.sh [OUT [ONLY]]
+# CAPTURE_WORK: staging directory (default /tmp/captures).
 # ONLY: comma-separated capture names of workloads/capture_all.py (plus `ncu`) to redo just those.
 # Writes into OUT (default $OUT): capture.log and captures.tar.gz (traces, sweep results,
 # calibration JSON, ncu CSV, nvidia-smi, pip versions, GPU pytest log), re-tarred after every
 # step so a timeout keeps whatever was captured. Each step is independent (no set -e).
-set -x
+# Refuses (exit 2) where torch sees no CUDA GPU: the captures and the calibration are the GPU's.
+# Interrupted (INT, TERM, HUP), it ends every process it started before exiting.
 OUT=${1:-${OUT:?set OUT or pass a directory}}
 ONLY=${2:-}
-W=/tmp/captures
+W=${CAPTURE_WORK:-/tmp/captures}  # staging directory (tar source)
+if ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "capture_all.sh: error: torch sees no CUDA GPU here; these captures are GPU traces" >&2
+  exit 2
+fi
+# Every descendant of a process, deepest first (by pid, never by name).
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null
+}
+on_signal() {
+  trap - INT TERM HUP
+  echo "capture_all.sh: interrupted; stopping the captures" >&2
+  for child in $(pgrep -P $$); do kill_tree "$child"; done
+  wait
+  exit 130
+}
+trap on_signal INT TERM HUP
+set -x
 mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1
 # The analyzer package may be mid-edit by teammates: if `import trace_roofline` fails, load its
@@ -18,7 +39,7 @@ if ! python3 -c 'import trace_roofline' 2>/dev/null; then
   export PYTHONPATH=/tmp/shim${PYTHONPATH:+:$PYTHONPATH}
 fi
 retar() { tar czf "$OUT/captures.tar.gz.partial" -C "$W" . && mv "$OUT/captures.tar.gz.partial" "$OUT/captures.tar.gz"; }
-{
+captures() {
   date -u
   nvidia-smi > "$W/nvidia-smi.txt" 2>&1
   nvidia-smi -q -d CLOCK,POWER,PERFORMANCE > "$W/nvidia-smi-q.txt" 2>&1
@@ -43,5 +64,9 @@ retar() { tar czf "$OUT/captures.tar.gz.partial" -C "$W" . && mv "$OUT/captures.
   retar
   ls -la "$W"
   date -u
-} 2>&1 | tee "$OUT/capture.log"
+}
+# In the background, so that a signal runs on_signal at once (bash defers traps until a
+# foreground command ends).
+captures 2>&1 | tee "$OUT/capture.log" &
+wait $!
 retar

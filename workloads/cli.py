@@ -2,6 +2,8 @@
 
 trace_roofline/cli.py registers run/sweep/calibrate through add_<cmd>_parser(subparsers);
 `python -m workloads <cmd>` gives the same commands (plus hf-capture) without the analyzer CLI.
+Errors are the analyzer's: an InputError, printed by trace_roofline.cli.dispatch as one line
+with exit code 2.
 """
 
 from __future__ import annotations
@@ -11,16 +13,11 @@ import json
 import sys
 from pathlib import Path
 
+from trace_roofline._files import check_targets, write_files
+from trace_roofline.cli import Parser, dispatch, int_list, model_arg  # noqa: F401 (int_list: shared type)
+from trace_roofline.errors import InputError
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
+DEVICE_HELP = "cuda, cuda:N or cpu (default: cuda if torch sees one, else cpu)"
 
 
 def _progress(msg: str) -> None:
@@ -33,15 +30,22 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         description="Build a decoder layer of a model preset with random seeded weights, check it "
                     "against a float32 reference, and profile warm-up + N steps under "
                     "torch.profiler; writes OUT/<model>_<phase>_b<B>_<s|t><n>[...]_<device>"
-                    ".json.gz.")
-    p.add_argument("--model", default="qwen2.5-7b", help="preset or HF config.json")
-    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+                    ".json.gz, then analyses it.",
+        epilog="examples:\n"
+               "  trace-roofline run --phase decode --batch 8 --context 4096 --device cuda\n"
+               "  trace-roofline run --phase prefill --tokens 2048 --layers 2 --out traces/")
+    p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
+                   help="preset name, HF config.json or HF model directory")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                   help="one new token per sequence against --context keys, or --tokens tokens")
     p.add_argument("--batch", "-b", type=int, default=1, help="sequences B")
-    p.add_argument("--context", "-s", type=int, default=2048,
-                   help="decode: keys the new token attends to (S)")
-    p.add_argument("--tokens", "-t", type=int, default=512, help="prefill: tokens T")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
-    p.add_argument("--dtype", default=None, help="bfloat16|float16|float32 (default: model's)")
+    p.add_argument("--context", "-s", type=int, default=None,
+                   help=f"decode only: keys the new token attends to, S (default: "
+                        f"{RUN_DEFAULTS['context']})")
+    p.add_argument("--tokens", "-t", type=int, default=None,
+                   help=f"prefill only: tokens per sequence, T (default: {RUN_DEFAULTS['tokens']})")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
+    p.add_argument("--dtype", default=None, help="bfloat16|float16|float32 (default: the model's)")
     p.add_argument("--layers", type=int, default=1, help="decoder layers stacked")
     p.add_argument("--layout", choices=("separate", "fused"), default="separate",
                    help="HF q/k/v + gate/up modules, or fused qkv_proj / gate_up_proj")
@@ -56,10 +60,11 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                         "(for ncu --profile-from-start off; see workloads/ncu_capture.sh)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the float32 reference check")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--name", default=None, help="file stem instead of the generated one")
+    p.add_argument("--seed", type=int, default=0, help="weights and inputs seed")
+    p.add_argument("--name", default=None, help="file stem (default: generated from the run)")
     p.add_argument("--out", "-o", default="traces", help="output directory")
-    p.add_argument("--summary", default=None, help="also write the run summary JSON here")
+    p.add_argument("--summary", default=None,
+                   help="also write the run summary JSON here (default: none)")
     p.add_argument("--no-analyze", dest="analyze", action="store_false",
                    help="only capture; by default the trace is analysed right away")
     p.add_argument("--hardware", default=None,
@@ -69,18 +74,31 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     return p
 
 
+# The run's shape when --context / --tokens are not given (each applies to one phase only).
+RUN_DEFAULTS = {"context": 2048, "tokens": 512}
+
+
+def run_shape(phase: str, context: int | None, tokens: int | None) -> dict[str, int]:
+    """{context, tokens} of a run: the phase's own option or its default; the other phase's
+    option is an error, never silently ignored."""
+    other = {"decode": ("--tokens", tokens, "--context"), "prefill": ("--context", context,
+                                                                       "--tokens")}
+    flag, given, own = other[phase]
+    if given is not None:
+        raise InputError(f"{flag} is not used by --phase {phase} (it takes {own}); drop {flag}")
+    return {"context": context or RUN_DEFAULTS["context"], "tokens": tokens or RUN_DEFAULTS["tokens"]}
+
+
 def run_command(args: argparse.Namespace) -> int:
     from workloads.runner import RunConfig, run
 
-    fields = ("model", "phase", "batch", "context", "tokens", "device", "dtype", "layers",
-              "layout", "annotate", "compile", "warmup", "steps", "with_stack", "profile",
-              "check", "seed", "name", "out")
-    cfg = RunConfig(**{f: getattr(args, f) for f in fields})
-    try:
-        summary = run(cfg, progress=_progress)
-    except ValueError as e:
-        _progress(f"trace-roofline: error: {e}")
-        return 2
+    fields = ("model", "phase", "batch", "device", "dtype", "layers", "layout", "annotate",
+              "compile", "warmup", "steps", "with_stack", "profile", "check", "seed", "name",
+              "out")
+    cfg = RunConfig(**{f: getattr(args, f) for f in fields},
+                    **run_shape(args.phase, args.context, args.tokens))
+    check_targets([args.summary] if args.summary else [])
+    summary = run(cfg, progress=_progress)
     if args.summary:
         _write_json(Path(args.summary), summary)
     if summary["trace"] and args.analyze:
@@ -105,19 +123,25 @@ def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "sweep", help="the M-knob lab: time a projection GEMM at several M",
         description="Time Y = X @ W for a model projection's (K, N) at each M (CUDA events, "
                     "warm-up, median), report achieved vs attainable TFLOP/s, and profile the "
-                    "same calls; writes <stem>.results.json and <stem>.json.gz.")
-    p.add_argument("--model", default="qwen2.5-7b")
+                    "same calls; writes <stem>.results.json and <stem>.json.gz.",
+        epilog="example:\n  trace-roofline sweep --projection down_proj --m 1,16,64,256,1024 "
+               "--device cuda")
+    p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
+                   help="preset name, HF config.json or HF model directory")
     p.add_argument("--projection", default="q_proj", help="q_proj, k_proj, ..., gate_up_proj")
-    p.add_argument("--m", type=_ints, default=(1, 16, 64, 256, 1024), help="e.g. 1,16,64")
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, model's on CPU")
-    p.add_argument("--device", default=None)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--m", type=int_list, default=[1, 16, 64, 256, 1024],
+                   help="tokens in flight M, e.g. 1,16,64")
+    p.add_argument("--dtype", default=None,
+                   help="bfloat16|float16|float32 (default: bfloat16 on CUDA, the model's on CPU)")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls per M")
+    p.add_argument("--iters", type=int, default=50, help="timed calls per M (median reported)")
     p.add_argument("--hardware", default=None,
                    help="hardware JSON or preset for the attainable column "
                         "(default: the preset matching the GPU, if any)")
-    p.add_argument("--no-trace", dest="trace", action="store_false")
-    p.add_argument("--out", "-o", default="traces")
+    p.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="time only, write no profiled trace")
+    p.add_argument("--out", "-o", default="traces", help="output directory")
     p.set_defaults(func=sweep_command)
     return p
 
@@ -125,13 +149,9 @@ def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 def sweep_command(args: argparse.Namespace) -> int:
     from workloads.sweep import run_sweep
 
-    try:
-        _, path = run_sweep(args.model, args.projection, args.m, args.dtype, args.device,
-                            args.warmup, args.iters, args.hardware, args.out, args.trace,
-                            progress=_progress)
-    except (ValueError, OSError) as e:
-        _progress(f"trace-roofline: error: {e}")
-        return 2
+    _, path = run_sweep(args.model, args.projection, tuple(args.m), args.dtype, args.device,
+                        args.warmup, args.iters, args.hardware, args.out, args.trace,
+                        progress=_progress)
     print(path)
     return 0
 
@@ -142,13 +162,20 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         description="Measure the memory ceiling (best median of copy, add and sum streams on "
                     "buffers far past the caches) and the bf16/fp16/tf32/fp32 matmul peaks "
                     "(best median over square and LLM-projection GEMMs, random data, warm-up), "
-                    "and write a hardware JSON that --hardware accepts.")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
+                    "and write a hardware JSON that --hardware accepts.",
+        epilog="example:\n  trace-roofline calibrate --device cuda --out my_gpu.json\n"
+               "  trace-roofline analyze trace.json.gz --hardware my_gpu.json")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--out", "-o", default=None, help="JSON path (default: print to stdout)")
-    p.add_argument("--sizes", type=_ints, default=None, help="square GEMM sizes, e.g. 4096,8192")
-    p.add_argument("--copy-mib", type=int, default=None, help="copy buffer size in MiB")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--raw", default=None, help="also write every measurement to this JSON")
+    p.add_argument("--sizes", type=int_list, default=None,
+                   help="square GEMM sizes, e.g. 4096,8192 (default: 4096,8192,16384 on CUDA, "
+                        "512,1024,2048 on CPU)")
+    p.add_argument("--copy-mib", type=int, default=None,
+                   help="stream buffer size in MiB (default: 2048 on CUDA, 256 on CPU)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per kernel (default: 20 on CUDA, 5 on CPU)")
+    p.add_argument("--raw", default=None,
+                   help="also write every measurement to this JSON (default: none)")
     p.set_defaults(func=calibrate_command)
     return p
 
@@ -156,12 +183,10 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 def calibrate_command(args: argparse.Namespace) -> int:
     from workloads.calibrate import calibrate
 
-    try:
-        hw, raw = calibrate(args.device, args.copy_mib and args.copy_mib << 20, args.sizes,
-                            repeats=args.repeats, progress=_progress)
-    except ValueError as e:
-        _progress(f"trace-roofline: error: {e}")
-        return 2
+    check_targets([p for p in (args.out, args.raw) if p])  # before minutes of measuring
+    hw, raw = calibrate(args.device, args.copy_mib and args.copy_mib << 20,
+                        args.sizes and tuple(args.sizes), repeats=args.repeats,
+                        progress=_progress)
     if args.raw:
         _write_json(Path(args.raw), raw)
     if args.out:
@@ -178,24 +203,26 @@ def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
         description="Profile HF transformers' Qwen2ForCausalLM (random init, no ranges of ours) "
                     "at prefill or decode; writes OUT/hf-qwen2-<model>-<L>l_<phase>_b<B>_"
                     "<t|s><T>[_static][_compiled][_stack]_<device>.json.gz.")
-    p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
-    p.add_argument("--model", default="qwen2.5-7b")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch", "-b", type=int, default=1)
+    p.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
+                   help="the prompt's forward pass, or decode steps after it")
+    p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
+                   help="preset name, HF config.json or HF model directory (shapes only)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
+    p.add_argument("--batch", "-b", type=int, default=1, help="sequences B")
     p.add_argument("--tokens", "-t", type=int, default=512, help="prompt tokens")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--with-stack", action="store_true")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16|float16|float32")
+    p.add_argument("--warmup", type=int, default=2, help="profiler warm-up steps")
+    p.add_argument("--steps", type=int, default=3, help="profiled (active) steps")
+    p.add_argument("--with-stack", action="store_true", help="record Python stacks")
     p.add_argument("--compile", action="store_true",
                    help="run the profiled steps through torch.compile(model)")
     p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="KV cache: HF's default DynamicCache, or a StaticCache (decode only; "
                         "step i writes slot T + i by index_copy_)")
     p.add_argument("--max-cache-len", type=int, default=None,
-                   help="StaticCache slots (default 2 x --tokens)")
-    p.add_argument("--out", "-o", default="traces")
+                   help="StaticCache slots (default: 2 x --tokens)")
+    p.add_argument("--out", "-o", default="traces", help="output directory")
     p.set_defaults(func=hf_capture_command)
     return p
 
@@ -208,24 +235,20 @@ def hf_capture_command(args: argparse.Namespace) -> int:
                        args.dtype, args.warmup, args.steps, args.with_stack, args.out,
                        progress=_progress, compile=args.compile, cache=args.cache,
                        max_cache_len=args.max_cache_len)
-    except ValueError as e:
-        _progress(f"trace-roofline: error: {e}")
-        return 2
+    except ValueError as e:  # hf_capture checks its arguments with ValueError
+        raise InputError(str(e)) from None
     print(path)
     return 0
 
 
 def _write_json(path: Path, obj: object) -> None:
     """Write atomically (the analyzer's all-or-nothing writer): no partial file is left."""
-    from trace_roofline._files import write_files
-
     write_files({path: (json.dumps(obj, indent=2) + "\n").encode()})
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m workloads")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in (add_run_parser, add_sweep_parser, add_calibrate_parser, add_hf_capture_parser):
         add(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return dispatch(parser.parse_args(argv))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from trace_roofline.errors import InputError
 from trace_roofline.models import get_model
 from workloads.layer import DecoderStack, max_positions_for
 from workloads.reference import TOLERANCE, reference_layer, rel_error
@@ -53,10 +54,17 @@ class RunConfig:
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """`device` ('cuda', 'cuda:N' or 'cpu'; None: cuda when torch sees one, else cpu) as a
+    torch.device; InputError for another kind or a GPU torch does not see."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise InputError(f"device {device!r} is not one of cuda, cuda:N, cpu")
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA "
+                             "device(s)")
     return torch.device(device)
 
 
@@ -85,7 +93,7 @@ def trace_stem(cfg: RunConfig, tag: str) -> str:
     if cfg.name:
         return cfg.name
     shape = f"s{cfg.context}" if cfg.phase == "decode" else f"t{cfg.tokens}"
-    parts = [cfg.model.lower(), cfg.phase, f"b{cfg.batch}", shape]
+    parts = [get_model(cfg.model).name.lower(), cfg.phase, f"b{cfg.batch}", shape]
     if cfg.layers != 1:
         parts.append(f"l{cfg.layers}")
     if cfg.layout == "fused":
@@ -106,13 +114,19 @@ def sync(device: torch.device) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Raise ValueError (InputError for an unknown model) before anything is written."""
+    """Raise InputError, naming the parameter, before anything is measured or written."""
     if cfg.phase not in ("decode", "prefill"):
-        raise ValueError(f"phase must be decode or prefill, got {cfg.phase!r}")
-    if min(cfg.batch, cfg.context, cfg.tokens, cfg.layers, cfg.steps) < 1 or cfg.warmup < 0:
-        raise ValueError("batch, context, tokens, layers and steps must be >= 1, warmup >= 0")
+        raise InputError(f"phase must be decode or prefill, got {cfg.phase!r}")
+    for name in ("batch", "context", "tokens", "layers", "steps"):
+        if getattr(cfg, name) < 1:
+            raise InputError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.warmup < 0:
+        raise InputError(f"warmup must be >= 0, got {cfg.warmup}")
     if (cfg.dtype or "bfloat16").lower() not in DTYPES:
-        raise ValueError(f"unknown dtype {cfg.dtype!r} (one of {', '.join(DTYPES)})")
+        raise InputError(f"dtype {cfg.dtype!r} is not one of {', '.join(DTYPES)}")
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: out is not a directory")
     get_model(cfg.model)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from trace_roofline._files import read_json, write_files
+from trace_roofline.errors import InputError
 from trace_roofline.models import get_model
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
@@ -38,8 +40,7 @@ def load_hardware(spec: str | None, device_name: str | None) -> dict | None:
     """Roofs as {name, peak_flops{dtype: FLOP/s}, mem_bandwidth B/s, source}: from a hardware
     JSON path, else a trace_roofline.hardware preset name, else the preset matching the device."""
     if spec and spec.endswith(".json"):
-        with open(spec) as f:
-            return json.load(f)
+        return read_json(spec)
     try:
         from trace_roofline import hardware as hw
         if spec:
@@ -128,11 +129,12 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
         if hardware:
             p, bw = hardware["peak_flops"][key], hardware["mem_bandwidth"]
             att = min(p, row["intensity"] * bw)  # attainable(I) = min(P, I·B)
-            row.update(attainable_tflops=att / 1e12, pct_of_roof=100 * flops / med / att,
+            row.update(attainable_tflops=att / 1e12, roof_fraction=flops / med / att,
                        bound="memory" if row["intensity"] < p / bw else "compute")
         rows.append(row)
         progress(f"[sweep] M={m:>5}: {med * 1e6:9.2f} us  {row['achieved_tflops']:8.2f} TFLOP/s"
-                 + (f"  attainable {row['attainable_tflops']:8.2f} ({row['pct_of_roof']:5.1f}% "
+                 + (f"  attainable {row['attainable_tflops']:8.2f} "
+                    f"({100 * row['roof_fraction']:5.1f}% "
                     f"of roof, {row['bound']}-bound)" if hardware else ""))
     result = {
         "kind": "m_sweep", "device": str(device), "device_tag": device_tag(device),
@@ -187,13 +189,18 @@ def run_sweep(model: str = "qwen2.5-7b", projection: str = "q_proj",
     spec = get_model(model)
     linears = {**spec.linears(), **spec.fused_linears()}
     if projection not in linears:
-        raise ValueError(f"unknown projection {projection!r} (one of {', '.join(linears)})")
+        raise InputError(f"projection {projection!r} is not one of {', '.join(linears)}")
     k, n, _ = linears[projection]
     dev = resolve_device(device)
-    tdt = DTYPES[(dtype or ("bfloat16" if dev.type == "cuda" else spec.dtype)).lower()]
+    key = (dtype or ("bfloat16" if dev.type == "cuda" else spec.dtype)).lower()
+    if key not in DTYPES:
+        raise InputError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    tdt = DTYPES[key]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     hw = load_hardware(hardware, name)
     out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: out is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{spec.name}_msweep_{projection}_{PEAK_KEY[tdt]}_{device_tag(dev)}"
     progress(f"[sweep] {projection} K={k} N={n} {tdt} on {dev}; M in {list(ms)}")
@@ -201,8 +208,6 @@ def run_sweep(model: str = "qwen2.5-7b", projection: str = "q_proj",
                      out_dir / f"{stem}.json.gz" if trace else None, progress=progress)
     result.update(model=spec.name, projection=projection)
     path = out_dir / f"{stem}.results.json"
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_files({path: (json.dumps(result, indent=2) + "\n").encode()})
     progress(f"[sweep] wrote {path}")
     return result, path
