@@ -171,7 +171,7 @@ def replay_rows(trace: Trace) -> pd.DataFrame:
     """Device rows launched by a CUDA-graph launch: row (index into trace.device), replay (one
     per launch, in launch order), pos (order in the replay), ordered by replay then start."""
     rt = trace.runtime
-    launch = rt["name"].astype(object).fillna("").str.contains(GRAPH_LAUNCH).to_numpy()
+    launch = _matches(rt["name"], GRAPH_LAUNCH)
     corr = rt.loc[launch, "correlation"].dropna().astype("int64").to_numpy()
     dev = trace.device
     dc = dev["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
@@ -184,6 +184,13 @@ def replay_rows(trace: Trace) -> pd.DataFrame:
     replay = np.cumsum(new) - 1
     pos = np.arange(len(rows)) - np.maximum.accumulate(np.where(new, np.arange(len(rows)), 0))
     return pd.DataFrame({"row": rows, "replay": replay, "pos": pos})
+
+
+def _matches(names: pd.Series, rx: re.Pattern) -> np.ndarray:
+    """rx.search per row of a name column, evaluated once per distinct name."""
+    c = pd.Categorical(names)
+    hit = pd.Series(np.asarray(c.categories, dtype=object)).str.contains(rx).to_numpy(bool)
+    return np.append(hit, False)[c.codes]
 
 
 def mapping_from(trace: Trace, attributed: pd.DataFrame) -> Mapping:
@@ -223,14 +230,17 @@ def capture_mapping(trace: Trace, model: ModelSpec | None = None) -> Mapping | N
     by attributing them as if each had run a kernel at its launch (`attribute`, rows appended
     to the device table), so a captured op gets the name and shapes its eager twin would."""
     rt = trace.runtime.reset_index(drop=True)
+    is_begin = _matches(rt["name"], _CAPTURE_BEGIN)
+    if not is_begin.any():
+        return None
     name = rt["name"].astype(object).fillna("")
     thread = pd.factorize(pd.MultiIndex.from_arrays([rt["pid"].fillna(-1), rt["tid"].fillna(-1)]))[0]
     ts = rt["ts_us"].to_numpy(np.float64)
-    begin = np.flatnonzero(name.str.contains(_CAPTURE_BEGIN).to_numpy())
-    end = np.flatnonzero(name.str.contains(_CAPTURE_END).to_numpy())
+    begin = np.flatnonzero(is_begin)
+    end = np.flatnonzero(_matches(rt["name"], _CAPTURE_END))
     ran = set(trace.device["correlation"].dropna().astype("int64").tolist())
     corr = rt["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
-    launch = name.str.contains(_LAUNCH).to_numpy() & ~np.isin(corr, list(ran)) & (corr >= 0)
+    launch = _matches(rt["name"], _LAUNCH) & ~np.isin(corr, list(ran)) & (corr >= 0)
     capture = np.full(len(rt), -1, dtype=np.int64)
     for k, b in enumerate(begin):  # captures are few: one loop step each
         e = end[(thread[end] == thread[b]) & (ts[end] > ts[b])]
