@@ -1,7 +1,9 @@
 """CUDA-graph replays: name, and where shapes are known cost, the kernels a graph launch replays.
 
-A replayed kernel hangs off one `cudaGraphLaunch` (its `correlation` is the launch's; Kineto
-gives it no External id) with no cpu op and no shapes, so `attribute` leaves it unattributed.
+A replayed kernel hangs off one `cudaGraphLaunch` (its `correlation` is the launch's) with no cpu
+op and no shapes, so `attribute` leaves it unattributed (torch.CUDAGraph.replay: no External id)
+or, worse, names it after the op around the launch (torch.compile's cudagraph trees: the
+External id of that op); `name_replays` replaces either.
 Left are its name, its place in the replay, its grid and its duration. `name_replays` works per
 *graph*, a distinct replayed kernel sequence (every replay of one captured graph launches the
 same kernels in the same order): each graph is worked out once and the result is broadcast to
@@ -34,9 +36,10 @@ its replays, so the cost is linear in kernels. Evidence, best first (`source` of
    classified by name (KERNEL_OPS: GEMM libraries, fused attention, Triton, at::native
    functors); fused-attention kernels in runs mark the layers; the GEMMs between them must come
    in the model's per-layer count (q, k, v | qkv before attention; o, gate, up | gate_up, down
-   after it) and be named in that order, the GEMM after the last layer is lm_head; and every
-   layer's kernels from its first projection to down_proj must repeat the same name sequence
-   (Triton kernels compared without their numeric suffix). At least two layers are required.
+   after it) and be named in that order, the GEMM after the last layer is lm_head; every layer
+   (first projection .. down_proj) must repeat the same GEMM and attention kernels in the same
+   order, and share >= LAYER_MATCH of its kernels with the last layer in order (Triton kernels
+   compared without their numeric suffix). At least two layers are required.
    The rest is named as in eager traces from its place between these anchors and its kernel's
    op (`_naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
    sequence is never named.
@@ -58,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trace_roofline import _naming
-from trace_roofline.attribute import _segment_layers, attribute
+from trace_roofline.attribute import NON_LAYER, attribute
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 from trace_roofline.passes import _decode, _gemm_m, forward_passes
@@ -69,6 +72,7 @@ GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
 BAND = 64  # kernels either side of the diagonal the alignment may stray
 MAPPING_MATCH = 0.8  # share of a graph's kernels a mapping's best pass must match by name
 OWN_PASS_MATCH = 0.9  # the same for the replay trace's own eager passes
+LAYER_MATCH = 0.75  # share of a layer's kernels that must repeat in the last layer (kernel_name)
 CARRIED = ("operator", "op_name", "input_dims", "input_types", "concrete_inputs",
            "input_strides")
 _REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk")
@@ -76,7 +80,7 @@ _TRITON_SUFFIX = re.compile(r"_\d+$")
 
 # Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order.
 KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
-    (r"simt_sgemm|_sgemm_", "aten::bmm"),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
+    (r"simt_sgemm|_sgemm_", "fp32_gemm"),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
     (r"^triton_tem_fused_(?:addmm|mm)", "gemm"),
     (r"flash_fwd|flash_fprop|fmha|_sdpa_|attention|attn_fwd|flashinfer|lean_reduction",
      "aten::scaled_dot_product_attention"),
@@ -175,7 +179,9 @@ def replay_rows(trace: Trace) -> pd.DataFrame:
     corr = rt.loc[launch, "correlation"].dropna().astype("int64").to_numpy()
     dev = trace.device
     dc = dev["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
-    rows = np.flatnonzero(np.isin(dc, corr) & dev["external_id"].isna().to_numpy())
+    # torch.compile's cudagraph trees stamp the replayed kernels with the External id of the op
+    # around the launch: the correlation alone says they were replayed
+    rows = np.flatnonzero(np.isin(dc, corr))
     c, ts = dc[rows], dev["ts_us"].to_numpy(np.float64)[rows]
     first = pd.Series(ts).groupby(c).transform("min").to_numpy()
     order = np.lexsort((ts, c, first))  # by the replay's first start, then within it by start
@@ -603,7 +609,10 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     copy_ = np.isin(kinds, ["memset", "memcpy"])
     core = ~reduce_ & ~copy_
     gemm = core & (op == "gemm")
-    attn = core & (op == "aten::scaled_dot_product_attention")
+    # attention library kernels mark the layers; Inductor's Triton kernels that prepare SDPA's
+    # inputs (named after it) are attention too but vary in number between layers
+    triton = pd.Series(names, dtype=object).str.startswith("triton_").to_numpy(bool)
+    attn = core & (op == "aten::scaled_dot_product_attention") & ~triton
     g_before = np.cumsum(gemm) - gemm  # GEMMs before each position
     clusters = np.unique(g_before[attn])  # one attention run per layer: GEMMs split them
     layers = len(clusters)
@@ -634,30 +643,53 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     if len(rest) == 1:
         gemm_name[rest[0]] = "lm_head"
     downs = g_pos[clusters + post - 1]
-    canon = np.array([_TRITON_SUFFIX.sub("", s) if s.startswith("triton_") else s
-                      for s in pd.Series(names, dtype=object)], dtype=object)
-    body = [tuple(canon[q:d + 1]) for q, d in zip(first_q, downs, strict=True)]
-    if len(set(body)) != 1:
-        info["note"] = "layers do not repeat one kernel sequence"
+    why = _layers_differ(names, gemm | attn, first_q, downs)
+    if why:
+        info["note"] = why
         return None
-    return _position_table(names, op, core, reduce_, copy_, gemm_name, model, shapes, info)
+    return _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes,
+                           info)
 
 
-def _position_table(names, op, core, reduce_, copy_, gemm_name, model, shapes, info):
+def _layers_differ(names: np.ndarray, anchor: np.ndarray, first_q: list[int],
+                   downs: np.ndarray) -> str | None:
+    """Why the layers (first projection .. down_proj) do not repeat one kernel pattern, or None:
+    their GEMM and fused-attention kernels must be the same names in the same order, and each
+    layer's whole kernel sequence must share >= LAYER_MATCH of the longer one with the last
+    layer's (Triton kernels compared without their numeric suffix; torch.compile may schedule
+    the model's RoPE table kernels into layer 0)."""
+    canon = pd.Series(names, dtype=object).str.replace(_TRITON_SUFFIX, "", regex=True)
+    codes = pd.factorize(canon)[0]
+    spans = [slice(q, d + 1) for q, d in zip(first_q, downs, strict=True)]
+    cores = {tuple(codes[sp][anchor[sp]]) for sp in spans}
+    if len(cores) != 1:
+        return "layers do not repeat one sequence of GEMM and attention kernels"
+    ref = codes[spans[-1]]
+    for sp in spans[:-1]:
+        body = codes[sp]
+        if (align(body, ref) >= 0).sum() < LAYER_MATCH * max(len(body), len(ref)):
+            return "layers do not repeat one kernel sequence"
+    return None
+
+
+def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes, info):
     """Name the core kernels as eager ops would be named (position_names), attach reduces and
-    copies, count layers, group instances and add user shapes."""
+    copies, give layers, group instances and add user shapes."""
     n = len(names)
     idx = np.flatnonzero(core)
-    pseudo = np.where(op[idx] == "gemm", "aten::mm", op[idx])
-    pseudo = np.where(pseudo == "", "kernel", pseudo)
+    is_gemm = np.isin(op[idx], ["gemm", "fp32_gemm"])
+    pseudo = np.where(is_gemm, "aten::mm", np.where(op[idx] == "", "kernel", op[idx]))
     inst = pd.DataFrame({
         "grp": np.zeros(len(idx), np.int64),
         "op_name": pd.Series(pseudo, dtype=object),
         "top_name": pd.Series(pseudo, dtype=object),
         "input_dims": pd.Series([None] * len(idx), dtype=object),
-        "K": np.where(op[idx] == "gemm", 0, -1),
+        "K": np.where(is_gemm, 0, -1),
     })
-    gemm = pd.Series(gemm_name[idx], dtype="string")
+    # a GEMM that is no weight of the model (the fp32 RoPE table product) is named by its place,
+    # as an unmatched `linear[K×N]` GEMM of an eager trace is
+    gemm = pd.Series(np.where((op[idx] == "fp32_gemm"), "linear[fp32]", gemm_name[idx]),
+                     dtype="string")
     named, _ = _naming.position_names(inst, gemm)
     name = np.full(n, None, dtype=object)
     name[idx] = named.to_numpy(dtype=object)
@@ -667,11 +699,10 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, model, shapes, i
     name = np.where(take >= 0, name[np.maximum(take, 0)], None)
     cats = pd.Index(pd.unique(name[pd.notna(name)]))
     codes = cats.get_indexer(name)
-    layer = _segment_layers(codes, cats, np.zeros(n, np.int64))
+    lay = _layers(name, first_q)
     res = _empty(n)
     res["operator"] = np.where(pd.notna(name), name, "unattributed")
-    res["layer"] = layer
-    lay = layer.to_numpy(np.int64, na_value=-1)
+    res["layer"] = pd.arrays.IntegerArray(np.maximum(lay, 0), lay < 0)
     change = (codes[1:] != codes[:-1]) | (lay[1:] != lay[:-1])
     res["inst"] = np.cumsum(np.r_[True, change]) - 1  # a run of one operator in one layer
     res["source"] = np.where(pd.notna(name), "kernel_name", "unattributed")
@@ -681,6 +712,21 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, model, shapes, i
         user_shapes(res, model, shapes)
         info["shapes"] = "user"
     return res
+
+
+def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
+    """Layer per position (-1: none): layer k starts at its input norm (the input_norm kernels
+    right before its first projection), so the residual add after down_proj stays in the layer
+    before; model-level operators have none."""
+    starts = []
+    for q in first_q:  # one step per layer
+        b = q
+        while b > 0 and name[b - 1] == "input_norm":
+            b -= 1
+        starts.append(b)
+    lay = np.searchsorted(np.asarray(starts), np.arange(len(name)), side="right") - 1
+    model_level = pd.Series(name, dtype=object).isin([*NON_LAYER, "other"]).to_numpy()
+    return np.where(model_level | pd.isna(name), -1, lay)
 
 
 def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> None:
