@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +111,55 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff_side(path: str, args: argparse.Namespace, label: str):
+    """A report.json (a JSON object whose first key is "trace" or "traces") or a trace."""
+    from trace_roofline import diff
+    from trace_roofline._files import read_json
+    from trace_roofline.pipeline import analyze_trace
+    from trace_roofline.trace import progress_bar
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(256)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    if _REPORT_HEAD.match(head):
+        return diff.side(read_json(p), label=str(p))
+    model = get_model(args.model) if args.model else None
+    hw = get_hardware(args.hardware) if args.hardware else None
+    return diff.side(analyze_trace(p, model, hw, causal=args.causal,
+                                   attention_bytes=args.attention_bytes, progress=progress_bar()))
+
+
+_REPORT_HEAD = re.compile(rb'\A\s*\{\s*"traces?"\s*:')
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from trace_roofline import diff
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
+    a, b = _diff_side(args.a, args, "A"), _diff_side(args.b, args, "B")
+    table = diff.diff(a, b)
+    text = diff.format_table(table, a, b)
+    if out is not None:
+        from trace_roofline.plot_diff import diff_figure
+
+        png = io.BytesIO()
+        diff_figure(table, a, b).savefig(png, format="png")
+        written = write_files({
+            out / "diff.csv": table.to_csv(index=False).encode(),
+            out / "diff.json": json.dumps(diff.to_json(table, a, b), indent=2).encode() + b"\n",
+            out / "diff.md": diff.markdown(table, a, b).encode(),
+            out / "diff.png": png.getvalue(),
+        })
+        text += "\n\nwrote " + ", ".join(str(p) for p in written)
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -138,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write report.json to this path")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("diff", help="compare two traces (or report.json files) of one model, A -> B")
+    p.add_argument("a", help="trace or report.json: before")
+    p.add_argument("b", help="trace or report.json: after")
+    p.add_argument("--model", help="preset name or HF config.json (for traces)")
+    p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
+    p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png")
+    add_convention_args(p)
+    p.set_defaults(func=_cmd_diff)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
 
     for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):
