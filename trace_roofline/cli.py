@@ -6,6 +6,8 @@ Every user error ends in one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import io
 import json
 import re
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trace_roofline import calculator, costs
-from trace_roofline._files import write_files
+from trace_roofline._files import staged_file, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -64,7 +66,7 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import report
     from trace_roofline.pipeline import analyze_trace, operators_frame
-    from trace_roofline.trace import load_traces, progress_bar
+    from trace_roofline.trace import load_trace, load_traces, progress_bar
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
@@ -77,6 +79,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if len(args.ncu) > len(traces):
         raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
     ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
+    if args.perfetto:  # the Trace is kept: the enriched file needs its tables and attribution
+        if len(traces) != 1:
+            raise InputError(f"--perfetto takes one trace, got {len(traces)}")
+        traces = [load_trace(traces[0], progress_bar())]
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
                       layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
@@ -104,11 +110,28 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             out / "roofline.png": png.getvalue(),
             out / "roofline.svg": svg.getvalue(),
         }
-    if outputs:
-        written = write_files(outputs)
-        text += "\n\nwrote " + ", ".join(str(p) for p in written)
+    with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
+        if args.perfetto:
+            _write_perfetto(stack, Path(args.perfetto), traces[0], model, analyses[0])
+            text += f"\n\nwrote {args.perfetto} (open it in ui.perfetto.dev)"
+        if outputs:
+            written = write_files(outputs)
+            text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
+
+
+def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis) -> None:
+    """Stream the enriched trace into a staged file (gzip when the name ends in .gz)."""
+    from trace_roofline.attribute import attribute
+    from trace_roofline.perfetto import enriched_trace
+
+    f = stack.enter_context(staged_file(path))
+    out = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) if path.suffix == ".gz" else f
+    for chunk in enriched_trace(trace, attribute(trace, model), analysis):
+        out.write(chunk)
+    if out is not f:
+        out.close()
 
 
 def _diff_side(path: str, args: argparse.Namespace, label: str):
@@ -186,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
+    p.add_argument("--perfetto", metavar="FILE",
+                   help="write the trace enriched for ui.perfetto.dev: kernel args, operator "
+                        "slices, TFLOP/s and GB/s counters (one trace; .gz compresses)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
 
