@@ -18,8 +18,8 @@ SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 NCU = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
-OUTPUTS = {"operators.csv", "operators.parquet", "report.json", "report.md", "roofline.png",
-           "roofline.svg"}
+OUTPUTS = {"operators.csv", "operators.parquet", "report.json", "report.md", "report.html",
+           "roofline.png", "roofline.svg"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

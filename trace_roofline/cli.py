@@ -102,6 +102,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         png, svg = io.BytesIO(), io.BytesIO()
         fig.savefig(png, format="png")
         fig.savefig(svg, format="svg")
+        outputs |= _html_report(out, analyses)
         outputs |= {
             out / "operators.csv": table.to_csv(index=False).encode(),
             out / "operators.parquet": parquet.getvalue(),
@@ -119,6 +120,20 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
+
+
+def _html_report(out: Path, analyses) -> dict[Path, bytes]:
+    """report.html when the optional `html` extra (Bokeh) is installed; a note otherwise."""
+    try:
+        from trace_roofline.html_report import report_html
+
+        return {out / "report.html": report_html(analyses).encode()}
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("bokeh"):
+            raise
+        print(f"{PROG}: report.html skipped: pip install 'trace-roofline[html]' (Bokeh) for it",
+              file=sys.stderr)
+        return {}
 
 
 def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis) -> None:
@@ -207,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-layer", action="store_true", help="one terminal row per layer")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
-    p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
+    p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md/.html, "
+                                 "roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
     p.add_argument("--perfetto", metavar="FILE",
                    help="write the trace enriched for ui.perfetto.dev: kernel args, operator "

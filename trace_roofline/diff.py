@@ -164,10 +164,11 @@ def notes(table: pd.DataFrame, a: Side, b: Side) -> list[str]:
                    "layers or fusion changed)")
     ops = table[(table["operator"] != WHOLE) & table["flops_equal"].eq(False)]
     if len(ops):
+        why = "" if len(changed) else (
+            "; the whole model is the same workload, so this is fusion or kernel choice (a "
+            "fused kernel's FLOPs are counted per kernel): compare their time, not their % of roof")
         out.append(f"FLOPs differ for {len(ops)} operator(s): " + ", ".join(
-            f"{r.operator} ({r.phase})" for r in ops.itertuples()) + "; where the whole model "
-            "is the same workload this is fusion or kernel choice (a fused kernel's FLOPs are "
-            "counted per kernel): compare their time, not their % of roof")
+            f"{r.operator} ({r.phase})" for r in ops.itertuples()) + why)
     for who, tag in (("a only", "A"), ("b only", "B")):
         only = table[table["presence"] == who]
         if len(only):
