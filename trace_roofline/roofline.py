@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs
+from trace_roofline import costs, dtypes
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware, dtype_key
+from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
 from trace_roofline.shapes import attach_costs, model_level_costs
 
@@ -234,12 +234,8 @@ def peak_for(hardware: Hardware, dtype: str | None, main: str | None = None) -> 
 
 def _listable(dtype: str | None) -> str | None:
     """The peak key of a dtype a hardware file can list a peak for, else None."""
-    if dtype is None:
-        return None
-    try:
-        return dtype_key(dtype)
-    except InputError:
-        return None
+    d = dtypes.lookup(dtype) if dtype is not None else None
+    return d.peak if d is not None else None
 
 
 def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:

@@ -58,7 +58,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs
+from trace_roofline import costs, dtypes
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 
@@ -84,23 +84,6 @@ COSTED_COLUMNS = {
     "uncosted": "str",  # why the instance has no cost; missing when costed
     "check": "str",  # model-preset mismatch; missing when consistent or not checked
 }
-
-# `Input type` spelling -> (short dtype, bytes per element).
-TRACE_DTYPES: dict[str, tuple[str, int]] = {
-    "c10::BFloat16": ("bf16", 2), "c10::Half": ("fp16", 2), "float": ("fp32", 4),
-    "double": ("fp64", 8), "c10::Float8_e4m3fn": ("fp8", 1), "c10::Float8_e5m2": ("fp8", 1),
-    "c10::Float8_e4m3fnuz": ("fp8", 1), "c10::Float8_e5m2fnuz": ("fp8", 1),
-    "c10::Float8_e8m0fnu": ("fp8", 1), "long int": ("int64", 8), "int": ("int32", 4),
-    "short int": ("int16", 2), "signed char": ("int8", 1), "unsigned char": ("uint8", 1),
-    "bool": ("bool", 1), "c10::complex<float>": ("complex64", 8),
-}
-# c10::ScalarType numbers as `Concrete Inputs` print a dtype argument (_to_copy, _scaled_mm).
-SCALAR_TYPES: dict[str, tuple[str, int]] = {
-    "0": ("uint8", 1), "1": ("int8", 1), "2": ("int16", 2), "3": ("int32", 4), "4": ("int64", 8),
-    "5": ("fp16", 2), "6": ("fp32", 4), "7": ("fp64", 8), "11": ("bool", 1), "15": ("bf16", 2),
-    "23": ("fp8", 1), "24": ("fp8", 1), "25": ("fp8", 1), "26": ("fp8", 1),
-}
-_SHORT_BYTES = {short: b for short, b in [*TRACE_DTYPES.values(), *SCALAR_TYPES.values()]}
 
 # FLOPs per output element of pointwise ops (an in-place `op_` costs as `op`).
 _POINTWISE_FLOPS: dict[str, float] = {
@@ -177,7 +160,7 @@ class _Arg:
 
     @property
     def is_tensor(self) -> bool:
-        return self.type in TRACE_DTYPES
+        return dtypes.lookup(self.type) is not None
 
     @property
     def numel(self) -> int:
@@ -194,11 +177,11 @@ class _Arg:
 
     @property
     def dtype(self) -> str:
-        return TRACE_DTYPES[self.type][0]
+        return dtypes.lookup(self.type).short
 
     @property
     def b(self) -> int:
-        return TRACE_DTYPES[self.type][1]
+        return dtypes.lookup(self.type).bytes
 
 
 def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str = "causal",
@@ -287,17 +270,15 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
 
 def _fallback_dtype(model: ModelSpec | None, types: pd.Series) -> str | None:
     """Dtype for tensor lists (the trace records `TensorList`): the model's, else the commonest."""
-    if model is not None:
-        key = model.dtype.lower().removeprefix("torch.")
-        short = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                 "float": "fp32"}.get(key, key)
-        if short in _SHORT_BYTES:
-            return short
+    d = dtypes.lookup(model.dtype) if model is not None else None
+    if d is not None:
+        return d.short
     counts: dict[str, int] = {}
     for raw in types.dropna().unique():
         for t in _decode(raw) or []:
-            if t in TRACE_DTYPES:
-                counts[TRACE_DTYPES[t][0]] = counts.get(TRACE_DTYPES[t][0], 0) + 1
+            d = dtypes.lookup(str(t))
+            if d is not None:
+                counts[d.short] = counts.get(d.short, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else None
 
 
@@ -438,8 +419,8 @@ def _scaled_mm(args: list[_Arg]) -> Cost:
     """fp8 GEMM: operands at 1 byte, output at `out_dtype` (Concrete Inputs), scales ignored."""
     a, w = args[0], args[1]
     bias = args[4] if len(args) > 4 and args[4].is_tensor else None
-    out = SCALAR_TYPES.get(args[6].concrete) if len(args) > 6 else None
-    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias, out_b=out[1] if out else None)
+    out = dtypes.by_scalar_type(args[6].concrete) if len(args) > 6 else None
+    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias, out_b=out.bytes if out else None)
 
 
 _GEMMS = {"mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "linear": _linear,
@@ -526,8 +507,8 @@ def _copy(base: str, args: list[_Arg]) -> Cost:
         return _io(0.0, [src], dst.numel, dst.b, "copy", dst.dtype)
     x = ts[0]
     # _to_copy(self, dtype, ...), to(self, [device,] dtype, ...): the dtype, when recorded.
-    out = next((SCALAR_TYPES[a.concrete] for a in args[1:3] if a.concrete in SCALAR_TYPES), None)
-    return _io(0.0, [x], x.numel, out[1] if out else x.b, "copy", out[0] if out else x.dtype)
+    out = next(filter(None, (dtypes.by_scalar_type(a.concrete) for a in args[1:3])), None)
+    return _io(0.0, [x], x.numel, out.bytes if out else x.b, "copy", out.short if out else x.dtype)
 
 
 def _cat(args: list[_Arg], fallback: str | None) -> Cost:
@@ -536,7 +517,7 @@ def _cat(args: list[_Arg], fallback: str | None) -> Cost:
     if first.type != "TensorList" or fallback is None:
         return Cost(uncosted="aten::cat: tensor-list dtype unknown")
     n = sum(math.prod(d) for d in first.dims)
-    b = _SHORT_BYTES[fallback]
+    b = dtypes.lookup(fallback).bytes
     shape = f"{len(first.dims)} tensors -> {n}"
     return Cost("copy", 0.0, costs.elementwise_bytes(n, n, b), fallback, shape)
 
@@ -584,7 +565,7 @@ def _arange(args: list[_Arg]) -> Cost:
                                                                    nums[2] if len(nums) > 2 else 1.0)
     n = max(math.ceil((end - start) / step), 0)
     short = "int64" if all(v.is_integer() for v in (start, end, step)) else "fp32"
-    nbytes = costs.elementwise_bytes(0, n, _SHORT_BYTES[short])
+    nbytes = costs.elementwise_bytes(0, n, dtypes.lookup(short).bytes)
     return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
@@ -681,10 +662,10 @@ def model_level_costs(model: ModelSpec, tokens: int, sequences: int) -> pd.DataF
     over tokens x hidden) and lm_head (logits for the last position of each of `sequences`
     sequences, as HF generate and vLLM compute them). Columns operator, dtype, flops, bytes, shape.
     """
-    dtype = _fallback_dtype(model, pd.Series([], dtype="object"))
-    if dtype is None:
-        raise InputError(f"model {model.name}: no byte size for dtype {model.dtype!r}")
-    ttype = next(t for t, (short, _) in TRACE_DTYPES.items() if short == dtype)
+    dt = dtypes.lookup(model.dtype)
+    if dt is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    ttype = dt.name
     h, v = model.hidden_size, model.vocab_size
     rows = {
         "embedding": _gather("embedding", [_Arg([v, h], ttype, ""), _Arg([tokens], "long int", "")]),
