@@ -32,20 +32,17 @@ import re
 import numpy as np
 import pandas as pd
 
+from trace_roofline import operators
 from trace_roofline._nest import Nest
 from trace_roofline.models import ModelSpec
+from trace_roofline.operators import Stage
 
-LINEAR_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
-                "gate_up_proj", "down_proj", "lm_head")
-PROJ_IN = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
-MLP_IN = {"gate_proj", "up_proj", "gate_up_proj"}
+PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
+MLP_IN = operators.at_stage(Stage.MLP_IN)
 
-# Op families, by the op's base name (after the last "::").
+# Op families, by the op's base name (after the last "::"); attention and embedding ops are
+# recognised by the vocabulary (operators.py).
 BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
-_ATTN_RE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|"
-                      r"cudnn_attention|paged_attention|flex_attention|unified_attention|"
-                      r"^attention$|attention_forward")
-EMBEDDING_OPS = {"embedding", "embedding_bag", "_embedding_bag"}
 NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
                  "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
@@ -60,7 +57,6 @@ ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_an
 SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
 
 # Triton kernel names list the aten ops they fuse: triton_{poi,red,per,tem}_fused_<ops>_<n>.
-_TRITON_RE = re.compile(r"^triton_[a-z]+_fused")
 _TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
 _TOK_ROPE = re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)")
 _TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)")
@@ -85,22 +81,17 @@ def per_value(values: pd.Series, fn) -> pd.DataFrame | pd.Series:
 
 def base_name(names: pd.Series) -> pd.Series:
     """'aten::addmm' -> 'addmm' (Triton kernel names are kept whole)."""
-    return per_value(names, lambda u: u.str.rsplit("::", n=1).str[-1])
-
-
-def is_attention(names: pd.Series) -> pd.Series:
-    base = base_name(names).fillna("")
-    return base.str.contains(_ATTN_RE) & ~base.str.match(_TRITON_RE)
+    return per_value(names, operators.base_names)
 
 
 def _op_flags(names: pd.Series) -> pd.DataFrame:
     base = base_name(names).fillna("")
-    triton = base.str.match(_TRITON_RE)
+    triton = base.str.match(operators.TRITON_KERNEL_OP)
     tri = base.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
     return pd.DataFrame({
         "triton": triton,
-        "attn": base.str.contains(_ATTN_RE) & ~triton,
-        "emb": base.isin(EMBEDDING_OPS),
+        "attn": operators.recognise(operators.ATTENTION, base),
+        "emb": operators.recognise(operators.EMBEDDING, base),
         "normcore": base.isin(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
         "cast": base.isin(CAST_OPS),
         "ropecore": base.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
@@ -254,7 +245,8 @@ def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
 def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -> pd.Series:
     """Canonical names of weight GEMMs by (K, N); ties by order within the sequence group.
 
-    A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in LINEAR_ORDER
+    A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in the order of
+    operators.LINEARS
     as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the 3rd q_proj...
     GEMMs matching nothing are named `linear[K×N]`.
     """
@@ -268,7 +260,7 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     if not linears:
         return out
     groups: dict[tuple[int, int], list[str]] = {}
-    for name in LINEAR_ORDER:
+    for name in operators.LINEARS:
         if name in linears:
             groups.setdefault(tuple(linears[name]), []).append(name)
     table = pd.DataFrame(

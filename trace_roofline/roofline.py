@@ -30,6 +30,7 @@ from trace_roofline import costs, dtypes
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
+from trace_roofline.operators import MODEL_LEVEL
 from trace_roofline.shapes import attach_costs, model_level_costs
 
 # One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
@@ -58,10 +59,6 @@ OPERATOR_COLUMNS = {
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
     "exceeds_roof": "boolean",
 }
-
-# Operators outside the decoder layers (attribute.py gives them no layer): not scaled when a
-# trace without layer information is extrapolated to the full depth.
-MODEL_LEVEL = ("embedding", "final_norm", "lm_head", "other", "sampling/other", "unattributed")
 
 # Per-operator full-model costs of one step (`extrapolate`).
 EXTRAPOLATED_COLUMNS = {
@@ -333,9 +330,9 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
     """Full-model costs of one step per (phase, operator) (`EXTRAPOLATED_COLUMNS`).
 
     Instances inside a decoder layer (a non-NA `layer`; without any layer information, every
-    operator outside `MODEL_LEVEL`) are averaged per step and per traced layer (distinct layers,
-    else attention instances per step), then multiplied by `layers`; the rest keep their
-    per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
+    operator outside `operators.MODEL_LEVEL`) are averaged per step and per traced layer
+    (distinct layers, else attention instances per step), then multiplied by `layers`; the rest
+    keep their per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
     lacks them (final_norm = one traced layer's input_norm when there is one, else an RMSNorm).
     """
     if layers < 1:
