@@ -58,6 +58,9 @@ ATTRIBUTED_COLUMNS = {
     "ts_us": "float64",
     "dur_us": "float64",
     "op_id": "Int64",  # innermost shape-carrying cpu op (trace.cpu_ops.op_id); NA if unlinked
+    # the op instance, numbered in order of first unit: one op (op_id) in one step; a unit
+    # without an op is an instance of its own. shapes.attach_costs costs each once.
+    "instance": "int64",
     "op_name": "str",
     "input_dims": "str",  # raw JSON text of the op's Input Dims (parse with trace.parse_dims)
     "input_types": "str",
@@ -138,6 +141,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
+        "instance": _instance_ids(idx, units["step"]),
     })
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
@@ -148,6 +152,15 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["step"] = pd.array(units["step"], dtype="Int64")
     out["source"] = _strings(pd.Categorical.from_codes(source, src_cats))
     return out[list(ATTRIBUTED_COLUMNS)]
+
+
+def _instance_ids(op_idx: np.ndarray, step: pd.Series) -> np.ndarray:
+    """0, 1, ... per distinct (op, step) in order of first unit; an unlinked unit (op_idx < 0)
+    gets an id of its own."""
+    step_code = pd.factorize(pd.array(step, dtype="Int64"), use_na_sentinel=False)[0]
+    n_steps = int(step_code.max(initial=0)) + 1
+    key = np.where(op_idx >= 0, op_idx * n_steps + step_code, -1 - np.arange(len(op_idx)))
+    return pd.factorize(key)[0].astype(np.int64)
 
 
 def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
