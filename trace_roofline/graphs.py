@@ -20,8 +20,9 @@ its replays, so the cost is linear in kernels. Evidence, best first (`source` of
    length difference), O((n + m)·w), never O(n·m); the pass sharing the most kernels is the
    template. A matched kernel takes its eager twin's operator, layer, op name and Input Dims /
    types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op instance becomes
-   one instance per replay. Unmatched split-K reduces join the kernel before them, unmatched
-   memsets / memcpys the kernel after them (`attached`).
+   one `instance` per replay (op_id stays NA: no cpu op of this trace launched it). Unmatched
+   split-K reduces join the kernel before them, unmatched memsets / memcpys the kernel after
+   them (`attached`).
    Shape check: the step and its mapping must launch the same grids. A matched kernel with
    another grid outside attention means another batch (elementwise grids scale with B·H, GEMM
    grids with M): every carried shape is dropped and a flag says why (names stay: the order
@@ -60,12 +61,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming
-from trace_roofline.attribute import NON_LAYER, attribute
+from trace_roofline import _naming, dtypes, operators
+from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 from trace_roofline.passes import _decode, _gemm_m, forward_passes
-from trace_roofline.shapes import TRACE_DTYPES
 from trace_roofline.trace import Trace
 
 GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
@@ -407,7 +407,7 @@ def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
             continue
         base = tmpl["op_name"].astype(object).fillna("").str.rsplit("::", n=1).str[-1]
         t_gemm = base.isin(_GEMM_OPS).to_numpy()
-        t_attn = _naming.is_attention(tmpl["op_name"].astype(object).fillna("")).to_numpy()
+        t_attn = operators.recognise(operators.ATTENTION, base).to_numpy()
         fits = ((op == "gemm") <= t_gemm) & ((op == "aten::scaled_dot_product_attention")
                                              <= t_attn)
         fits &= (kinds == "memset") == (tmpl["kind"].to_numpy(dtype=object) == "memset")
@@ -725,15 +725,18 @@ def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
             b -= 1
         starts.append(b)
     lay = np.searchsorted(np.asarray(starts), np.arange(len(name)), side="right") - 1
-    model_level = pd.Series(name, dtype=object).isin([*NON_LAYER, "other"]).to_numpy()
+    model_level = pd.Series(name, dtype=object).isin(operators.MODEL_LEVEL).to_numpy()
     return np.where(model_level | pd.isna(name), -1, lay)
 
 
 def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> None:
     """Write decode shapes from --batch/--context into a position table's named projections,
     lm_head and attention (in place); other operators stay without shapes."""
-    ttype = next(t for t, (short, _) in TRACE_DTYPES.items()
-                 if short == _short_dtype(model.dtype))
+    d = dtypes.lookup(model.dtype)
+    if d is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    ttype = next((sp for sp in d.spellings if sp.startswith("c10::")),
+                 d.spellings[0] if d.spellings else d.name)
     b, s = shapes.batch, shapes.context
     lin = {k: v for k, v in {**model.linears(), **model.fused_linears()}.items()}
     lin["lm_head"] = (model.hidden_size, model.vocab_size, False)
@@ -757,12 +760,6 @@ def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> No
             res.loc[hit, "input_strides"] = None
 
 
-def _short_dtype(dtype: str) -> str:
-    key = dtype.lower().removeprefix("torch.")
-    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-            "float": "fp32"}.get(key, key)
-
-
 # ----------------------------------------------------------------------------------------------
 # Writing back
 # ----------------------------------------------------------------------------------------------
@@ -780,14 +777,18 @@ def _write(att: pd.DataFrame, rr: pd.DataFrame, graph: np.ndarray,
     layer = out["layer"].astype("Int64").array.copy()
     layer[rows] = pos_table["layer"].astype("Int64").array.take(at)
     out["layer"] = layer
-    # one instance per (replay, template instance), numbered after the trace's own op ids
+    # one op instance per (replay, template instance), numbered after the trace's own; an
+    # unnamed kernel is one of its own. No cpu op launched a replayed kernel: op_id stays NA.
     inst = pos_table["inst"].to_numpy()[at]
     k = int(pos_table["inst"].max()) + 1 if len(pos_table) else 0
-    base = int(att["op_id"].max()) + 1 if att["op_id"].notna().any() else 0
+    base = int(att["instance"].max()) + 1 if len(att) else 0
+    replay = rr["replay"].to_numpy()
+    alone = base + (int(replay.max()) + 1) * k + np.cumsum(inst < 0) - 1
+    instance = att["instance"].to_numpy(np.int64).copy()
+    instance[rows] = np.where(inst >= 0, base + replay * k + inst, alone)
+    out["instance"] = instance
     op_id = out["op_id"].astype("Int64").array.copy()
-    op_id[rows] = pd.array(np.where(inst >= 0, base + rr["replay"].to_numpy() * k + inst, 0),
-                           dtype="Int64")
-    op_id[rows[inst < 0]] = pd.NA
+    op_id[rows] = pd.NA
     out["op_id"] = op_id
     return out, pos_table["how"].to_numpy(dtype=object)[at]
 

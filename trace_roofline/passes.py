@@ -14,8 +14,8 @@ final_norm, lm_head and the staged operators of a decoder layer that carry a lay
 3. `layer_restart`: the model order goes back, e.g. layer 0 after layer 27 or after lm_head
    without an embedding between (a CUDA-graph replay of the layers alone, a layer benchmark).
    The order key of a row is embedding < (layer, stage) < final_norm < lm_head, with the
-   stage of `_STAGE` (input_norm < q/k/v < attention < o < post_attention_norm < gate/up <
-   down).
+   stage of `operators.STAGES` (input_norm < q/k/v < attention < o < post_attention_norm <
+   gate/up < down).
 Rows before the first start of their range join that range's first pass; later rows join the
 pass before them (sampling after lm_head is part of its pass). A range without structural rows
 is one pass when it is a ProfilerStep range, else its rows belong to no pass (NA).
@@ -51,7 +51,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline.shapes import _ATTENTION
+from trace_roofline.operators import STAGES
+from trace_roofline.shapes import _ATTENTION_LAYOUTS
 
 PASS_COLUMNS = {
     "pass": "int64",  # 0, 1, ... in order of first device start
@@ -70,12 +71,8 @@ PASS_COLUMNS = {
 }
 PHASES = ("prefill", "decode", "mixed", "unknown")
 
-# Order of the operators inside a decoder layer (a pass's order key goes back: a new pass).
-_STAGE = {"input_norm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv_proj": 1, "attention": 2,
-          "o_proj": 3, "post_attention_norm": 4, "gate_proj": 5, "up_proj": 5,
-          "gate_up_proj": 5, "down_proj": 6}
 _MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
-ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in _ATTENTION.items()}
+ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in _ATTENTION_LAYOUTS.items()}
 _EAGER_ATTENTION_OPS = {"bmm", "baddbmm", "matmul", "softmax", "_softmax", "_safe_softmax"}
 _KV_OPS = {"index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_", "cat"}
 _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
@@ -225,7 +222,7 @@ def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
     """Pass number per time-sorted row (-1: none) and what opened each pass."""
     n = len(op)
     ops = pd.Series(op, dtype=object)
-    stage = ops.map(_STAGE).to_numpy(np.float64)
+    stage = ops.map(STAGES).to_numpy(np.float64)
     key = np.where(~np.isnan(layer) & ~np.isnan(stage), layer * 10.0 + stage, np.nan)
     key = np.where(np.isnan(key), ops.map(_MODEL_KEY).to_numpy(np.float64), key)
     structural = ~np.isnan(key)

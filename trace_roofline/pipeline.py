@@ -51,19 +51,11 @@ def analyze_trace(
     `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
     phase (`passes.annotate`).
     """
-    if decode_shapes is not None and model is None:
-        raise InputError("--batch/--context need --model (the shapes of its linears)")
     if not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
     hw = hardware or trace_hardware(trace)
-    mapping = None
-    if graph_map is not None:
-        m_trace = graph_map if isinstance(graph_map, Trace) else load_trace(graph_map,
-                                                                            progress=progress)
-        mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
-    attributed, replays = graphs.name_replays(trace, attribute(trace, model), model,
-                                              mapping=mapping, shapes=decode_shapes)
-    attributed, found = passes.annotate(attributed)
+    attributed, replays, found = attribute_trace(trace, model, graph_map=graph_map,
+                                                 decode_shapes=decode_shapes, progress=progress)
     extra = {"passes": found.table, "graphs": replays}
     if ncu is None:
         a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
@@ -80,6 +72,32 @@ def analyze_trace(
     summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
     return dataclasses.replace(a, ncu=summary, **extra)
+
+
+def attribute_trace(
+    trace: Trace,
+    model: ModelSpec | None = None,
+    *,
+    graph_map: Trace | str | os.PathLike | None = None,
+    decode_shapes: graphs.DecodeShapes | None = None,
+    progress: Progress | None = None,
+) -> tuple[pd.DataFrame, graphs.GraphReport | None, passes.Passes]:
+    """Every kernel of `trace` with its operator, layer, forward pass (`step`) and phase:
+    `attribute`, then CUDA-graph replays named (`graphs.name_replays`: from `graph_map`, an
+    eager trace of the same step attributed with the same model, when given), then the passes
+    (`passes.annotate`). Returns the table, the replays' report (None without replays) and the
+    passes."""
+    if decode_shapes is not None and model is None:
+        raise InputError("--batch/--context need --model (the shapes of its linears)")
+    mapping = None
+    if graph_map is not None:
+        m_trace = graph_map if isinstance(graph_map, Trace) else load_trace(graph_map,
+                                                                            progress=progress)
+        mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
+    attributed, replays = graphs.name_replays(trace, attribute(trace, model), model,
+                                              mapping=mapping, shapes=decode_shapes)
+    attributed, found = passes.annotate(attributed)
+    return attributed, replays, found
 
 
 def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:
