@@ -60,8 +60,22 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from trace_roofline.cache import TraceCache
+
+    cache = TraceCache()
+    if args.action == "clear":
+        print(f"cleared {cache.directory}: {cache.clear() / 1e6:.1f} MB freed")
+        return 0
+    info = cache.info()
+    print(f"cache {info.directory}\n{info.entries} trace(s), {info.parts} part(s), "
+          f"{info.total_bytes / 1e6:.1f} MB")
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import report
+    from trace_roofline.cache import TraceCache
     from trace_roofline.pipeline import analyze_trace, operators_frame
     from trace_roofline.trace import load_traces, progress_bar
 
@@ -76,11 +90,16 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if len(args.ncu) > len(traces):
         raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
     ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
+    cache = None if args.no_cache else TraceCache()
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
+                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar(),
+                      cache=cache)
         for t, csv in zip(traces, ncu, strict=True)
     ]
+    for status in cache.log if cache else []:
+        if status.write_error:
+            print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
     payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
@@ -136,8 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the parsed-trace cache (see `cache info`)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("cache", help="the parsed-trace cache: where it is and its size, or clear it")
+    p.add_argument("action", choices=["info", "clear"])
+    p.set_defaults(func=_cmd_cache)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
 
     for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):
