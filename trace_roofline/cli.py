@@ -162,8 +162,22 @@ def _trace_paths(given: Sequence[str]) -> list[str]:
     return paths
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from trace_roofline.cache import TraceCache
+
+    cache = TraceCache()
+    if args.action == "clear":
+        print(f"cleared {cache.directory}: {cache.clear() / 1e6:.1f} MB freed")
+        return 0
+    info = cache.info()
+    print(f"cache {info.directory}\n{info.entries} trace(s), {info.parts} part(s), "
+          f"{info.total_bytes / 1e6:.1f} MB")
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import report
+    from trace_roofline.cache import TraceCache
     from trace_roofline.pipeline import analyze_trace
     from trace_roofline.trace import load_trace, progress_bar
 
@@ -192,12 +206,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             raise InputError("--batch/--context need --model (the shapes of its linears)")
 
         shapes = DecodeShapes(args.batch, args.context)
+    cache = None if args.no_cache else TraceCache()
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
                       layers=args.layers, ncu=csv, by_shape=args.by_shape,
-                      graph_map=args.graph_map, decode_shapes=shapes, progress=progress_bar())
+                      graph_map=args.graph_map, decode_shapes=shapes, progress=progress_bar(),
+                      cache=cache)
         for t, csv in zip(traces, ncu, strict=True)
     ]
+    for status in cache.log if cache else []:
+        if status.write_error:
+            print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
     outputs: dict[Path, bytes] = {Path(args.json): report.report_json(analyses)} if args.json else {}
@@ -361,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--perfetto", metavar="FILE",
                    help="write the trace enriched for ui.perfetto.dev: kernel args, operator "
                         "slices, TFLOP/s and GB/s counters (one trace; .gz compresses) (default: none)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the parsed-trace cache (see `cache info`; default: "
+                        "use it)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
 
@@ -380,6 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("cache", help="the parsed-trace cache: where it is and its size, or clear it",
+                       description="Parsed trace tables and attributions are cached as Arrow files in "
+                                   "$TRACE_ROOFLINE_CACHE_DIR, else $XDG_CACHE_HOME/trace-roofline, "
+                                   "else ~/.cache/trace-roofline; a re-run of analyze reads them back.",
+                       epilog="examples:\n  trace-roofline cache info\n  trace-roofline cache clear")
+    p.add_argument("action", choices=["info", "clear"],
+                   help="info: location, entries and size; clear: delete every entry (default: none)")
+    p.set_defaults(func=_cmd_cache)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
 
     for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):

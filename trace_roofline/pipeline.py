@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -15,6 +16,9 @@ from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
 from trace_roofline.trace import Progress, Trace, load_trace
+
+if TYPE_CHECKING:
+    from trace_roofline.cache import TraceCache
 
 
 def trace_hardware(trace: Trace) -> Hardware | None:
@@ -39,6 +43,7 @@ def analyze_trace(
     graph_map: Trace | str | os.PathLike | None = None,
     decode_shapes: graphs.DecodeShapes | None = None,
     progress: Progress | None = None,
+    cache: TraceCache | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
 
@@ -50,11 +55,17 @@ def analyze_trace(
     passes or capture, else from the model and the kernel names, costed there from
     `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
     phase (`passes.annotate`).
+    With `cache`, a trace given by path and its attribution come from (and go to) that
+    `TraceCache`; what it did is appended to `cache.log`.
     """
-    if not isinstance(trace, Trace):
+    attributed = None
+    if not isinstance(trace, Trace) and cache is not None:
+        trace, attributed, _ = cache.load(trace, model, progress=progress)
+    elif not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
     hw = hardware or trace_hardware(trace)
-    attributed, replays, found = attribute_trace(trace, model, graph_map=graph_map,
+    attributed, replays, found = attribute_trace(trace, model, attributed=attributed,
+                                                 graph_map=graph_map,
                                                  decode_shapes=decode_shapes, progress=progress)
     extra = {"passes": found.table, "graphs": replays}
     if ncu is None:
@@ -78,15 +89,16 @@ def attribute_trace(
     trace: Trace,
     model: ModelSpec | None = None,
     *,
+    attributed: pd.DataFrame | None = None,
     graph_map: Trace | str | os.PathLike | None = None,
     decode_shapes: graphs.DecodeShapes | None = None,
     progress: Progress | None = None,
 ) -> tuple[pd.DataFrame, graphs.GraphReport | None, passes.Passes]:
     """Every kernel of `trace` with its operator, layer, forward pass (`step`) and phase:
-    `attribute`, then CUDA-graph replays named (`graphs.name_replays`: from `graph_map`, an
-    eager trace of the same step attributed with the same model, when given), then the passes
-    (`passes.annotate`). Returns the table, the replays' report (None without replays) and the
-    passes."""
+    `attribute` (or `attributed`, its table already at hand), then CUDA-graph replays named
+    (`graphs.name_replays`: from `graph_map`, an eager trace of the same step attributed with
+    the same model, when given), then the passes (`passes.annotate`). Returns the table, the
+    replays' report (None without replays) and the passes."""
     if decode_shapes is not None and model is None:
         raise InputError("--batch/--context need --model (the shapes of its linears)")
     mapping = None
@@ -94,8 +106,10 @@ def attribute_trace(
         m_trace = graph_map if isinstance(graph_map, Trace) else load_trace(graph_map,
                                                                             progress=progress)
         mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
-    attributed, replays = graphs.name_replays(trace, attribute(trace, model), model,
-                                              mapping=mapping, shapes=decode_shapes)
+    if attributed is None:
+        attributed = attribute(trace, model)
+    attributed, replays = graphs.name_replays(trace, attributed, model, mapping=mapping,
+                                              shapes=decode_shapes)
     attributed, found = passes.annotate(attributed)
     return attributed, replays, found
 
