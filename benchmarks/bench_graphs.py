@@ -3,7 +3,8 @@
 Tiles a replay trace (tile.py: copy k shifts times and every linking id, so each copy's
 cudaGraphLaunch correlations stay distinct: every copy adds replays) to several sizes and times,
 each size in a fresh process: load_trace, attribute, graphs.name_replays (with the mapping trace,
-and without: kernel names + model), passes.forward_passes and shapes.attach_costs. Also times
+and without: kernel names + model), passes.forward_passes and shapes.attach_costs, then the
+whole `analyze --graph-map --no-cache` command in a fresh process. Also times
 graphs.align alone on growing sequences (one long replay against a perturbed template), where
 the banded LCS must grow linearly, not quadratically.
 
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                                args.model], capture_output=True, text=True, check=True,
                               cwd=ROOT)
         row = {"mb": dst.stat().st_size / 1e6, **json.loads(proc.stdout.strip().splitlines()[-1])}
+        t = time.perf_counter()  # the whole command, a fresh process, no cache
+        subprocess.run([sys.executable, "-m", "trace_roofline.cli", "analyze", str(dst),
+                        "--model", args.model, "--graph-map", str(args.mapping), "--no-cache"],
+                       capture_output=True, check=True, cwd=ROOT)
+        row["analyze_graph_map_s"] = time.perf_counter() - t
         results["tiles"].append(row)
         print(json.dumps(row))
     DATA.mkdir(parents=True, exist_ok=True)

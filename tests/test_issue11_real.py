@@ -191,3 +191,21 @@ def test_shuffled_real_replay_is_not_named(tmp_path, seed):
     assert rep.named_kernels == 0
     rows = graphs.replay_rows(t)["row"].to_numpy()
     assert (out["operator"].to_numpy()[rows] == "unattributed").all()
+
+
+def test_every_name_carries_its_evidence():
+    path = Path(str(CG).format("decode_b1_s512_static1024_graph"))
+    t = tr.load_trace(path)
+    att, _, _ = tr.attribute_trace(t, QWEN, graph_map=Path(str(CG).format(
+        "decode_b1_s512_static1024_mapping")))
+    rows = graphs.replay_rows(t)["row"].to_numpy()
+    replayed = np.zeros(len(att), bool)
+    replayed[rows] = True
+    ev = att["evidence"].to_numpy(dtype=object)
+    named_other = (att["operator"] == "other").to_numpy()
+    assert set(ev[replayed & ~named_other]) == {"graph_map"}
+    assert set(ev[named_other]) == {"fallback"}  # sampling's argmax and cudagraph copies
+    bare, _, _ = tr.attribute_trace(t, QWEN)
+    assert set(bare["evidence"].to_numpy(dtype=object)[replayed & ~named_other]) == {"kernel_name"}
+    eager, _, _ = tr.attribute_trace(tr.load_trace(SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"))
+    assert set(eager["evidence"]) == {"annotation"}

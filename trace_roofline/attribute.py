@@ -187,6 +187,26 @@ def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
                      "dur_ps": "int64"})[list(OPERATOR_TABLE_COLUMNS)]
 
 
+# How a name was found (`source`) -> the evidence it rests on; names given by exclusion
+# (`other`, generic `linear[K×N]`, `unattributed`) are `fallback` whatever found them.
+EVIDENCE = {"annotation": "annotation", "module": "module", "shape": "shape",
+            "position": "position", "compile": "kernel_name", "kernel_name": "kernel_name",
+            "graph_map": "graph_map", "unattributed": "fallback"}
+FALLBACK_OPERATORS = re.compile(r"^(?:other|unattributed|linear\[.*\])$")
+
+
+def evidence(attributed: pd.DataFrame) -> pd.api.extensions.ExtensionArray:
+    """The evidence of each row's name: annotation | module | shape | position | kernel_name
+    (a Triton kernel named by the ops its name fuses, or a replayed kernel by its name and
+    place) | graph_map (an aligned eager twin or the graph's capture) | fallback."""
+    src = _categorical(attributed["source"])
+    ev = pd.Series(np.asarray(src.categories, dtype=object)).map(EVIDENCE).fillna("fallback")
+    codes = np.append(ev.to_numpy(dtype=object), "fallback")[src.codes]
+    fallback = _by_category(attributed["operator"],
+                            lambda c: c.str.contains(FALLBACK_OPERATORS))
+    return _strings(pd.Categorical(np.where(fallback, "fallback", codes)))
+
+
 def coverage(attributed: pd.DataFrame) -> dict:
     """kernel_time_us, attributed_time_us, unattributed_time_us, fraction (attributed / total),
     kernels, unattributed_kernels, and the same totals in exact integer picoseconds."""

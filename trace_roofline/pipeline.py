@@ -10,7 +10,7 @@ import pandas as pd
 
 from trace_roofline import graphs, passes
 from trace_roofline import ncu as ncu_csv
-from trace_roofline.attribute import attribute
+from trace_roofline.attribute import attribute, evidence
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
@@ -97,8 +97,9 @@ def attribute_trace(
     """Every kernel of `trace` with its operator, layer, forward pass (`step`) and phase:
     `attribute` (or `attributed`, its table already at hand), then CUDA-graph replays named
     (`graphs.name_replays`: from `graph_map`, an eager trace of the same step attributed with
-    the same model, when given), then the passes (`passes.annotate`). Returns the table, the
-    replays' report (None without replays) and the passes."""
+    the same model, when given), then the passes (`passes.annotate`) and each name's
+    `evidence` (`attribute.evidence`). Returns the table, the replays' report (None without
+    replays) and the passes."""
     if decode_shapes is not None and model is None:
         raise InputError("--batch/--context need --model (the shapes of its linears)")
     mapping = None
@@ -111,6 +112,7 @@ def attribute_trace(
     attributed, replays = graphs.name_replays(trace, attributed, model, mapping=mapping,
                                               shapes=decode_shapes)
     attributed, found = passes.annotate(attributed)
+    attributed["evidence"] = evidence(attributed)
     return attributed, replays, found
 
 
