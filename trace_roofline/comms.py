@@ -55,14 +55,16 @@ def exposed_us(ts_us: np.ndarray, dur_us: np.ndarray, collective: np.ndarray,
     """Per row: for a `collective` row the µs of its [ts, ts + dur) that no `compute` row
     overlaps; 0 for the other rows (see the module docstring)."""
     ts = np.asarray(ts_us, dtype=np.float64)
-    end = ts + np.asarray(dur_us, dtype=np.float64)
+    dur = np.asarray(dur_us, dtype=np.float64)
     out = np.zeros(len(ts))
     if not collective.any():
         return out
+    ts = ts - ts.min()  # epoch µs keep ~1 ns; relative times keep the sums exact to far below
+    end = ts + dur
     a, b = ts[collective], end[collective]
     s, e = ts[compute], end[compute]
     if not len(s):
-        out[collective] = b - a
+        out[collective] = dur[collective]
         return out
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
@@ -79,7 +81,7 @@ def exposed_us(ts_us: np.ndarray, dur_us: np.ndarray, collective: np.ndarray,
         inside = np.clip(x - seg_s[j], 0.0, seg_e[j] - seg_s[j])
         return np.where(i >= 0, before[j] + inside, 0.0)
 
-    out[collective] = (b - a) - (covered(b) - covered(a))
+    out[collective] = dur[collective] - (covered(b) - covered(a))
     return out
 
 
