@@ -114,6 +114,10 @@ def test_rank_traces_named_and_costed_per_rank(analyses, folder: str) -> None:
         assert c["time_us"] == pytest.approx(ar["time_us"])
         # one stream: nothing overlaps the collectives, all their time is exposed
         assert c["exposed_time_us"] == pytest.approx(c["time_us"])
+        calls = a.collectives
+        assert len(calls) == 12 and set(calls["phase"]) == {phase}
+        assert calls["time_us"].sum() == pytest.approx(c["time_us"])
+        assert calls["layer"].tolist() == [0, 0, 1, 1] * 3  # after o_proj and down_proj
         assert a.whole["time_us"] + c["time_us"] == pytest.approx(a.coverage["kernel_time_us"])
 
 
@@ -149,11 +153,21 @@ def test_annotated_and_unannotated_ranks_agree(analyses) -> None:
 def test_waiting_rank_named(analyses, folder: str, waiter: str, straggler: str) -> None:
     """sample_traces/README.md: e.g. decode noannot rank 0 spends 5459 of its 6352 µs in the
     12 all-reduces, rank 1 79 µs (rank 1 arrives last); in the noannot prefill the reverse."""
-    w = comms.waiting(["0", "1"], [analyses[(folder, r)].costed for r in (0, 1)])
+    w = comms.waiting(["0", "1"], [analyses[(folder, r)].collectives for r in (0, 1)])
     w = w.set_index("rank")
     assert w.loc[waiter, "mostly_waits"] and w.loc[waiter, "waits_for"] == straggler
     assert not w.loc[straggler, "mostly_waits"]
     assert w.loc[straggler, "wait_us"] == 0.0  # its kernels are the short ones, every call
+
+
+def test_report_flags_slow_communication(analyses) -> None:
+    from trace_roofline.report import terminal_table
+
+    folder = "tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200"
+    waiter, straggler = (terminal_table([analyses[(folder, r)]]) for r in (0, 1))
+    assert "! communication (decode) takes 85.9% of device time" in waiter
+    assert "model qwen2.5-7b (tp2 rank)   tp 2" in waiter
+    assert "! communication" not in straggler  # 8.1% of its device time
 
 
 def test_cli_tp_flag_and_report(tmp_path: Path) -> None:

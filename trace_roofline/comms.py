@@ -28,6 +28,17 @@ import pandas as pd
 
 from trace_roofline import operators
 
+# One row per collective call of one trace (`calls`).
+CALL_COLUMNS = {
+    "phase": "str",
+    "operator": "str",
+    "layer": "Int64",
+    "step": "Int64",
+    "ts_us": "float64",  # first kernel's start
+    "time_us": "float64",  # Σ its kernels' device time
+    "exposed_us": "float64",  # of which no compute kernel overlaps
+    "kernels": "int64",
+}
 # One row per (phase, collective, rank) over a set of rank traces.
 WAITING_COLUMNS = {
     "phase": "str",
@@ -85,32 +96,43 @@ def exposed_us(ts_us: np.ndarray, dur_us: np.ndarray, collective: np.ndarray,
     return out
 
 
-def summary(attributed: pd.DataFrame, costed: pd.DataFrame,
-            link_bandwidth: float | None) -> dict[str, dict[str, float]]:
-    """Per phase: the collectives' device time, exposed time, bus bytes, share of the phase's
-    device time, kernels, achieved bus bytes/s and its fraction of `link_bandwidth`. Phases
-    without collectives are left out. `attributed` gives the kernels (exposed time, by step),
-    `costed` the bytes and each step's phase."""
-    coll = is_collective(costed["operator"])
-    if not coll.any():
-        return {}
+def calls(attributed: pd.DataFrame, costed: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective call (op instance) of a trace, in order of start (CALL_COLUMNS):
+    its kernels' time and exposed time (`exposed_us` against the trace's other kernels); the
+    phase is its step's (from `costed`). Small: what `waiting` pairs across ranks."""
     rows = is_collective(attributed["operator"])
     kernel = (attributed["kind"] == "kernel").to_numpy(dtype=bool) & ~rows
     exposed = exposed_us(attributed["ts_us"].to_numpy(), attributed["dur_us"].to_numpy(),
                          rows, kernel)
+    c = attributed.loc[rows, ["instance", "operator", "layer", "step", "ts_us", "dur_us"]]
+    c = c.assign(exposed_us=exposed[rows])
+    out = c.groupby("instance", sort=False).agg(
+        operator=("operator", "first"), layer=("layer", "first"), step=("step", "first"),
+        ts_us=("ts_us", "min"), time_us=("dur_us", "sum"), exposed_us=("exposed_us", "sum"),
+        kernels=("dur_us", "size")).reset_index(drop=True)
     phase_of = costed.groupby(costed["step"].astype("Int64").fillna(-1))["phase"].first()
-    step = attributed["step"].astype("Int64").fillna(-1)
-    k_phase = step[rows].map(phase_of).fillna("unknown").to_numpy()
-    exp = pd.Series(exposed[rows]).groupby(k_phase).sum()
+    out["phase"] = out["step"].astype("Int64").fillna(-1).map(phase_of).fillna("unknown")
+    out = out.sort_values("ts_us", kind="stable", ignore_index=True)
+    return out[list(CALL_COLUMNS)].astype(CALL_COLUMNS)
+
+
+def summary(calls_table: pd.DataFrame, costed: pd.DataFrame,
+            link_bandwidth: float | None) -> dict[str, dict[str, float]]:
+    """Per phase: the collectives' device time, exposed time, bus bytes, share of the phase's
+    device time, kernels, achieved bus bytes/s and its fraction of `link_bandwidth`. Phases
+    without collectives are left out. Times from `calls_table` (`calls`), bytes from `costed`."""
+    coll = is_collective(costed["operator"])
+    if not coll.any():
+        return {}
+    exposed = calls_table.groupby("phase")["exposed_us"].sum()
     phase_time = costed.groupby("phase")["time_us"].sum()
-    c = costed[coll]
     out: dict[str, dict[str, float]] = {}
-    for phase, g in c.groupby("phase", sort=False):
+    for phase, g in costed[coll].groupby("phase", sort=False):
         t, nbytes = float(g["time_us"].sum()), float(g["bytes"].sum())
         timed = float(g.loc[g["bytes"].notna(), "time_us"].sum())
         rate = nbytes / (timed * 1e-6) if timed > 0 else float("nan")
         out[str(phase)] = {
-            "time_us": t, "exposed_time_us": float(exp.get(phase, 0.0)),
+            "time_us": t, "exposed_time_us": float(exposed.get(phase, 0.0)),
             "bytes": nbytes, "kernels": int(g["kernels"].sum()),
             "time_share": t / float(phase_time[phase]) if phase_time[phase] > 0 else float("nan"),
             "bus_bytes_per_s": rate,
@@ -119,13 +141,14 @@ def summary(attributed: pd.DataFrame, costed: pd.DataFrame,
     return out
 
 
-def waiting(ranks: Sequence[str], costed: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """WAITING_COLUMNS over rank traces: `costed[i]` is rank `ranks[i]`'s costed instances
-    (shapes.COSTED_COLUMNS). Calls pair by order per (phase, collective); see the module
-    docstring."""
+def waiting(ranks: Sequence[str], per_rank: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """WAITING_COLUMNS over rank traces: `per_rank[i]` is rank `ranks[i]`'s collective calls
+    (`calls`, Analysis.collectives; any table with operator, phase, ts_us, time_us). Calls pair
+    by order per (phase, collective); see the module docstring."""
     rows = []
     labels = np.asarray(ranks, dtype=object)
-    calls = [c[is_collective(c["operator"])].sort_values("ts_us", kind="stable") for c in costed]
+    calls = [c[is_collective(c["operator"])].sort_values("ts_us", kind="stable")
+             for c in per_rank]
     keys = pd.concat([c[["phase", "operator"]] for c in calls]).drop_duplicates()
     for phase, op in keys.itertuples(index=False):  # one iteration per (phase, collective)
         per = [c.loc[(c["phase"] == phase) & (c["operator"] == op), "time_us"].to_numpy()

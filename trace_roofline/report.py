@@ -244,6 +244,10 @@ def _hardware_line(a: Analysis) -> str:
             + (f", link {si(link, 'B/s')} per direction" if link else ""))
 
 
+# (share of device time, fraction of the link roof) above / below which collectives are flagged
+SLOW_COMMUNICATION = (0.25, 0.05)
+
+
 def _phase_time(a: Analysis, phase: str) -> float:
     """A phase's device time: the whole model's (HBM operators) plus its collectives'."""
     return a.whole_by_phase[phase]["time_us"] + a.communication.get(phase, {}).get("time_us", 0.0)
@@ -262,6 +266,11 @@ def _communication_lines(a: Analysis) -> list[str]:
             f"{duration(c['exposed_time_us'])} exposed (not overlapped by compute), "
             f"{si(c['bytes'], 'B')} bus bytes at {si(c['bus_bytes_per_s'], 'B/s')}{link}; "
             "not in the whole model (its roof is the link, not HBM)")
+        if c["time_share"] > SLOW_COMMUNICATION[0] and c["link_fraction"] < SLOW_COMMUNICATION[1]:
+            out.append(f"! communication ({phase}) takes {_pct(c['time_share'])} of device time "
+                       f"at {_pct(c['link_fraction'])} of the link roof: latency-bound small "
+                       "messages, or this rank waits in its collectives for a slower one; "
+                       "analyse every rank's trace together to tell")
     return out
 
 

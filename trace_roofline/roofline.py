@@ -107,6 +107,7 @@ class Analysis:
     tp: int | None = None  # tensor-parallel degree of the rank's shards (None: no model to tell)
     # per phase with collectives: comms.summary (time, exposed time, bus bytes, share, ...)
     communication: dict[str, dict[str, float]] = field(default_factory=dict)
+    collectives: pd.DataFrame | None = None  # comms.CALL_COLUMNS: one row per collective call
 
     @property
     def whole(self) -> dict[str, object]:
@@ -143,6 +144,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         whole = {p: whole_model(hbm[hbm["phase"] == p], hardware) for p in phases}
     except InputError as e:  # a floating-point dtype without a peak: name the trace too
         raise InputError(f"{trace or 'trace'}: {e}") from None
+    calls = comms.calls(attributed, costed)
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
@@ -156,8 +158,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         reconciliation=reconcile(hbm), coverage=coverage(costed),
         layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
         warnings=(*_malformed(costed), *implausible), tp=tp,
-        communication=comms.summary(attributed, costed,
-                                    hardware.link_bandwidth if hardware else None),
+        communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),
+        collectives=calls,
     )
 
 
