@@ -10,6 +10,9 @@ gate_proj (H, I), so a single shape never decides: the whole layer's set does.
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from trace_roofline import _naming
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
@@ -20,14 +23,16 @@ CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried
 
 def gemm_shapes(trace: Trace) -> set[tuple[int, int]]:
     """The distinct (K, N) of the trace's weight GEMMs (cpu ops with recorded shapes), parsed
-    once per distinct (op name, Input Dims)."""
-    ops = trace.cpu_ops[["name", "input_dims"]]
-    if ops.empty:
+    once per distinct (op name, Input Dims) pair, found from the categorical codes."""
+    name = trace.cpu_ops["name"].astype("category").array
+    dims = trace.cpu_ops["input_dims"].astype("category").array
+    if not len(name):
         return set()
-    pairs = ops.drop_duplicates()
-    base = _naming.base_name(pairs["name"]).fillna("")
-    k, n = _naming.gemm_kn(base.reset_index(drop=True),
-                           pairs["input_dims"].astype("string").reset_index(drop=True))
+    key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1
+    _, first = np.unique(key, return_index=True)
+    names = pd.Series(name.take(first), dtype="string")
+    k, n = _naming.gemm_kn(_naming.base_name(names).fillna(""),
+                           pd.Series(dims.take(first), dtype="string"))
     ok = k >= 0
     return set(zip(k[ok].tolist(), n[ok].tolist(), strict=True))
 
