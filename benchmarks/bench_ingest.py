@@ -46,8 +46,11 @@ sys.path.insert(0, str(HERE))
 from tile import tile  # noqa: E402
 
 LOAD = "import sys; from trace_roofline.trace import load_trace; load_trace(sys.argv[1])"
+LOAD_SERIAL = ("import sys; from trace_roofline.trace import load_trace; "
+               "load_trace(sys.argv[1], workers=1)")
 ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', sys.argv[1]]))"
-SERIAL = "import trace_roofline.trace as T; T.PARALLEL_MIN_BYTES = float('inf'); "  # one core
+# The CLI has no workers= to pass: automatic mode's threshold out of reach keeps it on one core.
+SERIAL = "import trace_roofline.trace.parallel as P; P.PARALLEL_MIN_BYTES = float('inf'); "
 STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
 HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
        "TraceAnalysis(trace_dir=sys.argv[1])")
@@ -214,7 +217,7 @@ def main() -> None:
         for file, raw_size in files:
             tools = [("load", [sys.executable, "-c", LOAD, str(file)]),
                      ("analyze", [sys.executable, "-c", ANALYZE, str(file)]),
-                     ("load-serial", [sys.executable, "-c", SERIAL + LOAD, str(file)]),
+                     ("load-serial", [sys.executable, "-c", LOAD_SERIAL, str(file)]),
                      ("analyze-serial", [sys.executable, "-c", SERIAL + ANALYZE, str(file)])]
             tools = [t for t in tools if t[0] in wanted]
             if py and "hta" in wanted:
