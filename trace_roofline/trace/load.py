@@ -30,9 +30,9 @@ def load_trace(path: str | os.PathLike, progress: Progress | None = None,
 
     `workers` is how many processes parse the file; the result (tables, metadata, and the
     error for a bad file) is the same whichever is used:
-    - None (automatic): two when the JSON (inflated, for gzip) is PARALLEL_MIN_BYTES (64 MB)
-      or more, the system can fork (not Windows), this process runs a single thread and may
-      use at least two CPU cores; else one. Automatic is thus one process inside a program
+    - None (automatic): two when the JSON (inflated, for gzip) is parallel.PARALLEL_MIN_BYTES
+      (64 MiB) or more, the system can fork (not Windows), this process runs a single thread
+      and may use at least two CPU cores; else one. Automatic is thus one process inside a program
       that runs other threads, e.g. a Jupyter notebook kernel (its heartbeat and IO threads),
       a web server or a thread pool, since forking a threaded process can deadlock the child.
     - 1: one process.
