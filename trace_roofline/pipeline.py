@@ -34,6 +34,7 @@ def analyze_trace(
     layers: int | None = None,
     ncu: str | os.PathLike | None = None,
     by_shape: bool = False,
+    force: bool = False,
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
@@ -41,6 +42,7 @@ def analyze_trace(
     `hardware` defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
     intensities but no roofline placement. `ncu` is an Nsight Compute raw CSV of the same
     workload: its DRAM bytes become each operator's measured bytes and measured intensity.
+    Shapes that contradict `model` are an InputError unless `force` (roofline.analyze).
     """
     if not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
@@ -48,12 +50,13 @@ def analyze_trace(
     attributed = attribute(trace, model)
     if ncu is None:
         return analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                       attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)
+                       attention_bytes=attention_bytes, layers=layers, by_shape=by_shape,
+                       force=force)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
                 attention_bytes=attention_bytes, layers=layers, by_shape=by_shape,
-                measured=ncu_csv.measured_by_operator(matched))
+                measured=ncu_csv.measured_by_operator(matched), force=force)
     # Whole trace (every phase): NaN unless every kernel was measured (a partial sum understates).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
     flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
