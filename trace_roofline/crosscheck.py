@@ -16,6 +16,9 @@ run on the costed op instances (shapes.COSTED_COLUMNS):
   operator's shape holding most of its time), and the presets they fit, else "custom".
 - `fitting_presets(costed)`: "qwen2.5-7b" or "qwen2.5-7b (TP=4)" for each preset no
   instance contradicts (at least one checked).
+- `irregular_order(costed)`: a step whose operator order counts more decoder layers than it
+  runs attention ops (a layer runs attention once): layers and names resting on order are
+  then unreliable (a shuffled or interleaved trace).
 """
 
 from __future__ import annotations
@@ -172,6 +175,28 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
         "num_kv_heads": kv // d if kv and d else heads[1], "head_dim": d,
         "presets": fits, "match": fits[0] if fits else "custom",
     }
+
+
+ORDER_EVIDENCE = ("shape", "kernel_name", "position")  # names and layers found from the order
+
+
+def irregular_order(costed: pd.DataFrame) -> str | None:
+    """A warning when a step counts more layers (from the order of its operators, no range or
+    module saying so) than it has attention instances, else None."""
+    counted = costed["evidence"].isin(ORDER_EVIDENCE) & costed["layer"].notna()
+    if not counted.any():
+        return None
+    layers = costed[counted].groupby("step", dropna=False)["layer"].nunique()
+    attn = costed[costed["cost_kind"].eq("attention")].groupby("step", dropna=False).size()
+    attn = attn.reindex(layers.index, fill_value=0)
+    bad = layers[(attn > 0) & (layers > attn)]
+    if bad.empty:
+        return None
+    step = bad.index[0]
+    return (f"the operator order is irregular: step {step} counts {bad.iloc[0]} decoder layers "
+            f"from the order of its operators but runs attention {attn[step]} time(s) "
+            f"({len(bad)} step(s) so): layer numbers, and names resting on order (position; "
+            "q/o, k/v, gate/up sharing a shape), may be wrong")
 
 
 def describe(dims: dict[str, object]) -> str:

@@ -127,9 +127,10 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
 
     Shapes that contradict `model` (crosscheck.instance_checks: not explained by a TP shard)
     are an InputError naming the operator, its shape and the presets the shapes fit, unless
-    `force`: then a warning, and no extrapolation. `warnings` also say: no decoder layer in the
-    trace, uncosted time, whole-model figures withheld (MIN_COSTED), malformed and implausible
-    shapes, and an extrapolation skipped.
+    `force`: then a warning, and no extrapolation. `warnings` also say: no decoder layer in
+    the trace, an irregular operator order (crosscheck.irregular_order), uncosted time,
+    whole-model figures withheld (MIN_COSTED), malformed and implausible shapes, and an
+    extrapolation skipped.
     """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
@@ -156,7 +157,9 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         raise InputError(f"{trace or 'trace'}: {e}") from None
     decoder = _has_decoder(costed)
     warnings = [*([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
-                *([] if decoder else [NO_DECODER]), *_uncosted(costed), *_withheld_notes(whole),
+                *([] if decoder else [NO_DECODER]),
+                *filter(None, [crosscheck.irregular_order(costed)]),
+                *_uncosted(costed), *_withheld_notes(whole),
                 *_malformed(costed), *implausible]
     ext, ext_whole = None, {}
     if layers is not None:
