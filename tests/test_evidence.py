@@ -250,3 +250,13 @@ def test_shuffled_operator_order_is_warned_not_trusted(tmp_path):
             for _ in range(2):
                 ordered.emit(qwen_layer(QWEN, 1, 512), annotate=False)
     assert tr.analyze_trace(ordered.write(tmp_path / "ordered.json"), QWEN).warnings == ()
+
+
+def test_readme_documents_every_evidence_value_and_the_warnings():
+    readme = (SAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Evidence and warnings"):readme.index("## Commands")]
+    for value in EVIDENCE:
+        assert f"| `{value}` |" in section
+    for needle in ("--force", "TP=t", "model_inferred", "withheld", "no decoder layer",
+                   "irregular operator order", "coverage of "):
+        assert needle in section
