@@ -38,6 +38,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> None:
     """--causal / --attention-bytes (and --lesson where the lesson's table is reproducible)."""
     p.add_argument("--causal", choices=costs.CAUSAL_CONVENTIONS, default="causal",
@@ -61,9 +71,10 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from trace_roofline import report
-    from trace_roofline.pipeline import analyze_trace, operators_frame
-    from trace_roofline.trace import load_traces, progress_bar
+    from trace_roofline import ranks, report
+    from trace_roofline.parallel import analyze_many
+    from trace_roofline.pipeline import operators_frame
+    from trace_roofline.trace import _trace_files, progress_bar
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
@@ -72,18 +83,25 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     hw = get_hardware(args.hardware) if args.hardware else None
     # A directory (tensorboard_trace_handler output) stands for every trace in it, by name.
     traces = [t for path in args.traces
-              for t in (load_traces(path, progress_bar()) if Path(path).is_dir() else [path])]
+              for t in (_trace_files(Path(path)) if Path(path).is_dir() else [path])]
     if len(args.ncu) > len(traces):
         raise InputError(f"{len(args.ncu)} --ncu files for {len(traces)} traces (one per trace)")
     ncu = args.ncu + [None] * (len(traces) - len(args.ncu))
-    analyses = [
-        analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
-        for t, csv in zip(traces, ncu, strict=True)
-    ]
+    results = analyze_many(traces, model, hw, ncu=ncu, jobs=args.jobs, dask=args.dask,
+                           progress=progress_bar(), causal=args.causal,
+                           attention_bytes=args.attention_bytes, layers=args.layers,
+                           by_shape=args.by_shape)
+    analyses = [r.analysis for r in results]
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
-    payload = json.dumps(report.report_dict(analyses), indent=2).encode() + b"\n"
+    doc = report.report_dict(analyses)
+    cross = ranks.CrossRank.of([r.rank for r in results], [a.operators for a in analyses])
+    if cross is not None:  # the traces are ranks of one run
+        text += "\n\n" + cross.text()
+        doc["ranks"] = cross.to_dict()
+    elif note := ranks.unranked_note([r.rank for r in results]):
+        text += f"\n\n{note}"
+    payload = json.dumps(doc, indent=2).encode() + b"\n"
     outputs: dict[Path, bytes] = {Path(args.json): payload} if args.json else {}
     if args.out:
         from trace_roofline import plot  # matplotlib: only when a chart is written
@@ -103,6 +121,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             out / "roofline.png": png.getvalue(),
             out / "roofline.svg": svg.getvalue(),
         }
+        if cross is not None:
+            outputs[out / "ranks.csv"] = cross.summary.to_csv(index=False).encode()
     if outputs:
         written = write_files(outputs)
         text += "\n\nwrote " + ", ".join(str(p) for p in written)
@@ -136,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md, roofline.png/.svg")
     p.add_argument("--json", help="also write report.json to this path")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="analyse N traces at a time in local processes (default 1: in this process)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="analyse the traces on a Dask cluster: a scheduler address, or 'local' to "
+                        "start a LocalCluster of --jobs workers (needs trace-roofline[dask])")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free

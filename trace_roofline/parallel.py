@@ -48,6 +48,7 @@ R = TypeVar("R")
 _INSTANCE_DETAIL = ("op_id", "op_name", "step", "M", "K", "N", "B", "T", "S", "causal", "shape")
 # Costed-table columns that add up over merged instances (ts_us takes the first start).
 _ADDITIVE = ("kernels", "time_us", "flops", "bytes")
+DASK_CONNECT_TIMEOUT_S = 10  # how long to try to reach a scheduler address
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,
         cluster = nullcontext(address)
     with cluster as target:
         try:
-            client = distributed.Client(target, timeout=10)
+            client = distributed.Client(target, timeout=DASK_CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as e:
             raise InputError(f"dask={address}: cannot reach a Dask scheduler ({e})") from None
         with client:

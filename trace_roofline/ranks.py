@@ -13,18 +13,19 @@ A trace's rank comes from the first of these that applies:
    (`host_pid.<ns>.pt.trace.json[.gz]`) carry none: the pid is not a rank.
 
 A set of traces is a set of ranks when there are at least two and every one has a rank; two files
-claiming one rank is then an `InputError` naming both. `cross_rank` summarises the ranks' operator
-tables: per (phase, operator) the min, median and max device time over ranks, the skew, and the
-slowest rank. Skew is max / median (1.0: every rank equal; 1.5: the slowest rank spends 50% more
-time in the operator than the median rank). A rank where an operator never ran counts 0 µs for it
-(`ranks` says on how many ranks it ran).
+claiming one rank is then an `InputError` naming both. `summarize` (`CrossRank.of`) summarises the
+ranks' operator tables: per (phase, operator) the min, median and max device time over ranks, the
+skew, and the slowest rank. Skew is max / median (1.0: every rank equal; 1.5: the slowest rank
+spends 50% more time in the operator than the median rank). A rank where an operator never ran
+counts 0 µs for it (`ranks` says on how many ranks it ran).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -122,19 +123,19 @@ def _number(path: str | Path, key: str, value: object) -> int | None:
     return value
 
 
-def rank_set(infos: Sequence[RankInfo]) -> list[RankInfo] | None:
-    """The traces as ranks in rank order, or None when they are not a set of ranks (fewer than
-    two traces, or one without a rank). Two traces claiming one rank is an InputError."""
+def rank_order(infos: Sequence[RankInfo]) -> list[int] | None:
+    """Indices of `infos` in rank order, or None when the traces are not a set of ranks (fewer
+    than two, or one without a rank). Two traces claiming one rank is an InputError."""
     if len(infos) < 2 or not all(i.ranked for i in infos):
         return None
-    ordered = sorted(infos, key=lambda i: i.order)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    order = sorted(range(len(infos)), key=lambda i: infos[i].order)
+    for a, b in zip([infos[i] for i in order], [infos[i] for i in order[1:]], strict=False):
         if a.rank == b.rank and a.coords == b.coords:
             raise InputError(
                 f"{a.path} and {b.path} both claim rank {a.label} ({a.source}, {b.source}): a "
                 "cross-rank summary takes one trace per rank; analyse each run or profiler "
                 "window on its own")
-    return ordered
+    return order
 
 
 def unranked_note(infos: Sequence[RankInfo]) -> str | None:
@@ -147,10 +148,11 @@ def unranked_note(infos: Sequence[RankInfo]) -> str | None:
             f"name) while {ranked[0].path} is rank {ranked[0].label}")
 
 
-def cross_rank(ranks: Sequence[RankInfo], operators: Sequence[pd.DataFrame]) -> pd.DataFrame:
+def summarize(ranks: Sequence[RankInfo], operators: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """Per (phase, operator) statistics of device time over ranks (`SUMMARY_COLUMNS`).
 
-    `operators[i]` is rank `ranks[i]`'s operator table (roofline.OPERATOR_COLUMNS; its
+    `operators[i]` is rank `ranks[i]`'s operator table (ranks with distinct labels, as
+    `rank_order` checks) (roofline.OPERATOR_COLUMNS; its
     aggregate rows, layer NA, are used). Rows come per phase in order of first appearance, by
     median time (descending), each phase's `whole model` row (the ranks' device time) first.
     """
@@ -185,17 +187,44 @@ def cross_rank(ranks: Sequence[RankInfo], operators: Sequence[pd.DataFrame]) -> 
     return out[list(SUMMARY_COLUMNS)].astype(SUMMARY_COLUMNS).reset_index(drop=True)
 
 
-def summary_text(ranks: Sequence[RankInfo], summary: pd.DataFrame) -> str:
-    """The cross-rank summary as terminal text: which file is which rank, then one row each."""
-    sources = sorted({r.source for r in ranks})
-    lines = [f"cross-rank summary: {len(ranks)} ranks (rank from {', '.join(sources)}); "
-             "skew = max / median time over ranks",
-             *(f"  rank {r.label}: {r.path}" for r in ranks),
-             f"{'operator':<20} {'phase':<7} {'ranks':>5} {'min µs':>10} {'median µs':>10} "
-             f"{'max µs':>10} {'skew':>6} {'slowest':>8} {'fastest':>8}"]
-    for r in summary.itertuples():
-        skew = "-" if pd.isna(r.skew) else f"{r.skew:.2f}"
-        lines.append(f"{r.operator:<20.20} {r.phase:<7.7} {r.ranks:>5} {r.min_time_us:>10.1f} "
-                     f"{r.median_time_us:>10.1f} {r.max_time_us:>10.1f} {skew:>6} "
-                     f"{r.slowest_rank:>8} {r.fastest_rank:>8}")
-    return "\n".join(lines)
+@dataclass(frozen=True)
+class CrossRank:
+    """A set of rank traces and their cross-rank summary (`summarize`)."""
+
+    ranks: tuple[RankInfo, ...]  # in rank order
+    summary: pd.DataFrame  # SUMMARY_COLUMNS
+
+    @classmethod
+    def of(cls, infos: Sequence[RankInfo], operators: Sequence[pd.DataFrame]) -> CrossRank | None:
+        """The summary of traces `infos` with operator tables `operators` (same order), or None
+        when they are not a set of ranks (`rank_order`)."""
+        order = rank_order(infos)
+        if order is None:
+            return None
+        ranks = tuple(infos[i] for i in order)
+        return cls(ranks, summarize(ranks, [operators[i] for i in order]))
+
+    def text(self) -> str:
+        """Terminal text: which file is which rank, then one row per (phase, operator)."""
+        sources = ", ".join(sorted({r.source for r in self.ranks}))
+        lines = [f"cross-rank summary: {len(self.ranks)} ranks (rank from {sources}); "
+                 "skew = max / median time over ranks",
+                 *(f"  rank {r.label}: {r.path}" for r in self.ranks),
+                 f"{'operator':<20} {'phase':<7} {'ranks':>5} {'min µs':>10} {'median µs':>10} "
+                 f"{'max µs':>10} {'skew':>6} {'slowest':>8} {'fastest':>8}"]
+        for r in self.summary.itertuples():
+            skew = "-" if pd.isna(r.skew) else f"{r.skew:.2f}"
+            lines.append(f"{r.operator:<20.20} {r.phase:<7.7} {r.ranks:>5} "
+                         f"{r.min_time_us:>10.1f} {r.median_time_us:>10.1f} "
+                         f"{r.max_time_us:>10.1f} {skew:>6} {r.slowest_rank:>8} "
+                         f"{r.fastest_rank:>8}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe: `skew_definition`, `ranks` [{path, rank, coords, world_size, source,
+        label}], `summary` [SUMMARY_COLUMNS rows, NaN as null]."""
+        return {
+            "skew_definition": "max_time_us / median_time_us over ranks",
+            "ranks": [{**asdict(r), "coords": dict(r.coords), "label": r.label} for r in self.ranks],
+            "summary": json.loads(self.summary.to_json(orient="records")),
+        }

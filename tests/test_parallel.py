@@ -1,0 +1,212 @@
+"""Many traces at once: --jobs (local processes) and --dask (a real distributed.LocalCluster) give
+the serial run's tables; workers parse, the client does not; at most `jobs` traces in flight;
+worker errors reach the caller as the one-line InputError; results are small."""
+
+import gzip
+import importlib.util
+import json
+import pickle
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from trace_roofline import parallel, report
+from trace_roofline.cli import main
+from trace_roofline.errors import InputError
+from trace_roofline.models import get_model
+from trace_roofline.parallel import analyze_many, bounded_map, compact
+from trace_roofline.pipeline import analyze_trace, operators_frame
+from trace_roofline.roofline import coverage
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+# Real traces of every kind: annotated H200, HF eager and compiled, CPU, fused, M-sweep.
+TRACES = [SAMPLES / n for n in (
+    "qwen2.5-7b_decode_b1_s2048_h200.json.gz",
+    "qwen2.5-7b_prefill_b1_t512_h200.json.gz",
+    "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz",
+    "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_static_compiled_h200.json.gz",
+    "qwen2.5-7b_decode_b32_s2048_fused_noannot_h200.json.gz",
+    "qwen-tiny_decode_b2_s64_l2_cpu.json.gz",
+)]
+OPTIONS = {"causal": "causal", "attention_bytes": "all", "layers": 28}
+QWEN = get_model("qwen2.5-7b")
+
+
+@pytest.fixture(scope="module")
+def serial():
+    """The plain library run, trace by trace: what every mode must reproduce."""
+    return [analyze_trace(p, QWEN, **OPTIONS) for p in TRACES]
+
+
+def _assert_same(analyses, expected):
+    pd.testing.assert_frame_equal(operators_frame(analyses), operators_frame(expected))
+    for a, e in zip(analyses, expected, strict=True):
+        pd.testing.assert_frame_equal(a.reconciliation, e.reconciliation)
+        pd.testing.assert_frame_equal(a.extrapolated, e.extrapolated)
+        assert (a.whole_by_phase, a.coverage, a.extrapolated_whole) == (
+            e.whole_by_phase, e.coverage, e.extrapolated_whole)
+    assert report.report_dict(analyses) == report.report_dict(expected)
+    assert report.terminal_table(analyses, per_layer=True) == report.terminal_table(expected, True)
+    assert report.markdown(analyses) == report.markdown(expected)
+
+
+@pytest.mark.parametrize("mode", [{"jobs": 1}, {"jobs": 2}, {"jobs": 2, "dask": "local"}],
+                         ids=["serial", "jobs2", "dask-local"])
+def test_same_tables_as_serial(serial, mode, monkeypatch):
+    if mode != {"jobs": 1}:  # each trace is parsed once, in a worker: never by the client
+        monkeypatch.setattr(parallel, "load_trace", _refuse)
+    results = analyze_many(TRACES, QWEN, **mode, **OPTIONS)
+    assert [r.analysis.trace for r in results] == [str(p) for p in TRACES]  # input order
+    _assert_same([r.analysis for r in results], serial)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the client parsed a trace")
+
+
+def test_the_serial_path_parses_here(monkeypatch):
+    """The guard above can fail: the serial path calls the client's load_trace."""
+    monkeypatch.setattr(parallel, "load_trace", _refuse)
+    with pytest.raises(AssertionError, match="client parsed"):
+        analyze_many(TRACES[:1])
+
+
+def test_cli_jobs_and_dask_print_and_write_the_serial_outputs(tmp_path, capsys):
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for rank, src in enumerate(TRACES[:3]):
+        shutil.copy(src, d / f"rank{rank}.json.gz")
+    texts, docs = {}, {}
+    for name, flags in {"serial": [], "jobs": ["--jobs", "2"], "dask": ["--dask", "local"]}.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["analyze", str(d), "--model", "qwen2.5-7b", "--json", str(out), *flags]) == 0
+        texts[name] = capsys.readouterr().out.replace(str(out), "OUT")
+        docs[name] = out.read_bytes()
+    assert "cross-rank summary: 3 ranks" in texts["serial"]
+    assert texts["jobs"] == texts["serial"] == texts["dask"]
+    assert docs["jobs"] == docs["serial"] == docs["dask"]
+    assert len(json.loads(docs["serial"])["ranks"]["summary"]) > 10
+
+
+def test_bounded_map_keeps_at_most_window_in_flight():
+    lock, state = threading.Lock(), {"now": 0, "peak": 0, "submitted": 0}
+
+    def work(x):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.002 * (x % 3))
+        with lock:
+            state["now"] -= 1
+        return x * x
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        def submit(x):
+            state["submitted"] += 1
+            return pool.submit(work, x)
+
+        assert bounded_map(submit, wait, range(40), 3) == [x * x for x in range(40)]
+    assert state["peak"] == 3 and state["submitted"] == 40
+
+
+def test_bounded_map_stops_submitting_after_an_error():
+    submitted = []
+
+    def work(x):
+        if x == 1:
+            raise InputError("item 1: bad")
+        time.sleep(0.05)
+        return x
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        def submit(x):
+            submitted.append(x)
+            return pool.submit(work, x)
+
+        with pytest.raises(InputError, match="item 1: bad"):
+            bounded_map(submit, wait, range(10), 2)
+    assert len(submitted) <= 3
+
+
+@pytest.mark.parametrize("mode", [{"jobs": 2}, {"jobs": 2, "dask": "local"}], ids=["jobs2", "dask"])
+def test_worker_input_error_names_the_file(tmp_path, mode):
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "k"')
+    with pytest.raises(InputError, match=f"^{bad}: "):
+        analyze_many([bad, TRACES[0]], **mode)
+
+
+def test_cli_jobs_error_exit_2(tmp_path, capsys):
+    assert main(["analyze", str(TRACES[0]), str(tmp_path / "missing.json"), "--jobs", "2"]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["analyze", str(TRACES[0]), "--jobs", "0"])
+    assert e.value.code == 2
+    with pytest.raises(InputError, match="jobs must be at least 1"):
+        analyze_many(TRACES[:1], jobs=0)
+
+
+def test_dask_unreachable_and_missing(monkeypatch):
+    monkeypatch.setattr(parallel, "DASK_CONNECT_TIMEOUT_S", 1)
+    with pytest.raises(InputError, match=r"^dask=tcp://127\.0\.0\.1:9: cannot reach a Dask scheduler"):
+        analyze_many(TRACES[:1], dask="tcp://127.0.0.1:9")
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
+    with pytest.raises(InputError, match=r"trace-roofline\[dask\]"):
+        analyze_many(TRACES[:1], dask="local")
+
+
+def _uncosted_trace(tmp_path) -> Path:
+    """A real CPU trace whose aten::mul ops get a name with no cost rule (uncosted instances)."""
+    doc = json.loads(gzip.decompress(TRACES[-1].read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("name") == "aten::mul":
+            e["name"] = "aten::frobnicate"
+    path = tmp_path / "frob.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_compact_keeps_every_sum_and_remark(tmp_path):
+    """Uncosted instances and preset mismatches (llama-3-8b on Qwen traces) stay one row each;
+    device time, FLOPs, bytes and coverage are unchanged; the table shrinks."""
+    for path, model in [(_uncosted_trace(tmp_path), None), (TRACES[2], get_model("llama-3-8b")),
+                        (TRACES[0], None)]:
+        a = analyze_trace(path, model)
+        c = compact(a).costed
+        assert list(c.dtypes.items()) == list(a.costed.dtypes.items())
+        assert len(c) < len(a.costed) / 2
+        assert coverage(c) == pytest.approx(a.coverage, rel=1e-12)
+        for col in ("kernels", "time_us", "flops", "bytes"):
+            assert c[col].sum() == pytest.approx(a.costed[col].sum(), rel=1e-12)
+        pd.testing.assert_series_equal(c["uncosted"].value_counts(), a.costed["uncosted"].value_counts())
+        assert sorted(c["check"].dropna()) == sorted(a.costed["check"].dropna())
+        by = ["phase", "operator", "layer"]
+        pd.testing.assert_frame_equal(
+            c.groupby(by, dropna=False)[["time_us", "flops", "bytes"]].sum(),
+            a.costed.groupby(by, dropna=False)[["time_us", "flops", "bytes"]].sum(), rtol=1e-12)
+    assert (a.costed["uncosted"].isna() & a.costed["check"].isna()).all()  # TRACES[0]: all merge
+
+
+def _tile(src: Path, dst: Path, target_bytes: int) -> Path:
+    spec = importlib.util.spec_from_file_location("tile", ROOT / "benchmarks" / "tile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.tile(src, dst, target_bytes)
+    return dst
+
+
+def test_results_do_not_grow_with_the_trace(tmp_path):
+    """A worker's answer is the operator tables and summaries: a trace tiled 10x in time (10x
+    the steps and kernels) gives an answer of the same size, while the full Analysis grows."""
+    tiled = _tile(TRACES[0], tmp_path / "tiled.json", 10 * 400_000)
+    small, big = analyze_many([TRACES[0], tiled], QWEN, **OPTIONS)
+    assert len(analyze_trace(tiled, QWEN).costed) >= 9 * len(analyze_trace(TRACES[0], QWEN).costed)
+    assert len(big.analysis.costed) == len(small.analysis.costed)
+    assert len(pickle.dumps(big)) < 1.1 * len(pickle.dumps(small)) < 100_000
