@@ -42,7 +42,6 @@ from trace_roofline.roofline import Analysis
 from trace_roofline.trace import Progress, load_trace
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 # Costed-table columns that describe one op instance only: dropped (NA) when instances merge.
 _INSTANCE_DETAIL = ("op_id", "op_name", "step", "M", "K", "N", "B", "T", "S", "causal", "shape")
