@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pickle
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -16,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trace_roofline import parallel, report
-from trace_roofline.cli import main
+from trace_roofline import report
 from trace_roofline.errors import InputError
 from trace_roofline.models import get_model
 from trace_roofline.parallel import analyze_many, bounded_map, compact
@@ -57,28 +57,65 @@ def _assert_same(analyses, expected):
     assert report.markdown(analyses) == report.markdown(expected)
 
 
+# Local processes and Dask change the process that uses them for good (multiprocessing's resource
+# tracker stays as a child, a Dask client leaves its event-loop threads), which would change how
+# trace.py parses in later tests (it forks only from a single-threaded process, and its tests
+# check that no child is left). So those modes run in a fresh interpreter, whose client refuses
+# to parse: each trace is parsed once, in a worker.
+ISOLATED = """
+import pickle, sys
+from trace_roofline import parallel
+
+def refuse(*args, **kwargs):
+    raise AssertionError("the client parsed a trace")
+
+if __name__ == "__main__":
+    parallel.load_trace = refuse
+    args, kwargs, timeout_s = pickle.loads(bytes.fromhex(sys.argv[1]))
+    parallel.DASK_CONNECT_TIMEOUT_S = timeout_s
+    try:
+        out = parallel.analyze_many(*args, **kwargs)
+    except Exception as e:  # sent back and raised by the test
+        out = e
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump(out, f)
+"""
+
+
+def isolated(tmp_path, paths, model=None, timeout_s=10, **kwargs):
+    """parallel.analyze_many(paths, model, **kwargs) in a fresh interpreter; its error re-raised."""
+    out = tmp_path / "results.pkl"
+    arg = pickle.dumps(((list(paths), model), kwargs, timeout_s)).hex()
+    subprocess.run([sys.executable, "-c", ISOLATED, arg, str(out)], cwd=ROOT, check=True)
+    result = pickle.loads(out.read_bytes())
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
 @pytest.mark.parametrize("mode", [{"jobs": 1}, {"jobs": 2}, {"jobs": 2, "dask": "local"}],
                          ids=["serial", "jobs2", "dask-local"])
-def test_same_tables_as_serial(serial, mode, monkeypatch):
-    if mode != {"jobs": 1}:  # each trace is parsed once, in a worker: never by the client
-        monkeypatch.setattr(parallel, "load_trace", _refuse)
-    results = analyze_many(TRACES, QWEN, **mode, **OPTIONS)
+def test_same_tables_as_serial(serial, mode, tmp_path):
+    if mode == {"jobs": 1}:
+        results = analyze_many(TRACES, QWEN, **OPTIONS)
+    else:
+        results = isolated(tmp_path, TRACES, QWEN, **mode, **OPTIONS)
     assert [r.analysis.trace for r in results] == [str(p) for p in TRACES]  # input order
     _assert_same([r.analysis for r in results], serial)
 
 
-def _refuse(*args, **kwargs):
-    raise AssertionError("the client parsed a trace")
-
-
-def test_the_serial_path_parses_here(monkeypatch):
-    """The guard above can fail: the serial path calls the client's load_trace."""
-    monkeypatch.setattr(parallel, "load_trace", _refuse)
+def test_the_isolated_client_cannot_parse(tmp_path):
+    """The guard above can fail: the serial path parses in the (isolated) client."""
     with pytest.raises(AssertionError, match="client parsed"):
-        analyze_many(TRACES[:1])
+        isolated(tmp_path, TRACES[:1])
 
 
-def test_cli_jobs_and_dask_print_and_write_the_serial_outputs(tmp_path, capsys):
+def test_cli_jobs_and_dask_print_and_write_the_serial_outputs(tmp_path):
     d = tmp_path / "ranks"
     d.mkdir()
     for rank, src in enumerate(TRACES[:3]):
@@ -86,8 +123,9 @@ def test_cli_jobs_and_dask_print_and_write_the_serial_outputs(tmp_path, capsys):
     texts, docs = {}, {}
     for name, flags in {"serial": [], "jobs": ["--jobs", "2"], "dask": ["--dask", "local"]}.items():
         out = tmp_path / f"{name}.json"
-        assert main(["analyze", str(d), "--model", "qwen2.5-7b", "--json", str(out), *flags]) == 0
-        texts[name] = capsys.readouterr().out.replace(str(out), "OUT")
+        r = _cli("analyze", str(d), "--model", "qwen2.5-7b", "--json", str(out), *flags)
+        assert r.returncode == 0, r.stderr
+        texts[name] = r.stdout.replace(str(out), "OUT")
         docs[name] = out.read_bytes()
     assert "cross-rank summary: 3 ranks" in texts["serial"]
     assert texts["jobs"] == texts["serial"] == texts["dask"]
@@ -140,23 +178,22 @@ def test_worker_input_error_names_the_file(tmp_path, mode):
     bad = tmp_path / "rank1.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "name": "k"')
     with pytest.raises(InputError, match=f"^{bad}: "):
-        analyze_many([bad, TRACES[0]], **mode)
+        isolated(tmp_path, [bad, TRACES[0]], **mode)
 
 
-def test_cli_jobs_error_exit_2(tmp_path, capsys):
-    assert main(["analyze", str(TRACES[0]), str(tmp_path / "missing.json"), "--jobs", "2"]) == 2
-    assert "missing.json" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main(["analyze", str(TRACES[0]), "--jobs", "0"])
-    assert e.value.code == 2
+def test_cli_jobs_errors_exit_2(tmp_path):
+    r = _cli("analyze", str(TRACES[0]), str(tmp_path / "missing.json"), "--jobs", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "missing.json" in r.stderr
+    r = _cli("analyze", str(TRACES[0]), "--jobs", "0")
+    assert r.returncode == 2 and "--jobs: expected a positive integer" in r.stderr
     with pytest.raises(InputError, match="jobs must be at least 1"):
         analyze_many(TRACES[:1], jobs=0)
 
 
-def test_dask_unreachable_and_missing(monkeypatch):
-    monkeypatch.setattr(parallel, "DASK_CONNECT_TIMEOUT_S", 1)
+def test_dask_unreachable_and_missing(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"^dask=tcp://127\.0\.0\.1:9: cannot reach a Dask scheduler"):
-        analyze_many(TRACES[:1], dask="tcp://127.0.0.1:9")
+        isolated(tmp_path, TRACES[:1], dask="tcp://127.0.0.1:9", timeout_s=1)
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
     with pytest.raises(InputError, match=r"trace-roofline\[dask\]"):
         analyze_many(TRACES[:1], dask="local")

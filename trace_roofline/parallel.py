@@ -7,15 +7,19 @@ when one finishes), so memory is bounded by the traces in flight, not by the num
 Results come back in the order of `paths`; the first worker error is raised as is (an InputError
 names its file) and the traces not yet started are not.
 
-- Local processes: `concurrent.futures.ProcessPoolExecutor` on the `forkserver` start method
-  (`spawn` where there is none): workers start from a clean interpreter, not a copy of the
-  caller. A worker may still fork its own helper to parse a big file on a second core (trace.py
-  decides; with `jobs` equal to the cores, expect up to 2·jobs busy processes during parsing).
+- Local processes: `concurrent.futures.ProcessPoolExecutor` on the `spawn` start method:
+  workers start from a clean interpreter, not a copy of the caller, and none is left behind
+  (a forkserver would outlive the call). A worker may still fork its own helper to parse a big
+  file on a second core (trace.py decides; with `jobs` equal to the cores, expect up to
+  2·jobs busy processes during parsing).
 - Dask (optional extra `trace-roofline[dask]`): `dask="local"` starts a `distributed.LocalCluster`
   of `jobs` (default: this machine's usable cores) one-thread worker processes; any other value is
   a scheduler address (`tcp://host:8786`). Workers there read the traces by path, so give paths
   every worker can read (a shared file system) and install trace_roofline on the workers, as for
   Nsight Systems' multi-node recipes. `jobs` defaults to the cluster's total worker threads.
+  A Dask client leaves its event-loop threads running in the calling process (distributed's
+  design); trace.py then parses later traces of that process on one core (it forks only from a
+  single-threaded process).
 """
 
 from __future__ import annotations
@@ -132,13 +136,9 @@ def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
     return [results[i] for i in range(len(results))]
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method)
-
-
 def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int) -> list[Result]:
-    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pairs))), mp_context=_context())
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pairs))),
+                                  mp_context=multiprocessing.get_context("spawn"))
     try:
         return bounded_map(partial(pool.submit, work), cf.wait, pairs, jobs)
     except BrokenProcessPool:
