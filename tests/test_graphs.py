@@ -79,7 +79,9 @@ def test_graph_map_carries_names_and_costs(eager, mapping, replay):
     # the replays are the eager steps: same operator and layer per kernel, same FLOPs
     assert out["operator"].tolist() == e["operator"].tolist()
     assert out["layer"].astype("Int64").equals(e["layer"].astype("Int64"))
-    assert set(out["source"]) == {"graph_map"}
+    other = (out["operator"] == "other").to_numpy()  # sampling, position ids: no evidence
+    assert set(out["evidence"][~other]) == {"graph_map"} and set(out["evidence"][other]) == {
+        "fallback"}
     pd.testing.assert_series_equal(_flops(out), _flops(e))
     # one instance per (replay, eager op): a split-K GEMM and its reduce count once
     assert out["instance"].nunique() == e["instance"].nunique()
@@ -124,7 +126,7 @@ def test_mapping_batch_differs_from_user_batch(mapping, replay):
     t, att = replay
     out, rep = graphs.name_replays(t, att, QWEN, mapping=mapping,
                                    shapes=graphs.DecodeShapes(batch=4, context=4096))
-    assert "M = 1" in rep.flags[0] and "--batch is 4" in rep.flags[0]
+    assert "M = 1" in rep.flags[0] and "decode batch is 4" in rep.flags[0]
     assert rep.graphs["shapes"].tolist() == ["user"]  # the user's shapes, not the mapping's
     q = attach_costs(out, QWEN).query("operator == 'q_proj'")
     assert q["M"].tolist() == [4] * 4
@@ -166,7 +168,7 @@ def test_kernel_names_alone(eager, replay):
     core = out["operator"].isin(CORE).to_numpy()
     assert (out["operator"].to_numpy()[core] == e["operator"].to_numpy()[core]).all()
     assert (out.loc[core, "layer"].astype("Int64") == e.loc[core, "layer"].astype("Int64")).all()
-    assert out.loc[out["operator"].isin(CORE), "source"].eq("kernel_name").all()
+    assert out.loc[out["operator"].isin(CORE), "evidence"].eq("kernel_name").all()
     assert rep.costed_time_us == 0.0  # named, but no shapes without --batch/--context
 
 
@@ -220,9 +222,10 @@ PROBE = Path(__file__).resolve().parent / "data" / "cuda_graph_probe_h200.json.g
 PROBE_FLOPS = 3 * (2 * 4 * 1024 * 1024 + 4 * 1024 + 2 * 4 * 1024 * 4096 + 4 * 4096)
 
 
-def _probe_check(out, rep):
+def _probe_check(t, out, rep):
+    """Without a model every op is `other` (fallback evidence), but carries its shapes."""
     assert rep.replays == 3 and rep.kernels == 12 and rep.named_fraction == 1.0
-    c = attach_costs(out[out["source"] == "graph_map"], None)
+    c = attach_costs(out.iloc[graphs.replay_rows(t)["row"].to_numpy()], None)
     gemm = c[c["cost_kind"] == "gemm"]
     assert len(gemm) == 6 and gemm["flops"].sum() == PROBE_FLOPS
 
@@ -230,11 +233,11 @@ def _probe_check(out, rep):
 def test_real_replay_named_by_its_warm_up():
     t = tr.load_trace(PROBE)
     att = tr.attribute(t)
-    assert (att["source"] == "unattributed").sum() == 12  # the 3 replays
+    assert (att["operator"] == "unattributed").sum() == 12  # the 3 replays
     out, rep = graphs.name_replays(t, att)
     assert rep.graphs["method"].tolist() == ["graph_map"]
     assert "(capture)" not in rep.graphs["template"].iloc[0]  # the eager warm-up came first
-    _probe_check(out, rep)
+    _probe_check(t, out, rep)
 
 
 def test_real_replay_named_by_its_capture():
@@ -249,7 +252,7 @@ def test_real_replay_named_by_its_capture():
     assert rep.graphs["template"].iloc[0].endswith("(capture) 0")
     assert out["op_name"].tolist()[-4:] == ["aten::addmm", "aten::addmm", "aten::silu",
                                              "aten::sum"]
-    _probe_check(out, rep)
+    _probe_check(t, out, rep)
 
 
 def test_cli_graph_map_and_user_shapes(tmp_path, doc, capsys):

@@ -104,6 +104,7 @@ def test_replay_at_another_batch_than_its_mapping_is_refused():
                  graph_map=Path(str(CG).format("decode_b1_s512_static1024_mapping")))
     g = a.graphs
     assert len(g.flags) == 1 and "another batch" in g.flags[0]
+    assert g.flags[0] in a.warnings  # said before the table
     assert g.costed_time_us == 0.0 and g.graphs["shapes"].tolist() == ["none"]
     assert set(a.passes["phase"]) == {"unknown"}  # no shapes, no phase
     b = _analyze(Path(str(CG).format("decode_b4_s512_static1024_compiled-ro")),

@@ -34,7 +34,6 @@ import pandas as pd
 
 from trace_roofline import operators
 from trace_roofline._nest import Nest
-from trace_roofline.models import ModelSpec
 from trace_roofline.operators import Stage
 
 PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
@@ -195,14 +194,6 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
     return k, n
 
 
-def model_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
-    """name -> (K, N) for a layer's projections, fused forms and lm_head."""
-    out = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
-    if model.vocab_size:
-        out["lm_head"] = (model.hidden_size, model.vocab_size)
-    return out
-
-
 def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
     """Guess a Qwen/Llama-style layer's linears from GEMM (K, N) counts (columns K, N, count).
 
@@ -304,7 +295,10 @@ def _region_max(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: 
 
 
 def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Name every instance from anchors and op names. Returns (operator, source)."""
+    """Name every instance from anchors and op names. Returns (operator, evidence): `shape`
+    for GEMMs matched to a linear, `kernel_name` for ops recognised by their name (attention,
+    embedding), `position` for the rest (attribute.py turns names outside the vocabulary, such as
+    `other` and `linear[K×N]`, into `fallback`)."""
     f = classify(inst)
     n = len(inst)
     grp = inst["grp"].to_numpy()
@@ -382,9 +376,10 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         (np.isin(Pa, ["", "embedding"]) & F["emb"], "embedding"),
     ]
     name = pd.Series(first_match(rules, "other"), index=inst.index, dtype="string")
-    source = np.where(F["triton"] & ~is_anchor, "compile",
-                      np.where(is_anchor & ~F["emb"], "shape", "position"))
-    return name, pd.Series(source, index=inst.index, dtype="string")
+    evidence = first_match([(is_anchor & known.to_numpy(), "shape"),  # a GEMM matched to a linear
+                            (is_anchor | F["emb"], "kernel_name")],  # attention, embedding ops
+                           "position")
+    return name, pd.Series(evidence, index=inst.index, dtype="string")
 
 
 # ----------------------------------------------------------------------------------------------

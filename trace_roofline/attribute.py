@@ -20,14 +20,22 @@ Nesting is found with sorted arrays and `searchsorted` per depth (_nest.Nest), n
 Names (kernels, ops, shapes, operators) stay categorical codes throughout: string work runs once
 per distinct value, and the `str` output columns are decoded from the codes at the end.
 
-Naming an op instance, strongest evidence first (`source` column):
+Naming an op instance, strongest evidence first (the `evidence` column, operators.EVIDENCE):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
    (`q_proj`, also `model.layers.3.self_attn.q_proj`); `layers.N` in a range name is the layer;
 2. `module`: nn.Module frames of with_stack=True traces (see _naming.module_names);
-3. `shape` / `compile` / `position`: GEMM (K, N) matched to the model's linears (or linears
-   inferred from the trace when no model is given; unmatched GEMMs are `linear[K×N]`),
-   attention / embedding by op name, Triton kernels by the ops their name fuses, and
-   everything else by where it sits between those anchors (_naming.position_names).
+3. `shape`: a GEMM whose (K, N) (and, for linears sharing a shape, order) matches the model's
+   linears, or the linears inferred from the trace's own GEMMs when no model is given;
+   `kernel_name`: the op's own name says what it is (attention, embedding ops);
+   `position`: everything else, by where it sits between those anchors and its op name (or
+   the aten ops a Triton kernel's name fuses) (_naming.position_names);
+4. `fallback`: a name outside the operator vocabulary, given without evidence: `other`,
+   `unattributed`, an unmatched GEMM's `linear[K×N]` and, in a trace with no decoder-layer
+   operator at all (a CNN, a matmul loop), the op's own name (`aten::conv2d`) for `other`.
+Collectives (operators.COLLECTIVES) are named before all of these, whatever range or position
+surrounds them, with evidence `kernel_name`: the op instance or the outermost op around it is a
+collective op (c10d::allreduce_, vllm::all_reduce), or a kernel name says so
+(ncclDevKernel_AllReduce_*, cross_device_reduce_1stage); an unlinked collective kernel too.
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
 stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
 goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
@@ -44,9 +52,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming, operators
+from trace_roofline import _naming, crosscheck, operators
 from trace_roofline._nest import KeySpace, Nest, to_ns
 from trace_roofline.models import ModelSpec
+from trace_roofline.tp import gemm_shapes, infer_tp
 from trace_roofline.trace import Trace
 
 # One row per timed unit, in the trace's device-row order (file order of the events).
@@ -69,7 +78,7 @@ ATTRIBUTED_COLUMNS = {
     "operator": "str",  # canonical operator, `linear[K×N]`, `other` or `unattributed`
     "layer": "Int64",
     "step": "Int64",  # N of the enclosing ProfilerStep#N
-    "source": "str",  # annotation | module | shape | compile | position | unattributed
+    "evidence": "str",  # how the operator was named: one of operators.EVIDENCE
 }
 OPERATOR_TABLE_COLUMNS = {
     "step": "Int64",
@@ -81,10 +90,11 @@ OPERATOR_TABLE_COLUMNS = {
     "dur_us": "float64",
     "share": "float64",  # of all device time
     "ts_us": "float64",  # first unit's start
-    "source": "str",  # the evidence that named most of its time
+    "evidence": "str",  # the evidence that named most of its time
 }
 
 UNATTRIBUTED = operators.UNATTRIBUTED.name
+FALLBACK = operators.FALLBACK
 _LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)(?:$|[./:\s])")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # cpu ops that only wrap others (torch.compile, autograd, CUDA graphs): never units or top ops
@@ -97,34 +107,41 @@ _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     """One row per timed unit with its operator, layer, step and evidence (ATTRIBUTED_COLUMNS).
 
-    `model` names GEMMs by shape in unannotated traces; without it the linears are inferred
+    `model` names GEMMs by shape in unannotated traces, as the shard of it the trace's GEMM
+    shapes show (a tensor-parallel rank: `tp.infer_tp`); without it the linears are inferred
     from the trace's own GEMM shapes when they look like a Llama/Qwen layer.
     """
+    if model is not None:
+        model = model.shard(infer_tp(gemm_shapes(trace), model))
     keys = KeySpace(trace.cpu_ops, trace.runtime, trace.flows, trace.annotations,
                     trace.python_frames)
     ops = _ops_frame(trace.cpu_ops, keys)
     units = _cpu_units(ops) if trace.cpu_only else _device_units(trace, ops, keys)
+    units["coll"] = _categorical(_naming.per_value(units["name"], _kernel_collective))
     units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
                                                                         keys)
     inst = _instances(units, ops)
-    name, source, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
-    return _assemble(units, ops, inst.assign(operator=name, source=source, layer=layer))
+    name, evidence, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
+    return _assemble(units, ops, inst.assign(operator=name, evidence=evidence, layer=layer))
 
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
-    """Per unit: its instance's name, source and layer; a unit without an op has only the
-    range around it (or is unattributed). Strings stay categorical codes until the output."""
+    """Per unit: its instance's name, evidence and layer; a unit without an op has only the
+    range around it (or is unattributed, a fallback). Strings stay categorical codes until the output."""
     n = len(units)
     at = inst.index.get_indexer(units["op_idx"].to_numpy())
     has = at >= 0
     ann = units["ann_name"].array
     named = ~has & (ann.codes >= 0)
-    (op, an, un), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                   _const(UNATTRIBUTED, n))
-    operator = np.where(has, op, np.where(named, an, un))
-    (src, an, un), src_cats = _unify(_take_cat(inst["source"].array, at),
-                                     _const("annotation", n), _const(UNATTRIBUTED, n))
-    source = np.where(has, src, np.where(named, an, un))
+    coll = units["coll"].array
+    lone = ~has & (coll.codes >= 0)  # a collective kernel no op links to
+    (op, an, un, co), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                       _const(UNATTRIBUTED, n), coll)
+    operator = np.where(lone, co, np.where(has, op, np.where(named, an, un)))
+    (ev, an, un, ke), ev_cats = _unify(_take_cat(inst["evidence"].array, at),
+                                       _const("annotation", n), _const(FALLBACK, n),
+                                       _const("kernel_name", n))
+    evidence = np.where(lone, ke, np.where(has, ev, np.where(named, an, un)))
     inst_layer = inst["layer"].array.take(at, allow_fill=True)
     ann_layer = units["ann_layer"].array
     no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
@@ -150,7 +167,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["operator"] = _strings(pd.Categorical.from_codes(operator, op_cats))
     out["layer"] = layer
     out["step"] = pd.array(units["step"], dtype="Int64")
-    out["source"] = _strings(pd.Categorical.from_codes(source, src_cats))
+    out["evidence"] = _strings(pd.Categorical.from_codes(evidence, ev_cats))
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
@@ -175,36 +192,16 @@ def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
     g = a.groupby(keys, dropna=False, sort=False)
     t = g.agg(kernels=("_ps", "size"), ops=("op_id", "nunique"), dur_ps=("_ps", "sum"),
               ts_us=("ts_us", "min")).reset_index()
-    src = (a.groupby([*keys, "source"], dropna=False, sort=False)["_ps"].sum().reset_index()
-           .sort_values("_ps", ascending=False, kind="stable")
-           .drop_duplicates(keys).rename(columns={"source": "_src"}))
-    t = t.merge(src[[*keys, "_src"]], on=keys, how="left")
-    t["source"] = t.pop("_src")
+    ev = (a.groupby([*keys, "evidence"], dropna=False, sort=False)["_ps"].sum().reset_index()
+          .sort_values("_ps", ascending=False, kind="stable")
+          .drop_duplicates(keys).rename(columns={"evidence": "_ev"}))
+    t = t.merge(ev[[*keys, "_ev"]], on=keys, how="left")
+    t["evidence"] = t.pop("_ev")
     t["dur_us"] = t["dur_ps"] / _PS_PER_US
     t["share"] = t["dur_ps"] / total if total else np.nan
     t = t.sort_values(["step", "ts_us"], kind="stable", na_position="first", ignore_index=True)
     return t.astype({"step": "Int64", "layer": "Int64", "kernels": "int64", "ops": "int64",
                      "dur_ps": "int64"})[list(OPERATOR_TABLE_COLUMNS)]
-
-
-# How a name was found (`source`) -> the evidence it rests on; names given by exclusion
-# (`other`, generic `linear[K×N]`, `unattributed`) are `fallback` whatever found them.
-EVIDENCE = {"annotation": "annotation", "module": "module", "shape": "shape",
-            "position": "position", "compile": "kernel_name", "kernel_name": "kernel_name",
-            "graph_map": "graph_map", "unattributed": "fallback"}
-FALLBACK_OPERATORS = re.compile(r"^(?:other|unattributed|linear\[.*\])$")
-
-
-def evidence(attributed: pd.DataFrame) -> pd.api.extensions.ExtensionArray:
-    """The evidence of each row's name: annotation | module | shape | position | kernel_name
-    (a Triton kernel named by the ops its name fuses, or a replayed kernel by its name and
-    place) | graph_map (an aligned eager twin or the graph's capture) | fallback."""
-    src = _categorical(attributed["source"])
-    ev = pd.Series(np.asarray(src.categories, dtype=object)).map(EVIDENCE).fillna("fallback")
-    codes = np.append(ev.to_numpy(dtype=object), "fallback")[src.codes]
-    fallback = _by_category(attributed["operator"],
-                            lambda c: c.str.contains(FALLBACK_OPERATORS))
-    return _strings(pd.Categorical(np.where(fallback, "fallback", codes)))
 
 
 def coverage(attributed: pd.DataFrame) -> dict:
@@ -508,6 +505,11 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
         "input_dims": _take_cat(_categorical(ops["input_dims"]), oi),
     }, index=pd.Index(oi, name="op_idx"))
     inst["step"] = inst["step"].where(step >= 0)
+    coll = units["coll"].array
+    hit = (coll.codes >= 0) & (op_idx >= 0)
+    first_coll = pd.Series(coll.codes[hit]).groupby(op_idx[hit]).first()
+    codes = first_coll.reindex(oi).fillna(-1).to_numpy(np.int64)
+    inst["kernel_coll"] = pd.Categorical.from_codes(codes, coll.categories)
     inst["grp"] = pd.factorize(step * (int(key.max(initial=0)) + 2) + key + 1)[0]
     return inst.sort_values(["grp", "t"], kind="stable")
 
@@ -528,7 +530,7 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
     gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
     seen = set(zip(*gemms.drop_duplicates().to_numpy().T.tolist(), strict=True))
     if model is not None:
-        lin = _naming.model_linears(model)
+        lin = crosscheck.expected_linears(model)
         if seen & set(lin.values()):
             # one layout per trace: the fused projections replace the separate ones they cover
             for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -561,14 +563,15 @@ def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
                     keys: KeySpace, model: ModelSpec | None):
-    """(operator, source, layer) per instance: annotation > module frames > position."""
+    """(operator, evidence, layer) per instance: annotation > module frames > position; a name
+    outside the vocabulary is a fallback (`_fallbacks`)."""
     n = len(inst)
     if not n:
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
         return empty, empty, pd.array([], dtype="Int64")
     inst = _gemm_shapes(inst)
     gemm = _naming.name_gemms(inst, _linears(inst, model))
-    pos_name, pos_src = _naming.position_names(inst, gemm)
+    pos_name, pos_evidence = _naming.position_names(inst, gemm)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
@@ -582,13 +585,63 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     ann = inst["ann_name"].array
     (a, m, p), cats = _unify(ann, mod_name, _categorical(pos_name))
     name = np.where(a >= 0, a, np.where(m >= 0, m, p))
-    (sa, sm, sp), src_cats = _unify(_const("annotation", n), _const("module", n),
-                                    _categorical(pos_src))
-    source = np.where(a >= 0, sa, np.where(m >= 0, sm, sp))
+    (ea, em, ep), ev_cats = _unify(_const("annotation", n), _const("module", n),
+                                   _categorical(pos_evidence))
+    evidence = np.where(a >= 0, ea, np.where(m >= 0, em, ep))
+    name, cats, evidence, ev_cats = _collectives(inst, name, cats, evidence, ev_cats)
+    name, cats = _without_decoder(name, cats, inst["op_name"].array)
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
-    return (pd.Categorical.from_codes(name, cats), pd.Categorical.from_codes(source, src_cats),
+    return (pd.Categorical.from_codes(name, cats), _fallbacks(name, cats, evidence, ev_cats),
             layer)
+
+
+def _kernel_collective(names: pd.Series) -> pd.Series:
+    return operators.collective_of(names, kernel=True)
+
+
+def _op_collective(names: pd.Series) -> pd.Series:
+    return operators.collective_of(operators.base_names(names))
+
+
+def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, evidence: np.ndarray,
+                 ev_cats: pd.Index) -> tuple[np.ndarray, pd.Index, np.ndarray, pd.Index]:
+    """Instances that are collectives take the collective's name, whatever else named them:
+    by their op or the outermost op around it, else by a kernel (evidence `kernel_name`)."""
+    n = len(inst)
+    by_op = _categorical(_naming.per_value(inst["op_name"], _op_collective))
+    by_top = _categorical(_naming.per_value(inst["top_name"], _op_collective))
+    (nm, o, t, k), cats = _unify(pd.Categorical.from_codes(name, cats), by_op, by_top,
+                                 inst["kernel_coll"].array)
+    op_level = np.where(o >= 0, o, t)
+    name = np.where(op_level >= 0, op_level, np.where(k >= 0, k, nm))
+    (er, ek), ev_cats = _unify(pd.Categorical.from_codes(evidence, ev_cats),
+                               _const("kernel_name", n))
+    evidence = np.where((op_level >= 0) | (k >= 0), ek, er)
+    return name, cats, evidence, ev_cats
+
+
+def _without_decoder(name: np.ndarray, cats: pd.Index, op_name: pd.Categorical
+                     ) -> tuple[np.ndarray, pd.Index]:
+    """In a trace where no instance got a decoder-layer operator's name (a CNN, a matmul loop),
+    `other` would name everything: each such instance keeps its op's own name instead."""
+    per_layer = [o.name for o in operators.OPERATORS if o.per_layer]
+    if (operators.OTHER.name not in cats
+            or np.append(cats.isin(per_layer), False)[name].any()):
+        return name, cats
+    (nm, op), shared = _unify(pd.Categorical.from_codes(name, cats), op_name)
+    other = shared.get_loc(operators.OTHER.name)
+    return np.where((nm == other) & (op >= 0), op, nm), shared
+
+
+def _fallbacks(name: np.ndarray, cats: pd.Index, evidence: np.ndarray,
+               ev_cats: pd.Index) -> pd.Categorical:
+    """The evidence per instance, `fallback` wherever the name is outside the vocabulary
+    (`other`, `linear[K×N]`, an op's own name): whatever rule gave it, no evidence backs it."""
+    ev_cats = ev_cats.append(pd.Index([FALLBACK])).unique()
+    vocab = np.append(cats.isin(operators.NAMES), False)[name]
+    return pd.Categorical.from_codes(np.where(vocab, evidence, ev_cats.get_loc(FALLBACK)),
+                                     ev_cats)
 
 
 def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArray:

@@ -42,10 +42,12 @@ examples:
 # Library parameter name -> the flag that sets it. Applied to error messages (`flag_message`).
 FLAGS = {
     "attention_bytes": "--attention-bytes", "by_shape": "--by-shape", "causal": "--causal",
-    "context": "--context", "device": "--device", "dtype": "--dtype", "hardware": "--hardware",
+    "context": "--context", "device": "--device", "dtype": "--dtype", "force": "--force",
+    "hardware": "--hardware",
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
-    "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch",
+    "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
+    "graph_map": "--graph-map",
 }
 # A parameter is a flag in backquotes, as the subject (`layers must`, `layers=`), before its
 # quoted value (`device 'tpu'`) or as the object of a requirement (`needs model`); elsewhere the
@@ -98,6 +100,17 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """argparse type: one positive integer, e.g. '2'."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def model_arg(text: str) -> str:
     """argparse type for --model: a preset name, a config.json, or a Hugging Face model
     directory (its config.json)."""
@@ -123,6 +136,12 @@ def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> Non
     if lesson:
         p.add_argument("--lesson", action="store_true",
                        help="the lesson's conventions: --causal full --attention-bytes kv")
+
+
+def add_force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="analyse traces whose shapes contradict --model (an error otherwise): "
+                        "warn, and never extrapolate with --layers")
 
 
 def conventions(args: argparse.Namespace) -> tuple[str, str]:
@@ -176,8 +195,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from trace_roofline import report
+    from trace_roofline import ranks, report
     from trace_roofline.cache import TraceCache
+    from trace_roofline.parallel import analyze_many
     from trace_roofline.pipeline import analyze_trace
     from trace_roofline.trace import load_trace, progress_bar
 
@@ -192,10 +212,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
-    if args.perfetto:  # the Trace is kept: the enriched file needs its tables and attribution
-        if len(traces) != 1:
-            raise InputError(f"--perfetto takes one trace, got {len(traces)}")
-        traces = [load_trace(traces[0], progress_bar())]
+    cache = None if args.no_cache else TraceCache()
     shapes = None
     if (args.batch is None) != (args.context is None):
         raise InputError("--batch and --context go together (the decode shapes of graph replays)")
@@ -204,24 +221,40 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
         if model is None:
             raise InputError("--batch/--context need --model (the shapes of its linears)")
-
         shapes = DecodeShapes(args.batch, args.context)
-    cache = None if args.no_cache else TraceCache()
-    analyses = [
-        analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape,
-                      graph_map=args.graph_map, decode_shapes=shapes, progress=progress_bar(),
-                      cache=cache)
-        for t, csv in zip(traces, ncu, strict=True)
-    ]
-    for status in cache.log if cache else []:
+    options = dict(causal=args.causal, attention_bytes=args.attention_bytes, layers=args.layers,
+                   by_shape=args.by_shape, force=args.force, tp=args.tp,
+                   graph_map=args.graph_map, decode_shapes=shapes)
+    if args.perfetto:  # the Trace is kept here: the enriched file needs its tables and attribution
+        if len(traces) != 1:
+            raise InputError(f"--perfetto takes one trace, got {len(traces)}")
+        traces = [load_trace(traces[0], progress_bar())]
+        analyses = [analyze_trace(traces[0], model, hw, ncu=ncu[0], progress=progress_bar(),
+                                  **options)]
+        infos = []
+    else:
+        results = analyze_many(traces, model, hw, ncu=ncu, jobs=args.jobs, dask=args.dask,
+                               progress=progress_bar(), cache=cache, **options)
+        analyses, infos = [r.analysis for r in results], [r.rank for r in results]
+    for status in cache.log if cache else []:  # in this process only (jobs 1, no dask)
         if status.write_error:
             print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
-    outputs: dict[Path, bytes] = {Path(args.json): report.report_json(analyses)} if args.json else {}
+    cross = (ranks.CrossRank.of(infos, [a.operators for a in analyses],
+                                [a.collectives for a in analyses]) if infos else None)
+    if cross is not None:  # the traces are ranks of one run
+        text += "\n\n" + cross.text()
+    elif note := ranks.unranked_note(infos):
+        text += f"\n\n{note}"
+    extra = {"ranks": cross.to_dict()} if cross is not None else {}
+    outputs: dict[Path, bytes] = ({Path(args.json): report.report_json(analyses, **extra)}
+                                  if args.json else {})
     if out is not None:
-        outputs |= {out / name: data for name, data in report.output_files(analyses).items()}
+        files = report.output_files(analyses, **extra)
+        if cross is not None:
+            files["ranks.csv"] = cross.summary.to_csv(index=False).encode()
+        outputs |= {out / name: data for name, data in files.items()}
         outputs |= _html_report(out, analyses)
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
         if args.perfetto:
@@ -282,7 +315,8 @@ def _diff_side(path: str, args: argparse.Namespace, label: str):
     model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
     return diff.side(analyze_trace(p, model, hw, causal=args.causal,
-                                   attention_bytes=args.attention_bytes, progress=progress_bar()))
+                                   attention_bytes=args.attention_bytes, force=args.force,
+                                   progress=progress_bar()))
 
 
 _REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
@@ -361,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", action="append", default=[], metavar="CSV",
                    help="Nsight Compute raw CSV of the same run: one per trace, in order "
                         "(default: none)")
+    p.add_argument("--tp", type=positive_int, metavar="T",
+                   help="each trace is one rank of --model sharded T ways by tensor parallelism "
+                        "(and collectives span T ranks) (default: inferred from the GEMM shapes)")
     p.add_argument("--per-layer", action="store_true",
                    help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",
@@ -383,6 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the parsed-trace cache (see `cache info`; default: "
                         "use it)")
+    add_force_arg(p)
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                   help="analyse N traces at a time in local processes (default: 1, in this process)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="analyse the traces on a Dask cluster: a scheduler address, or 'local' to "
+                        "start a LocalCluster of --jobs workers (needs trace-roofline[dask]) "
+                        "(default: none)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
 
@@ -400,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preset name, HF config.json or model directory, for traces (default: none)")
     p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
     p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
+    add_force_arg(p)
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
 

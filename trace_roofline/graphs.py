@@ -7,7 +7,8 @@ External id of that op); `name_replays` replaces either.
 Left are its name, its place in the replay, its grid and its duration. `name_replays` works per
 *graph*, a distinct replayed kernel sequence (every replay of one captured graph launches the
 same kernels in the same order): each graph is worked out once and the result is broadcast to
-its replays, so the cost is linear in kernels. Evidence, best first (`source` of the rows):
+its replays, so the cost is linear in kernels. Evidence, best first (`evidence` of the rows;
+`fallback` for a name outside the vocabulary, `other`, or none):
 
 1. `graph_map`: the kernels of an eager forward pass of the same step, from a mapping trace
    (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step; `mapping_from`) or,
@@ -119,9 +120,9 @@ class DecodeShapes:
     context: int
 
     def __post_init__(self) -> None:
-        if self.batch < 1 or self.context < 1:
-            raise InputError(f"--batch and --context must be >= 1, got {self.batch}, "
-                             f"{self.context}")
+        for name, value in (("batch", self.batch), ("context", self.context)):
+            if value < 1:
+                raise InputError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,7 @@ def _own_mapping(trace: Trace, attributed: pd.DataFrame) -> Mapping | None:
 
 def _name_graph(codes, names, kinds, grids, vocab, candidates, model, shapes):
     """(position table, info) of one graph: the position table has one row per kernel of the
-    replay with CARRIED, layer, inst (instance within the replay, -1 none), source, how.
+    replay with CARRIED, layer, inst (instance within the replay, -1 none), evidence, how.
     `candidates`: (Mapping, needed match share, explicit) to try in order."""
     info = _fresh_info()
     for m, need, explicit in candidates:
@@ -418,7 +419,7 @@ def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
             res[c] = tmpl[c].to_numpy(dtype=object) if c != "layer" else tmpl[c].array
         res["inst"] = pd.factorize(tmpl["op_id"].astype("Int64").to_numpy(
             np.float64, na_value=np.nan))[0]
-        res["source"] = "graph_map"
+        res["evidence"] = "graph_map"
         res["how"] = "matched"
         info.update(method="graph_map", template=f"{m.source} {t}", matched=n, shapes="mapping")
         return res
@@ -430,7 +431,7 @@ def _empty(n: int) -> pd.DataFrame:
     t["operator"] = "unattributed"
     t["layer"] = pd.array([pd.NA] * n, dtype="Int64")
     t["inst"] = np.full(n, -1, np.int64)
-    t["source"] = "unattributed"
+    t["evidence"] = operators.FALLBACK
     t["how"] = "none"
     return t
 
@@ -473,7 +474,7 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
     inst = pd.factorize(pd.Series(tmpl["op_id"].astype("Int64").to_numpy(
         np.float64, na_value=np.nan)).fillna(pd.Series(-1.0 - np.arange(len(tmpl)))))[0]
     res["inst"] = np.where(ok, inst[np.maximum(src, 0)], -1)
-    res["source"] = np.where(ok, "graph_map", "unattributed")
+    res["evidence"] = np.where(ok, "graph_map", operators.FALLBACK)
     res["how"] = how
     info.update(method="graph_map", template=f"{m.source} pass {int(tmpl['_pass'].iloc[0])}",
                 matched=int((how == "matched").sum()), attached=int((how == "attached").sum()))
@@ -514,7 +515,8 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
         m = _template_m(tmpl)
         if m is not None and m != shapes.batch:
             refuse = True
-            why = (f"the mapping's q_proj has M = {m} tokens but --batch is {shapes.batch}: "
+            why = (f"the mapping's q_proj has M = {m} tokens but the given decode batch is "
+                   f"{shapes.batch}: "
                    "names carried, the mapping's shapes not")
     info["shapes"] = "mapping"
     if refuse:
@@ -524,7 +526,7 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
         if shapes is not None and model is not None:
             user_shapes(res, model, shapes)
             info["shapes"] = "user"
-            why += "; costed from --batch/--context instead"
+            why += "; costed from the given decode shapes instead"
     if why:
         info["note"] = why
         info["flags"].append(f"graph mapping {info['template']}: {why}")
@@ -705,7 +707,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     res["layer"] = pd.arrays.IntegerArray(np.maximum(lay, 0), lay < 0)
     change = (codes[1:] != codes[:-1]) | (lay[1:] != lay[:-1])
     res["inst"] = np.cumsum(np.r_[True, change]) - 1  # a run of one operator in one layer
-    res["source"] = np.where(pd.notna(name), "kernel_name", "unattributed")
+    res["evidence"] = np.where(pd.notna(name), "kernel_name", operators.FALLBACK)
     res["how"] = np.where(pd.notna(name), "named", "none")
     info.update(method="kernel_name")
     if shapes is not None:
@@ -772,7 +774,10 @@ def _write(att: pd.DataFrame, rr: pd.DataFrame, graph: np.ndarray,
     at = goff[graph] + rr["pos"].to_numpy()
     rows = rr["row"].to_numpy()
     out = att.copy()
-    for c in (*CARRIED, "source"):
+    # a name outside the vocabulary (other, linear[K×N]) rests on no evidence, as attribute says
+    vocab = pos_table["operator"].isin(operators.NAMES).to_numpy()
+    pos_table["evidence"] = np.where(vocab, pos_table["evidence"], operators.FALLBACK)
+    for c in (*CARRIED, "evidence"):
         out[c] = _overwrite(att[c], rows, pos_table[c].to_numpy(dtype=object), at)
     layer = out["layer"].astype("Int64").array.copy()
     layer[rows] = pos_table["layer"].astype("Int64").array.take(at)

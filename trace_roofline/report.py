@@ -34,6 +34,7 @@ from dataclasses import asdict
 
 import pandas as pd
 
+from trace_roofline.crosscheck import describe
 from trace_roofline.hardware import Hardware
 from trace_roofline.pipeline import operators_frame
 from trace_roofline.roofline import Analysis, main_dtype, peak_key
@@ -58,7 +59,8 @@ OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "b
                  "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
                  "attainable_flops_per_s", "roof_fraction", "bound",
                  "instances", "uncosted", "time_share", "dtype", "peak_flops_per_s",
-                 "exceeds_roof", "measured_bytes", "measured_intensity"]
+                 "exceeds_roof", "evidence", "evidence_mix", "measured_bytes",
+                 "measured_intensity"]
 
 
 def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str, object] | None:
@@ -70,7 +72,8 @@ def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str,
     peak = hw.peak_flops[dtype]
     return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
-            "source": hw.source}
+            "source": hw.source, "link_bandwidth_bytes_per_s": hw.link_bandwidth,
+            "link_source": hw.link_source or None}
 
 
 def conventions_line(a: Analysis) -> str:
@@ -133,10 +136,24 @@ _COLUMNS = (("kern", 5), ("time", 10), ("time%", 6), ("FLOPs", 12), ("bytes", 10
 _NCU_COLUMNS = (("ncu bytes", 10), ("ncu/an", 6), ("ncu F/B", 8))
 
 
+_EVIDENCE_WIDTH = 15
+
+
 def _head(width: int, measured: bool) -> str:
     return (f"{'operator':<{width}} {'phase':<7} " + " ".join(f"{t:>{w}}" for t, w in _COLUMNS)
-            + f" {'bound':<7}"
-            + ("".join(f" {t:>{w}}" for t, w in _NCU_COLUMNS) if measured else ""))
+            + f" {'bound':<7} {'evidence':<{_EVIDENCE_WIDTH}}"
+            + ("".join(f" {t:>{w}}" for t, w in _NCU_COLUMNS) if measured else "")).rstrip()
+
+
+def evidence_cell(evidence: object, mix: object) -> str:
+    """The evidence of an operator row: 'annotation', or 'annotation 97%' when other evidence
+    named part of its time (`evidence_mix` lists it all)."""
+    if not isinstance(evidence, str):
+        return "-"
+    parts = mix.split(", ") if isinstance(mix, str) else []
+    if len(parts) < 2:
+        return evidence
+    return f"{evidence} {100 * float(parts[0].rsplit(' ', 1)[1]):.0f}%"
 
 
 def _cells(kernels, time_us, share, flops, nbytes, intensity, fps, bps, roof) -> list[str]:
@@ -157,10 +174,11 @@ def _op_row(r, width: int, measured: bool, share: object = None) -> str:
                                             r.bytes, r.intensity, r.achieved_flops_per_s,
                                             r.achieved_bytes_per_s, r.pct_of_roof),
                 r.bound, width)
+    line += f" {evidence_cell(r.evidence, r.evidence_mix):<{_EVIDENCE_WIDTH}}"
     if measured:
         line += (f" {si(r.measured_bytes, 'B'):>10} {_fmt(r.measured_bytes / r.bytes, '.2f'):>6}"
                  f" {_fmt(r.measured_intensity, '.2f'):>8}")
-    return line + (f" ! {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else "")
+    return line.rstrip() + (f" ! {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else "")
 
 
 def _terminal_one(a: Analysis, per_layer: bool) -> str:
@@ -168,29 +186,33 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
                                                                kind="stable")
     measured = "measured_intensity" in agg.columns  # ncu DRAM bytes joined
     width = max(20, *a.operators["operator"].astype(str).str.len()) if len(agg) else 20
-    lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
-             _hardware_line(a), f"conventions: {conventions_line(a)}",
-             _head(width, measured)]
+    lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else "")
+             + (f"   tp {a.tp}" if a.tp is not None else ""),
+             _hardware_line(a), f"conventions: {conventions_line(a)}"]
+    shapes = shapes_line(a)
+    lines += [shapes] if shapes else []
+    lines += [f"! WARNING: {w}" for w in a.warnings]
+    lines += [_head(width, measured)]
     lines += [_op_row(r, width, measured) for r in agg.itertuples()]
     for phase, w in a.whole_by_phase.items():
+        if w.get("withheld"):
+            lines.append(f"{'whole model':<{width}} {phase:<7.7} {withheld_text(w)}")
+            continue
         lines.append(_row("whole model", phase, _cells(
-            w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
-            w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
-            w.get("bound"), width))
+            w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+            w["bytes"], w["intensity"], w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
+            w.get("pct_of_roof")), w.get("bound"), width).rstrip())
     if _flagged(a.operators["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
-    lines.append(_coverage_line(a))
+    lines += _communication_lines(a)
     lines += passes_lines(a) + graphs_lines(a)
+    lines.append(_coverage_line(a))
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
                      f"({phase}, per forward pass): {si(ext['flops'], 'FLOP')}, "
                      f"{si(ext['bytes'], 'B')}, intensity {ext['intensity']:.2f} FLOP/B")
-    checks = a.costed["check"].dropna().unique()
-    if len(checks):
-        lines.append(f"preset cross-check: {len(checks)} mismatch(es): {checks[0]}"
-                     + (" ..." if len(checks) > 1 else ""))
     if per_layer:
         lines += ["", *_per_layer_blocks(a, agg, width, measured)]
     return "\n".join(lines)
@@ -208,7 +230,7 @@ def _per_layer_blocks(a: Analysis, agg: pd.DataFrame, width: int, measured: bool
     out = []
     for (phase, layer), g in rows.groupby(["phase", "layer"], sort=False):
         total = g["time_us"].sum()
-        phase_time = a.whole_by_phase.get(phase, {}).get("time_us")
+        phase_time = _phase_time(a, phase) if phase in a.whole_by_phase else None
         out += [f"layer {layer} ({phase}): {duration(total)}, "
                 f"{_pct(total / phase_time) if phase_time else 'n/a'} of the phase's device time",
                 _head(width, measured)]
@@ -236,15 +258,78 @@ def _hardware_line(a: Analysis) -> str:
     h = hardware_summary(a)
     if h is None:
         return "hardware: none given (no device in the trace): intensities only, no placements"
+    link = h["link_bandwidth_bytes_per_s"]
     return (f"hardware {h['name']}: {si(h['peak_flops_per_s'], 'FLOP/s')} {h['dtype']}, "
-            f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B")
+            f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B"
+            + (f", link {si(link, 'B/s')} per direction" if link else ""))
+
+
+# (share of device time, fraction of the link roof) above / below which collectives are flagged
+SLOW_COMMUNICATION = (0.25, 0.05)
+
+
+def _phase_time(a: Analysis, phase: str) -> float:
+    """A phase's device time: the whole model's (HBM operators) plus its collectives'."""
+    return a.whole_by_phase[phase]["time_us"] + a.communication.get(phase, {}).get("time_us", 0.0)
+
+
+def _communication_lines(a: Analysis) -> list[str]:
+    """Per phase with collectives: their time, exposed time, bus bytes and link fraction,
+    outside the whole model."""
+    out = []
+    for phase, c in a.communication.items():
+        link = (f" = {_pct(c['link_fraction'])} of the link roof"
+                if not _missing(c["link_fraction"]) else " (no link bandwidth for this hardware)")
+        out.append(
+            f"communication ({phase}): {c['kernels']} collective kernel(s), "
+            f"{duration(c['time_us'])} ({_pct(c['time_share'])} of device time), "
+            f"{duration(c['exposed_time_us'])} exposed (not overlapped by compute), "
+            f"{si(c['bytes'], 'B')} bus bytes at {si(c['bus_bytes_per_s'], 'B/s')}{link}; "
+            "not in the whole model (its roof is the link, not HBM)")
+        if c["time_share"] > SLOW_COMMUNICATION[0] and c["link_fraction"] < SLOW_COMMUNICATION[1]:
+            out.append(f"! communication ({phase}) takes {_pct(c['time_share'])} of device time "
+                       f"at {_pct(c['link_fraction'])} of the link roof: latency-bound small "
+                       "messages, or this rank waits in its collectives for a slower one; "
+                       "analyse every rank's trace together to tell")
+    return out
 
 
 def _coverage_line(a: Analysis) -> str:
+    """'coverage of 612.7 µs device time: 98.4% named with evidence (shape 78.5%, position
+    18.4%, ...), 1.6% fallback (other 1.6%); 100.0% costed, 0 uncosted op instance(s)'."""
     c = a.coverage
-    return (f"coverage: {_pct(c['fraction'])} of {duration(c['kernel_time_us'])} measured time "
-            f"attributed to operators, {_pct(c['costed_fraction'])} costed; "
-            f"{c['uncosted_instances']} uncosted op instance(s)")
+    total = c["kernel_time_us"]
+
+    def parts(d: dict) -> str:
+        share = {k: v / total for k, v in d.items() if total > 0}
+        return ", ".join(f"{k} {_pct(v)}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
+
+    named = {k: v for k, v in c["by_evidence"].items() if k != "fallback"}
+    fallback = parts(c["fallback_by_operator"])
+    return (f"coverage of {duration(total)} device time: {_pct(c['evidence_fraction'])} named "
+            f"with evidence ({parts(named) or 'none'}), {_pct(c['fallback_fraction'])} fallback"
+            + (f" ({fallback})" if fallback else "")
+            + f"; {_pct(c['costed_fraction'])} costed, {c['uncosted_instances']} uncosted op "
+            "instance(s)")
+
+
+def shapes_line(a: Analysis) -> str | None:
+    """What the trace's shapes show: without a model, the inferred dimensions and the preset
+    they match (or custom); with one, the TP degree when the shapes are one rank's shard."""
+    d = a.model_inferred
+    if d is None:
+        return None if a.model else "shapes: no projection or attention shapes to infer a model from"
+    if a.model is None:
+        return f"shapes (no --model): {describe(d)}: {', '.join(d['presets']) or 'custom'}"
+    if (d.get("model_tp") or 1) > 1:
+        return (f"shapes: consistent with {a.model.name} at TP={d['model_tp']} (one rank's shard "
+                "of each sharded linear and of attention's heads)")
+    return None
+
+
+def withheld_text(w: dict) -> str:
+    return (f"withheld: only {_pct(w['costed_fraction'])} of its device time is costed "
+            "(see the warning above)")
 
 
 def passes_lines(a: Analysis) -> list[str]:
@@ -263,7 +348,8 @@ def passes_lines(a: Analysis) -> list[str]:
 
 
 def graphs_lines(a: Analysis) -> list[str]:
-    """CUDA-graph replays: how much of their time was named and costed, on what evidence."""
+    """CUDA-graph replays: how much of their time was named and costed, on what evidence (a
+    refused mapping is among the analysis's warnings)."""
     g = a.graphs
     if g is None:
         return []
@@ -273,14 +359,15 @@ def graphs_lines(a: Analysis) -> list[str]:
     return [f"CUDA graphs: {g.replays} replay(s) of {len(g.graphs)} graph(s), {g.kernels} "
             f"kernels, {duration(g.time_us)}; named {_pct(g.named_fraction)} of their time "
             f"({_pct(share(g.matched_time_us))} by an aligned eager kernel of the same name), "
-            f"costed {_pct(share(g.costed_time_us))}; evidence: {methods}"] + [
-        f"! {f}" for f in g.flags]
+            f"costed {_pct(share(g.costed_time_us))}; evidence: {methods}"]
 
 
 # --------------------------------------------------------------------------------- JSON
-def report_dict(analyses: Sequence[Analysis]) -> dict[str, object]:
-    """report.json: {"schema_version": 2, "traces": [one entry per analysis]}."""
-    return {"schema_version": SCHEMA_VERSION, "traces": [_entry(a) for a in analyses]}
+def report_dict(analyses: Sequence[Analysis], ranks: dict | None = None) -> dict[str, object]:
+    """report.json: {"schema_version": 2, "traces": [one entry per analysis]} and, for a set of
+    rank traces, "ranks" (ranks.CrossRank.to_dict)."""
+    doc = {"schema_version": SCHEMA_VERSION, "traces": [_entry(a) for a in analyses]}
+    return doc | ({"ranks": ranks} if ranks is not None else {})
 
 
 def _shares(d: dict) -> dict:
@@ -299,14 +386,18 @@ def _entry(a: Analysis) -> dict[str, object]:
         "trace": a.trace,
         "hardware": hardware_summary(a),
         "model": asdict(a.model) if a.model else None,
+        "tp": a.tp,
         "conventions": dict(a.conventions),
         "coverage": dict(a.coverage),
+        "warnings": list(a.warnings),
+        "model_inferred": a.model_inferred,
         "operators": _records(ops[cols]),
         "whole_model": _shares(a.whole),
         "whole_model_by_phase": {p: _shares(w) for p, w in a.whole_by_phase.items()},
         "reconciliation": _records(a.reconciliation),
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
+        "communication": {p: dict(c) for p, c in a.communication.items()},
     }
     if a.passes is not None:
         entry["forward_passes"] = {
@@ -360,9 +451,9 @@ def _clean(x: object) -> object:
     return x
 
 
-def report_json(analyses: Sequence[Analysis]) -> bytes:
+def report_json(analyses: Sequence[Analysis], ranks: dict | None = None) -> bytes:
     """report.json's bytes (NaN written as null)."""
-    return json.dumps(report_dict(analyses), indent=2).encode() + b"\n"
+    return json.dumps(report_dict(analyses, ranks), indent=2).encode() + b"\n"
 
 
 # ------------------------------------------------------------------------------- tables
@@ -377,7 +468,8 @@ def operators_tables(analyses: Sequence[Analysis]) -> dict[str, pd.DataFrame]:
             "all": table}
 
 
-def output_files(analyses: Sequence[Analysis], chart: bool = True) -> dict[str, bytes]:
+def output_files(analyses: Sequence[Analysis], chart: bool = True,
+                 ranks: dict | None = None) -> dict[str, bytes]:
     """Every output file's name and bytes, rendered in memory: operators.csv (aggregates),
     operators_by_layer.csv, operators.parquet (both), report.json, report.md and, with
     `chart`, roofline.png and roofline.svg."""
@@ -388,7 +480,7 @@ def output_files(analyses: Sequence[Analysis], chart: bool = True) -> dict[str, 
         "operators.csv": tables["aggregate"].to_csv(index=False).encode(),
         "operators_by_layer.csv": tables["by_layer"].to_csv(index=False).encode(),
         "operators.parquet": parquet.getvalue(),
-        "report.json": report_json(analyses),
+        "report.json": report_json(analyses, ranks),
         "report.md": markdown(analyses, chart="roofline.png" if chart else None).encode(),
     }
     if chart:
@@ -411,23 +503,33 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         out += [f"![roofline]({chart})", ""]
     for a in analyses:
         out += [f"## {a.trace}", "", f"- {_hardware_line(a)}", f"- conventions: {conventions_line(a)}",
-                f"- {_coverage_line(a)}", *(f"- {x}" for x in passes_lines(a) + graphs_lines(a))]
+                f"- {_coverage_line(a)}", *(f"- {x}" for x in passes_lines(a) + graphs_lines(a)),
+                *[f"- {c}" for c in _communication_lines(a)]]
         if a.model:
-            out.append(f"- model: {a.model.name}")
+            out.append(f"- model: {a.model.name}" + (f", tp {a.tp}" if a.tp is not None else ""))
+        shapes = shapes_line(a)
+        out += [f"- {shapes}"] if shapes else []
+        if a.warnings:
+            out += ["", "### ⚠ Warnings", "", *[f"- **{w}**" for w in a.warnings]]
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
                 "| operator | phase | kernels | time | time % | FLOPs | bytes | FLOP/B | FLOP/s "
-                "| B/s | % of roof | bound |", "|" + "---|" * 12]
+                "| B/s | % of roof | bound | evidence |", "|" + "---|" * 13]
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
             flag = f" ⚠ {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
             out.append(_md_row(r.operator, r.phase, _cells(
                 r.kernels, r.time_us, r.time_share, r.flops, r.bytes, r.intensity,
-                r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag))
+                r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag,
+                r.evidence_mix if isinstance(r.evidence_mix, str) else "-"))
         for phase, w in a.whole_by_phase.items():
+            if w.get("withheld"):
+                out.append(f"| **whole model** | {phase} | {withheld_text(w)} |" + " |" * 11)
+                continue
             out.append(_md_row("**whole model**", phase, _cells(
-                w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
+                w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+                w["bytes"], w["intensity"],
                 w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
-                w.get("bound"), ""))
+                w.get("bound"), "", "sum of the rows"))
         if _flagged(ops["exceeds_roof"].any()):
             out += ["", f"⚠ {ABOVE_ROOF_NOTE}"]
         out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity, per phase", "",
@@ -457,11 +559,12 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                            f"{e['intensity']:.4f} |")
         checks = sorted(a.costed["check"].dropna().unique())
         if checks:
-            out += ["", "### Model-preset cross-check", "", *[f"- {c}" for c in checks]]
+            out += ["", "### Contradictions with the model", "", *[f"- {c}" for c in checks]]
         out.append("")
     return "\n".join(out)
 
 
-def _md_row(name: str, phase: str, cells: list[str], bound: object, flag: str) -> str:
-    cells = [name, phase, *cells, (bound if isinstance(bound, str) else "-") + flag]
+def _md_row(name: str, phase: str, cells: list[str], bound: object, flag: str,
+            evidence: str) -> str:
+    cells = [name, phase, *cells, (bound if isinstance(bound, str) else "-") + flag, evidence]
     return "| " + " | ".join(cells) + " |"

@@ -4,7 +4,7 @@ The stage between `attribute` and `roofline`. attribute() numbers the op instanc
 `instance` column: the shape-carrying cpu op that launched the kernels, so a split-K GEMM's two
 kernels are one instance), and each instance is costed from the `Input Dims` / `Input type` the
 trace recorded, through the formulas of `trace_roofline.costs`. The model preset is only a
-cross-check (`check` names mismatches).
+cross-check (`check` names contradictions, crosscheck.instance_checks).
 
 Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
 (operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
@@ -49,6 +49,18 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   buffer counts whole and FLOPs are the largest buffer's size. A kernel fusing `embedding`
   reads only the gathered rows of the table (index elements × row width) in any case.
 - Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
+- Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
+  bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
+  S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
+  (t-1)/t, send/recv 1), S = the message: the input tensor (or tensor list) of the op, its
+  elements x dtype bytes, times t for an all-gather (the input is one rank's part). The input
+  is argument 0 (record_param_comms, c10d::allreduce_, _c10d_functional ops, vllm::all_reduce)
+  or 1 for c10d's (output, input) ops (`_C10D_INPUT_ARG`). Its dtype: the tensor's, for a
+  tensor list the kernel name's (ncclDevKernel_AllReduce_Sum_bf16_..., cross_device_reduce_
+  1stage<__nv_bfloat16, 2>), else the model's. t, the group size: record_param_comms'
+  recorded world size (its Concrete Inputs' last value), vLLM's custom all-reduce kernel's
+  template argument, else `group_size` (the trace's TP degree or distributedInfo world size);
+  unknown, the instance is uncosted.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
 "none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns. So is
 malformed shape data (`Malformed`: negative, non-integer or overflowing dims, arguments a rule
@@ -58,14 +70,15 @@ cannot read), with `cost_kind` "malformed"; roofline.analyze warns about those.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs, dtypes, operators
+from trace_roofline import costs, crosscheck, dtypes, operators
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 
@@ -74,6 +87,7 @@ COSTED_COLUMNS = {
     "op_id": "Int64",  # innermost shape-carrying cpu op; NA for unlinked kernels
     "op_name": "str",  # e.g. aten::addmm; missing for unlinked kernels
     "operator": "str",  # canonical operator (attribute.py)
+    "evidence": "str",  # how it was named (attribute.EVIDENCE); fallback when not recorded
     "layer": "Int64",
     "step": "Int64",
     "phase": "str",  # prefill|decode|mixed of the instance's forward pass (passes.py), else unknown
@@ -86,10 +100,11 @@ COSTED_COLUMNS = {
     "bytes": "float64",  # minimum DRAM bytes; NaN when uncosted
     "M": "Int64", "K": "Int64", "N": "Int64",  # GEMM shape (per batch item), NA otherwise
     "B": "Int64", "T": "Int64", "S": "Int64",  # attention batch, query and key lengths
+    "n_q": "Int64", "n_kv": "Int64", "head_dim": "Int64",  # attention heads, NA otherwise
     "causal": "boolean",  # attention: whether the op masks causally (NA otherwise)
     "shape": "str",  # short human-readable shape summary
     "uncosted": "str",  # why the instance has no cost; missing when costed
-    "check": "str",  # model-preset mismatch; missing when consistent or not checked
+    "check": "str",  # contradiction with the model; missing when consistent or not checked
 }
 
 # FLOPs per output element of pointwise ops (an in-place `op_` costs as `op`).
@@ -147,7 +162,9 @@ class Cost:
     s: int | None = None
     causal: bool | None = None
     heads: tuple[int, int, int] | None = None  # attention (n_q, n_kv, d)
-    check: str | None = None
+
+
+_COMMUNICATION = "communication"  # Cost.kind of a collective
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,9 @@ class _Call:
     causal: str
     attention_bytes: str
     fallback: str | None  # short dtype of tensor lists (their dtype is not recorded)
+    operator: str | None = None  # collectives only: the collective attribute() named
+    kernel: str | None = None  # collectives only: the first kernel's name
+    group_size: int | None = None  # collectives only: ranks, when the call does not record it
 
     @property
     def base(self) -> str:
@@ -214,14 +234,16 @@ Rule = Callable[[_Call], Cost]
 
 
 def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str = "causal",
-                 attention_bytes: str = "all") -> pd.DataFrame:
+                 attention_bytes: str = "all", group_size: int | None = None) -> pd.DataFrame:
     """One row per op instance (`COSTED_COLUMNS`) with FLOPs and minimum bytes from its shapes.
 
     `attributed` is attribute.attribute()'s table (one row per device row, its `instance`
     column naming the op instance); optional `concrete_inputs` and `input_strides` columns (raw
     JSON) supply is_causal, dtype and Triton size arguments, and broadcast (stride-0) dims.
     `causal` is "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all"
-    (Q, K, V read and O written) or "kv" (K and V only). Time is conserved: Σ time_us == Σ dur_us.
+    (Q, K, V read and O written) or "kv" (K and V only). `group_size` is the ranks of a
+    collective that does not record its own (`_collective`). Time is conserved:
+    Σ time_us == Σ dur_us.
     """
     if causal not in costs.CAUSAL_CONVENTIONS:
         raise InputError(f"causal must be one of {', '.join(costs.CAUSAL_CONVENTIONS)}, "
@@ -230,30 +252,41 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         raise InputError(f"attention_bytes must be one of "
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
-    text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]
+    # a collective's cost also depends on which collective it is and its kernel's name
+    coll = inst["operator"].isin(operators.COMMUNICATION)
+    inst["_coll"] = inst["operator"].where(coll, None)
+    inst["_kernel"] = inst["kernel"].where(coll, None)
+    text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
+            "_kernel"]
     codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
     _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
-        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model, strides)
-        for name, dims, types, conc, strides in zip(*(combos[c].tolist() for c in text),
-                                                     strict=True)
+        _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
+              _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
+              if isinstance(op, str) else None)
+        for name, dims, types, conc, strides, op, kernel in zip(
+            *(combos[c].tolist() for c in text), strict=True)
     ]
-    out = inst[["op_id", "op_name", "operator", "layer", "step", "kernels", "ts_us", "time_us"]]
+    out = inst[["op_id", "op_name", "operator", "evidence", "layer", "step", "kernels", "ts_us",
+                "time_us"]]
     out = out.reset_index(drop=True)
     fields = {"cost_kind": "kind", "dtype": "dtype", "flops": "flops", "bytes": "bytes",
               "M": "m", "K": "k", "N": "n", "B": "batch", "T": "t", "S": "s",
-              "causal": "causal", "shape": "shape", "uncosted": "uncosted", "check": "check"}
+              "causal": "causal", "shape": "shape", "uncosted": "uncosted"}
     for col, attr in fields.items():
         values = pd.Series([getattr(c, attr) for c in table], dtype=COSTED_COLUMNS[col])
+        out[col] = values.take(codes).reset_index(drop=True)
+    for i, col in enumerate(("n_q", "n_kv", "head_dim")):
+        values = pd.Series([c.heads[i] if c.heads else None for c in table], dtype="Int64")
         out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row.
     again = out["op_id"].notna() & out["op_id"].duplicated() & out["flops"].notna()
     out.loc[again, ["flops", "bytes"]] = 0.0
     # the forward pass's phase (passes.annotate) when the table has it, else per step
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
-    out["check"] = out["check"].fillna(_gemm_check(out, model))
+    out["check"] = crosscheck.instance_checks(out, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
 
@@ -273,6 +306,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "instance": att["instance"].to_numpy(),
         "op_id": att["op_id"].astype("Int64").to_numpy(),
         "operator": att["operator"].to_numpy(),
+        "evidence": (att["evidence"] if "evidence" in att
+                     else pd.Series(operators.FALLBACK, index=att.index)).to_numpy(),
         "layer": att["layer"].astype("Int64").to_numpy(),
         "step": att["step"].astype("Int64").to_numpy(),
         "op_name": att["op_name"].to_numpy(),
@@ -280,11 +315,12 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "input_types": att["input_types"].to_numpy(),
         "concrete_inputs": optional("concrete_inputs"),
         "input_strides": optional("input_strides"),
+        "kernel": optional("name"),
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
-    first = ["op_id", "operator", "layer", "step", "op_name", "input_dims", "input_types",
-             "concrete_inputs", "input_strides"]
+    first = ["op_id", "operator", "evidence", "layer", "step", "op_name", "input_dims",
+             "input_types", "concrete_inputs", "input_strides", "kernel"]
     if "phase" in att:  # the forward pass's phase (passes.annotate)
         work["phase"] = att["phase"].to_numpy()
         first.append("phase")
@@ -293,7 +329,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
     ).reset_index(drop=True)
     inst = inst.sort_values("ts_us", kind="stable").reset_index(drop=True)
-    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]:
+    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides",
+                "kernel"]:
         inst[col] = inst[col].astype("object").where(inst[col].notna(), None)
     return inst
 
@@ -322,30 +359,38 @@ def _decode(raw: str | None) -> list | None:
     return value if isinstance(value, list) else None
 
 
+@dataclass(frozen=True)
+class _Collective:
+    """What a collective instance's cost needs beyond its op's arguments."""
+
+    operator: str
+    kernel: str | None
+    group_size: int | None
+
+
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
-          model: ModelSpec | None, strides_raw: str | None = None) -> Cost:
-    """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`)."""
+          strides_raw: str | None = None, collective: _Collective | None = None) -> Cost:
+    """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
+    collective's by `_collective`)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
     if dims is None or types is None or len(dims) != len(types):
         return Cost(uncosted=f"{name}: no recorded shapes")
-    rule = rule_for(name)
+    rule = _collective if collective is not None else rule_for(name)
     if rule is None:
         return Cost(uncosted=f"no cost rule for {name}")
     concrete = _decode(concrete_raw) or []
     strides = _decode(strides_raw) or []
+    extra = {} if collective is None else {"operator": collective.operator,
+                                           "kernel": collective.kernel,
+                                           "group_size": collective.group_size}
     try:
         args = _args(dims, [str(t) for t in types], concrete, strides)
-        cost = rule(_Call(name, args, causal, attention_bytes, fallback))
+        cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
-    if cost.kind == "attention" and model is not None:
-        want = (model.num_heads, model.num_kv_heads, model.head_dim)
-        if cost.heads != want:
-            return replace(cost, check=f"attention: n_q,n_kv,d={','.join(map(str, cost.heads))}"
-                                       f" but {model.name} has {','.join(map(str, want))}")
     return cost
 
 
@@ -715,6 +760,65 @@ def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
     return math.prod(sizes[-least:])
 
 
+# --------------------------------------------------------------------------- collectives
+# c10d ops whose arguments are (output, input): the input is argument 1
+_C10D_INPUT_ARG = {"allgather_": 1, "_allgather_base_": 1, "allgather_coalesced_": 1,
+                   "allgather_into_tensor_coalesced_": 1, "reduce_scatter_": 1,
+                   "_reduce_scatter_base_": 1, "reduce_scatter_tensor_coalesced_": 1,
+                   "alltoall_": 1, "alltoall_base_": 1}
+# dtype tokens of collective kernel names: NCCL's `_bf16_`, vLLM's template argument
+_KERNEL_DTYPES = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "i8": "int8",
+                  "u8": "uint8", "i32": "int32", "u32": "int32", "i64": "int64",
+                  "u64": "int64", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+                  "__nv_bfloat16": "bf16", "nv_bfloat16": "bf16", "half": "fp16",
+                  "__half": "fp16", "float": "fp32"}
+_KERNEL_DTYPE = re.compile(r"_(bf16|f16|f32|f64|i8|u8|i32|u32|i64|u64|f8e4m3|f8e5m2)_|"
+                           r"<\s*(__nv_bfloat16|nv_bfloat16|__half|half|float)\s*[,>]")
+_KERNEL_RANKS = re.compile(r"cross_device_reduce_[12]stage<[^,>]+,\s*(\d+)\s*>")
+
+
+def kernel_dtype(kernel: str | None) -> dtypes.DType | None:
+    """The dtype a collective kernel's name states (ncclDevKernel_AllReduce_Sum_bf16_RING_LL ->
+    bf16), or None."""
+    m = _KERNEL_DTYPE.search(kernel or "")
+    return dtypes.lookup(_KERNEL_DTYPES[m.group(1) or m.group(2)]) if m else None
+
+
+def _group_size(c: _Call) -> int | None:
+    """Ranks of a collective: record_param_comms' recorded world size (its last argument),
+    vLLM's custom all-reduce kernel's template argument, else the call's `group_size`."""
+    if c.base.endswith("record_param_comms") and c.args:
+        last = c.args[-1].concrete
+        if last.isdigit() and int(last) > 0:
+            return int(last)
+    m = _KERNEL_RANKS.search(c.kernel or "")
+    return int(m.group(1)) if m else c.group_size
+
+
+def _collective(c: _Call) -> Cost:
+    """S x bus factor bytes, 0 FLOPs (see the module docstring and operators.py)."""
+    op = operators.BY_NAME[c.operator]
+    t = _group_size(c)
+    if t is None:
+        return Cost(uncosted=f"{c.name} ({op.name}): group size unknown (not recorded; give tp)")
+    at = _C10D_INPUT_ARG.get(c.base.rsplit("::", 1)[-1], 0)
+    if at >= len(c.args):
+        raise Malformed(f"argument {at} (the input) missing")
+    x = c.args[at]
+    if x.type == "TensorList":
+        numel = sum(math.prod(d) for d in x.dims)
+        dt = kernel_dtype(c.kernel) or (dtypes.lookup(c.fallback) if c.fallback else None)
+    else:
+        numel = _tensor(c.args, at).numel
+        dt = dtypes.lookup(x.type)
+    if dt is None:
+        return Cost(uncosted=f"{c.name} ({op.name}): message dtype unknown")
+    message = numel * dt.bytes * (t if op.gathers else 1)
+    bus = op.bus_factor(t)
+    shape = f"{numel}x{dt.short} over {t} ranks: S {message} B x bus {bus:.3g}"
+    return Cost(_COMMUNICATION, 0.0, float(message * bus), dt.short, shape)
+
+
 # ------------------------------------------------------------------------- the registry
 # aten ops by base name (an in-place `op_` also finds `op`'s rule), as (names, rule) pairs.
 _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
@@ -778,26 +882,6 @@ def _phases(out: pd.DataFrame) -> pd.Series:
     label = pd.Series(np.where(per_step.to_numpy() == 1, "decode", "prefill"), per_step.index)
     whole = label.iloc[0] if label.nunique() == 1 else "unknown"
     return step.map(label).fillna(whole).astype("str")
-
-
-def _gemm_check(out: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
-    """Message where a projection GEMM's K,N differ from the model preset's."""
-    check = pd.Series(None, index=out.index, dtype="str")
-    if model is None:
-        return check
-    expect = {**model.linears(), **model.fused_linears(),
-              "lm_head": (model.hidden_size, model.vocab_size, False)}
-    gemm = out["cost_kind"].eq("gemm") & out["operator"].isin(list(expect))
-    if gemm.any():
-        op = out.loc[gemm, "operator"]
-        k_exp = op.map({o: v[0] for o, v in expect.items()}).astype("Int64")
-        n_exp = op.map({o: v[1] for o, v in expect.items()}).astype("Int64")
-        k, n = out.loc[gemm, "K"], out.loc[gemm, "N"]
-        bad = ((k != k_exp) | (n != n_exp)).fillna(True)
-        msg = (op + ": K,N=" + k.astype("str") + "," + n.astype("str")
-               + f" but {model.name} has " + k_exp.astype("str") + "," + n_exp.astype("str"))
-        check.loc[bad[bad].index] = msg[bad]
-    return check
 
 
 # ------------------------------------------------------------------ model-level operators
