@@ -186,7 +186,9 @@ def _segment_layers_reference(name: pd.Series, grp: pd.Series) -> pd.Series:
     emb = name.eq("embedding").to_numpy()
     g_arr = grp.to_numpy()
     first_emb = emb & ~np.r_[False, emb[:-1] & (g_arr[1:] == g_arr[:-1])]
-    fwd = pd.Series(first_emb.astype(int), index=name.index).groupby(grp).cumsum()
+    head = name.eq("lm_head").to_numpy()
+    after_head = np.r_[False, head[:-1] & ~head[1:]]  # the row after a run of lm_head rows
+    fwd = pd.Series((first_emb | after_head).astype(int), index=name.index).groupby(grp).cumsum()
     seq = pd.Series(pd.factorize(pd.MultiIndex.from_arrays([g_arr, fwd.to_numpy()]))[0],
                     index=name.index)
     stage = name.map(STAGES).astype("float64")

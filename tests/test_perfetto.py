@@ -23,7 +23,7 @@ TABLES = ("device", "cpu_ops", "runtime", "annotations", "python_frames", "flows
 def _enrich(path: Path, model: str, out: Path):
     t = tr.load_trace(path)
     m = tr.get_model(model)
-    att, a = tr.attribute(t, m), tr.analyze_trace(t, m)
+    att, a = tr.attribute_trace(t, m)[0], tr.analyze_trace(t, m)
     out.write_bytes(b"".join(perfetto.enriched_trace(t, att, a)))
     return t, att, a, json.loads(out.read_bytes())
 
@@ -86,7 +86,7 @@ def test_enriched_trace(tmp_path, path, model):
 def test_kernel_shares_sum_to_their_instance():
     t = tr.load_trace(EAGER)
     m = tr.get_model("qwen2.5-7b")
-    att, a = tr.attribute(t, m), tr.analyze_trace(t, m)
+    att, a = tr.attribute_trace(t, m)[0], tr.analyze_trace(t, m)
     k = perfetto.kernel_figures(t, att, a)
     per_op = k.groupby("op_id")[["flops", "bytes"]].sum()
     costed = a.costed.groupby("op_id")[["flops", "bytes"]].sum()
@@ -105,7 +105,7 @@ def test_array_format_and_changed_file(tmp_path):
     t, _, _, doc = _enrich(src, "qwen2.5-7b", out)
     assert isinstance(doc, list) and len(doc) > len(events)
     t = tr.load_trace(src)
-    att, a = tr.attribute(t), tr.analyze_trace(t)
+    att, a = tr.attribute_trace(t)[0], tr.analyze_trace(t)
     src.write_text(json.dumps(events[:100]))  # the file shrank after the analysis
     with pytest.raises(InputError, match="changed since it was analysed"):
         b"".join(perfetto.enriched_trace(t, att, a))
@@ -129,7 +129,7 @@ def test_small_chunks_split_events_exactly(tmp_path, monkeypatch, array):
         src = tmp_path / "array.json"
         src.write_text(json.dumps(_events(EAGER), indent=1))
     t = tr.load_trace(src)
-    att, a = tr.attribute(t), tr.analyze_trace(t)
+    att, a = tr.attribute_trace(t)[0], tr.analyze_trace(t)
     whole = b"".join(perfetto.enriched_trace(t, att, a))
     monkeypatch.setattr(perfetto, "CHUNK", 3000)
     assert b"".join(perfetto.enriched_trace(t, att, a)) == whole

@@ -8,7 +8,12 @@ from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, get_hardware
 from trace_roofline.models import ModelSpec, get_model
 from trace_roofline.ncu import match_kernels, read_ncu_csv
-from trace_roofline.pipeline import analyze_trace, operators_frame, trace_hardware
+from trace_roofline.pipeline import (
+    analyze_trace,
+    attribute_trace,
+    operators_frame,
+    trace_hardware,
+)
 from trace_roofline.report import markdown, report_dict, terminal_table
 from trace_roofline.roofline import Analysis, analyze
 from trace_roofline.shapes import attach_costs
@@ -16,7 +21,7 @@ from trace_roofline.trace import Trace, load_trace, load_traces
 
 __all__ = [
     "Analysis", "Hardware", "InputError", "ModelSpec", "Trace", "analyze", "analyze_trace",
-    "attach_costs", "attribute", "get_hardware", "get_model", "load_trace", "load_traces",
+    "attach_costs", "attribute", "attribute_trace", "get_hardware", "get_model", "load_trace", "load_traces",
     "markdown", "match_kernels", "operator_table", "operators_frame", "read_ncu_csv",
     "report_dict", "roofline_figure", "terminal_table", "trace_hardware",
 ]

@@ -343,7 +343,10 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     Pa, Na = P.to_numpy(), N.to_numpy()
     # a layer opens with its input projections (torch.compile may schedule k_proj before q_proj)
     p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(PROJ_IN))
-    preamble = np.isin(Pa, ["", "embedding"]) & n_start
+    # before the first layer: at the start, after the embedding, or after the last pass's
+    # lm_head when the embedding is fused away (torch.compile) and no ProfilerStep separates
+    # the passes
+    preamble = np.isin(Pa, ["", "embedding", "lm_head"]) & n_start
     after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
     kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
     after_o, after_down = Pa == "o_proj", Pa == "down_proj"
@@ -360,7 +363,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         # after down_proj when the next layer's projections follow: residual add, then norm
         (after_down & n_start & before_norm, "residual"),
         (after_down & n_start, "input_norm"),
-        # before the first layer (after the embedding, if any)
+        # before the first layer (after the embedding or the previous pass's lm_head, if any)
         (preamble & ~before_norm, "input_norm"),
         (preamble & F["emb"], "embedding"),
         (preamble & (pos >= rope0), "rope"),  # the cos/sin tables HF builds once per forward

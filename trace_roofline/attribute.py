@@ -655,7 +655,8 @@ def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArr
 
 def _segment_layers(name: np.ndarray, cats: pd.Index, grp: np.ndarray) -> pd.arrays.IntegerArray:
     """Count layers along each sequence: a new one starts where the stage order goes back, and
-    the count restarts at each embedding (several forward passes in one profiler step).
+    the count restarts at each embedding, or after an lm_head (several forward passes in one
+    profiler step; torch.compile fuses the embedding into the first norm).
 
     `name` holds codes into `cats` (-1: none); rows are sorted by `grp` (then launch time), so
     a group, and a forward pass inside it, is a run of rows."""
@@ -663,7 +664,9 @@ def _segment_layers(name: np.ndarray, cats: pd.Index, grp: np.ndarray) -> pd.arr
     emb = np.append(cats == operators.EMBEDDING.name, False)[name]
     new_grp = np.r_[True, grp[1:] != grp[:-1]]
     first_emb = emb & ~np.r_[False, emb[:-1] & ~new_grp[1:]]  # not after one in its group
-    seq = np.cumsum(new_grp | first_emb) - 1  # one forward pass of one group
+    head = np.append(cats == "lm_head", False)[name]
+    after_head = np.r_[False, head[:-1] & ~head[1:]]  # the next pass, its embedding fused away
+    seq = np.cumsum(new_grp | first_emb | after_head) - 1  # one forward pass of one group
     stage = np.append(pd.Series(cats, dtype=object).map(operators.STAGES).to_numpy(np.float64),
                       np.nan)[name]
     staged = np.flatnonzero(~np.isnan(stage))

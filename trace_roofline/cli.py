@@ -47,6 +47,7 @@ FLAGS = {
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
     "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
+    "graph_map": "--graph-map",
 }
 # A parameter is a flag in backquotes, as the subject (`layers must`, `layers=`), before its
 # quoted value (`device 'tpu'`) or as the object of a requirement (`needs model`); elsewhere the
@@ -212,8 +213,18 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
     cache = None if args.no_cache else TraceCache()
+    shapes = None
+    if (args.batch is None) != (args.context is None):
+        raise InputError("--batch and --context go together (the decode shapes of graph replays)")
+    if args.batch is not None:
+        from trace_roofline.graphs import DecodeShapes
+
+        if model is None:
+            raise InputError("--batch/--context need --model (the shapes of its linears)")
+        shapes = DecodeShapes(args.batch, args.context)
     options = dict(causal=args.causal, attention_bytes=args.attention_bytes, layers=args.layers,
-                   by_shape=args.by_shape, force=args.force, tp=args.tp)
+                   by_shape=args.by_shape, force=args.force, tp=args.tp,
+                   graph_map=args.graph_map, decode_shapes=shapes)
     if args.perfetto:  # the Trace is kept here: the enriched file needs its tables and attribution
         if len(traces) != 1:
             raise InputError(f"--perfetto takes one trace, got {len(traces)}")
@@ -247,7 +258,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         outputs |= _html_report(out, analyses)
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
         if args.perfetto:
-            _write_perfetto(stack, Path(args.perfetto), traces[0], model, analyses[0])
+            _write_perfetto(stack, Path(args.perfetto), traces[0], model, analyses[0],
+                            args.graph_map, shapes)
             text += f"\n\nwrote {args.perfetto} (open it in ui.perfetto.dev)"
         if outputs:
             written = write_files(outputs)
@@ -270,14 +282,16 @@ def _html_report(out: Path, analyses) -> dict[Path, bytes]:
         return {}
 
 
-def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis) -> None:
+def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis,
+                    graph_map=None, shapes=None) -> None:
     """Stream the enriched trace into a staged file (gzip when the name ends in .gz)."""
-    from trace_roofline.attribute import attribute
     from trace_roofline.perfetto import enriched_trace
+    from trace_roofline.pipeline import attribute_trace
 
+    attributed = attribute_trace(trace, model, graph_map=graph_map, decode_shapes=shapes)[0]
     f = stack.enter_context(staged_file(path))
     out = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) if path.suffix == ".gz" else f
-    for chunk in enriched_trace(trace, attribute(trace, model), analysis):
+    for chunk in enriched_trace(trace, attributed, analysis):
         out.write(chunk)
     if out is not f:
         out.close()
@@ -388,6 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
+    p.add_argument("--graph-map", metavar="EAGER_TRACE",
+                   help="eager (graphs off) trace of the same step, named with the same "
+                        "--model: names and shapes for CUDA-graph replays (default: none: the "
+                        "trace's own eager passes or capture, else kernel names)")
+    p.add_argument("--batch", type=int,
+                   help="decode batch B of CUDA-graph replays named from kernel names, to cost "
+                        "them, with --context (default: none: named, uncosted)")
+    p.add_argument("--context", type=int,
+                   help="keys S each decode query attends to, with --batch (default: none)")
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md/.html, "
                                  "roofline.png/.svg (default: print only)")
     p.add_argument("--json", help="also write report.json to this path (default: none)")

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from trace_roofline import graphs, passes
 from trace_roofline import ncu as ncu_csv
 from trace_roofline.attribute import attribute
+from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
@@ -40,6 +42,8 @@ def analyze_trace(
     ncu: str | os.PathLike | None = None,
     by_shape: bool = False,
     force: bool = False,
+    graph_map: Trace | str | os.PathLike | None = None,
+    decode_shapes: graphs.DecodeShapes | None = None,
     progress: Progress | None = None,
     cache: TraceCache | None = None,
     tp: int | None = None,
@@ -56,6 +60,11 @@ def analyze_trace(
     its own shapes against `model.shard(tp)`. Collectives that do not record their group size
     take tp (> 1), else `distributedInfo.world_size`.
     Shapes that contradict `model` are an InputError unless `force` (roofline.analyze).
+    CUDA-graph replays are named by `graphs.name_replays`: from `graph_map` (an eager trace of
+    the same step, attributed with the same model) when given, else from the trace's own eager
+    passes or capture, else from the model and the kernel names, costed there from
+    `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
+    phase (`passes.annotate`); `Analysis.passes` and `.graphs` say what was found.
     """
     attributed = None
     if model is not None and tp is not None:
@@ -70,14 +79,19 @@ def analyze_trace(
     if model is not None:  # attribute() names GEMMs as the shard the shapes show
         more = infer_tp(gemm_shapes(trace), model)
         model, tp = model.shard(more), (tp or 1) * more
+    attributed, replays, found = attribute_trace(trace, model, attributed=attributed,
+                                                 graph_map=graph_map,
+                                                 decode_shapes=decode_shapes, progress=progress)
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
     common = dict(trace=trace.path, causal=causal, attention_bytes=attention_bytes,
                   layers=layers, by_shape=by_shape, tp=tp, group_size=group, force=force)
+    extra = {"passes": found.table, "graphs": replays,
+             "distributed": info if isinstance(info, dict) else None}
     if ncu is None:
-        return dataclasses.replace(analyze(attributed, model, hw, **common),
-                                   distributed=info if isinstance(info, dict) else None)
+        a = analyze(attributed, model, hw, **common)
+        return dataclasses.replace(a, warnings=_with_graph_flags(a, replays), **extra)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, measured=ncu_csv.measured_by_operator(matched), **common)
@@ -86,7 +100,41 @@ def analyze_trace(
     flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
-    return dataclasses.replace(a, ncu=summary, distributed=info if isinstance(info, dict) else None)
+    return dataclasses.replace(a, ncu=summary, warnings=_with_graph_flags(a, replays), **extra)
+
+
+def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None) -> tuple[str, ...]:
+    """The analysis's warnings plus each refused or unused graph mapping."""
+    return (*a.warnings, *(replays.flags if replays is not None else ()))
+
+
+def attribute_trace(
+    trace: Trace,
+    model: ModelSpec | None = None,
+    *,
+    attributed: pd.DataFrame | None = None,
+    graph_map: Trace | str | os.PathLike | None = None,
+    decode_shapes: graphs.DecodeShapes | None = None,
+    progress: Progress | None = None,
+) -> tuple[pd.DataFrame, graphs.GraphReport | None, passes.Passes]:
+    """Every kernel of `trace` with its operator, layer, evidence, forward pass (`step`) and
+    phase: `attribute` (or `attributed`, its table already at hand), then CUDA-graph replays
+    named (`graphs.name_replays`: from `graph_map`, an eager trace of the same step attributed
+    with the same model, when given), then the passes (`passes.annotate`). Returns the table,
+    the replays' report (None without replays) and the passes."""
+    if decode_shapes is not None and model is None:
+        raise InputError("decode shapes need `model` (the shapes of its linears)")
+    mapping = None
+    if graph_map is not None:
+        m_trace = graph_map if isinstance(graph_map, Trace) else load_trace(graph_map,
+                                                                            progress=progress)
+        mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
+    if attributed is None:
+        attributed = attribute(trace, model)
+    attributed, replays = graphs.name_replays(trace, attributed, model, mapping=mapping,
+                                              shapes=decode_shapes)
+    attributed, found = passes.annotate(attributed)
+    return attributed, replays, found
 
 
 def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:

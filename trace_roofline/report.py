@@ -205,12 +205,13 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     if _flagged(a.operators["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
     lines += _communication_lines(a)
+    lines += passes_lines(a) + graphs_lines(a)
     lines.append(_coverage_line(a))
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
-                     f"({phase}, per step): {si(ext['flops'], 'FLOP')}, "
+                     f"({phase}, per forward pass): {si(ext['flops'], 'FLOP')}, "
                      f"{si(ext['bytes'], 'B')}, intensity {ext['intensity']:.2f} FLOP/B")
     if per_layer:
         lines += ["", *_per_layer_blocks(a, agg, width, measured)]
@@ -331,6 +332,36 @@ def withheld_text(w: dict) -> str:
             "(see the warning above)")
 
 
+def passes_lines(a: Analysis) -> list[str]:
+    """How many forward passes each phase holds, and that its figures are sums over them."""
+    t = a.passes
+    if t is None or t.empty:
+        return []
+    parts = []
+    for phase, g in t.groupby("phase", sort=False):
+        lo, hi = g["T_min"].min(), g["T_max"].max()
+        tokens = "" if pd.isna(lo) else f" (T={lo})" if lo == hi else f" (T={lo}..{hi})"
+        parts.append(f"{len(g)} {phase}{tokens}")
+    evidence = ", ".join(sorted(t["evidence"].unique()))
+    return [f"forward passes: {', '.join(parts)} (phase from {evidence}); each phase's time, "
+            "FLOPs and bytes are summed over its passes (per pass: divide by their number)"]
+
+
+def graphs_lines(a: Analysis) -> list[str]:
+    """CUDA-graph replays: how much of their time was named and costed, on what evidence (a
+    refused mapping is among the analysis's warnings)."""
+    g = a.graphs
+    if g is None:
+        return []
+    methods = ", ".join(f"{r.method}" + (f" ({r.template})" if isinstance(r.template, str) else "")
+                        for r in g.graphs.itertuples())
+    share = (lambda us: us / g.time_us) if g.time_us else (lambda us: math.nan)
+    return [f"CUDA graphs: {g.replays} replay(s) of {len(g.graphs)} graph(s), {g.kernels} "
+            f"kernels, {duration(g.time_us)}; named {_pct(g.named_fraction)} of their time "
+            f"({_pct(share(g.matched_time_us))} by an aligned eager kernel of the same name), "
+            f"costed {_pct(share(g.costed_time_us))}; evidence: {methods}"]
+
+
 # --------------------------------------------------------------------------------- JSON
 def report_dict(analyses: Sequence[Analysis], ranks: dict | None = None) -> dict[str, object]:
     """report.json: {"schema_version": 2, "traces": [one entry per analysis]} and, for a set of
@@ -368,6 +399,20 @@ def _entry(a: Analysis) -> dict[str, object]:
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
         "communication": {p: dict(c) for p, c in a.communication.items()},
     }
+    if a.passes is not None:
+        entry["forward_passes"] = {
+            "per_phase": {str(k): int(v) for k, v in a.passes["phase"].value_counts(sort=False).items()},
+            "figures_are": "sums over each phase's passes",
+            "passes": _records(a.passes),
+        }
+    if a.graphs is not None:
+        g = a.graphs
+        entry["cuda_graphs"] = {
+            "replays": g.replays, "kernels": g.kernels, "time_us": g.time_us,
+            "named_time_us": g.named_time_us, "named_fraction": g.named_fraction,
+            "matched_time_us": g.matched_time_us, "costed_time_us": g.costed_time_us,
+            "flags": list(g.flags), "graphs": _records(g.graphs),
+        }
     if a.ncu is not None:
         entry["ncu"] = dict(a.ncu)
     if a.extrapolated is not None:
@@ -458,7 +503,8 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         out += [f"![roofline]({chart})", ""]
     for a in analyses:
         out += [f"## {a.trace}", "", f"- {_hardware_line(a)}", f"- conventions: {conventions_line(a)}",
-                f"- {_coverage_line(a)}", *[f"- {c}" for c in _communication_lines(a)]]
+                f"- {_coverage_line(a)}", *(f"- {x}" for x in passes_lines(a) + graphs_lines(a)),
+                *[f"- {c}" for c in _communication_lines(a)]]
         if a.model:
             out.append(f"- model: {a.model.name}" + (f", tp {a.tp}" if a.tp is not None else ""))
         shapes = shapes_line(a)
@@ -500,7 +546,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                        f"**{_fmt(math.fsum(rec['contribution']), '.4f')}** |")
         if a.extrapolated is not None:
             out += ["", f"### Extrapolated to {a.layers} layers + embedding, final norm, lm_head"
-                    " (one step)", "",
+                    " (one forward pass)", "",
                     "| phase | operator | source | FLOPs | bytes | FLOP/B | byte share | contribution |",
                     "|---|---|---|---|---|---|---|---|"]
             for r in a.extrapolated.itertuples():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,9 @@ from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
 from trace_roofline.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, OPERATORS
 from trace_roofline.shapes import attach_costs, model_level_costs
+
+if TYPE_CHECKING:
+    from trace_roofline.graphs import GraphReport
 
 # One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
 OPERATOR_COLUMNS = {
@@ -112,6 +116,8 @@ class Analysis:
     extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
     extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
     ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
+    passes: pd.DataFrame | None = None  # passes.PASS_COLUMNS: the forward passes and phases
+    graphs: GraphReport | None = None  # CUDA-graph replays and how they were named
     # what the numbers cannot be trusted for (`analyze`), said before any table
     warnings: tuple[str, ...] = ()
     tp: int | None = None  # tensor-parallel degree of the rank's shards (None: no model to tell)

@@ -90,7 +90,7 @@ COSTED_COLUMNS = {
     "evidence": "str",  # how it was named (attribute.EVIDENCE); fallback when not recorded
     "layer": "Int64",
     "step": "Int64",
-    "phase": "str",  # decode|prefill of the instance's step (from its attention), else unknown
+    "phase": "str",  # prefill|decode|mixed of the instance's forward pass (passes.py), else unknown
     "kernels": "int64",  # device rows (kernels, memcpy, memset) of the instance
     "ts_us": "float64",  # first kernel start
     "time_us": "float64",  # Σ dur_us of the instance's kernels
@@ -284,7 +284,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     # An op whose kernels were attributed to several rows is costed once, on its first row.
     again = out["op_id"].notna() & out["op_id"].duplicated() & out["flops"].notna()
     out.loc[again, ["flops", "bytes"]] = 0.0
-    out["phase"] = _phases(out)
+    # the forward pass's phase (passes.annotate) when the table has it, else per step
+    out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     out["check"] = crosscheck.instance_checks(out, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
@@ -320,6 +321,9 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     })
     first = ["op_id", "operator", "evidence", "layer", "step", "op_name", "input_dims",
              "input_types", "concrete_inputs", "input_strides", "kernel"]
+    if "phase" in att:  # the forward pass's phase (passes.annotate)
+        work["phase"] = att["phase"].to_numpy()
+        first.append("phase")
     inst = work.groupby("instance", sort=False).agg(
         **{c: (c, "first") for c in first}, kernels=("dur_us", "size"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),

@@ -1,0 +1,834 @@
+"""CUDA-graph replays: name, and where shapes are known cost, the kernels a graph launch replays.
+
+A replayed kernel hangs off one `cudaGraphLaunch` (its `correlation` is the launch's) with no cpu
+op and no shapes, so `attribute` leaves it unattributed (torch.CUDAGraph.replay: no External id)
+or, worse, names it after the op around the launch (torch.compile's cudagraph trees: the
+External id of that op); `name_replays` replaces either.
+Left are its name, its place in the replay, its grid and its duration. `name_replays` works per
+*graph*, a distinct replayed kernel sequence (every replay of one captured graph launches the
+same kernels in the same order): each graph is worked out once and the result is broadcast to
+its replays, so the cost is linear in kernels. Evidence, best first (`evidence` of the rows;
+`fallback` for a name outside the vocabulary, `other`, or none):
+
+1. `graph_map`: the kernels of an eager forward pass of the same step, from a mapping trace
+   (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step; `mapping_from`) or,
+   without one, from the replay trace's own eager passes (the warm-up before the capture; used
+   only when they match >= OWN_PASS_MATCH of the graph's kernels; a mapping trace matching
+   < MAPPING_MATCH of them is not the replayed step and is not used, with a flag). Passes come
+   from `passes.forward_passes`; without model structure each ProfilerStep (else the whole
+   eager sequence) is one. The graph's kernel-name sequence is aligned with each eager pass's:
+   a longest common subsequence inside a band of BAND kernels around the diagonal (plus the
+   length difference), O((n + m)·w), never O(n·m); the pass sharing the most kernels is the
+   template. A matched kernel takes its eager twin's operator, layer, op name and Input Dims /
+   types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op instance becomes
+   one `instance` per replay (op_id stays NA: no cpu op of this trace launched it). Unmatched
+   split-K reduces join the kernel before them, unmatched memsets / memcpys the kernel after
+   them (`attached`).
+   Shape check: the step and its mapping must launch the same grids. A matched kernel with
+   another grid outside attention means another batch (elementwise grids scale with B·H, GEMM
+   grids with M): every carried shape is dropped and a flag says why (names stay: the order
+   matched); another grid inside attention only means another context length: attention's
+   shapes are dropped. With `shapes` given, a template whose q_proj M differs from the batch is
+   refused the same way.
+   Last, the capture itself (`capture_mapping`): the launches between cudaStreamBeginCapture
+   and cudaStreamEndCapture ran no kernel but their cpu ops carry shapes; a capture with as
+   many launches as the graph has kernels names kernel k by launch k, when the GEMM,
+   fused-attention and memset kernels sit where the capture launched those kinds of op.
+2. `kernel_name`: no usable mapping: the model and the kernel sequence alone. Kernels are
+   classified by name (KERNEL_OPS: GEMM libraries, fused attention, Triton, at::native
+   functors); fused-attention kernels in runs mark the layers; the GEMMs between them must come
+   in the model's per-layer count (q, k, v | qkv before attention; o, gate, up | gate_up, down
+   after it) and be named in that order, the GEMM after the last layer is lm_head; every layer
+   (first projection .. down_proj) must repeat the same GEMM and attention kernels in the same
+   order, and share >= LAYER_MATCH of its kernels with the last layer in order (Triton kernels
+   compared without their numeric suffix). At least two layers are required.
+   The rest is named as in eager traces from its place between these anchors and its kernel's
+   op (`_naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
+   sequence is never named.
+Costs for `kernel_name` graphs (and for graph_map graphs whose shapes were refused) come only
+from `shapes` (--batch B --context S, decode: T = 1): the projections as [B, K] x [K, N], lm_head
+[B, H] x [H, V], attention Q [B, n_q, 1, d] over K, V [B, n_kv, S, d]; the other operators stay
+named but uncosted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trace_roofline import _naming, dtypes, operators
+from trace_roofline.attribute import attribute
+from trace_roofline.errors import InputError
+from trace_roofline.models import ModelSpec
+from trace_roofline.passes import _decode, _gemm_m, forward_passes
+from trace_roofline.trace import Trace
+
+GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
+BAND = 64  # kernels either side of the diagonal the alignment may stray
+MAPPING_MATCH = 0.8  # share of a graph's kernels a mapping's best pass must match by name
+OWN_PASS_MATCH = 0.9  # the same for the replay trace's own eager passes
+LAYER_MATCH = 0.75  # share of a layer's kernels that must repeat in the last layer (kernel_name)
+CARRIED = ("operator", "op_name", "input_dims", "input_types", "concrete_inputs",
+           "input_strides")
+_REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk")
+_TRITON_SUFFIX = re.compile(r"_\d+$")
+
+# Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order.
+KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
+    (r"simt_sgemm|_sgemm_", "fp32_gemm"),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
+    (r"^triton_tem_fused_(?:addmm|mm)", "gemm"),
+    (r"flash_fwd|flash_fprop|fmha|_sdpa_|attention|attn_fwd|flashinfer|lean_reduction",
+     "aten::scaled_dot_product_attention"),
+    (r"^triton_", ""),  # the Triton kernel's own name (its fused ops)
+    (r"nvjet|gemm|cutlass|xmma|cublas|wgmma", "gemm"),
+    (r"indexSelect|embedding", "aten::embedding"),
+    (r"index_copy_kernel", "aten::index_copy_"),
+    (r"index_put_kernel", "aten::index_put_"),
+    (r"CatArrayBatchedCopy", "aten::cat"),
+    (r"MeanOps", "aten::mean"),
+    (r"pow_tensor_scalar|pow_kernel", "aten::pow"),
+    (r"rsqrt_kernel", "aten::rsqrt"),
+    (r"silu_kernel", "aten::silu"),
+    (r"gelu_kernel", "aten::gelu"),
+    (r"neg_kernel", "aten::neg"),
+    (r"cos_kernel", "aten::cos"),
+    (r"sin_kernel", "aten::sin"),
+    (r"CUDAFunctor_add|CUDAFunctorOnSelf_add|AddFunctor", "aten::add"),
+    (r"MulFunctor", "aten::mul"),
+    (r"copy_kernel", "aten::_to_copy"),
+    (r"ArgMaxOps", "aten::argmax"),
+    (r"softmax", "aten::_softmax"),
+))
+_GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
+             "_scaled_mm"}
+_PRE = {3: ("q_proj", "k_proj", "v_proj"), 1: ("qkv_proj",)}
+_POST = {4: ("o_proj", "gate_proj", "up_proj", "down_proj"), 3: ("o_proj", "gate_up_proj",
+                                                                  "down_proj")}
+
+
+@dataclass(frozen=True)
+class DecodeShapes:
+    """Shapes the user gives for replayed decode steps: B sequences, S keys per query."""
+
+    batch: int
+    context: int
+
+    def __post_init__(self) -> None:
+        for name, value in (("batch", self.batch), ("context", self.context)):
+            if value < 1:
+                raise InputError(f"{name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """The eager forward passes of a mapping trace, as templates: attributed rows in pass and
+    time order, with their grid, and the row range of each distinct kernel sequence."""
+
+    source: str
+    rows: pd.DataFrame  # CARRIED + layer, op_id, name, kind, grid
+    starts: np.ndarray  # template t = rows[starts[t]:starts[t + 1]]
+    positional: bool = False  # a capture: names unknown, kernel k is the k-th launch
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    """How the replayed kernels were named: totals and one row per graph (`GRAPH_COLUMNS`)."""
+
+    replays: int
+    kernels: int
+    time_us: float
+    named_kernels: int
+    named_time_us: float
+    matched_time_us: float  # named by an aligned eager twin of the same name
+    costed_time_us: float  # in instances that carry shapes
+    flags: tuple[str, ...]
+    graphs: pd.DataFrame
+
+    @property
+    def named_fraction(self) -> float:
+        return self.named_time_us / self.time_us if self.time_us else float("nan")
+
+
+GRAPH_COLUMNS = {
+    "graph": "int64",
+    "replays": "int64",
+    "kernels": "int64",  # per replay
+    "method": "str",  # graph_map | kernel_name | none
+    "template": "str",  # mapping source and pass, for graph_map
+    "matched": "int64",  # kernels per replay with an eager twin of the same name
+    "attached": "int64",  # split-K reduces / memsets joined to a neighbour
+    "named": "int64",
+    "grid_mismatch": "int64",  # matched kernels whose grid differs from the twin's
+    "time_us": "float64",  # all replays
+    "named_time_us": "float64",
+    "shapes": "str",  # mapping | user | none
+    "note": "str",
+}
+
+
+def replay_rows(trace: Trace) -> pd.DataFrame:
+    """Device rows launched by a CUDA-graph launch: row (index into trace.device), replay (one
+    per launch, in launch order), pos (order in the replay), ordered by replay then start."""
+    rt = trace.runtime
+    launch = _matches(rt["name"], GRAPH_LAUNCH)
+    corr = rt.loc[launch, "correlation"].dropna().astype("int64").to_numpy()
+    dev = trace.device
+    dc = dev["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
+    # torch.compile's cudagraph trees stamp the replayed kernels with the External id of the op
+    # around the launch: the correlation alone says they were replayed
+    rows = np.flatnonzero(np.isin(dc, corr))
+    c, ts = dc[rows], dev["ts_us"].to_numpy(np.float64)[rows]
+    first = pd.Series(ts).groupby(c).transform("min").to_numpy()
+    order = np.lexsort((ts, c, first))  # by the replay's first start, then within it by start
+    rows, c = rows[order], c[order]
+    new = np.r_[True, c[1:] != c[:-1]] if len(rows) else np.zeros(0, bool)
+    replay = np.cumsum(new) - 1
+    pos = np.arange(len(rows)) - np.maximum.accumulate(np.where(new, np.arange(len(rows)), 0))
+    return pd.DataFrame({"row": rows, "replay": replay, "pos": pos})
+
+
+def _matches(names: pd.Series, rx: re.Pattern) -> np.ndarray:
+    """rx.search per row of a name column, evaluated once per distinct name."""
+    c = pd.Categorical(names)
+    hit = pd.Series(np.asarray(c.categories, dtype=object)).str.contains(rx).to_numpy(bool)
+    return np.append(hit, False)[c.codes]
+
+
+def mapping_from(trace: Trace, attributed: pd.DataFrame) -> Mapping:
+    """Templates from an eager trace: its forward passes (replayed kernels left out), one per
+    distinct kernel-name sequence, in order of first occurrence."""
+    if len(attributed) != len(trace.device):
+        raise InputError(f"{trace.path}: a graph mapping needs a GPU trace")
+    keep = np.ones(len(attributed), bool)
+    keep[replay_rows(trace)["row"].to_numpy()] = False
+    att = attributed.assign(grid=trace.device["grid"].astype(object).to_numpy(),
+                            _row=np.arange(len(attributed)))[keep]
+    pid = np.asarray(forward_passes(att).pass_id.to_numpy(np.int64, na_value=-1))
+    if not (pid >= 0).any():  # no model structure: each ProfilerStep, else all, is one pass
+        pid = pd.factorize(att["step"].astype("Int64").to_numpy(np.float64, na_value=-1.0))[0]
+    att = att.assign(_pass=pid)[pid >= 0].sort_values(["_pass", "ts_us"], kind="stable")
+    names = pd.Categorical(att["name"].astype(object))
+    seq_pass = att["_pass"].to_numpy()
+    key = _sequence_keys(names.codes.astype(np.int64), seq_pass)
+    first_of = pd.Series(key).groupby(seq_pass).first()
+    distinct = first_of.drop_duplicates()
+    take = att["_pass"].isin(distinct.index.to_numpy()).to_numpy()
+    rows = att[take].reset_index(drop=True)
+    bounds = np.flatnonzero(np.r_[True, rows["_pass"].to_numpy()[1:] != rows["_pass"].to_numpy()[:-1]])
+    cols = [*CARRIED, "layer", "op_id", "name", "kind", "grid", "_pass"]
+    return Mapping(trace.path, rows[cols], np.r_[bounds, len(rows)])
+
+
+_CAPTURE_BEGIN = re.compile(r"StreamBeginCapture")
+_CAPTURE_END = re.compile(r"StreamEndCapture")
+_LAUNCH = re.compile(r"^(?:cu(?:da)?LaunchKernel(?:Ex|ExC)?(?:_v\d+)?|cudaMemsetAsync|cudaMemcpyAsync)")
+
+
+def capture_mapping(trace: Trace, model: ModelSpec | None = None) -> Mapping | None:
+    """Templates from graph captures in the trace itself: the kernel launches recorded between
+    a cudaStreamBeginCapture and its cudaStreamEndCapture on one thread (they ran no kernel;
+    their cpu ops carry the shapes), in launch order, one template per capture. They are named
+    by attributing them as if each had run a kernel at its launch (`attribute`, rows appended
+    to the device table), so a captured op gets the name and shapes its eager twin would."""
+    rt = trace.runtime.reset_index(drop=True)
+    is_begin = _matches(rt["name"], _CAPTURE_BEGIN)
+    if not is_begin.any():
+        return None
+    name = rt["name"].astype(object).fillna("")
+    thread = pd.factorize(pd.MultiIndex.from_arrays([rt["pid"].fillna(-1), rt["tid"].fillna(-1)]))[0]
+    ts = rt["ts_us"].to_numpy(np.float64)
+    begin = np.flatnonzero(is_begin)
+    end = np.flatnonzero(_matches(rt["name"], _CAPTURE_END))
+    ran = set(trace.device["correlation"].dropna().astype("int64").tolist())
+    corr = rt["correlation"].astype("Int64").to_numpy(np.int64, na_value=-1)
+    launch = _matches(rt["name"], _LAUNCH) & ~np.isin(corr, list(ran)) & (corr >= 0)
+    capture = np.full(len(rt), -1, dtype=np.int64)
+    for k, b in enumerate(begin):  # captures are few: one loop step each
+        e = end[(thread[end] == thread[b]) & (ts[end] > ts[b])]
+        if len(e):
+            inside = launch & (thread == thread[b]) & (ts > ts[b]) & (ts < ts[e].min())
+            capture[inside] = k
+    rows = np.flatnonzero(capture >= 0)
+    if not len(rows):
+        return None
+    dev = trace.device
+    kind = np.where(name.to_numpy()[rows] == "cudaMemsetAsync", "memset",
+                    np.where(name.to_numpy()[rows] == "cudaMemcpyAsync", "memcpy", "kernel"))
+    fake = pd.DataFrame({
+        "event_id": -1 - np.arange(len(rows)), "name": "captured launch", "kind": kind,
+        "pid": dev["pid"].iloc[0] if len(dev) else pd.NA, "device": 0, "stream": -1,
+        "ts_us": ts[rows], "dur_us": 0.0, "correlation": corr[rows],
+        "external_id": rt["external_id"].to_numpy()[rows], "grid": None, "block": None,
+    })
+    fake = fake.astype({c: t for c, t in dev.dtypes.items() if str(t) != "category"})
+    both = pd.concat([dev.astype({c: object for c, t in dev.dtypes.items()
+                                  if str(t) == "category"}), fake], ignore_index=True)
+    att = attribute(dataclasses.replace(trace, device=both), model).iloc[len(dev):]
+    att = att.assign(grid=None, _pass=capture[rows], _t=ts[rows])
+    att = att.sort_values(["_pass", "_t"], kind="stable").reset_index(drop=True)
+    cols = [*CARRIED, "layer", "op_id", "name", "kind", "grid", "_pass"]
+    p = att["_pass"].to_numpy()
+    bounds = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+    return Mapping(f"{trace.path} (capture)", att[cols], np.r_[bounds, len(att)], positional=True)
+
+
+def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None = None,
+                 mapping: Mapping | None = None, shapes: DecodeShapes | None = None
+                 ) -> tuple[pd.DataFrame, GraphReport | None]:
+    """Name the replayed kernels of `attributed` (attribute(trace)'s table); None when the trace
+    holds no replays. Rows outside replays are returned unchanged."""
+    rr = replay_rows(trace)
+    if rr.empty:
+        return attributed, None
+    if len(attributed) != len(trace.device):
+        raise InputError(f"{trace.path}: attributed table does not match the trace's kernels")
+    rows = rr["row"].to_numpy()
+    if mapping is not None:
+        candidates = [(mapping, MAPPING_MATCH, True)]
+    else:
+        own, cap = _own_mapping(trace, attributed), capture_mapping(trace, model)
+        candidates = [(own, OWN_PASS_MATCH, False)] * (own is not None)
+        candidates += [(cap, 1.0, False)] * (cap is not None)
+    dev = trace.device
+    names = dev["name"].cat
+    vocab = names.categories.astype(object)
+    for m, _, _ in candidates:
+        vocab = vocab.append(pd.Index(m.rows["name"].astype(object).unique())).unique()
+    codes = np.append(vocab.get_indexer(names.categories.astype(object)), -1)[
+        names.codes.to_numpy()[rows]]
+    replay = rr["replay"].to_numpy()
+    graph, reps = _graphs(codes, replay)
+    starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
+    results, per_graph, flags = [], [], []
+    for r in reps:
+        seq = slice(starts[r], starts[r + 1] if r + 1 < len(starts) else len(rows))
+        at = rows[seq]
+        res, info = _name_graph(codes[seq], vocab[codes[seq]].to_numpy(dtype=object),
+                                dev["kind"].astype(object).to_numpy()[at],
+                                dev["grid"].astype(object).to_numpy()[at], vocab,
+                                candidates, model, shapes)
+        results.append(res)
+        flags.extend(info.pop("flags"))
+        per_graph.append(info)
+    out, how = _write(attributed, rr, graph, results)
+    return out, _report(out, rr, graph, how, per_graph, flags)
+
+
+# ----------------------------------------------------------------------------------------------
+# Graphs: distinct replayed sequences
+# ----------------------------------------------------------------------------------------------
+def _sequence_keys(codes: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Per row, a key of its whole sequence (rows of one sequence are contiguous): two
+    position-weighted 64-bit hashes and the length, equal for equal sequences."""
+    n = len(codes)
+    new = np.r_[True, seq[1:] != seq[:-1]] if n else np.zeros(0, bool)
+    start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    pos = np.arange(n) - start
+    rng = np.random.default_rng(0x5EED)
+    width = int(pos.max()) + 1 if n else 0
+    w1, w2 = (rng.integers(1, 2**63, size=width, dtype=np.uint64) | np.uint64(1)
+              for _ in range(2))
+    c = codes.astype(np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        h1 = np.add.reduceat(c * w1[pos], np.flatnonzero(new)) if n else np.zeros(0, np.uint64)
+        h2 = np.add.reduceat(c * c * w2[pos], np.flatnonzero(new)) if n else h1
+    length = np.diff(np.r_[np.flatnonzero(new), n])
+    keys = pd.MultiIndex.from_arrays([h1, h2, length])
+    per_seq = pd.factorize(keys)[0]
+    return np.repeat(per_seq, length)
+
+
+def _graphs(codes: np.ndarray, replay: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Graph number per row and the first replay of each graph; each replay is checked equal
+    to its graph's first replay, kernel for kernel."""
+    key = _sequence_keys(codes, replay)
+    starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
+    per_replay = key[starts]
+    graph_of_replay, _ = pd.factorize(per_replay)
+    reps = pd.Series(np.arange(len(starts))).groupby(graph_of_replay).first().tolist()
+    graph = np.repeat(graph_of_replay, np.diff(np.r_[starts, len(codes)]))
+    pos = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    rep_start = starts[np.asarray(reps)[graph]]
+    if not np.array_equal(codes, codes[rep_start + pos]):
+        raise AssertionError("replays of one graph key differ: hash collision")
+    return graph, reps
+
+
+# ----------------------------------------------------------------------------------------------
+# One graph
+# ----------------------------------------------------------------------------------------------
+def _own_mapping(trace: Trace, attributed: pd.DataFrame) -> Mapping | None:
+    """The replay trace's own eager passes (kernels not replayed) as templates, if any."""
+    try:
+        m = mapping_from(trace, attributed)
+    except InputError:
+        return None
+    return m if len(m.rows) else None
+
+
+def _name_graph(codes, names, kinds, grids, vocab, candidates, model, shapes):
+    """(position table, info) of one graph: the position table has one row per kernel of the
+    replay with CARRIED, layer, inst (instance within the replay, -1 none), evidence, how.
+    `candidates`: (Mapping, needed match share, explicit) to try in order."""
+    info = _fresh_info()
+    for m, need, explicit in candidates:
+        res = (_by_capture(names, kinds, m, info) if m.positional
+               else _by_mapping(codes, kinds, grids, vocab, m, model, shapes, info))
+        if res is not None and info["matched"] >= need * len(codes):
+            return res, info
+        flags = [f"graph mapping {m.source}: its best pass matches {info['matched']} of the "
+                 f"graph's {len(codes)} kernels (< {need:.0%}): not the replayed step, not "
+                 "used"] if explicit else []
+        info = _fresh_info(flags)
+    res = _by_kernel_names(names, kinds, model, shapes, info)
+    if res is not None:
+        return res, info
+    return _empty(len(codes)), info
+
+
+def _fresh_info(flags: list[str] | None = None) -> dict:
+    return {"method": "none", "template": None, "matched": 0, "attached": 0,
+            "grid_mismatch": 0, "shapes": "none", "note": None, "flags": flags or []}
+
+
+def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
+    """The capture with as many launches as the replay has kernels, kernel k = launch k, when
+    every GEMM / fused-attention / memset kernel sits where the capture launched that kind."""
+    n = len(names)
+    op = kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object)
+    for t in range(len(m.starts) - 1):
+        tmpl = m.rows.iloc[m.starts[t]:m.starts[t + 1]].reset_index(drop=True)
+        if len(tmpl) != n:
+            continue
+        base = tmpl["op_name"].astype(object).fillna("").str.rsplit("::", n=1).str[-1]
+        t_gemm = base.isin(_GEMM_OPS).to_numpy()
+        t_attn = operators.recognise(operators.ATTENTION, base).to_numpy()
+        fits = ((op == "gemm") <= t_gemm) & ((op == "aten::scaled_dot_product_attention")
+                                             <= t_attn)
+        fits &= (kinds == "memset") == (tmpl["kind"].to_numpy(dtype=object) == "memset")
+        if not fits.all():
+            continue
+        res = _empty(n)
+        for c in (*CARRIED, "layer"):
+            res[c] = tmpl[c].to_numpy(dtype=object) if c != "layer" else tmpl[c].array
+        res["inst"] = pd.factorize(tmpl["op_id"].astype("Int64").to_numpy(
+            np.float64, na_value=np.nan))[0]
+        res["evidence"] = "graph_map"
+        res["how"] = "matched"
+        info.update(method="graph_map", template=f"{m.source} {t}", matched=n, shapes="mapping")
+        return res
+    return None
+
+
+def _empty(n: int) -> pd.DataFrame:
+    t = pd.DataFrame({c: pd.Series([None] * n, dtype=object) for c in CARRIED})
+    t["operator"] = "unattributed"
+    t["layer"] = pd.array([pd.NA] * n, dtype="Int64")
+    t["inst"] = np.full(n, -1, np.int64)
+    t["evidence"] = operators.FALLBACK
+    t["how"] = "none"
+    return t
+
+
+def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
+                ) -> pd.DataFrame | None:
+    """Align with the best template; carry names and (checked) shapes."""
+    t_codes = vocab.get_indexer(m.rows["name"].astype(object).to_numpy())
+    best, best_n = None, 0
+    for t in range(len(m.starts) - 1):
+        tc = t_codes[m.starts[t]:m.starts[t + 1]]
+        if len(tc) > 8 * len(codes) + BAND:  # too long to be this step: keeps align linear
+            continue
+        common = np.minimum(np.bincount(codes, minlength=len(vocab)),
+                            np.bincount(tc, minlength=len(vocab))).sum()
+        if common > best_n:
+            best, best_n = t, common
+    if best is None:
+        return None
+    lo, hi = m.starts[best], m.starts[best + 1]
+    tc = t_codes[lo:hi]
+    match = align(codes, tc)
+    tmpl = m.rows.iloc[lo:hi].reset_index(drop=True)
+    n = len(codes)
+    src = match.copy()
+    how = np.where(match >= 0, "matched", "none").astype(object)
+    # unmatched split-K reduces join the kernel before, memsets / memcpys the kernel after
+    reduce_ = pd.Series(vocab[codes]).str.contains(_REDUCE).to_numpy() & (match < 0)
+    copy_ = np.isin(kinds, ["memset", "memcpy"]) & (match < 0)
+    prev = _ffill(src, forward=True)
+    nxt = _ffill(src, forward=False)
+    src = np.where(reduce_ & (prev >= 0), prev, src)
+    src = np.where(copy_ & (nxt >= 0), nxt, src)
+    how = np.where((how == "none") & (src >= 0), "attached", how)
+    res = _empty(n)
+    ok = src >= 0
+    for c in (*CARRIED, "layer"):
+        vals = tmpl[c].to_numpy(dtype=object if c != "layer" else None)
+        res.loc[ok, c] = vals[src[ok]] if c != "layer" else tmpl[c].array.take(src[ok])
+    inst = pd.factorize(pd.Series(tmpl["op_id"].astype("Int64").to_numpy(
+        np.float64, na_value=np.nan)).fillna(pd.Series(-1.0 - np.arange(len(tmpl)))))[0]
+    res["inst"] = np.where(ok, inst[np.maximum(src, 0)], -1)
+    res["evidence"] = np.where(ok, "graph_map", operators.FALLBACK)
+    res["how"] = how
+    info.update(method="graph_map", template=f"{m.source} pass {int(tmpl['_pass'].iloc[0])}",
+                matched=int((how == "matched").sum()), attached=int((how == "attached").sum()))
+    _check_shapes(res, match, grids, tmpl, model, shapes, info)
+    return res
+
+
+def _ffill(src: np.ndarray, forward: bool) -> np.ndarray:
+    """Per position, the last (forward) or next matched template index, -1 if none."""
+    n = len(src)
+    idx = np.arange(n) if forward else np.arange(n)[::-1]
+    s = src[idx]
+    at = np.maximum.accumulate(np.where(s >= 0, np.arange(n), -1))
+    out = np.where(at >= 0, s[np.maximum(at, 0)], -1)
+    return out if forward else out[::-1]
+
+
+def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
+    """Drop carried shapes the replay does not share (module docstring, shape check)."""
+    ok = match >= 0
+    t_grid = tmpl["grid"].to_numpy(dtype=object)
+    differ = ok & (grids.astype(str) != np.where(ok, t_grid[np.maximum(match, 0)], "").astype(str))
+    info["grid_mismatch"] = int(differ.sum())
+    in_attn = res["operator"].to_numpy(dtype=object) == "attention"
+    refuse, why = False, None
+    if (differ & ~in_attn).any():
+        i = int(np.flatnonzero(differ & ~in_attn)[0])
+        refuse = True
+        why = (f"{int((differ & ~in_attn).sum())} kernels launch other grids than in the mapping "
+               f"(e.g. {res['operator'].iloc[i]} {grids[i]} vs {t_grid[match[i]]}): "
+               "another batch; names carried, shapes and costs not")
+    elif differ.any():
+        res.loc[in_attn, ["op_name", "input_dims", "input_types", "concrete_inputs",
+                          "input_strides"]] = None
+        why = (f"{int(differ.sum())} attention kernels launch other grids than in the mapping: "
+               "another context length; attention named but uncosted")
+    if shapes is not None and not refuse:
+        m = _template_m(tmpl)
+        if m is not None and m != shapes.batch:
+            refuse = True
+            why = (f"the mapping's q_proj has M = {m} tokens but the given decode batch is "
+                   f"{shapes.batch}: "
+                   "names carried, the mapping's shapes not")
+    info["shapes"] = "mapping"
+    if refuse:
+        res.loc[:, ["op_name", "input_dims", "input_types", "concrete_inputs",
+                    "input_strides"]] = None
+        info["shapes"] = "none"
+        if shapes is not None and model is not None:
+            user_shapes(res, model, shapes)
+            info["shapes"] = "user"
+            why += "; costed from the given decode shapes instead"
+    if why:
+        info["note"] = why
+        info["flags"].append(f"graph mapping {info['template']}: {why}")
+
+
+def _template_m(tmpl: pd.DataFrame) -> int | None:
+    """Tokens (M) of the template's first q_proj / qkv_proj, from its Input Dims."""
+    q = tmpl[tmpl["operator"].isin(["q_proj", "qkv_proj"]) & tmpl["input_dims"].notna()]
+    if q.empty:
+        return None
+    dims = _decode(str(q["input_dims"].iloc[0]))
+    return _gemm_m(str(q["op_name"].iloc[0]), dims) if dims else None
+
+
+def align(a: np.ndarray, b: np.ndarray, band: int = BAND) -> np.ndarray:
+    """For each position of `a`, its partner in `b` (-1: none) in a longest common subsequence
+    of the two code sequences whose path stays within `band` of the diagonal band between
+    (0, 0) and (len(a), len(b)). O((n + m)·(|n - m| + 2·band)) time and memory."""
+    n, m = len(a), len(b)
+    out = np.full(n, -1, dtype=np.int64)
+    if n == m and np.array_equal(a, b):
+        return np.arange(n)
+    if not n or not m:
+        return out
+    dmin, dmax = min(0, m - n), max(0, m - n)
+    width = dmax - dmin + 2 * band + 1
+    off = dmin - band  # column c of row i is j = i + off + c
+    cols = np.arange(width)
+    rows = np.full((n + 1, width), -1, dtype=np.int32)
+    j0 = off + cols
+    rows[0] = np.where((j0 >= 0) & (j0 <= m), 0, -1)
+    bpad = np.r_[-2, b]  # bpad[j] = b[j - 1]; j = 0 never equals a code
+    for i in range(1, n + 1):
+        j = i + off + cols
+        valid = (j >= 0) & (j <= m)
+        prev = rows[i - 1]
+        up = np.r_[prev[1:], -1]  # D[i-1][j]
+        diag = prev  # D[i-1][j-1]
+        eq = (bpad[np.clip(j, 0, m)] == a[i - 1]) & (j >= 1)
+        cand = np.maximum(up, np.where(diag >= 0, diag + eq, -1))
+        cand = np.where(j == 0, 0, cand)
+        cand = np.where(valid, cand, -1)
+        row = np.maximum.accumulate(cand)
+        rows[i] = np.where(valid, row, -1)
+    i, j = n, m
+    while i > 0 and j > 0:
+        c = j - (i + off)
+        cur = rows[i, c]
+        if a[i - 1] == b[j - 1] and rows[i - 1, c] >= 0 and rows[i - 1, c] + 1 == cur:
+            out[i - 1] = j - 1
+            i, j = i - 1, j - 1
+        elif c + 1 < width and rows[i - 1, c + 1] == cur:
+            i -= 1
+        else:
+            j -= 1
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# No mapping: the model and the kernel sequence
+# ----------------------------------------------------------------------------------------------
+def kernel_ops(names: pd.Series) -> pd.Series:
+    """The op each kernel name runs (KERNEL_OPS), evaluated once per distinct name; "" when the
+    name says nothing."""
+    def per(u: pd.Series) -> pd.Series:
+        out = pd.Series("", index=u.index, dtype=object)
+        left = pd.Series(True, index=u.index)
+        for rx, op in KERNEL_OPS:
+            hit = left & u.fillna("").str.contains(rx)
+            out[hit] = u[hit] if op == "" else op
+            left &= ~hit
+        return out
+    return _naming.per_value(names, per)
+
+
+def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
+    """Layers from fused-attention runs and GEMM counts, checked to repeat; None (with a note)
+    when the sequence does not support naming."""
+    n = len(names)
+    op = kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object)
+    reduce_ = pd.Series(names, dtype=object).str.contains(_REDUCE).to_numpy()
+    copy_ = np.isin(kinds, ["memset", "memcpy"])
+    core = ~reduce_ & ~copy_
+    gemm = core & (op == "gemm")
+    # attention library kernels mark the layers; Inductor's Triton kernels that prepare SDPA's
+    # inputs (named after it) are attention too but vary in number between layers
+    triton = pd.Series(names, dtype=object).str.startswith("triton_").to_numpy(bool)
+    attn = core & (op == "aten::scaled_dot_product_attention") & ~triton
+    g_before = np.cumsum(gemm) - gemm  # GEMMs before each position
+    clusters = np.unique(g_before[attn])  # one attention run per layer: GEMMs split them
+    layers = len(clusters)
+    if model is None or layers < 2:
+        info["note"] = ("no model" if model is None else
+                        f"{layers} fused-attention run(s): no repeated layer to rest names on")
+        return None
+    per_gap = np.diff(clusters)
+    if not (per_gap == per_gap[0]).all():
+        info["note"] = f"GEMMs between attention runs differ ({sorted(set(per_gap.tolist()))})"
+        return None
+    layout = [(pre, post) for pre in _PRE for post in _POST if pre + post == per_gap[0]]
+    total = int(gemm.sum())
+    if len(layout) != 1 or clusters[0] < layout[0][0] or total - clusters[-1] < layout[0][1]:
+        info["note"] = f"{per_gap[0]} GEMMs per layer fit no q/k/v/o/gate/up/down layout"
+        return None
+    pre, post = layout[0]
+    g_pos = np.flatnonzero(gemm)
+    gemm_name = np.full(n, None, dtype=object)
+    first_q = []
+    for c in clusters:
+        for i, nm in enumerate(_PRE[pre]):
+            gemm_name[g_pos[c - pre + i]] = nm
+        for i, nm in enumerate(_POST[post]):
+            gemm_name[g_pos[c + i]] = nm
+        first_q.append(g_pos[c - pre])
+    rest = g_pos[clusters[-1] + post:]
+    if len(rest) == 1:
+        gemm_name[rest[0]] = "lm_head"
+    downs = g_pos[clusters + post - 1]
+    why = _layers_differ(names, gemm | attn, first_q, downs)
+    if why:
+        info["note"] = why
+        return None
+    return _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes,
+                           info)
+
+
+def _layers_differ(names: np.ndarray, anchor: np.ndarray, first_q: list[int],
+                   downs: np.ndarray) -> str | None:
+    """Why the layers (first projection .. down_proj) do not repeat one kernel pattern, or None:
+    their GEMM and fused-attention kernels must be the same names in the same order, and each
+    layer's whole kernel sequence must share >= LAYER_MATCH of the longer one with the last
+    layer's (Triton kernels compared without their numeric suffix; torch.compile may schedule
+    the model's RoPE table kernels into layer 0)."""
+    canon = pd.Series(names, dtype=object).str.replace(_TRITON_SUFFIX, "", regex=True)
+    codes = pd.factorize(canon)[0]
+    spans = [slice(q, d + 1) for q, d in zip(first_q, downs, strict=True)]
+    cores = {tuple(codes[sp][anchor[sp]]) for sp in spans}
+    if len(cores) != 1:
+        return "layers do not repeat one sequence of GEMM and attention kernels"
+    ref = codes[spans[-1]]
+    for sp in spans[:-1]:
+        body = codes[sp]
+        if (align(body, ref) >= 0).sum() < LAYER_MATCH * max(len(body), len(ref)):
+            return "layers do not repeat one kernel sequence"
+    return None
+
+
+def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes, info):
+    """Name the core kernels as eager ops would be named (position_names), attach reduces and
+    copies, give layers, group instances and add user shapes."""
+    n = len(names)
+    idx = np.flatnonzero(core)
+    is_gemm = np.isin(op[idx], ["gemm", "fp32_gemm"])
+    pseudo = np.where(is_gemm, "aten::mm", np.where(op[idx] == "", "kernel", op[idx]))
+    inst = pd.DataFrame({
+        "grp": np.zeros(len(idx), np.int64),
+        "op_name": pd.Series(pseudo, dtype=object),
+        "top_name": pd.Series(pseudo, dtype=object),
+        "input_dims": pd.Series([None] * len(idx), dtype=object),
+        "K": np.where(is_gemm, 0, -1),
+    })
+    # a GEMM that is no weight of the model (the fp32 RoPE table product) is named by its place,
+    # as an unmatched `linear[K×N]` GEMM of an eager trace is
+    gemm = pd.Series(np.where((op[idx] == "fp32_gemm"), "linear[fp32]", gemm_name[idx]),
+                     dtype="string")
+    named, _ = _naming.position_names(inst, gemm)
+    name = np.full(n, None, dtype=object)
+    name[idx] = named.to_numpy(dtype=object)
+    src = np.where(core, np.arange(n), -1)
+    prev, nxt = _ffill(src, True), _ffill(src, False)
+    take = np.where(reduce_, prev, np.where(copy_, nxt, src))
+    name = np.where(take >= 0, name[np.maximum(take, 0)], None)
+    cats = pd.Index(pd.unique(name[pd.notna(name)]))
+    codes = cats.get_indexer(name)
+    lay = _layers(name, first_q)
+    res = _empty(n)
+    res["operator"] = np.where(pd.notna(name), name, "unattributed")
+    res["layer"] = pd.arrays.IntegerArray(np.maximum(lay, 0), lay < 0)
+    change = (codes[1:] != codes[:-1]) | (lay[1:] != lay[:-1])
+    res["inst"] = np.cumsum(np.r_[True, change]) - 1  # a run of one operator in one layer
+    res["evidence"] = np.where(pd.notna(name), "kernel_name", operators.FALLBACK)
+    res["how"] = np.where(pd.notna(name), "named", "none")
+    info.update(method="kernel_name")
+    if shapes is not None:
+        user_shapes(res, model, shapes)
+        info["shapes"] = "user"
+    return res
+
+
+def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
+    """Layer per position (-1: none): layer k starts at its input norm (the input_norm kernels
+    right before its first projection), so the residual add after down_proj stays in the layer
+    before; model-level operators have none."""
+    starts = []
+    for q in first_q:  # one step per layer
+        b = q
+        while b > 0 and name[b - 1] == "input_norm":
+            b -= 1
+        starts.append(b)
+    lay = np.searchsorted(np.asarray(starts), np.arange(len(name)), side="right") - 1
+    model_level = pd.Series(name, dtype=object).isin(operators.MODEL_LEVEL).to_numpy()
+    return np.where(model_level | pd.isna(name), -1, lay)
+
+
+def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> None:
+    """Write decode shapes from --batch/--context into a position table's named projections,
+    lm_head and attention (in place); other operators stay without shapes."""
+    d = dtypes.lookup(model.dtype)
+    if d is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    ttype = next((sp for sp in d.spellings if sp.startswith("c10::")),
+                 d.spellings[0] if d.spellings else d.name)
+    b, s = shapes.batch, shapes.context
+    lin = {k: v for k, v in {**model.linears(), **model.fused_linears()}.items()}
+    lin["lm_head"] = (model.hidden_size, model.vocab_size, False)
+    table = {}
+    for name, (k, n, bias) in lin.items():
+        if bias:
+            table[name] = ("aten::addmm", [[n], [b, k], [k, n]])
+        else:
+            table[name] = ("aten::mm", [[b, k], [k, n]])
+    nq, nkv, d = model.num_heads, model.num_kv_heads, model.head_dim
+    table["attention"] = ("aten::scaled_dot_product_attention",
+                          [[b, nq, 1, d], [b, nkv, s, d], [b, nkv, s, d]])
+    op = res["operator"].to_numpy(dtype=object)
+    for name, (op_name, dims) in table.items():
+        hit = op == name
+        if hit.any():
+            res.loc[hit, "op_name"] = op_name
+            res.loc[hit, "input_dims"] = str(dims)
+            res.loc[hit, "input_types"] = str([ttype] * len(dims)).replace("'", '"')
+            res.loc[hit, "concrete_inputs"] = None
+            res.loc[hit, "input_strides"] = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing back
+# ----------------------------------------------------------------------------------------------
+def _write(att: pd.DataFrame, rr: pd.DataFrame, graph: np.ndarray,
+           results: list[pd.DataFrame]) -> pd.DataFrame:
+    """Broadcast each graph's position table to its replays and overwrite those rows."""
+    sizes = np.array([len(r) for r in results], dtype=np.int64)
+    goff = np.r_[0, np.cumsum(sizes)[:-1]]
+    pos_table = pd.concat(results, ignore_index=True)
+    at = goff[graph] + rr["pos"].to_numpy()
+    rows = rr["row"].to_numpy()
+    out = att.copy()
+    # a name outside the vocabulary (other, linear[K×N]) rests on no evidence, as attribute says
+    vocab = pos_table["operator"].isin(operators.NAMES).to_numpy()
+    pos_table["evidence"] = np.where(vocab, pos_table["evidence"], operators.FALLBACK)
+    for c in (*CARRIED, "evidence"):
+        out[c] = _overwrite(att[c], rows, pos_table[c].to_numpy(dtype=object), at)
+    layer = out["layer"].astype("Int64").array.copy()
+    layer[rows] = pos_table["layer"].astype("Int64").array.take(at)
+    out["layer"] = layer
+    # one op instance per (replay, template instance), numbered after the trace's own; an
+    # unnamed kernel is one of its own. No cpu op launched a replayed kernel: op_id stays NA.
+    inst = pos_table["inst"].to_numpy()[at]
+    k = int(pos_table["inst"].max()) + 1 if len(pos_table) else 0
+    base = int(att["instance"].max()) + 1 if len(att) else 0
+    replay = rr["replay"].to_numpy()
+    alone = base + (int(replay.max()) + 1) * k + np.cumsum(inst < 0) - 1
+    instance = att["instance"].to_numpy(np.int64).copy()
+    instance[rows] = np.where(inst >= 0, base + replay * k + inst, alone)
+    out["instance"] = instance
+    op_id = out["op_id"].astype("Int64").array.copy()
+    op_id[rows] = pd.NA
+    out["op_id"] = op_id
+    return out, pos_table["how"].to_numpy(dtype=object)[at]
+
+
+def _overwrite(col: pd.Series, rows: np.ndarray, values: np.ndarray, at: np.ndarray):
+    """A str column with values[at] (object, None = missing) at `rows` (arrow take and
+    replace_with_mask: no per-row Python, no categorical of the whole column)."""
+    order = np.argsort(rows, kind="stable")
+    mask = np.zeros(len(col), dtype=bool)
+    mask[rows] = True
+    old = pa.array(col.array, type=pa.large_string())
+    if isinstance(old, pa.ChunkedArray):
+        old = old.combine_chunks()
+    new = pc.take(pa.array(values, type=pa.large_string()), pa.array(at[order]))
+    return pd.array(pc.replace_with_mask(old, pa.array(mask), new), dtype="str")
+
+
+def _report(out, rr, graph, how, per_graph, flags) -> GraphReport:
+    """Totals and the per-graph table (GRAPH_COLUMNS)."""
+    rows = rr["row"].to_numpy()
+    dur = out["dur_us"].to_numpy(np.float64)[rows]
+    named = how != "none"
+    t = pd.DataFrame(per_graph)
+    t.insert(0, "graph", np.arange(len(t)))
+    g = pd.DataFrame({"graph": graph, "replay": rr["replay"].to_numpy(), "dur": dur,
+                      "named": named, "named_t": np.where(named, dur, 0.0)}).groupby("graph")
+    t["replays"] = g["replay"].nunique().to_numpy()
+    t["kernels"] = g.size().to_numpy() // t["replays"].to_numpy()
+    t["named"] = g["named"].sum().to_numpy() // t["replays"].to_numpy()
+    t["time_us"] = g["dur"].sum().to_numpy()
+    t["named_time_us"] = g["named_t"].sum().to_numpy()
+    return GraphReport(
+        replays=int(rr["replay"].max()) + 1, kernels=len(rows), time_us=float(dur.sum()),
+        named_kernels=int(named.sum()), named_time_us=float(dur[named].sum()),
+        matched_time_us=float(dur[how == "matched"].sum()),
+        costed_time_us=float(dur[out["input_dims"].notna().to_numpy()[rows] & named].sum()),
+        flags=tuple(dict.fromkeys(flags)), graphs=t[list(GRAPH_COLUMNS)].astype(GRAPH_COLUMNS),
+    )

@@ -1,0 +1,394 @@
+"""Forward passes: find each forward pass of an attributed trace, number it, give it a phase.
+
+A forward pass is the unit a phase belongs to: an HF `generate` profile holds one prefill pass
+and then one decode pass per new token, with or without `ProfilerStep` ranges; a serving step
+may hold prefill and decode tokens in one pass (`mixed`). `forward_passes(attributed)` works on
+`attribute.attribute()`'s table (one row per timed unit) and returns a pass number and a phase
+per row plus one row per pass (`PASS_COLUMNS`).
+
+Where passes start (rows in device-time order; only *structural* rows decide: embedding,
+final_norm, lm_head and the staged operators of a decoder layer that carry a layer):
+1. `profiler_step`: the first structural row of each ProfilerStep range (or of the rows
+   outside any range);
+2. `embedding`: an embedding row whose previous structural row is not an embedding;
+3. `layer_restart`: the model order goes back, e.g. layer 0 after layer 27 or after lm_head
+   without an embedding between (a CUDA-graph replay of the layers alone, a layer benchmark).
+   The order key of a row is embedding < (layer, stage) < final_norm < lm_head, with the
+   stage of `operators.STAGES` (input_norm < q/k/v < attention < o < post_attention_norm <
+   gate/up < down).
+Rows before the first start of their range join that range's first pass; later rows join the
+pass before them (sampling after lm_head is part of its pass). A range without structural rows
+is one pass when it is a ProfilerStep range, else its rows belong to no pass (NA).
+
+Phase, from the query length T that the pass's operators saw; the strongest rule present in a
+pass decides (`TOKEN_RULES`, in order), independent of the attention implementation:
+1. `attention`: fused attention ops (SDPA and its flash / efficient / cuDNN back ends,
+   flash_attn): Q [B, n_q, T, d] or [B, T, n_q, d], K [.., S, ..];
+2. `varlen`: variable-length attention (flash-attn varlen, aten::_flash_attention_forward with
+   cumulative sequence lengths): Q [total, n_q, d], cu_seqlens [B + 1], max_seqlen_q. All
+   decode when total == B; provably mixed when total < max_seqlen_q + 2·(B - 1) (some
+   sequence has one token while another has max_seqlen_q); prefill otherwise;
+3. `eager_attention`: the matmul / bmm / softmax inside an `attention` operator (eager
+   matmul-softmax-matmul): T is the second-to-last dim of the first operand (Q·Kᵀ, P·V, P);
+4. `kv_cache`: the new tokens written to the cache: index_copy_'s / index_put_'s source,
+   cat's last tensor ([B, n_kv, T, d]);
+5. `gemm_m`: q_proj's (qkv_proj's) M over the batch B of a 4-D cache or attention tensor in
+   the same pass (T = M / B, when it divides).
+A pass is `decode` when every T is 1, `prefill` when every T > 1 (a chunked prefill with a cache,
+S > T, is prefill too: its S is in the table), `mixed` when both occur, `unknown` without
+evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trace_roofline.operators import STAGES
+from trace_roofline.shapes import _ATTENTION_LAYOUTS
+
+PASS_COLUMNS = {
+    "pass": "int64",  # 0, 1, ... in order of first device start
+    "profiler_step": "Int64",  # N of the ProfilerStep#N range holding the pass, if any
+    "phase": "str",  # prefill | decode | mixed | unknown
+    "evidence": "str",  # the TOKEN_RULES rule that decided the phase, or "none"
+    "T_min": "Int64",  # smallest query length per sequence the rule saw
+    "T_max": "Int64",
+    "B": "Int64",  # sequences (batch), when a rule saw it
+    "S": "Int64",  # largest key length seen by attention, when known
+    "layers": "int64",  # distinct decoder layers
+    "kernels": "int64",
+    "time_us": "float64",
+    "ts_us": "float64",  # first unit's start
+    "opened_by": "str",  # profiler_step | trace_start | embedding | layer_restart
+}
+PHASES = ("prefill", "decode", "mixed", "unknown")
+
+_MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
+ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in _ATTENTION_LAYOUTS.items()}
+_EAGER_ATTENTION_OPS = {"bmm", "baddbmm", "matmul", "softmax", "_softmax", "_safe_softmax"}
+_KV_OPS = {"index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_", "cat"}
+_VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
+_Q_PROJ = {"q_proj", "qkv_proj"}
+_JSON = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """What one op instance says about the pass: query lengths T (min, max), batch, keys."""
+
+    t_min: int
+    t_max: int
+    batch: int | None = None
+    keys: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenRule:
+    """A rule reading the query length from one kind of op (`applies` on operator and op name,
+    `read` on the decoded Input Dims and Concrete Inputs; None when the shapes do not fit)."""
+
+    name: str
+    applies: Callable[[str, str], bool]
+    read: Callable[[str, list, list], Tokens | None]
+
+
+@dataclass(frozen=True)
+class Passes:
+    """`pass_id` and `phase` per attributed row (NA / "unknown" outside every pass) and the
+    per-pass table (PASS_COLUMNS)."""
+
+    pass_id: pd.arrays.IntegerArray
+    phase: np.ndarray
+    table: pd.DataFrame
+
+
+def _base(op_name: str) -> str:
+    return op_name.rsplit("::", 1)[-1]
+
+
+def _is4d(d) -> bool:
+    return isinstance(d, list) and len(d) == 4 and all(isinstance(v, int) for v in d)
+
+
+def _read_attention(op_name: str, dims: list, _conc: list) -> Tokens | None:
+    layout = ATTENTION_LAYOUTS.get(op_name)
+    if layout is None or len(dims) < 2 or not (_is4d(dims[0]) and _is4d(dims[1])):
+        return None
+    (b, x1, x2, _), k = dims[0], dims[1]
+    t, s = (x2, k[2]) if layout == "BHTD" else (x1, k[1])
+    return Tokens(t, t, b, s)
+
+
+def _read_varlen(_op: str, dims: list, conc: list) -> Tokens | None:
+    """q [total, n_q, d], cu_seqlens_q [B + 1] (argument 3), max_seqlen_q (argument 5)."""
+    if len(dims) < 6 or not (isinstance(dims[0], list) and len(dims[0]) == 3):
+        return None
+    cu = dims[3]
+    if not (isinstance(cu, list) and len(cu) == 1 and cu[0] >= 2):
+        return None
+    total, seqs = dims[0][0], cu[0] - 1
+    try:
+        max_q = int(conc[5]) if len(conc) > 5 else None
+    except (TypeError, ValueError):
+        max_q = None
+    if total == seqs:
+        return Tokens(1, 1, seqs)
+    if max_q is None or max_q < 2:
+        return None
+    # every sequence of a pure prefill has >= 2 tokens: fewer in total proves a 1-token one
+    low = 1 if total < max_q + 2 * (seqs - 1) else 2
+    return Tokens(low, max_q, seqs)
+
+
+def _read_eager(_op: str, dims: list, _conc: list) -> Tokens | None:
+    a = dims[0] if dims else None
+    if not (isinstance(a, list) and len(a) >= 3 and all(isinstance(v, int) for v in a)):
+        return None
+    return Tokens(a[-2], a[-2], a[0] if len(a) == 4 else None)
+
+
+def _read_kv(op_name: str, dims: list, _conc: list) -> Tokens | None:
+    """index_copy_(cache, dim, index, source) / index_put_(cache, indices, values): the source
+    (last 4-D argument); cat([past, new], dim): the last tensor of the list."""
+    if _base(op_name) == "cat":
+        items = dims[0] if dims and isinstance(dims[0], list) else []
+        four = [d for d in items if _is4d(d)]
+        if not four:
+            return None
+        new = four[-1]
+        past = sum(d[2] for d in four[:-1])
+        return Tokens(new[2], new[2], new[0], past + new[2])
+    four = [d for d in dims if _is4d(d)]
+    if len(four) < 2:
+        return None
+    return Tokens(four[-1][2], four[-1][2], four[-1][0], None)
+
+
+TOKEN_RULES: tuple[TokenRule, ...] = (
+    TokenRule("attention", lambda op, name: name in ATTENTION_LAYOUTS, _read_attention),
+    TokenRule("varlen", lambda op, name: bool(_VARLEN_OPS.search(name)), _read_varlen),
+    TokenRule("eager_attention",
+              lambda op, name: op == "attention" and _base(name) in _EAGER_ATTENTION_OPS,
+              _read_eager),
+    TokenRule("kv_cache", lambda op, name: op == "kv_cache" and _base(name) in _KV_OPS, _read_kv),
+)
+_GEMM_M = "gemm_m"  # rule 5, per pass (needs B from another row of the pass)
+RULE_ORDER = (*(r.name for r in TOKEN_RULES), _GEMM_M)
+
+
+def forward_passes(attributed: pd.DataFrame) -> Passes:
+    """Number the forward passes of an attributed table and give each its phase.
+
+    Needs the columns operator, layer, step, ts_us, dur_us, op_name, input_dims (and optionally
+    concrete_inputs) of `attribute.ATTRIBUTED_COLUMNS`. Vectorised over rows; shapes are read
+    once per distinct (operator, op_name, input_dims, concrete_inputs).
+    """
+    n = len(attributed)
+    order = np.argsort(attributed["ts_us"].to_numpy(np.float64), kind="stable")
+    op_codes, op_cats = _codes(attributed["operator"])
+    op = np.append(op_cats, None)[op_codes[order]]
+    layer = attributed["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
+    step = attributed["step"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
+    pid_sorted, opened = _pass_ids(op, layer, step)
+    pass_id = np.full(n, -1, dtype=np.int64)
+    pass_id[order] = pid_sorted
+    ev = _evidence(attributed, pass_id)
+    table = _table(attributed, pass_id, ev, opened)
+    phase = np.append(table["phase"].to_numpy(dtype=object), "unknown")[
+        np.where(pass_id >= 0, pass_id, len(table))]
+    return Passes(pd.arrays.IntegerArray(np.maximum(pass_id, 0), pass_id < 0),
+                  phase.astype(object), table)
+
+
+def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
+    """`attributed` with the forward pass as `step` (NA outside every pass), the ProfilerStep
+    number it had as `profiler_step`, and the pass's `phase`; and the passes found."""
+    p = forward_passes(attributed)
+    out = attributed.assign(profiler_step=attributed["step"].astype("Int64"),
+                            step=p.pass_id, phase=pd.array(p.phase, dtype="str"))
+    return out, p
+
+
+def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
+              ) -> tuple[np.ndarray, dict[int, str]]:
+    """Pass number per time-sorted row (-1: none) and what opened each pass."""
+    n = len(op)
+    ops = pd.Series(op, dtype=object)
+    stage = ops.map(STAGES).to_numpy(np.float64)
+    key = np.where(~np.isnan(layer) & ~np.isnan(stage), layer * 10.0 + stage, np.nan)
+    key = np.where(np.isnan(key), ops.map(_MODEL_KEY).to_numpy(np.float64), key)
+    structural = ~np.isnan(key)
+    grp = np.where(np.isnan(step), -1.0, step)
+    new_grp = np.r_[True, grp[1:] != grp[:-1]] if n else np.zeros(0, bool)
+    run = np.cumsum(new_grp) - 1  # a run of rows in one ProfilerStep range (or outside all)
+    s_rows = np.flatnonzero(structural)
+    s_key, s_run = key[s_rows], run[s_rows]
+    first = np.r_[True, s_run[1:] != s_run[:-1]] if len(s_rows) else np.zeros(0, bool)
+    prev = np.r_[np.nan, s_key[:-1]]
+    emb = s_key == _MODEL_KEY["embedding"]
+    by_emb = ~first & emb & (prev != _MODEL_KEY["embedding"])
+    by_layer = ~first & ~emb & (s_key < prev)
+    start = first | by_emb | by_layer
+    in_step = grp[s_rows] >= 0
+    why = np.where(first, np.where(in_step, "profiler_step", "trace_start"),
+                   np.where(by_emb, "embedding", "layer_restart"))
+    # every row: the pass of the last start at or before it, within its run; rows before the
+    # run's first start take that start's pass
+    start_rows = s_rows[start]
+    reason = list(why[start])
+    num = np.full(n, -1, dtype=np.int64)
+    num[start_rows] = np.arange(len(start_rows))
+    last = np.maximum.accumulate(np.where(num >= 0, np.arange(n), -1)) if n else num
+    at = np.maximum(last, 0)
+    pid = np.where((last >= 0) & (run[at] == run), num[at], -1)
+    run_first = pd.Series(num).where(num >= 0).groupby(run).transform("min").to_numpy()
+    has = ~np.isnan(run_first)
+    pid = np.where(has & (pid < 0), np.nan_to_num(run_first, nan=-1).astype(np.int64), pid)
+    # a ProfilerStep range without structural rows is a pass of its own
+    bare = ~has & (grp >= 0)
+    if bare.any():
+        extra = pd.factorize(run[bare])[0]
+        pid[bare] = extra + len(reason)
+        reason += ["profiler_step"] * int(extra.max() + 1)
+    # renumber in order of first row
+    seen = pid >= 0
+    ids, first_at = np.unique(pid[seen], return_index=True)
+    rank = np.full(len(reason), -1, dtype=np.int64)
+    rank[ids[np.argsort(first_at, kind="stable")]] = np.arange(len(ids))
+    out = np.where(seen, rank[np.maximum(pid, 0)] if len(rank) else -1, -1)
+    opened = {int(rank[i]): reason[i] for i in ids}
+    return out, opened
+
+
+def _codes(col: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, categories) of a str column (or of its `rows`), missing = -1: arrow's dictionary
+    encoding, no Python object per row."""
+    arr = pa.array(col.array if hasattr(col, "array") else col, type=pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if rows is not None:
+        arr = pc.take(arr, pa.array(rows))
+    enc = pc.dictionary_encode(arr)
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    codes = np.where(enc.indices.is_null().to_numpy(zero_copy_only=False), -1, codes)
+    return codes.astype(np.int64), np.asarray(enc.dictionary.to_pylist(), dtype=object)
+
+
+def _evidence(att: pd.DataFrame, pass_id: np.ndarray) -> pd.DataFrame:
+    """One row per (pass, evidence row) with rule, T_min, T_max, B, S."""
+    op, op_cats = _codes(att["operator"])
+    name, name_cats = _codes(att["op_name"])
+    keep_op = np.append(np.isin(op_cats, ["attention", "kv_cache", *_Q_PROJ]), False)
+    keep_name = np.append(np.isin(name_cats, list(ATTENTION_LAYOUTS)), False)
+    cand = (keep_op[op] | keep_name[name]) & (name >= 0) & (pass_id >= 0)
+    cand &= att["input_dims"].notna().to_numpy()
+    rows = np.flatnonzero(cand)
+    cols = ["operator", "op_name", "input_dims", "concrete_inputs"]
+    parts = [_codes(att[c], rows) if c in att else (np.full(len(rows), -1), np.zeros(0, object))
+             for c in cols]
+    codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([c for c, _ in parts]))
+    found = [_read_combo(*(cats[k] if k >= 0 else "" for k, (_, cats) in zip(u, parts,
+                                                                             strict=True)))
+             for u in uniq]
+    table = pd.DataFrame(found, columns=["rule", "T_min", "T_max", "B", "S", "M", "B4"])
+    ev = table.iloc[codes].reset_index(drop=True)
+    ev["pass"] = pass_id[rows]
+    # rule 5: q_proj's M over the batch of a 4-D cache / attention tensor in the same pass
+    batch = ev.dropna(subset=["B4"]).groupby("pass")["B4"].first()
+    m = ev[ev["M"].notna()].copy()
+    m["B"] = m["pass"].map(batch)
+    m = m[m["B"].notna() & (m["M"] % m["B"].where(m["B"] > 0, np.nan) == 0)]
+    m["T_min"] = m["T_max"] = m["M"] // m["B"]
+    m["rule"] = _GEMM_M
+    return pd.concat([ev[ev["rule"].notna()], m], ignore_index=True)
+
+
+def _read_combo(operator: str, op_name: str, dims_raw: str, conc_raw: str):
+    """(rule, T_min, T_max, B, S, M, B4) of one distinct op: the first rule that reads it; the
+    M of a q_proj / qkv_proj GEMM and the leading dim B4 of the first 4-D argument of a cache or
+    attention op (rule 5 combines them per pass later)."""
+    dims, conc = _decode(dims_raw), _decode(conc_raw)
+    if dims is None:
+        return (None,) * 7
+    if operator in _Q_PROJ:
+        return None, None, None, None, None, _gemm_m(op_name, dims), None
+    four = next((d for d in _flat(dims) if _is4d(d)), None)
+    b4 = four[0] if four is not None and operator in ("kv_cache", "attention") else None
+    for rule in TOKEN_RULES:
+        if rule.applies(operator, op_name):
+            tok = rule.read(op_name, dims, conc or [])
+            if tok is not None:
+                return rule.name, tok.t_min, tok.t_max, tok.batch, tok.keys, None, b4
+    return None, None, None, None, None, None, b4
+
+
+def _flat(dims: list) -> list:
+    """Arguments with a tensor list's tensors in place of the list."""
+    out = []
+    for a in dims:
+        if isinstance(a, list):
+            out.extend(a if a and isinstance(a[0], list) else [a])
+    return out
+
+
+def _gemm_m(op_name: str, dims: list) -> int | None:
+    """Tokens M of a linear / mm / addmm: the activation's leading dims."""
+    base = _base(op_name)
+    x = dims[1] if base in ("addmm", "_addmm_activation") and len(dims) > 1 else dims[0]
+    if base not in ("linear", "mm", "addmm", "_addmm_activation", "matmul"):
+        return None
+    if not (isinstance(x, list) and len(x) >= 2 and all(isinstance(v, int) for v in x)):
+        return None
+    return int(np.prod(x[:-1]))
+
+
+def _decode(raw: str) -> list | None:
+    if not raw:
+        return None
+    try:
+        v = _JSON.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return v if isinstance(v, list) else None
+
+
+def _table(att: pd.DataFrame, pass_id: np.ndarray, ev: pd.DataFrame,
+           opened: dict[int, str]) -> pd.DataFrame:
+    """One row per pass (PASS_COLUMNS)."""
+    seen = pass_id >= 0
+    work = pd.DataFrame({
+        "pass": pass_id[seen],
+        "profiler_step": att["step"].astype("Int64").to_numpy()[seen],
+        "layer": att["layer"].astype("Int64").to_numpy()[seen],
+        "ts_us": att["ts_us"].to_numpy(np.float64)[seen],
+        "dur_us": att["dur_us"].to_numpy(np.float64)[seen],
+    })
+    g = work.groupby("pass", sort=True)
+    t = g.agg(profiler_step=("profiler_step", "first"), layers=("layer", "nunique"),
+              kernels=("dur_us", "size"), time_us=("dur_us", "sum"), ts_us=("ts_us", "min"))
+    t = t.reset_index()
+    if len(ev):
+        ev = ev.assign(_rank=ev["rule"].map({r: i for i, r in enumerate(RULE_ORDER)}))
+        best = ev.groupby("pass")["_rank"].transform("min")
+        ev = ev[ev["_rank"] == best]
+        per = ev.groupby("pass").agg(evidence=("rule", "first"), T_min=("T_min", "min"),
+                                     T_max=("T_max", "max"), B=("B", "max"), S=("S", "max"))
+        t = t.merge(per.reset_index(), on="pass", how="left")
+    else:
+        t = t.assign(evidence=None, T_min=np.nan, T_max=np.nan, B=np.nan, S=np.nan)
+    lo, hi = t["T_min"].to_numpy(np.float64), t["T_max"].to_numpy(np.float64)
+    t["phase"] = np.select([hi == 1, lo > 1, (lo == 1) & (hi > 1)],
+                           ["decode", "prefill", "mixed"], default="unknown")
+    t["evidence"] = t["evidence"].fillna("none")
+    t["opened_by"] = t["pass"].map(opened)
+    for c in ("T_min", "T_max", "B", "S"):
+        t[c] = pd.array(t[c].to_numpy(np.float64), dtype="Float64").astype("Int64")
+    return t[list(PASS_COLUMNS)].astype(PASS_COLUMNS)
