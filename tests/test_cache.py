@@ -2,9 +2,11 @@
 
 import dataclasses
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -238,6 +240,14 @@ def no_analysis(monkeypatch):
             raise AssertionError("analysed despite a valid cache entry")
         monkeypatch.setattr(pipeline, "_analyze", boom)
     return forbid
+
+
+def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(trace_file, tmp_path):
+    c = TraceCache(tmp_path / "c")
+    threads = threading.active_count()
+    analyze_trace(trace_file, cache=c)  # a miss: the parts were written by a thread
+    assert threading.active_count() == threads  # (a later parse may fork its worker)
+    assert pickle.loads(pickle.dumps(c)).directory == c.directory  # parallel.analyze_many
 
 
 def test_analysis_hit_per_argument_set(trace_file, tmp_path, no_analysis):

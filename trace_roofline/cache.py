@@ -155,7 +155,8 @@ class TraceCache:
         self.log: list[CacheStatus] = []  # one status per load(), in call order
         # While `analysis` computes: parts are written by a background thread (the disk writes
         # and checksums release the GIL, so they overlap attribution and costing on another
-        # core); their errors are collected here and joined into the log at the end.
+        # core); their errors are collected here and joined into the log at the end. The
+        # thread lives only while `analysis` runs (so a TraceCache between calls pickles).
         self._writes: list[Future] | None = None
         self._write_errors: list[str] = []
         self._writer: ThreadPoolExecutor | None = None
@@ -223,7 +224,9 @@ class TraceCache:
         finally:
             for write in self._writes:
                 write.result()  # (_write reports its failures in _write_errors, never raises)
-            self._writes, errors = None, self._write_errors
+            if self._writer is not None:  # no thread outlives the call: the next trace's
+                self._writer.shutdown()  # parse forks only from a single-threaded process
+            self._writer, self._writes, errors = None, None, self._write_errors
         if errors and len(self.log) > before:
             last = self.log[-1]
             self.log[-1] = dataclasses.replace(
