@@ -2,18 +2,22 @@
 
 import dataclasses
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import trace_roofline.cache as cache_mod
+from trace_roofline import pipeline
 from trace_roofline.attribute import attribute
 from trace_roofline.cache import TraceCache, cache_dir
 from trace_roofline.cli import main
+from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.trace import Trace, load_trace
@@ -198,7 +202,8 @@ def test_cli_cache_use_no_cache_info_and_clear(trace_file, tmp_path, capsys, mon
     assert sorted(trace_file.parent.iterdir()) == before  # nothing next to the user's file
     assert main(["cache", "info"]) == 0
     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-    assert capsys.readouterr().out == f"cache {d}\n1 trace(s), 2 part(s), {size / 1e6:.1f} MB\n"
+    # parts: the trace, its attribution and the analysis
+    assert capsys.readouterr().out == f"cache {d}\n1 trace(s), 3 part(s), {size / 1e6:.1f} MB\n"
     (d / "mine.txt").write_text("not the cache's")  # clear removes only what the cache made
     assert main(["cache", "clear"]) == 0
     assert capsys.readouterr().out == f"cleared {d}: {size / 1e6:.1f} MB freed\n"
@@ -214,7 +219,74 @@ def test_analyze_trace_with_cache_equals_without(tmp_path):
         cached = analyze_trace(HF, model, cache=c)
         pd.testing.assert_frame_equal(cached.operators, plain.operators, check_exact=True)
         assert cached.whole == plain.whole and cached.coverage == plain.coverage
-    assert [(s.trace_hit, s.attribution_hit) for s in c.log] == [(False, False), (True, True)]
+    assert [(s.trace_hit, s.attribution_hit, s.analysis_hit) for s in c.log] == [
+        (False, False, False), (True, True, True)]
+
+
+def assert_same_analysis(a, b) -> None:
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, pd.DataFrame):
+            pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f.name)
+        else:
+            assert x == y or (x != x and y != y), f.name
+
+
+@pytest.fixture
+def no_analysis(monkeypatch):
+    """pipeline's computation fails the test: the Analysis must come from the cache."""
+    def forbid():
+        def boom(*a, **k):
+            raise AssertionError("analysed despite a valid cache entry")
+        monkeypatch.setattr(pipeline, "_analyze", boom)
+    return forbid
+
+
+def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(trace_file, tmp_path):
+    c = TraceCache(tmp_path / "c")
+    threads = threading.active_count()
+    analyze_trace(trace_file, cache=c)  # a miss: the parts were written by a thread
+    assert threading.active_count() == threads  # (a later parse may fork its worker)
+    assert pickle.loads(pickle.dumps(c)).directory == c.directory  # parallel.analyze_many
+
+
+def test_analysis_hit_per_argument_set(trace_file, tmp_path, no_analysis):
+    c = TraceCache(tmp_path / "c")
+    model = get_model("qwen2.5-7b")
+    runs = [dict(model=model), dict(model=model, causal="full"), dict(model=model, layers=28),
+            dict(model=None, hardware=get_hardware("rtx4090"))]
+    fresh = [analyze_trace(trace_file, **kw) for kw in runs]
+    for kw in runs:
+        analyze_trace(trace_file, cache=c, **kw)
+    assert not any(s.analysis_hit for s in c.log)
+    assert len(_files(c, "analysis-*/manifest.json")) == len(runs)
+    no_analysis()
+    for kw, expected in zip(runs, fresh, strict=True):
+        assert_same_analysis(analyze_trace(trace_file, cache=c, **kw), expected)
+        assert c.log[-1].analysis_hit
+    with pytest.raises(AssertionError, match="despite"):  # another argument: a miss
+        analyze_trace(trace_file, model, cache=c, attention_bytes="kv")
+
+
+def test_corrupt_or_stale_analysis_is_recomputed(trace_file, tmp_path, no_analysis):
+    c = TraceCache(tmp_path / "c")
+    ncu = tmp_path / "in" / "k.ncu.csv"
+    shutil.copy(DECODE.with_name(DECODE.name.replace(".json.gz", ".ncu.csv")), ncu)
+    analyze_trace(trace_file, cache=c)
+    [f] = _files(c, "analysis-*/analysis.pickle")
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same length: only the checksum can tell
+    f.write_bytes(bytes(data))
+    analyze_trace(trace_file, cache=c, ncu=ncu)
+    st = ncu.stat()
+    os.utime(ncu, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed ncu CSV: another key
+    for kw in ({}, {"ncu": ncu}):
+        assert_same_analysis(analyze_trace(trace_file, cache=c, **kw), analyze_trace(trace_file, **kw))
+        assert not c.log[-1].analysis_hit
+    no_analysis()  # both rewritten
+    analyze_trace(trace_file, cache=c)
+    analyze_trace(trace_file, cache=c, ncu=ncu)
+    assert c.log[-1].analysis_hit and c.log[-2].analysis_hit
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):
@@ -235,4 +307,4 @@ def test_cached_cli_run_in_a_fresh_process(trace_file, tmp_path):
     runs = [subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
-    assert TraceCache(tmp_path / "c").info().parts == 2
+    assert TraceCache(tmp_path / "c").info().parts == 3

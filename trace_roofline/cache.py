@@ -2,7 +2,10 @@
 
 A trace's tables (`Trace`) and its `attribute()` output (which depends on the trace and the model,
 not on hardware or conventions) are kept as Arrow IPC files, so a re-run of the same file maps
-them instead of parsing JSON again. Nothing is ever written next to the user's file.
+them instead of parsing JSON again; the finished `Analysis` of each set of analysis arguments
+(model, hardware, conventions, ...) is kept too, so a re-run with the same arguments (another
+report format, --per-layer, a diff) reads it back whole. Nothing is ever written next to the
+user's file.
 
 Layout, under `cache_dir()` (`$TRACE_ROOFLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/trace-roofline`,
 else `~/.cache/trace-roofline`)::
@@ -10,12 +13,14 @@ else `~/.cache/trace-roofline`)::
     v<SCHEMA_VERSION>/<sha256(absolute path)[:32]>/     one entry per source file
         trace/                   <table>.arrow per Trace table, fields.json, manifest.json
         attributed-<model hash>/  attributed.arrow, manifest.json   (one per model, or none)
+        analysis-<arguments hash>/ analysis.pickle, manifest.json   (one per argument set)
 
 Each part (`trace/`, `attributed-*/`) is written whole into a temporary directory and renamed
 into place, so it is complete or absent. Its `manifest.json` holds the key it was built for
 (absolute path, size, mtime_ns and inode of the source file; SCHEMA_VERSION; a fingerprint of
 the analyzer's source code, which changes with the package version and any column schema; the
-pandas and pyarrow versions; the model for an attribution) and every file's length and CRC-32.
+pandas and pyarrow versions; the model for an attribution, the analysis arguments for an
+analysis) and every file's length and CRC-32.
 A part is used only when its key equals the current one and every file has its recorded length
 and checksum (zlib's CRC-32 runs at several GB/s); anything else (stale, truncated, flipped
 bytes, unreadable) is ignored and rewritten, never trusted.
@@ -25,6 +30,10 @@ Categorical columns are stored as Arrow dictionaries and everything else as plai
 String columns stay plain rather than dictionary-encoded: kernel names are long (the
 attribution of a 1 GB trace holds 143 MB of them), and rebuilding them from a dictionary took
 0.8 s where reading them from the map is free.
+An `Analysis` is a tree of frozen dataclasses (model, hardware), dicts and DataFrames: it is
+stored as one pickle, which round-trips all of it exactly (dtypes and categories included), and
+unpickled only after its key (code fingerprint included: the classes are this code's) and its
+CRC-32 check out. Like the rest of the cache it lives in the user's own cache directory.
 Cache writes that fail (read-only directory, disk full) never fail an analysis: they are
 reported in the returned `CacheStatus`. Files are memory-mapped on a hit; the cache only ever
 replaces files by rename and removes them by unlink, so a mapping is never truncated under a
@@ -37,13 +46,16 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import re
 import secrets
 import shutil
 import zlib
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
@@ -53,6 +65,9 @@ from trace_roofline.attribute import attribute
 from trace_roofline.models import ModelSpec
 from trace_roofline.trace import Progress, Trace, load_trace
 
+if TYPE_CHECKING:
+    from trace_roofline.roofline import Analysis
+
 SCHEMA_VERSION = 1  # bump when the layout or the meaning of a cached file changes
 ENV_DIR = "TRACE_ROOFLINE_CACHE_DIR"
 _VERSION_DIR = re.compile(r"^v\d+$")  # `clear` removes only directories named like ours
@@ -60,6 +75,7 @@ _MANIFEST = "manifest.json"
 _FIELDS = "fields.json"
 _TRACE_PART = "trace"
 _ATTRIBUTED = "attributed"
+_ANALYSIS = "analysis"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +86,7 @@ class CacheStatus:
     trace_hit: bool
     attribution_hit: bool
     write_error: str | None = None  # "<what>: <reason>" when storing a part failed
+    analysis_hit: bool = False  # the whole Analysis came from the cache (TraceCache.analysis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +127,25 @@ def _model_key(model: ModelSpec | None) -> dict | None:
     return None if model is None else {"type": type(model).__name__, **dataclasses.asdict(model)}
 
 
+def _file_key(p: Path) -> dict:
+    st = p.stat()
+    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "inode": st.st_ino}
+
+
+def _argument_key(value: object) -> object:
+    """A JSON-able key for one analysis argument: None, bool, int, float and str as they are,
+    a dataclass (model, hardware) as its type name and fields, a path as its file's key (an
+    ncu CSV: its content may change). TypeError for anything else (then nothing is cached)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__, **dataclasses.asdict(value)}
+    if isinstance(value, os.PathLike):
+        return {"file": _file_key(Path(value))}
+    raise TypeError(f"no cache key for {type(value).__name__}")
+
+
 class TraceCache:
     """The cache at `directory` (default `cache_dir()`); `load` is the one entry point."""
 
@@ -117,6 +153,13 @@ class TraceCache:
         self.directory = Path(directory) if directory is not None else cache_dir()
         self.root = self.directory / f"v{SCHEMA_VERSION}"
         self.log: list[CacheStatus] = []  # one status per load(), in call order
+        # While `analysis` computes: parts are written by a background thread (the disk writes
+        # and checksums release the GIL, so they overlap attribution and costing on another
+        # core); their errors are collected here and joined into the log at the end. The
+        # thread lives only while `analysis` runs (so a TraceCache between calls pickles).
+        self._writes: list[Future] | None = None
+        self._write_errors: list[str] = []
+        self._writer: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------
     def load(self, path: str | os.PathLike, model: ModelSpec | None = None,
@@ -146,6 +189,49 @@ class TraceCache:
             self._store(entry, apart, akey, {_ATTRIBUTED: attributed}, errors)
         return trace, attributed, self._logged(
             CacheStatus(str(p), trace_hit, attribution_hit, "; ".join(errors) or None))
+
+    def analysis(self, path: str | os.PathLike, arguments: Mapping[str, object],
+                 compute: Callable[[], Analysis]) -> Analysis:
+        """The `Analysis` of the trace at `path` under `arguments` (every argument it depends
+        on but the trace: model, hardware, conventions, ...; an ncu CSV by path) from the
+        cache, else `compute()` (which may `load` through this cache), stored. A path that is
+        not a regular file, or an argument without a key (`_argument_key`), is never cached.
+        On a hit, `log` gets a status with `analysis_hit` (nothing was parsed or attributed);
+        on a miss, the status of compute's `load` gets any write error of the analysis."""
+        p = Path(path)
+        try:
+            if not p.is_file():
+                return compute()
+            key = self._key(p)  # (the path as given: the Analysis names the trace by it)
+            args = {"given": str(p), **{k: _argument_key(v) for k, v in arguments.items()}}
+            args = json.loads(json.dumps(args))  # as the manifest will hold it (tuples: lists)
+            digest = _digest(args)
+        except (OSError, TypeError, ValueError):  # an ncu path that is not there: compute says so
+            return compute()
+        entry = self.root / hashlib.sha256(key["path"].encode()).hexdigest()[:32]
+        part = entry / f"{_ANALYSIS}-{digest[:16]}"
+        akey = {**key, _ANALYSIS: args}
+        cached = self._read_analysis(part, akey)
+        if cached is not None:
+            self._logged(CacheStatus(str(p), True, True, None, analysis_hit=True))
+            return cached
+        before = len(self.log)
+        self._writes, self._write_errors = [], []
+        try:
+            result = compute()
+            if self._key(p) == key:  # not when the file changed while it was analysed
+                self._store(entry, part.name, akey, {_ANALYSIS + ".pickle": result}, [])
+        finally:
+            for write in self._writes:
+                write.result()  # (_write reports its failures in _write_errors, never raises)
+            if self._writer is not None:  # no thread outlives the call: the next trace's
+                self._writer.shutdown()  # parse forks only from a single-threaded process
+            self._writer, self._writes, errors = None, None, self._write_errors
+        if errors and len(self.log) > before:
+            last = self.log[-1]
+            self.log[-1] = dataclasses.replace(
+                last, write_error="; ".join(filter(None, [last.write_error, *errors])))
+        return result
 
     def info(self) -> CacheInfo:
         """Entries, complete parts and bytes on disk (temporary leftovers included)."""
@@ -178,9 +264,7 @@ class TraceCache:
 
     @staticmethod
     def _key(p: Path) -> dict:
-        st = p.stat()
-        return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "inode": st.st_ino, "schema": SCHEMA_VERSION, "code": code_fingerprint(),
+        return {**_file_key(p), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
                 "pandas": pd.__version__, "pyarrow": pa.__version__}
 
     def _read_trace(self, part: Path, key: dict, given: str) -> Trace | None:
@@ -206,36 +290,82 @@ class TraceCache:
         except (OSError, ValueError, pa.ArrowException):
             return None
 
+    def _read_analysis(self, part: Path, key: dict) -> Analysis | None:
+        files = _verified(part, key)
+        if files is None:
+            return None
+        try:
+            return pickle.loads(files[_ANALYSIS + ".pickle"].read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError,
+                AttributeError, ImportError, IndexError):  # unreadable despite the checksum
+            return None
+
     def _store(self, entry: Path, name: str, key: dict, content: dict[str, Any],
                errors: list[str]) -> None:
-        """Write one part (DataFrames as Arrow, anything else into fields.json) to a temporary
-        directory, then rename it to entry/name. Failures are appended to `errors`."""
+        """Write one part (DataFrames as Arrow, a `*.pickle` name's value pickled, anything
+        else into fields.json) to a temporary directory, then rename it to entry/name.
+        Failures are appended to `errors` (to `_write_errors` while `analysis` computes: the
+        files are then rendered here, and written by the background thread)."""
+        if self._writes is not None:
+            errors = self._write_errors
+        try:
+            files = _render(content)
+        except (ValueError, TypeError, pa.ArrowException, pickle.PicklingError) as e:
+            errors.append(f"cannot write {name} to {self.directory}: {e}")
+            return
+        if self._writes is None:
+            self._write(entry, name, key, files, errors)
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="trace-roofline-cache")
+        self._writes.append(self._writer.submit(self._write, entry, name, key, files, errors))
+
+    def _write(self, entry: Path, name: str, key: dict, files: dict[str, pa.Table | bytes],
+               errors: list[str]) -> None:
+        """Write rendered files (Arrow tables, bytes) and their manifest to a temporary
+        directory, then rename it to entry/name; no pandas here (it runs on the writer
+        thread)."""
         tmp = self.root / f".tmp-{secrets.token_hex(8)}"
         try:
             tmp.mkdir(parents=True)
             manifest: dict[str, dict] = {}
-            fields = {k: v for k, v in content.items() if not isinstance(v, pd.DataFrame)}
-            if fields:
-                text = json.dumps(fields)
-                if json.loads(text) != fields:
-                    raise ValueError("trace fields do not round-trip through JSON")
-                (tmp / _FIELDS).write_text(text)
-                manifest[_FIELDS] = {}
-            for k, df in content.items():
-                if isinstance(df, pd.DataFrame):
-                    _write_table(df, tmp / (k + ".arrow"))
-                    manifest[k + ".arrow"] = {}
+            for fname, data in files.items():
+                if isinstance(data, pa.Table):
+                    _write_table(data, tmp / fname)
+                else:
+                    (tmp / fname).write_bytes(data)
+                manifest[fname] = {}
             for fname, rec in manifest.items():
                 rec.update(bytes=(tmp / fname).stat().st_size, crc32=_crc32(tmp / fname))
             (tmp / _MANIFEST).write_text(json.dumps({"key": key, "files": manifest}))
             entry.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(entry / name, ignore_errors=True)  # a stale or corrupt part
             os.rename(tmp, entry / name)
-        except (OSError, ValueError, TypeError, pa.ArrowException) as e:
+        except (OSError, ValueError, pa.ArrowException) as e:
             errors.append(f"cannot write {name} to {self.directory}: "
                           f"{getattr(e, 'strerror', None) or e}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _render(content: dict[str, Any]) -> dict[str, pa.Table | bytes]:
+    """A part's files: each DataFrame as an Arrow table (<name>.arrow), a `*.pickle` name's
+    value pickled, everything else together as fields.json."""
+    files: dict[str, pa.Table | bytes] = {}
+    fields = {}
+    for k, v in content.items():
+        if k.endswith(".pickle"):
+            files[k] = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+        elif isinstance(v, pd.DataFrame):
+            files[k + ".arrow"] = pa.Table.from_pandas(v)
+        else:
+            fields[k] = v
+    if fields:
+        text = json.dumps(fields)
+        if json.loads(text) != fields:
+            raise ValueError("trace fields do not round-trip through JSON")
+        files[_FIELDS] = text.encode()
+    return files
 
 
 def _trace_files(trace: Trace) -> dict[str, Any]:
@@ -266,9 +396,9 @@ def _verified(part: Path, key: dict) -> dict[str, Any] | None:
         return None
 
 
-def _write_table(df: pd.DataFrame, path: Path) -> None:
-    """Write `df` as one Arrow IPC file (one record batch, pandas metadata for the dtypes)."""
-    table = pa.Table.from_pandas(df)
+def _write_table(table: pa.Table, path: Path) -> None:
+    """Write `table` (from_pandas: with pandas metadata for the dtypes) as one Arrow IPC
+    file."""
     with ipc.new_file(str(path), table.schema) as w:
         w.write_table(table)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -53,8 +54,9 @@ def analyze_trace(
     `hardware` defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
     intensities but no roofline placement. `ncu` is an Nsight Compute raw CSV of the same
     workload: its DRAM bytes become each operator's measured bytes and measured intensity.
-    With `cache`, a trace given by path and its attribution come from (and go to) that
-    `TraceCache`; what it did is appended to `cache.log`.
+    With `cache`, a trace given by path, its attribution and the finished Analysis (per set of
+    the other arguments) come from (and go to) that `TraceCache`; what it did is appended to
+    `cache.log`.
     Tensor parallelism: `tp` says the trace is one rank of `model` sharded `tp` ways; without
     it the shard is inferred from the GEMM shapes (tp.infer_tp), and each rank is costed from
     its own shapes against `model.shard(tp)`. Collectives that do not record their group size
@@ -66,6 +68,21 @@ def analyze_trace(
     `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
     phase (`passes.annotate`); `Analysis.passes` and `.graphs` say what was found.
     """
+    args = dict(model=model, hardware=hardware, causal=causal, attention_bytes=attention_bytes,
+                layers=layers, ncu=ncu, by_shape=by_shape, force=force, tp=tp)
+    if cache is not None and not isinstance(trace, Trace):
+        path = trace
+        return cache.analysis(
+            path, {**args, "ncu": None if ncu is None else Path(ncu)},
+            lambda: _analyze(path, progress=progress, cache=cache, **args))
+    return _analyze(trace, progress=progress, cache=cache, **args)
+
+
+def _analyze(trace: Trace | str | os.PathLike, model: ModelSpec | None,
+             hardware: Hardware | None, *, causal: str, attention_bytes: str,
+             layers: int | None, ncu: str | os.PathLike | None, by_shape: bool, force: bool,
+             progress: Progress | None, cache: TraceCache | None, tp: int | None) -> Analysis:
+    """analyze_trace without the Analysis cache (the trace and attribution may be cached)."""
     attributed = None
     if model is not None and tp is not None:
         model = model.shard(tp)
