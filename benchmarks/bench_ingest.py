@@ -5,7 +5,14 @@ process from wait4; with --memory, one more run samples the physical memory of t
 process tree, since big files fork a parse worker):
   load     trace_roofline.trace.load_trace(path)            (ingest alone)
   analyze  `trace-roofline analyze path` through cli.main   (ingest + attribution + costs +
-           roofline + terminal report: whatever stages exist, via the public CLI)
+           roofline + terminal report: whatever stages exist, via the public CLI), a first
+           run: the benchmark's private cache directory is emptied before each run, so it
+           includes writing the cache entry
+  analyze-nocache   the same with --no-cache (parse only, nothing written)
+  analyze-cached    `python3 -m trace_roofline.cli analyze path` again, the entry in the cache
+  analyze-cached-out  the same with --out DIR (CSV/Parquet/JSON/MD and the PNG/SVG chart)
+  orjson   orjson.loads of the same bytes with the GC off (a generic decoder, the yardstick:
+           absolute times differ between machines, the ratio analyze/orjson less so)
   load-serial, analyze-serial   the same with the parse worker disabled (one process)
   hta      HolisticTraceAnalysis 0.5.0 TraceAnalysis(trace_dir=...) on the same file, in a
            throwaway venv under benchmarks/data/ (skipped with a note if it cannot be set up)
@@ -17,6 +24,8 @@ benchmarks/data/results.json; benchmarks/README.md records the figures.
     python benchmarks/bench_ingest.py --sizes 100 --no-hta  # quick
     python benchmarks/bench_ingest.py --tools load,load-serial,analyze,analyze-serial --repeat 3 \
         --memory --no-hta
+    python benchmarks/bench_ingest.py --sizes 1000 --tools analyze,orjson,analyze-cached,\
+analyze-cached-out --repeat 3 --memory --no-hta --data-dir /tmp/tiles   # issue 16's figures
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +56,12 @@ sys.path.insert(0, str(HERE))
 from tile import tile  # noqa: E402
 
 LOAD = "import sys; from trace_roofline.trace import load_trace; load_trace(sys.argv[1])"
-ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', sys.argv[1]]))"
+ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', *sys.argv[1:]]))"
+ORJSON = ("import gc, sys; gc.disable(); import orjson\n"
+          "with open(sys.argv[1], 'rb') as f: data = f.read()\n"
+          "if data[:2] == b'\\x1f\\x8b': import gzip; data = gzip.decompress(data)\n"
+          "orjson.loads(data)")
+CLI = ["-m", "trace_roofline.cli", "analyze"]
 SERIAL = "import trace_roofline.trace as T; T.PARALLEL_MIN_BYTES = float('inf'); "  # one core
 STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
 HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
@@ -102,7 +117,7 @@ def wait_idle(limit_s: float) -> None:
             return
 
 
-def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
+def measure(cmd: list[str], timeout: float, tree: bool = False, env: dict | None = None) -> dict:
     """Run cmd with stdout discarded: wall and CPU (user + sys, reaped children included)
     seconds and the peak RSS of its largest process (MB, from wait4). With `tree`, also the
     peak physical memory of the whole process tree (`tree_bytes`, sampled every ~20 ms); the
@@ -115,7 +130,7 @@ def measure(cmd: list[str], timeout: float, tree: bool = False) -> dict:
     with tempfile.TemporaryFile() as err:
         busy0 = busy_cpu_s()
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, env=env)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -173,16 +188,64 @@ def machine() -> str:
             f"load average at start {os.getloadavg()[0]:.1f}")
 
 
+def tools_for(file: Path, out: Path) -> dict[str, list[str]]:
+    """Each tool's command line for one file (`out`: the cached --out run's report directory)."""
+    py = sys.executable
+    return {
+        "load": [py, "-c", LOAD, str(file)],
+        "analyze": [py, "-c", ANALYZE, str(file)],
+        "analyze-nocache": [py, "-c", ANALYZE, str(file), "--no-cache"],
+        "analyze-cached": [py, *CLI, str(file)],
+        "analyze-cached-out": [py, *CLI, str(file), "--out", str(out)],
+        "orjson": [py, "-c", ORJSON, str(file)],
+        "load-serial": [py, "-c", SERIAL + LOAD, str(file)],
+        "analyze-serial": [py, "-c", SERIAL + ANALYZE, str(file), "--no-cache"],
+    }
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Medians per (file, tool), then per file analyze / orjson (wall and CPU) and the memory
+    ratios; markdown lines."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if r.get("wall_s"):
+            groups.setdefault((r["file"], r["tool"]), []).append(r)
+    lines = ["| file | tool | runs | median wall s | median CPU s | MB/s | peak RSS MB | tree MB "
+             "| tree / file |", "|---|---|---|---|---|---|---|---|---|"]
+    med = {}
+    for (file, tool), rs in groups.items():
+        wall = statistics.median(r["wall_s"] for r in rs)
+        cpu = statistics.median(r["cpu_s"] for r in rs)
+        med[file, tool] = (wall, cpu, rs[0])
+        lines.append(f"| {file} | {tool} | {len(rs)} | {wall:.2f} | {cpu:.2f} | "
+                     f"{rs[0]['mb'] / wall:.0f} | {max(r['peak_rss_mb'] for r in rs)} | "
+                     f"{rs[0].get('tree_mb', '-')} | {rs[0].get('tree_x_file', '-')} |")
+    for file in dict.fromkeys(f for f, _ in groups):
+        if (file, "orjson") not in med:
+            continue
+        ow, oc, orow = med[file, "orjson"]
+        for tool in ("analyze", "analyze-nocache", "analyze-cached", "analyze-cached-out"):
+            if (file, tool) in med:
+                w, c, r = med[file, tool]
+                lines.append(f"- {file}: {tool} / orjson = {w / ow:.2f} wall, {c / oc:.2f} CPU; "
+                             f"memory {r.get('tree_x_file', '-')}x the file "
+                             f"(orjson {orow['peak_rss_mb'] * 2**20 / (orow['mb'] * 1e6):.2f}x)")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=lambda s: Path(s).resolve(), default=DEFAULT_SOURCE)
     ap.add_argument("--sizes", default="100,1000", help="target sizes in MB, comma separated")
+    ap.add_argument("--data-dir", type=Path, default=DATA,
+                    help="where tiles, the cache and results go (default benchmarks/data)")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--gzip", action="store_true", help="also time the .json.gz of each size")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--tools", default="load,analyze,hta",
-                    help="any of load, analyze, hta, load-serial, analyze-serial (the last two "
-                         "force the one-process parse, for comparison)")
+                    help="any of load, analyze, analyze-nocache, analyze-cached, "
+                         "analyze-cached-out, orjson, hta, load-serial, analyze-serial (the "
+                         "last two force the one-process parse, for comparison)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (all recorded)")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
                     help="before each run wait up to S seconds for the machine to be idle")
@@ -190,7 +253,13 @@ def main() -> None:
                     help="one extra run of each of our tools that samples the whole process "
                          "tree's physical memory (parent + parse worker)")
     args = ap.parse_args()
-    wanted = set(args.tools.split(","))
+    wanted = args.tools.split(",")
+    data = args.data_dir.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    # A private cache: `analyze` empties it before each run (a first run), the cached tools
+    # fill it once first; the user's own cache is never touched.
+    cache = data / "cache"
+    env = {**os.environ, "TRACE_ROOFLINE_CACHE_DIR": str(cache)}
 
     skip_hta = args.no_hta or "hta" not in wanted
     py, hta_note = (None, "HTA skipped") if skip_hta else hta_python()
@@ -198,7 +267,7 @@ def main() -> None:
     rows, results = [], {"machine": machine(), "source": str(args.source.relative_to(ROOT)),
                          "hta": hta_note, "startup": startup, "runs": []}
     for mb in (int(s) for s in args.sizes.split(",")):
-        path = DATA / f"{args.source.name.split('.json')[0]}_{mb}mb.json"
+        path = data / f"{args.source.name.split('.json')[0]}_{mb}mb.json"
         if not path.exists():
             info = tile(args.source, path, mb * 1_000_000)
             path.with_suffix(".tile.json").write_text(json.dumps(info))
@@ -212,26 +281,30 @@ def main() -> None:
                     shutil.copyfileobj(f, g, 16 << 20)
             files.append((gz, size))
         for file, raw_size in files:
-            tools = [("load", [sys.executable, "-c", LOAD, str(file)]),
-                     ("analyze", [sys.executable, "-c", ANALYZE, str(file)]),
-                     ("load-serial", [sys.executable, "-c", SERIAL + LOAD, str(file)]),
-                     ("analyze-serial", [sys.executable, "-c", SERIAL + ANALYZE, str(file)])]
-            tools = [t for t in tools if t[0] in wanted]
+            commands = tools_for(file, data / "report")
+            tools = [(t, commands[t]) for t in wanted if t in commands]
             if py and "hta" in wanted:
-                hta_dir = DATA / f"hta_{file.name}"
+                hta_dir = data / f"hta_{file.name}"
                 hta_dir.mkdir(exist_ok=True)
                 link = hta_dir / file.name
                 if not link.exists():
                     link.symlink_to(file)
                 tools.append(("hta", [py, "-c", HTA, str(hta_dir)]))
             for tool, cmd in tools:
+                cold = tool == "analyze"
+                if tool.startswith("analyze-cached"):  # fill the cache (not recorded)
+                    measure(commands["analyze-cached"], args.timeout, env=env)
                 tree = {}
                 if args.memory and tool != "hta":
-                    tree = measure(cmd, args.timeout, tree=True)
+                    if cold:
+                        shutil.rmtree(cache, ignore_errors=True)
+                    tree = measure(cmd, args.timeout, tree=True, env=env)
                 for _ in range(args.repeat):
+                    if cold:
+                        shutil.rmtree(cache, ignore_errors=True)
                     wait_idle(args.wait_idle)
                     load = os.getloadavg()[0]
-                    r = measure(cmd, args.timeout)
+                    r = measure(cmd, args.timeout, env=env)
                     r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6),
                              events=info["events"], load_avg=round(load, 2))
                     if r.get("wall_s"):
@@ -244,7 +317,8 @@ def main() -> None:
                     results["runs"].append(r)
                     rows.append(r)
                     print(json.dumps(r), flush=True)
-    (DATA / "results.json").write_text(json.dumps(results, indent=2))
+    shutil.rmtree(cache, ignore_errors=True)
+    (data / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
           f"startup+imports {startup.get('wall_s')} s ({startup.get('cpu_s')} s CPU), "
           f"{startup.get('peak_rss_mb')} MB\n")
@@ -256,6 +330,7 @@ def main() -> None:
             r.get(k, "-") for k in ("other_cpu_s", "wall_s", "cpu_s", "mb_per_s", "mb_per_cpu_s",
                                     "peak_rss_mb", "tree_mb", "tree_x_file")]
         print("| " + " | ".join(map(str, cells)) + " |" + (f" {r['note']}" if "note" in r else ""))
+    print("\n" + "\n".join(summary(rows)))
 
 
 if __name__ == "__main__":

@@ -130,7 +130,9 @@ def qwen_layer(spec: ModelSpec, t: int, s: int, durs: dict[str, tuple[float, ...
 
 def attributed(ops: list[Op], layer: int | None = 0, step: int | None = None,
                first_event: int = 0, first_op: int = 1000, t0: float = 0.0) -> pd.DataFrame:
-    """attribute.attribute()'s table for `ops`, kernels back to back from t0 (µs)."""
+    """attribute.attribute()'s table for `ops`, kernels back to back from t0 (µs). Each op is one
+    instance per (layer, step); a kernel without an op is an instance of its own (`concat`
+    numbers the instances of joined frames afresh)."""
     rows, ts, eid = [], t0, first_event
     for i, o in enumerate(ops):
         for dur in o.durs:
@@ -146,14 +148,23 @@ def attributed(ops: list[Op], layer: int | None = 0, step: int | None = None,
             })
             ts += dur + 0.5
             eid += 1
-    df = pd.DataFrame(rows)
+    df = _with_instances(pd.DataFrame(rows))
     return df.astype({"op_id": "Int64", "layer": "Int64", "step": "Int64", "event_id": "int64",
                       "stream": "int64", "op_name": "object", "input_dims": "object",
                       "input_types": "object", "concrete_inputs": "object"})
 
 
 def concat(*frames: pd.DataFrame) -> pd.DataFrame:
-    return pd.concat(frames, ignore_index=True)
+    return _with_instances(pd.concat(frames, ignore_index=True))
+
+
+def _with_instances(df: pd.DataFrame) -> pd.DataFrame:
+    """Number the instances as attribute() would: one per op (op_id) per (operator, layer,
+    step); a kernel without an op is one of its own."""
+    op = df["op_id"].astype("Int64").fillna(-1 - df["event_id"].astype("int64"))
+    keys = pd.MultiIndex.from_arrays([op, df["operator"], df["layer"].astype("Int64"),
+                                      df["step"].astype("Int64")])
+    return df.assign(instance=pd.factorize(keys)[0].astype("int64"))
 
 
 # ----------------------------------------------------------------------------- event writer

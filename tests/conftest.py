@@ -37,3 +37,11 @@ def trace_file(tmp_path: Path) -> Callable[..., Path]:
         return write(doc, path, gz=name.endswith(".gz"))
 
     return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """The parsed-trace cache goes to a temporary directory, never the user's."""
+    with pytest.MonkeyPatch.context() as mp:  # subprocesses inherit the variable too
+        mp.setenv("TRACE_ROOFLINE_CACHE_DIR", str(tmp_path_factory.mktemp("trace-roofline-cache")))
+        yield

@@ -24,7 +24,7 @@ DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 NCU = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
 OUTPUTS = {"operators.csv", "operators_by_layer.csv", "operators.parquet", "report.json",
-           "report.md", "roofline.png", "roofline.svg"}
+           "report.md", "report.html", "roofline.png", "roofline.svg"}
 
 
 def entry(path: Path) -> dict:

@@ -103,3 +103,68 @@ def test_hardware_json_errors(tmp_path, payload, msg):
     with pytest.raises(InputError, match=msg) as e:
         hardware.get_hardware(str(p))
     assert str(p) in str(e.value)
+
+
+FP8_TINY = {  # qwen-tiny's shapes, stored in fp8
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+    "num_attention_heads": 8, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "vocab_size": 1024, "model_type": "qwen2",
+}
+
+
+@pytest.mark.parametrize("dtype_fields", [
+    {"torch_dtype": "float8_e4m3fn"},
+    {"torch_dtype": "bfloat16", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
+])
+def test_fp8_config_extrapolates(tmp_path, dtype_fields):
+    """An fp8 model loads with 1-byte elements and the fp8 peak, and --layers extrapolation adds
+    its embedding and lm_head at 1 byte per element (hand-computed below)."""
+    from pathlib import Path
+
+    from trace_roofline.pipeline import analyze_trace
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**FP8_TINY, **dtype_fields}))
+    m = get_model(str(p))
+    assert m.dtype == "float8_e4m3fn" and m.bytes_per_element == 1
+    assert hardware.get_hardware("h200-sxm").peak(m.dtype) == 1978.9e12
+    trace = Path(__file__).parent.parent / "sample_traces/qwen-tiny_decode_b2_s64_l2_cpu.json.gz"
+    a = analyze_trace(trace, m, layers=4)
+    ext = a.extrapolated.set_index("operator")
+    # decode, B=2: 2 tokens gather 2 rows of [1024, 256] (read + write) plus 2 int64 ids
+    assert ext.loc["embedding", "source"] == "model"
+    assert ext.loc["embedding", "bytes"] == 2 * 256 * 2 + 2 * 8
+    # lm_head: [2,256]x[256,1024] at 1 byte per element
+    assert ext.loc["lm_head", "flops"] == 2 * 2 * 256 * 1024
+    assert ext.loc["lm_head", "bytes"] == 2 * 256 + 256 * 1024 + 2 * 1024
+
+
+@pytest.mark.parametrize("spelling,short,nbytes,peak", [
+    ("c10::BFloat16", "bf16", 2, "bf16"), ("bfloat16", "bf16", 2, "bf16"),
+    ("BFloat16", "bf16", 2, "bf16"), ("torch.bfloat16", "bf16", 2, "bf16"),
+    ("float", "fp32", 4, "fp32"), ("Float", "fp32", 4, "fp32"), ("c10::Half", "fp16", 2, "fp16"),
+    ("float8_e4m3fn", "fp8", 1, "fp8"), ("c10::Float8_e4m3fn", "fp8", 1, "fp8"),
+    ("c10::Float8_e5m2", "fp8", 1, "fp8"), ("long int", "int64", 8, None),
+    ("int", "int32", 4, None), ("bool", "bool", 1, None), ("unsigned char", "uint8", 1, None),
+    ("signed char", "int8", 1, None), ("int8", "int8", 1, None), ("double", "fp64", 8, None),
+])
+def test_dtype_table(spelling, short, nbytes, peak):
+    from trace_roofline import dtypes
+
+    d = dtypes.lookup(spelling)
+    assert (d.short, d.bytes, d.peak) == (short, nbytes, peak)
+    assert dtype_bytes(spelling) == nbytes
+    if peak is None:
+        with pytest.raises(InputError, match="no compute peak"):
+            hardware.dtype_key(spelling)
+    else:
+        assert hardware.dtype_key(spelling) == peak
+
+
+def test_dtype_table_misses_and_scalar_types():
+    from trace_roofline import dtypes
+
+    assert dtypes.lookup("Scalar") is None and dtypes.lookup("TensorList") is None
+    assert dtypes.by_scalar_type("15").short == "bf16"
+    assert dtypes.by_scalar_type("24").name == "float8_e4m3fn"
+    assert dtypes.by_scalar_type("99") is None

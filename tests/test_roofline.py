@@ -156,7 +156,7 @@ def test_extrapolation_divides_by_layers_and_steps_in_the_trace():
     assert ext.loc["q_proj", "source"] == "trace x14"
     with pytest.raises(InputError, match="layers"):
         extrapolate(costed, QWEN, 0)
-    with pytest.raises(InputError, match="--model"):
+    with pytest.raises(InputError, match="layers needs a model"):
         analyze(parts[0], None, H200, layers=28)
 
 
@@ -409,3 +409,43 @@ def test_dtypes_without_a_listable_peak_borrow_the_main_dtypes():
     assert roofline.peak_key(hw, "int64", None) == "bf16"
     assert roofline.peak_key(hardware({"fp16": 900.0, "fp8": 1800.0}), "int64", "int64") == "fp8"
     assert roofline.peak_for(hw, "fp8") == 1978.9e12
+
+
+def test_malformed_and_implausible_shapes_are_warnings_not_placements(tmp_path):
+    """A trace whose Input Dims hold -4 (malformed: uncosted, counted, warned) and 10**15 rows
+    (a q_proj GEMM of 2·10^15·3584² FLOPs in 3.5 µs, ~10^13x the H200's roof: warned, never
+    placed); the attention op stays costed and placed."""
+    from trace_factory import gpu_trace, write
+
+    from trace_roofline.pipeline import analyze_trace
+
+    doc = gpu_trace(steps=1)
+    bad = {"q_proj": [[10**15, 3584], [3584, 3584]], "k_proj": [[-4, 3584], [3584, 512]]}
+    names = iter(["q_proj", "k_proj", "attention"])
+    for ev in doc["traceEvents"]:
+        if ev.get("cat") == "cpu_op":
+            name = next(names)
+            if name in bad:
+                ev["args"]["Input Dims"] = bad[name]
+    a = analyze_trace(write(doc, tmp_path / "bad.json"), hardware=get_hardware("h200-sxm"))
+    c = a.costed.set_index("operator")
+    assert c.loc["q_proj", "cost_kind"] == "implausible" and math.isnan(c.loc["q_proj", "flops"])
+    assert c.loc["k_proj", "cost_kind"] == "malformed" and math.isnan(c.loc["k_proj", "flops"])
+    assert c.loc["attention", "cost_kind"] == "attention"
+    assert len(a.warnings) == 2
+    malformed, implausible = a.warnings
+    assert malformed.startswith("1 op instance(s) left uncosted for malformed shape data")
+    assert "aten::mm x1" in malformed
+    assert implausible.startswith("aten::mm (q_proj): 1 instance(s) at up to ")
+    assert "h200-sxm's roof" in implausible and "unplaced" in implausible
+    ops = a.operators[a.operators["layer"].isna()].set_index("operator")
+    assert ops.loc["q_proj", "uncosted"] == 1 and pd.isna(ops.loc["q_proj", "pct_of_roof"])
+    assert ops.loc["k_proj", "uncosted"] == 1 and pd.isna(ops.loc["k_proj", "bound"])
+    assert ops.loc["attention", "pct_of_roof"] > 0
+    assert a.coverage["uncosted_instances"] == 3  # and the memset no op launched
+
+
+def test_a_sample_trace_raises_no_warnings():
+    from trace_roofline.pipeline import analyze_trace
+
+    assert analyze_trace(SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz", QWEN).warnings == ()

@@ -199,9 +199,9 @@ def test_phase_per_step():
 
 def test_bad_conventions_and_missing_columns():
     att = attributed(qwen_layer(QWEN, 1, 64))
-    with pytest.raises(InputError, match="--causal"):
+    with pytest.raises(InputError, match="^causal must be"):
         attach_costs(att, QWEN, causal="half")
-    with pytest.raises(InputError, match="--attention-bytes"):
+    with pytest.raises(InputError, match="^attention_bytes must be"):
         attach_costs(att, QWEN, attention_bytes="q")
     with pytest.raises(InputError, match="input_dims"):
         attach_costs(att.drop(columns=["input_dims"]), QWEN)
@@ -357,3 +357,110 @@ def test_compiled_and_eager_rope_and_cache_bytes_agree(eager, compiled):
     # HF decode: the repeat_kv copies (eager) and Triton expansions (compiled) are attention
     att = [_per_layer_step(f"{n}.json.gz", ["attention"]) for n in (eager, compiled)]
     assert att[1] == pytest.approx(att[0], rel=0.01)
+
+
+F8, I64 = "c10::Float8_e4m3fn", "long int"
+# One hand-computed case per cost rule: (op, Input Dims, Input type, Concrete Inputs, kind,
+# FLOPs, bytes). bf16 = 2 bytes, fp32 = 4, int64 = 8.
+RULE_CASES = [
+    # mm [4,8]x[8,16]: 2·4·8·16; (32 + 128 + 64) elements
+    ("aten::mm", [[4, 8], [8, 16]], [BF, BF], None, "gemm", 1024, 448),
+    # + 4·16 bias adds, 16 bias elements read
+    ("aten::addmm", [[16], [4, 8], [8, 16]], [BF, BF, BF], None, "gemm", 1088, 480),
+    # x [2,4,8] -> M = 8; weight [16, 8]
+    ("aten::linear", [[2, 4, 8], [16, 8], [16]], [BF, BF, BF], None, "gemm", 2176, 672),
+    ("aten::bmm", [[3, 4, 8], [3, 8, 16]], [BF, BF], None, "gemm", 3072, 1344),
+    # a full [3,4,16] C (not an N-vector bias) is read in full: 192 elements
+    ("aten::baddbmm", [[3, 4, 16], [3, 4, 8], [3, 8, 16]], [BF, BF, BF], None, "gemm", 3264,
+     1728),
+    # a 2-D weight: one [8,8]x[8,16] GEMM, the weight read once
+    ("aten::matmul", [[2, 4, 8], [8, 16]], [BF, BF], None, "gemm", 2048, 640),
+    # fp8 operands (1 byte), bf16 out_dtype (ScalarType 15): + 64 output elements x 1 byte more
+    ("aten::_scaled_mm", [[4, 8], [8, 16], [], [], [], [], [], []],
+     [F8, F8, F32, F32, "", "", "Scalar", "Scalar"], ["", "", "", "", "", "", "15", "False"],
+     "gemm", 1024, 288),
+    # SDPA decode, B=1 n_q=2 n_kv=1 T=1 S=6 d=4: 4·B·n_q·d·S; K,V + Q,O
+    ("aten::scaled_dot_product_attention", [[1, 2, 1, 4], [1, 1, 6, 4], [1, 1, 6, 4]],
+     [BF, BF, BF], None, "attention", 192, 128),
+    ("aten::view", [[4, 8], []], [BF, "ScalarList"], None, "view", 0, 0),
+    # copy_(dst bf16, src fp32): read 32·4, write 32·2
+    ("aten::copy_", [[4, 8], [4, 8], []], [BF, F32, "Scalar"], None, "copy", 0, 192),
+    # 2 + 3 rows of 8 read and written, dtype the model's (bf16)
+    ("aten::cat", [[[2, 8], [3, 8]], []], ["TensorList", "Scalar"], None, "copy", 0, 160),
+    # index_copy_(self [10,8], 0, index [2], source [2,8]): source read, 16 slots written, ids
+    ("aten::index_copy_", [[10, 8], [], [2], [2, 8]], [BF, "Scalar", I64, BF], None, "copy", 0,
+     80),
+    # 5 ids gather 5 rows of 8 (read + written) plus the ids
+    ("aten::embedding", [[100, 8], [5]], [BF, I64], None, "copy", 0, 200),
+    ("aten::arange", [[], [], [], [], []], ["Scalar", "", "", "", "Scalar"],
+     ["512", "", "", "", "False"], "copy", 0, 4096),
+    # 4 FLOPs per element; x and weight read, x written
+    ("aten::rms_norm", [[4, 8], [], [8], []], [BF, "ScalarList", BF, "Scalar"], None, "norm",
+     128, 144),
+    ("aten::_softmax", [[4, 8], [], []], [BF, "Scalar", "Scalar"], None, "elementwise", 160, 128),
+    # mean over the last dim: 32 elements read, 4 written (fp32)
+    ("aten::mean", [[4, 8], [], [], []], [F32, "ScalarList", "Scalar", ""],
+     ["", "[-1]", "True", ""], "reduction", 32, 144),
+    # broadcast add [4,8] + [8] -> 32 elements
+    ("aten::add", [[4, 8], [8], []], [BF, BF, "Scalar"], None, "elementwise", 32, 144),
+    # in place: writes its first input
+    ("aten::add_", [[4, 8], [4, 8], []], [BF, BF, "Scalar"], None, "elementwise", 32, 192),
+    # Triton pointwise kernel over xnumel = 32: each buffer moves at most 32 elements
+    ("triton_poi_fused_add_0", [[4, 8], [4, 8], []], [BF, BF, "Scalar"], ["", "", "32"],
+     "fused", 32, 128),
+]
+
+
+@pytest.mark.parametrize("op,dims,types,concrete,kind,flops,nbytes", RULE_CASES,
+                         ids=[c[0] for c in RULE_CASES])
+def test_each_cost_rule_hand_computed(op, dims, types, concrete, kind, flops, nbytes):
+    c = one([Op("other", op, dims, types, concrete)]).iloc[0]
+    assert (c["cost_kind"], c["flops"], c["bytes"]) == (kind, flops, nbytes), c["uncosted"]
+
+
+def test_every_registered_rule_has_a_hand_computed_case():
+    covered = {shapes.rule_for(case[0]) for case in RULE_CASES}
+    assert set(shapes.ATEN_RULES.values()) <= covered
+    assert shapes.rule_for("aten::_flash_attention_forward") in covered
+    assert shapes.rule_for("triton_red_fused_mean_1") in covered
+    assert shapes.rule_for("aten::topk") is None and shapes.rule_for("my::op") is None
+
+
+@pytest.mark.parametrize("op,dims,types,concrete", [
+    ("aten::mm", [[-4, 8], [8, 16]], [BF, BF], None),  # negative dim
+    ("aten::mm", [[4.5, 8], [8, 16]], [BF, BF], None),  # non-integer dim
+    ("aten::add", [[10**15, 10**15], []], [BF, "Scalar"], None),  # more elements than int64
+    ("aten::mm", [[4, 8], []], [BF, "Scalar"], None),  # the weight is not a tensor
+    ("aten::bmm", [[4, 8], [8, 16]], [BF, BF], None),  # 2-D operands to a batched GEMM
+    ("aten::matmul", [[2, 3, 4, 8], [5, 8, 16]], [BF, BF], None),  # batches do not broadcast
+    ("aten::mean", [[4, 8], [], [], []], [F32, "ScalarList", "Scalar", ""],
+     ["", "[5]", "True", ""]),  # reduced dim out of range
+    ("aten::arange", [[], [], []], ["Scalar", "Scalar", "Scalar"], ["0", "8", "0"]),  # step 0
+])
+def test_malformed_shape_data_is_uncosted_and_named(op, dims, types, concrete):
+    c = one([Op("other", op, dims, types, concrete)]).iloc[0]
+    assert c["cost_kind"] == "malformed" and math.isnan(c["flops"]) and math.isnan(c["bytes"])
+    assert c["uncosted"].startswith(f"{op}: malformed shape data (")
+
+
+def test_a_bug_in_a_cost_rule_is_not_swallowed(monkeypatch):
+    def broken(call):
+        return {}["no such key"]
+
+    monkeypatch.setitem(shapes.ATEN_RULES, "mm", broken)
+    with pytest.raises(KeyError):
+        one([Op("other", "aten::mm", [[4, 8], [8, 16]], [BF, BF])])
+
+
+def test_flex_attention_is_attention_but_honestly_uncosted():
+    """flex_attention is recognised as attention (one regex, operators.py) and goes to the
+    attention rule, which has no layout for it: its block mask is not recorded."""
+    from trace_roofline import operators
+
+    base = pd.Series(["flex_attention", "_scaled_dot_product_flash_attention",
+                      "triton_tem_fused_flex_attention_0"])
+    assert operators.recognise(operators.ATTENTION, base).tolist() == [True, True, False]
+    qkv = [[1, 2, 16, 4], [1, 1, 16, 4], [1, 1, 16, 4]]
+    c = one([Op("attention", "aten::flex_attention", qkv, [BF, BF, BF])]).iloc[0]
+    assert c["operator"] == "attention" and math.isnan(c["flops"])
+    assert "attention op without a known argument layout" in c["uncosted"]

@@ -7,8 +7,10 @@ import json
 import os
 import secrets
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from trace_roofline.errors import InputError
 
@@ -107,3 +109,22 @@ def write_files(files: Mapping[str | Path, bytes]) -> list[Path]:
         where = e.filename or next(iter(targets), "")
         raise InputError(f"{where}: cannot write output ({e.strerror})") from None
     return list(targets)
+
+
+@contextmanager
+def staged_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A file too big to render in memory, streamed into a hidden temporary sibling of `path`
+    that is renamed into place when the block ends without an error and removed otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a file path")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"{e.filename or path}: cannot write output ({e.strerror})") from None
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -32,20 +32,17 @@ import re
 import numpy as np
 import pandas as pd
 
+from trace_roofline import operators
 from trace_roofline._nest import Nest
 from trace_roofline.models import ModelSpec
+from trace_roofline.operators import Stage
 
-LINEAR_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
-                "gate_up_proj", "down_proj", "lm_head")
-PROJ_IN = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
-MLP_IN = {"gate_proj", "up_proj", "gate_up_proj"}
+PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
+MLP_IN = operators.at_stage(Stage.MLP_IN)
 
-# Op families, by the op's base name (after the last "::").
+# Op families, by the op's base name (after the last "::"); attention and embedding ops are
+# recognised by the vocabulary (operators.py).
 BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
-_ATTN_RE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|"
-                      r"cudnn_attention|paged_attention|flex_attention|unified_attention|"
-                      r"^attention$|attention_forward")
-EMBEDDING_OPS = {"embedding", "embedding_bag", "_embedding_bag"}
 NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
                  "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
@@ -60,7 +57,6 @@ ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_an
 SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
 
 # Triton kernel names list the aten ops they fuse: triton_{poi,red,per,tem}_fused_<ops>_<n>.
-_TRITON_RE = re.compile(r"^triton_[a-z]+_fused")
 _TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
 _TOK_ROPE = re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)")
 _TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)")
@@ -83,24 +79,28 @@ def per_value(values: pd.Series, fn) -> pd.DataFrame | pd.Series:
     return out
 
 
+Rule = tuple[np.ndarray, "np.ndarray | str"]  # (condition per row, name: one or per row)
+
+
+def first_match(rules: list[Rule], default: str) -> np.ndarray:
+    """Per row, the name of the first rule whose condition holds, else `default`: rules are
+    ordered lists of (condition, name) pairs, read top to bottom like a table in the docs."""
+    return np.select([c for c, _ in rules], [v for _, v in rules], default=default)
+
+
 def base_name(names: pd.Series) -> pd.Series:
     """'aten::addmm' -> 'addmm' (Triton kernel names are kept whole)."""
-    return per_value(names, lambda u: u.str.rsplit("::", n=1).str[-1])
-
-
-def is_attention(names: pd.Series) -> pd.Series:
-    base = base_name(names).fillna("")
-    return base.str.contains(_ATTN_RE) & ~base.str.match(_TRITON_RE)
+    return per_value(names, operators.base_names)
 
 
 def _op_flags(names: pd.Series) -> pd.DataFrame:
     base = base_name(names).fillna("")
-    triton = base.str.match(_TRITON_RE)
+    triton = base.str.match(operators.TRITON_KERNEL_OP)
     tri = base.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
     return pd.DataFrame({
         "triton": triton,
-        "attn": base.str.contains(_ATTN_RE) & ~triton,
-        "emb": base.isin(EMBEDDING_OPS),
+        "attn": operators.recognise(operators.ATTENTION, base),
+        "emb": operators.recognise(operators.EMBEDDING, base),
         "normcore": base.isin(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
         "cast": base.isin(CAST_OPS),
         "ropecore": base.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
@@ -254,7 +254,8 @@ def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
 def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -> pd.Series:
     """Canonical names of weight GEMMs by (K, N); ties by order within the sequence group.
 
-    A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in LINEAR_ORDER
+    A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in the order of
+    operators.LINEARS
     as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the 3rd q_proj...
     GEMMs matching nothing are named `linear[K×N]`.
     """
@@ -268,7 +269,7 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     if not linears:
         return out
     groups: dict[tuple[int, int], list[str]] = {}
-    for name in LINEAR_ORDER:
+    for name in operators.LINEARS:
         if name in linears:
             groups.setdefault(tuple(linears[name]), []).append(name)
     table = pd.DataFrame(
@@ -351,32 +352,33 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     preamble = np.isin(Pa, ["", "embedding"]) & n_start
     after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
     kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
-    conds = [
-        is_anchor,
-        after_proj & (pos >= attn_core),
-        after_proj & kv,
-        after_proj & F["attnprep"],
-        after_proj & (pos > last_rope) & np.isin(Na, ["attention", "o_proj", ""]),
-        after_proj,
-        Pa == "attention",
-        np.isin(Pa, list(MLP_IN)),
-        (Pa == "down_proj") & n_start & before_norm,
-        (Pa == "down_proj") & n_start,
-        preamble & ~before_norm,
-        preamble & F["emb"],
-        preamble & (pos >= rope0),
-        (Pa == "o_proj") & before_norm,
-        Pa == "o_proj",
-        (Pa == "down_proj") & before_norm,
-        Pa == "down_proj",
-        np.isin(Pa, ["", "embedding"]) & F["emb"],
+    after_o, after_down = Pa == "o_proj", Pa == "down_proj"
+    rules: list[Rule] = [  # P: the anchor before, N: the anchor after; first match wins
+        (is_anchor, anchor.fillna("").to_numpy()),  # a matched GEMM, attention, embedding
+        # between the input projections and attention (or o_proj)
+        (after_proj & (pos >= attn_core), "attention"),  # from the first softmax / bmm on
+        (after_proj & kv, "kv_cache"),  # cache writes (after the last RoPE op)
+        (after_proj & F["attnprep"], "attention"),  # Triton kernels on 4-D buffers only
+        (after_proj & (pos > last_rope) & np.isin(Na, ["attention", "o_proj", ""]), "attention"),
+        (after_proj, "rope"),
+        (Pa == "attention", "attention"),  # up to o_proj: layout copies, masks
+        (np.isin(Pa, list(MLP_IN)), "act"),  # between gate/up and down
+        # after down_proj when the next layer's projections follow: residual add, then norm
+        (after_down & n_start & before_norm, "residual"),
+        (after_down & n_start, "input_norm"),
+        # before the first layer (after the embedding, if any)
+        (preamble & ~before_norm, "input_norm"),
+        (preamble & F["emb"], "embedding"),
+        (preamble & (pos >= rope0), "rope"),  # the cos/sin tables HF builds once per forward
+        # after o_proj: residual add, then the post-attention norm
+        (after_o & before_norm, "residual"),
+        (after_o, "post_attention_norm"),
+        # after the last down_proj: residual add, then the final norm
+        (after_down & before_norm, "residual"),
+        (after_down, "final_norm"),
+        (np.isin(Pa, ["", "embedding"]) & F["emb"], "embedding"),
     ]
-    choices = [
-        anchor.fillna("").to_numpy(), "attention", "kv_cache", "attention", "attention", "rope",
-        "attention", "act", "residual", "input_norm", "input_norm", "embedding", "rope",
-        "residual", "post_attention_norm", "residual", "final_norm", "embedding",
-    ]
-    name = pd.Series(np.select(conds, choices, default="other"), index=inst.index, dtype="string")
+    name = pd.Series(first_match(rules, "other"), index=inst.index, dtype="string")
     source = np.where(F["triton"] & ~is_anchor, "compile",
                       np.where(is_anchor & ~F["emb"], "shape", "position"))
     return name, pd.Series(source, index=inst.index, dtype="string")
@@ -452,32 +454,39 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
         rank = srt.groupby("_parent").cumcount().reindex(lin.index).to_numpy()
         size = lin.groupby("_parent")["s"].transform("size").to_numpy()
         in_a, in_m, in_l = pa >= 0, pm >= 0, pl >= 0
-        table = {  # (parent kind, linears in the parent) -> names by call order
-            ("a", 4): ("q_proj", "k_proj", "v_proj", "o_proj"), ("a", 2): ("qkv_proj", "o_proj"),
-            ("m", 3): ("gate_proj", "up_proj", "down_proj"), ("m", 2): ("gate_up_proj", "down_proj"),
-        }
-        vals = np.full(len(lin), "", dtype=object)
-        for (kind, sz), names in table.items():
-            m = (in_a if kind == "a" else in_m & ~in_a) & (size == sz)
-            vals = np.where(m, np.asarray(names, dtype=object)[np.minimum(rank, sz - 1)], vals)
-        last = rank == size - 1  # other sizes: only the output projection is sure
-        vals = np.where((vals == "") & in_a & last, "o_proj", vals)
-        vals = np.where((vals == "") & in_m & ~in_a & last, "down_proj", vals)
-        # a Linear outside every decoder layer (when the model has some) is the LM head
-        has_layers = len(sub["layer"]) > 0
-        vals = np.where((vals == "") & ~in_a & ~in_m & ~in_l & has_layers, "lm_head", vals)
+        in_mlp = in_m & ~in_a
+
+        def by_order(names: tuple[str, ...]) -> np.ndarray:
+            return np.asarray(names, dtype=object)[np.minimum(rank, len(names) - 1)]
+
         cls = lin["cls"].to_numpy(dtype=object)
-        vals = np.where(np.isin(cls, list(LINEAR_CLASSES)),
-                        pd.Series(cls).map(LINEAR_CLASSES).to_numpy(dtype=object), vals)
-        lin_name = pd.Series(vals, index=lin.index, dtype="string")
+        last = rank == size - 1  # other sizes: only the output projection is sure
+        rules: list[Rule] = [
+            (np.isin(cls, list(LINEAR_CLASSES)),  # the class says its role
+             pd.Series(cls).map(LINEAR_CLASSES).to_numpy(dtype=object)),
+            # by call order inside the parent, for the parent's number of linears
+            (in_a & (size == 4), by_order(("q_proj", "k_proj", "v_proj", "o_proj"))),
+            (in_a & (size == 2), by_order(("qkv_proj", "o_proj"))),
+            (in_mlp & (size == 3), by_order(("gate_proj", "up_proj", "down_proj"))),
+            (in_mlp & (size == 2), by_order(("gate_up_proj", "down_proj"))),
+            (in_a & last, "o_proj"),
+            (in_mlp & last, "down_proj"),
+            # a Linear outside every decoder layer (when the model has some) is the LM head
+            (~in_a & ~in_m & ~in_l & (len(sub["layer"]) > 0), "lm_head"),
+        ]
+        lin_name = pd.Series(first_match(rules, ""), index=lin.index, dtype="string")
     nrm = sub["norm"]
     nrm_name = pd.Series("", index=nrm.index, dtype="string")
     if len(nrm):
         pl, pa = parent_of(nrm, "layer"), parent_of(nrm, "attn")
         rank = pd.Series(nrm["s"].to_numpy()).groupby(pl).rank(method="first").to_numpy() - 1
-        nrm_name = pd.Series(np.where(pa >= 0, "", np.where(
-            pl < 0, "final_norm", np.where(rank == 0, "input_norm", np.where(
-                rank == 1, "post_attention_norm", "")))), index=nrm.index, dtype="string")
+        rules = [
+            (pa >= 0, ""),  # inside attention (a q/k norm): not one of the layer's norms
+            (pl < 0, "final_norm"),  # outside every decoder layer
+            (rank == 0, "input_norm"),  # a layer's 1st norm
+            (rank == 1, "post_attention_norm"),  # its 2nd
+        ]
+        nrm_name = pd.Series(first_match(rules, ""), index=nrm.index, dtype="string")
 
     def pick(kind: str, names: pd.Series | str) -> np.ndarray:
         idx = hit[kind][1]
@@ -488,13 +497,15 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
 
     pos = position.fillna("").to_numpy(dtype=object)
     in_attn = np.where(np.isin(pos, ["rope", "kv_cache", "attention"]), pos, "attention")
-    order = [pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),
-             pick("rope", "rope"), pick("act", "act"),
-             np.where(hit["attn"][1] >= 0, in_attn, ""), pick("mlp", "act"),
-             pick("layer", "residual")]
-    out = np.full(n, "", dtype=object)
-    for cand in order:
-        out = np.where((out == "") & (cand != ""), cand, out)
+    # the innermost module of each kind around the instance that names it, most specific first
+    candidates = [
+        pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),
+        pick("rope", "rope"), pick("act", "act"),
+        np.where(hit["attn"][1] >= 0, in_attn, ""),  # inside attention, no submodule
+        pick("mlp", "act"),  # inside the MLP, no Linear
+        pick("layer", "residual"),  # inside the layer only
+    ]
+    out = first_match([(c != "", c) for c in candidates], "")
     name[:] = np.where(out == "", None, out)
     li = hit["layer"][1]
     idx = sub["layer"]["idx"].to_numpy(dtype="float64", na_value=np.nan)

@@ -44,7 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming
+from trace_roofline import _naming, operators
 from trace_roofline._nest import KeySpace, Nest, to_ns
 from trace_roofline.models import ModelSpec
 from trace_roofline.trace import Trace
@@ -58,6 +58,9 @@ ATTRIBUTED_COLUMNS = {
     "ts_us": "float64",
     "dur_us": "float64",
     "op_id": "Int64",  # innermost shape-carrying cpu op (trace.cpu_ops.op_id); NA if unlinked
+    # the op instance, numbered in order of first unit: one op (op_id) in one step; a unit
+    # without an op is an instance of its own. shapes.attach_costs costs each once.
+    "instance": "int64",
     "op_name": "str",
     "input_dims": "str",  # raw JSON text of the op's Input Dims (parse with trace.parse_dims)
     "input_types": "str",
@@ -81,17 +84,7 @@ OPERATOR_TABLE_COLUMNS = {
     "source": "str",  # the evidence that named most of its time
 }
 
-CANONICAL = ("input_norm", "q_proj", "k_proj", "v_proj", "qkv_proj", "rope", "kv_cache",
-             "attention", "o_proj", "residual", "post_attention_norm", "gate_proj", "up_proj",
-             "gate_up_proj", "act", "down_proj", "embedding", "final_norm", "lm_head")
-UNATTRIBUTED = "unattributed"
-NON_LAYER = {"embedding", "final_norm", "lm_head"}
-# HF module names that say which canonical operator they are
-_ALIASES = {"input_layernorm": "input_norm", "post_attention_layernorm": "post_attention_norm",
-            "embed_tokens": "embedding", "rotary_emb": "rope", "act_fn": "act"}
-_STAGE = {"input_norm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "qkv_proj": 1, "attention": 2,
-          "o_proj": 3,
-          "post_attention_norm": 4, "gate_proj": 5, "gate_up_proj": 5, "down_proj": 6}
+UNATTRIBUTED = operators.UNATTRIBUTED.name
 _LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)(?:$|[./:\s])")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # cpu ops that only wrap others (torch.compile, autograd, CUDA graphs): never units or top ops
@@ -134,7 +127,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     source = np.where(has, src, np.where(named, an, un))
     inst_layer = inst["layer"].array.take(at, allow_fill=True)
     ann_layer = units["ann_layer"].array
-    no_layer = np.append(op_cats.isin(NON_LAYER | {UNATTRIBUTED}), True)[operator]
+    no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
     layer = pd.arrays.IntegerArray(
         np.where(has, inst_layer.to_numpy(np.int64, na_value=0),
                  ann_layer.to_numpy(np.int64, na_value=0)),
@@ -148,6 +141,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
+        "instance": _instance_ids(idx, units["step"]),
     })
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
@@ -158,6 +152,15 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["step"] = pd.array(units["step"], dtype="Int64")
     out["source"] = _strings(pd.Categorical.from_codes(source, src_cats))
     return out[list(ATTRIBUTED_COLUMNS)]
+
+
+def _instance_ids(op_idx: np.ndarray, step: pd.Series) -> np.ndarray:
+    """0, 1, ... per distinct (op, step) in order of first unit; an unlinked unit (op_idx < 0)
+    gets an id of its own."""
+    step_code = pd.factorize(pd.array(step, dtype="Int64"), use_na_sentinel=False)[0]
+    n_steps = int(step_code.max(initial=0)) + 1
+    key = np.where(op_idx >= 0, op_idx * n_steps + step_code, -1 - np.arange(len(op_idx)))
+    return pd.factorize(key)[0].astype(np.int64)
 
 
 def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
@@ -285,7 +288,8 @@ def _ops_frame(cpu_ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
     ops["e"] = ops["s"] + to_ns(ops["dur_us"])
     ops["key"] = keys.codes(ops["pid"], ops["tid"])
     ops["wrapper"] = _by_category(ops["name"], lambda c: c.str.contains(_WRAPPER_RE))
-    ops["attn"] = _by_category(ops["name"], _naming.is_attention)
+    ops["attn"] = _by_category(
+        ops["name"], lambda c: operators.recognise(operators.ATTENTION, operators.base_names(c)))
     ops["shaped"] = _by_category(ops["input_dims"], lambda c: c.str.contains(r"\d"))
     return ops
 
@@ -395,8 +399,8 @@ def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
 def _canonical(names: pd.Series) -> pd.Series:
     """Canonical operator of a range name: 'q_proj', 'layers.3.q_proj', 'input_layernorm'."""
     last = names.astype("string").str.strip().str.split(r"[./:\s]", regex=True).str[-1]
-    last = last.replace(_ALIASES)
-    return last.where(last.isin(CANONICAL)).astype(object)
+    last = last.replace(operators.ALIASES)
+    return last.where(last.isin(operators.NAMES)).astype(object)
 
 
 def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
@@ -583,11 +587,11 @@ def _segment_layers(name: np.ndarray, cats: pd.Index, grp: np.ndarray) -> pd.arr
     `name` holds codes into `cats` (-1: none); rows are sorted by `grp` (then launch time), so
     a group, and a forward pass inside it, is a run of rows."""
     n = len(name)
-    emb = np.append(cats == "embedding", False)[name]
+    emb = np.append(cats == operators.EMBEDDING.name, False)[name]
     new_grp = np.r_[True, grp[1:] != grp[:-1]]
     first_emb = emb & ~np.r_[False, emb[:-1] & ~new_grp[1:]]  # not after one in its group
     seq = np.cumsum(new_grp | first_emb) - 1  # one forward pass of one group
-    stage = np.append(pd.Series(cats, dtype=object).map(_STAGE).to_numpy(np.float64),
+    stage = np.append(pd.Series(cats, dtype=object).map(operators.STAGES).to_numpy(np.float64),
                       np.nan)[name]
     staged = np.flatnonzero(~np.isnan(stage))
     st, sq = stage[staged], seq[staged]
@@ -600,5 +604,5 @@ def _segment_layers(name: np.ndarray, cats: pd.Index, grp: np.ndarray) -> pd.arr
     # every row: the layer of the last staged row before it in its pass
     last = np.maximum.accumulate(np.where(~np.isnan(stage), np.arange(n), -1))
     ok = (last >= 0) & (seq[np.maximum(last, 0)] == seq)
-    ok &= ~np.append(cats.isin(NON_LAYER | {"other"}), False)[name]
+    ok &= ~np.append(cats.isin(operators.MODEL_LEVEL), False)[name]
     return pd.arrays.IntegerArray(np.where(ok, at_stage[np.maximum(last, 0)], 0), ~ok)

@@ -8,6 +8,9 @@ once, where errors are printed (`flag_message`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
+import io
 import json
 import re
 import sys
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trace_roofline import calculator, costs
-from trace_roofline._files import check_targets, find_traces, write_files
+from trace_roofline._files import check_targets, find_traces, staged_file, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
@@ -159,10 +162,24 @@ def _trace_paths(given: Sequence[str]) -> list[str]:
     return paths
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from trace_roofline.cache import TraceCache
+
+    cache = TraceCache()
+    if args.action == "clear":
+        print(f"cleared {cache.directory}: {cache.clear() / 1e6:.1f} MB freed")
+        return 0
+    info = cache.info()
+    print(f"cache {info.directory}\n{info.entries} trace(s), {info.parts} part(s), "
+          f"{info.total_bytes / 1e6:.1f} MB")
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import report
+    from trace_roofline.cache import TraceCache
     from trace_roofline.pipeline import analyze_trace
-    from trace_roofline.trace import progress_bar
+    from trace_roofline.trace import load_trace, progress_bar
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
@@ -175,18 +192,108 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
+    if args.perfetto:  # the Trace is kept: the enriched file needs its tables and attribution
+        if len(traces) != 1:
+            raise InputError(f"--perfetto takes one trace, got {len(traces)}")
+        traces = [load_trace(traces[0], progress_bar())]
+    cache = None if args.no_cache else TraceCache()
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar())
+                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar(),
+                      cache=cache)
         for t, csv in zip(traces, ncu, strict=True)
     ]
+    for status in cache.log if cache else []:
+        if status.write_error:
+            print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
     outputs: dict[Path, bytes] = {Path(args.json): report.report_json(analyses)} if args.json else {}
     if out is not None:
         outputs |= {out / name: data for name, data in report.output_files(analyses).items()}
-    if outputs:
-        written = write_files(outputs)
+        outputs |= _html_report(out, analyses)
+    with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
+        if args.perfetto:
+            _write_perfetto(stack, Path(args.perfetto), traces[0], model, analyses[0])
+            text += f"\n\nwrote {args.perfetto} (open it in ui.perfetto.dev)"
+        if outputs:
+            written = write_files(outputs)
+            text += "\n\nwrote " + ", ".join(str(p) for p in written)
+    print(text)
+    return 0
+
+
+def _html_report(out: Path, analyses) -> dict[Path, bytes]:
+    """report.html when the optional `html` extra (Bokeh) is installed; a note otherwise."""
+    try:
+        from trace_roofline.html_report import report_html
+
+        return {out / "report.html": report_html(analyses).encode()}
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("bokeh"):
+            raise
+        print(f"{PROG}: report.html skipped: pip install 'trace-roofline[html]' (Bokeh) for it",
+              file=sys.stderr)
+        return {}
+
+
+def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis) -> None:
+    """Stream the enriched trace into a staged file (gzip when the name ends in .gz)."""
+    from trace_roofline.attribute import attribute
+    from trace_roofline.perfetto import enriched_trace
+
+    f = stack.enter_context(staged_file(path))
+    out = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) if path.suffix == ".gz" else f
+    for chunk in enriched_trace(trace, attribute(trace, model), analysis):
+        out.write(chunk)
+    if out is not f:
+        out.close()
+
+
+def _diff_side(path: str, args: argparse.Namespace, label: str):
+    """A report.json (a JSON object whose first key is "schema_version", "trace" or "traces") or a trace."""
+    from trace_roofline import diff
+    from trace_roofline._files import read_json
+    from trace_roofline.pipeline import analyze_trace
+    from trace_roofline.trace import progress_bar
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(256)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    if _REPORT_HEAD.match(head):
+        return diff.side(read_json(p), label=str(p))
+    model = get_model(args.model) if args.model else None
+    hw = get_hardware(args.hardware) if args.hardware else None
+    return diff.side(analyze_trace(p, model, hw, causal=args.causal,
+                                   attention_bytes=args.attention_bytes, progress=progress_bar()))
+
+
+_REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from trace_roofline import diff
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
+    a, b = _diff_side(args.a, args, "A"), _diff_side(args.b, args, "B")
+    table = diff.diff(a, b)
+    text = diff.format_table(table, a, b)
+    if out is not None:
+        from trace_roofline.plot_diff import diff_figure
+
+        png = io.BytesIO()
+        diff_figure(table, a, b).savefig(png, format="png")
+        written = write_files({
+            out / "diff.csv": table.to_csv(index=False).encode(),
+            out / "diff.json": json.dumps(diff.to_json(table, a, b), indent=2).encode() + b"\n",
+            out / "diff.md": diff.markdown(table, a, b).encode(),
+            out / "diff.png": png.getvalue(),
+        })
         text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
@@ -219,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Attribute every kernel of each trace to an operator, cost it from the "
                     "shapes in the trace and place it on its device's roofline; prints a table "
                     "per trace and, with --out, writes operators.csv, operators_by_layer.csv, "
-                    "operators.parquet, report.json, report.md, roofline.png and roofline.svg.",
+                    "operators.parquet, report.json, report.md, report.html, roofline.png and "
+                    "roofline.svg.",
         epilog="examples:\n"
                "  trace-roofline analyze decode.json.gz prefill.json.gz --model qwen2.5-7b "
                "--layers 28 --out report\n"
@@ -243,10 +351,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
-    p.add_argument("--out", help="directory for the output files (default: print only)")
+    p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md/.html, "
+                                 "roofline.png/.svg (default: print only)")
     p.add_argument("--json", help="also write report.json to this path (default: none)")
+    p.add_argument("--perfetto", metavar="FILE",
+                   help="write the trace enriched for ui.perfetto.dev: kernel args, operator "
+                        "slices, TFLOP/s and GB/s counters (one trace; .gz compresses) (default: none)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the parsed-trace cache (see `cache info`; default: "
+                        "use it)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser(
+        "diff", help="compare two traces (or report.json files) of one model, A -> B",
+        description="Compare two traces (or report.json files) of one model per (phase, operator): "
+                    "device time per profiled step, speed-up, intensity and % of roof A -> B, FLOPs "
+                    "equal or changed (a different workload is said first), operators on one side only.",
+        epilog="examples:\n"
+               "  trace-roofline diff eager.json.gz compiled.json.gz --model qwen2.5-7b --out diff\n"
+               "  trace-roofline diff before/report.json after/report.json")
+    p.add_argument("a", help="trace or report.json: before")
+    p.add_argument("b", help="trace or report.json: after")
+    p.add_argument("--model", type=model_arg,
+                   help="preset name, HF config.json or model directory, for traces (default: none)")
+    p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
+    p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
+    add_convention_args(p)
+    p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("cache", help="the parsed-trace cache: where it is and its size, or clear it",
+                       description="Parsed trace tables and attributions are cached as Arrow files in "
+                                   "$TRACE_ROOFLINE_CACHE_DIR, else $XDG_CACHE_HOME/trace-roofline, "
+                                   "else ~/.cache/trace-roofline; a re-run of analyze reads them back.",
+                       epilog="examples:\n  trace-roofline cache info\n  trace-roofline cache clear")
+    p.add_argument("action", choices=["info", "clear"],
+                   help="info: location, entries and size; clear: delete every entry (default: none)")
+    p.set_defaults(func=_cmd_cache)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
 
     for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):

@@ -71,7 +71,7 @@ def attention_bytes(
         return kv
     if convention == "all":
         return kv + 2.0 * batch * n_q * t * d * b
-    raise ValueError(f"attention bytes must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
+    raise ValueError(f"convention must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
 
 
 def attention_intensity(

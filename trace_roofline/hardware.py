@@ -8,29 +8,24 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from trace_roofline import dtypes
 from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
 
 T = 1e12
 G = 1e9
 
-# Normalise dtype spellings (torch, trace `Input type`, short) to the keys of `peak_flops`.
-_DTYPE_KEYS = {
-    "bf16": "bf16", "bfloat16": "bf16", "c10::bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "c10::half": "fp16",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "tf32": "tf32",
-    "fp8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-    "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8",
-}
-
 
 def dtype_key(dtype: str) -> str:
-    """Map a dtype spelling ('c10::BFloat16', 'torch.float16', 'bf16') to a peak key."""
-    key = _DTYPE_KEYS.get(dtype.lower().removeprefix("torch."))
-    if key is None:
+    """The `peak_flops` key of a dtype spelling ('c10::BFloat16', 'torch.float16', 'bf16' ->
+    'bf16'); an InputError for an unknown dtype or one no hardware lists a peak for (int8)."""
+    d = dtypes.lookup(dtype)
+    if d is None:
         raise InputError(f"unknown dtype {dtype!r} for a compute peak")
-    return key
+    if d.peak is None:
+        peaks = sorted({x.peak for x in dtypes.DTYPES if x.peak})
+        raise InputError(f"dtype {dtype!r} has no compute peak (peaks: {', '.join(peaks)})")
+    return d.peak
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_roofline import dtypes
 from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
 
-DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1,
-}
-
 
 def dtype_bytes(dtype: str) -> int:
-    """Bytes per element for a dtype name (torch, HF or short form)."""
-    key = dtype.lower().removeprefix("torch.")
-    if key not in DTYPE_BYTES:
-        raise InputError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
-    return DTYPE_BYTES[key]
+    """Bytes per element for a dtype name (any spelling `dtypes.lookup` knows)."""
+    d = dtypes.lookup(dtype)
+    if d is None:
+        raise InputError(f"unknown dtype {dtype!r} (known: {', '.join(dtypes.known())})")
+    return d.bytes
 
 
 @dataclass(frozen=True)
@@ -121,13 +116,23 @@ def from_hf_config(path: str | Path) -> ModelSpec:
             vocab_size=int(cfg.get("vocab_size", 0)),
             # Qwen2 always has q/k/v bias; Llama exposes `attention_bias`.
             qkv_bias=bool(cfg.get("attention_bias", "qwen2" in arch)),
-            dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            dtype=_config_dtype(cfg),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
     except (TypeError, ValueError) as e:
         raise InputError(f"{p}: bad value in config.json ({e})") from None
+
+
+def _config_dtype(cfg: dict) -> str:
+    """The dtype the model's GEMMs run in: an fp8 `quantization_config` (quant_method "fp8",
+    `fmt` e4m3 or e5m2) says float8_e4m3fn / float8_e5m2 whatever `torch_dtype` the
+    unquantised layers keep; else `torch_dtype` (or `dtype`), else bfloat16."""
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
+        return "float8_e5m2" if str(quant.get("fmt", "")).lower() == "e5m2" else "float8_e4m3fn"
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
 
 
 def get_model(name_or_path: str) -> ModelSpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,6 +14,9 @@ from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
 from trace_roofline.trace import Progress, Trace, load_trace
+
+if TYPE_CHECKING:
+    from trace_roofline.cache import TraceCache
 
 
 def trace_hardware(trace: Trace) -> Hardware | None:
@@ -35,17 +39,24 @@ def analyze_trace(
     ncu: str | os.PathLike | None = None,
     by_shape: bool = False,
     progress: Progress | None = None,
+    cache: TraceCache | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
 
     `hardware` defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
     intensities but no roofline placement. `ncu` is an Nsight Compute raw CSV of the same
     workload: its DRAM bytes become each operator's measured bytes and measured intensity.
+    With `cache`, a trace given by path and its attribution come from (and go to) that
+    `TraceCache`; what it did is appended to `cache.log`.
     """
-    if not isinstance(trace, Trace):
+    attributed = None
+    if not isinstance(trace, Trace) and cache is not None:
+        trace, attributed, _ = cache.load(trace, model, progress=progress)
+    elif not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
     hw = hardware or trace_hardware(trace)
-    attributed = attribute(trace, model)
+    if attributed is None:
+        attributed = attribute(trace, model)
     if ncu is None:
         return analyze(attributed, model, hw, trace=trace.path, causal=causal,
                        attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs
+from trace_roofline import costs, dtypes
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware, dtype_key
+from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
+from trace_roofline.operators import MODEL_LEVEL
 from trace_roofline.shapes import attach_costs, model_level_costs
 
 # One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
@@ -59,9 +60,9 @@ OPERATOR_COLUMNS = {
     "exceeds_roof": "boolean",
 }
 
-# Operators outside the decoder layers (attribute.py gives them no layer): not scaled when a
-# trace without layer information is extrapolated to the full depth.
-MODEL_LEVEL = ("embedding", "final_norm", "lm_head", "other", "sampling/other", "unattributed")
+# An instance whose FLOPs or bytes exceed this multiple of the roof in its measured time has
+# shapes no device ran (`_implausible`).
+IMPLAUSIBLE = 100.0
 
 # Per-operator full-model costs of one step (`extrapolate`).
 EXTRAPOLATED_COLUMNS = {
@@ -93,6 +94,8 @@ class Analysis:
     extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
     extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
     ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
+    # what the numbers cannot be trusted for: malformed shape data, implausible costs
+    warnings: tuple[str, ...] = ()
 
     @property
     def whole(self) -> dict[str, object]:
@@ -114,6 +117,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
     phases = costed.sort_values("ts_us", kind="stable")["phase"].unique().tolist()
     try:
+        costed, implausible = _implausible(costed, hardware)
         if by_shape:
             shaped = costed.assign(operator=costed["operator"].where(
                 costed["shape"].isna(), costed["operator"] + " " + costed["shape"].astype(object)))
@@ -126,7 +130,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
-            raise InputError("--layers needs --model (embedding and lm_head come from the model)")
+            raise InputError("layers needs a model (embedding and lm_head come from the model)")
         ext = extrapolate(costed, model, layers)
         ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
     return Analysis(
@@ -135,7 +139,53 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         costed=costed, operators=ops, whole_by_phase=whole,
         reconciliation=reconcile(ops), coverage=coverage(costed),
         layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
+        warnings=(*_malformed(costed), *implausible),
     )
+
+
+def _malformed(costed: pd.DataFrame) -> list[str]:
+    """A warning when shape data were malformed (shapes.Malformed): those instances are
+    uncosted, counted in `uncosted`, and named here."""
+    bad = costed[costed["cost_kind"] == "malformed"]
+    if bad.empty:
+        return []
+    names = bad["op_name"].value_counts()
+    return [f"{len(bad)} op instance(s) left uncosted for malformed shape data (negative, "
+            f"non-integer or overflowing dims, or arguments their cost rule cannot read): "
+            + ", ".join(f"{op} x{n}" for op, n in names.items())]
+
+
+def _implausible(costed: pd.DataFrame, hardware: Hardware | None
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """Instances whose FLOPs or bytes are more than IMPLAUSIBLE x what `hardware` could do in
+    their measured time (no hardware: none) have shapes no real run had: they are made
+    uncosted (cost_kind "implausible"), so never placed, and a warning per op name says so."""
+    if hardware is None:
+        return costed, []
+    secs = costed["time_us"] * 1e-6
+    dtype = costed["dtype"].astype("object").where(costed["dtype"].notna(), None)
+    main = main_dtype(costed)
+    peak = dtype.map({d: peak_for(hardware, d, main) for d in dtype.unique()}).astype("float64")
+    ratio = np.fmax(costed["flops"] / (secs * peak), costed["bytes"] / (secs * hardware.mem_bandwidth))
+    bad = ((secs > 0) & (ratio > IMPLAUSIBLE)).to_numpy()
+    if not bad.any():
+        return costed, []
+    out = costed.copy()
+    reason = (f"shapes imply more than {IMPLAUSIBLE:g}x {hardware.name}'s roof in the measured "
+              "time")
+    out.loc[bad, ["flops", "bytes"]] = np.nan
+    out.loc[bad, "cost_kind"] = "implausible"
+    out.loc[bad, "uncosted"] = out.loc[bad, "op_name"].fillna("?") + ": " + reason
+    warnings = []
+    worst = costed[bad].assign(_ratio=ratio[bad]).sort_values("_ratio", ascending=False)
+    for op, g in worst.groupby("op_name", sort=False, dropna=False):
+        w = g.iloc[0]
+        warnings.append(
+            f"{op} ({', '.join(g['operator'].unique())}): {len(g)} instance(s) at up to "
+            f"{w['_ratio']:.3g}x {hardware.name}'s roof ({w['flops']:.3g} FLOPs, "
+            f"{w['bytes']:.3g} bytes in {w['time_us']:.3g} us): implausible shapes, left "
+            "uncosted and unplaced")
+    return out, warnings
 
 
 def coverage(costed: pd.DataFrame) -> dict[str, float]:
@@ -220,7 +270,7 @@ def peak_key(hardware: Hardware, dtype: str | None, main: str | None = None) -> 
             raise InputError(
                 f"hardware {hardware.name!r} has no {key} peak (has: "
                 f"{', '.join(hardware.peak_flops)}) for the {key} operators; add \"{key}\" to "
-                "peak_flops in a hardware JSON file (--hardware FILE)")
+                "peak_flops in a hardware JSON file")
         return key
     if "bf16" in hardware.peak_flops:
         return "bf16"
@@ -234,12 +284,8 @@ def peak_for(hardware: Hardware, dtype: str | None, main: str | None = None) -> 
 
 def _listable(dtype: str | None) -> str | None:
     """The peak key of a dtype a hardware file can list a peak for, else None."""
-    if dtype is None:
-        return None
-    try:
-        return dtype_key(dtype)
-    except InputError:
-        return None
+    d = dtypes.lookup(dtype) if dtype is not None else None
+    return d.peak if d is not None else None
 
 
 def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:
@@ -337,13 +383,13 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
     """Full-model costs of one step per (phase, operator) (`EXTRAPOLATED_COLUMNS`).
 
     Instances inside a decoder layer (a non-NA `layer`; without any layer information, every
-    operator outside `MODEL_LEVEL`) are averaged per step and per traced layer (distinct layers,
-    else attention instances per step), then multiplied by `layers`; the rest keep their
-    per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
+    operator outside `operators.MODEL_LEVEL`) are averaged per step and per traced layer
+    (distinct layers, else attention instances per step), then multiplied by `layers`; the rest
+    keep their per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
     lacks them (final_norm = one traced layer's input_norm when there is one, else an RMSNorm).
     """
     if layers < 1:
-        raise InputError(f"--layers must be >= 1, got {layers}")
+        raise InputError(f"layers must be >= 1, got {layers}")
     parts = []
     for phase, c in costed[costed["flops"].notna()].groupby("phase", sort=False):
         steps = max(c["step"].nunique(), 1)

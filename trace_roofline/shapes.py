@@ -1,9 +1,14 @@
 """Trace shapes -> analytical costs: one row per op instance with FLOPs and minimum DRAM bytes.
 
-The stage between `attribute` and `roofline`. Kernels are grouped into op instances (the
-shape-carrying cpu op that launched them: a split-K GEMM's two kernels are one instance), and each
-instance is costed from the `Input Dims` / `Input type` the trace recorded, through the formulas
-of `trace_roofline.costs`. The model preset is only a cross-check (`check` names mismatches).
+The stage between `attribute` and `roofline`. attribute() numbers the op instances (its
+`instance` column: the shape-carrying cpu op that launched the kernels, so a split-K GEMM's two
+kernels are one instance), and each instance is costed from the `Input Dims` / `Input type` the
+trace recorded, through the formulas of `trace_roofline.costs`. The model preset is only a
+cross-check (`check` names mismatches).
+
+Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
+(operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
+aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s).
 
 The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
 input_strides) combination and the costs are mapped back to the instances by factorised codes.
@@ -45,20 +50,22 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   reads only the gathered rows of the table (index elements × row width) in any case.
 - Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
-"none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns.
+"none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns. So is
+malformed shape data (`Malformed`: negative, non-integer or overflowing dims, arguments a rule
+cannot read), with `cost_kind` "malformed"; roofline.analyze warns about those.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs
+from trace_roofline import costs, dtypes, operators
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 
@@ -84,23 +91,6 @@ COSTED_COLUMNS = {
     "uncosted": "str",  # why the instance has no cost; missing when costed
     "check": "str",  # model-preset mismatch; missing when consistent or not checked
 }
-
-# `Input type` spelling -> (short dtype, bytes per element).
-TRACE_DTYPES: dict[str, tuple[str, int]] = {
-    "c10::BFloat16": ("bf16", 2), "c10::Half": ("fp16", 2), "float": ("fp32", 4),
-    "double": ("fp64", 8), "c10::Float8_e4m3fn": ("fp8", 1), "c10::Float8_e5m2": ("fp8", 1),
-    "c10::Float8_e4m3fnuz": ("fp8", 1), "c10::Float8_e5m2fnuz": ("fp8", 1),
-    "c10::Float8_e8m0fnu": ("fp8", 1), "long int": ("int64", 8), "int": ("int32", 4),
-    "short int": ("int16", 2), "signed char": ("int8", 1), "unsigned char": ("uint8", 1),
-    "bool": ("bool", 1), "c10::complex<float>": ("complex64", 8),
-}
-# c10::ScalarType numbers as `Concrete Inputs` print a dtype argument (_to_copy, _scaled_mm).
-SCALAR_TYPES: dict[str, tuple[str, int]] = {
-    "0": ("uint8", 1), "1": ("int8", 1), "2": ("int16", 2), "3": ("int32", 4), "4": ("int64", 8),
-    "5": ("fp16", 2), "6": ("fp32", 4), "7": ("fp64", 8), "11": ("bool", 1), "15": ("bf16", 2),
-    "23": ("fp8", 1), "24": ("fp8", 1), "25": ("fp8", 1), "26": ("fp8", 1),
-}
-_SHORT_BYTES = {short: b for short, b in [*TRACE_DTYPES.values(), *SCALAR_TYPES.values()]}
 
 # FLOPs per output element of pointwise ops (an in-place `op_` costs as `op`).
 _POINTWISE_FLOPS: dict[str, float] = {
@@ -128,28 +118,22 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "slice
           "lift_fresh", "view_as", "expand_as", "empty", "empty_like", "empty_strided",
           "resolve_conj", "resolve_neg", "result_type"}
 
-# Attention ops: name -> (Q/K/V layout, index of is_causal in Concrete Inputs).
-# BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d] (flash/efficient kernels).
-_ATTENTION: dict[str, tuple[str, int]] = {
-    "aten::scaled_dot_product_attention": ("BHTD", 5),
-    "aten::_scaled_dot_product_flash_attention": ("BHTD", 4),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": ("BHTD", 4),
-    "aten::_scaled_dot_product_efficient_attention": ("BHTD", 6),
-    "aten::_scaled_dot_product_cudnn_attention": ("BHTD", 6),
-    "aten::_cudnn_attention_forward": ("BHTD", 10),
-    "aten::_flash_attention_forward": ("BTHD", 8),
-    "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
-    "flash_attn::_flash_attn_forward": ("BTHD", 5),
-}
-
 _JSON = msgspec.json.Decoder()
+_INT64_MAX = 2**63 - 1
+
+
+class Malformed(ValueError):
+    """Shape data a cost rule cannot use, the one error `_cost` catches (anything else a rule
+    raises is a bug): a negative, non-integer or overflowing dim (more elements than int64
+    counts), an argument missing, not a tensor or of the wrong rank, shapes that do not
+    broadcast, an unreadable `Concrete Inputs` value (an axis, a dim, an arange bound)."""
 
 
 @dataclass(frozen=True)
 class Cost:
     """The cost of one unique op-shape combination."""
 
-    kind: str = "none"
+    kind: str = "none"  # "malformed" for shape data no rule can use
     flops: float = math.nan
     bytes: float = math.nan
     dtype: str | None = None
@@ -168,7 +152,7 @@ class Cost:
 
 @dataclass(frozen=True)
 class _Arg:
-    """One argument of a cpu op as the trace recorded it."""
+    """One argument of a cpu op as the trace recorded it (`_args` checks tensor dims)."""
 
     dims: list
     type: str
@@ -177,7 +161,7 @@ class _Arg:
 
     @property
     def is_tensor(self) -> bool:
-        return self.type in TRACE_DTYPES
+        return dtypes.lookup(self.type) is not None
 
     @property
     def numel(self) -> int:
@@ -194,28 +178,56 @@ class _Arg:
 
     @property
     def dtype(self) -> str:
-        return TRACE_DTYPES[self.type][0]
+        return dtypes.lookup(self.type).short
 
     @property
     def b(self) -> int:
-        return TRACE_DTYPES[self.type][1]
+        return dtypes.lookup(self.type).bytes
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One op call to cost: its name, arguments and the counting conventions."""
+
+    name: str  # as recorded: aten::add_, flash_attn::_flash_attn_forward, triton_poi_fused_...
+    args: list[_Arg]
+    causal: str
+    attention_bytes: str
+    fallback: str | None  # short dtype of tensor lists (their dtype is not recorded)
+
+    @property
+    def base(self) -> str:
+        """The name without `aten::` (add_)."""
+        return self.name.removeprefix("aten::")
+
+    @property
+    def plain(self) -> str:
+        return _plain(self.base)
+
+
+def _plain(base: str) -> str:
+    """An op's base name without an in-place `_` (add_ -> add; __and__ stays)."""
+    return base[:-1] if base.endswith("_") and not base.endswith("__") else base
+
+
+Rule = Callable[[_Call], Cost]
 
 
 def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str = "causal",
                  attention_bytes: str = "all") -> pd.DataFrame:
     """One row per op instance (`COSTED_COLUMNS`) with FLOPs and minimum bytes from its shapes.
 
-    `attributed` is attribute.attribute()'s table (one row per device row); optional
-    `concrete_inputs` and `input_strides` columns (raw JSON) supply is_causal, dtype and Triton
-    size arguments, and broadcast (stride-0) dims. `causal` is
-    "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all" (Q, K, V read
-    and O written) or "kv" (K and V only). Time is conserved: Σ time_us == Σ dur_us.
+    `attributed` is attribute.attribute()'s table (one row per device row, its `instance`
+    column naming the op instance); optional `concrete_inputs` and `input_strides` columns (raw
+    JSON) supply is_causal, dtype and Triton size arguments, and broadcast (stride-0) dims.
+    `causal` is "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all"
+    (Q, K, V read and O written) or "kv" (K and V only). Time is conserved: Σ time_us == Σ dur_us.
     """
     if causal not in costs.CAUSAL_CONVENTIONS:
-        raise InputError(f"--causal must be one of {', '.join(costs.CAUSAL_CONVENTIONS)}, "
+        raise InputError(f"causal must be one of {', '.join(costs.CAUSAL_CONVENTIONS)}, "
                          f"got {causal!r}")
     if attention_bytes not in costs.ATTENTION_BYTES_CONVENTIONS:
-        raise InputError(f"--attention-bytes must be one of "
+        raise InputError(f"attention_bytes must be one of "
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]
@@ -245,21 +257,20 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
 
 
 def _instances(att: pd.DataFrame) -> pd.DataFrame:
-    """Group device rows into op instances; each unlinked kernel is an instance of its own."""
-    need = ["event_id", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
+    """The op instances attribute() built (its `instance` column), in order of first start."""
+    need = ["instance", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
             "operator", "layer", "step"]
     missing = [c for c in need if c not in att.columns]
     if missing:
-        raise InputError(f"attributed table lacks columns {', '.join(missing)}")
-    op_id = att["op_id"].astype("Int64")
+        raise InputError(f"attributed lacks columns {', '.join(missing)}")
 
     def optional(col: str) -> np.ndarray:
         return (att[col] if col in att
                 else pd.Series(None, index=att.index, dtype="object")).to_numpy()
 
     work = pd.DataFrame({
-        "_inst": op_id.fillna(-1 - att["event_id"].astype("int64")).to_numpy(),
-        "op_id": op_id.to_numpy(),
+        "instance": att["instance"].to_numpy(),
+        "op_id": att["op_id"].astype("Int64").to_numpy(),
         "operator": att["operator"].to_numpy(),
         "layer": att["layer"].astype("Int64").to_numpy(),
         "step": att["step"].astype("Int64").to_numpy(),
@@ -271,14 +282,12 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
-    g = work.groupby(["_inst", "operator", "layer", "step"], dropna=False, sort=False)
-    inst = g.agg(
-        op_id=("op_id", "first"), op_name=("op_name", "first"),
-        input_dims=("input_dims", "first"), input_types=("input_types", "first"),
-        concrete_inputs=("concrete_inputs", "first"),
-        input_strides=("input_strides", "first"), kernels=("dur_us", "size"),
+    first = ["op_id", "operator", "layer", "step", "op_name", "input_dims", "input_types",
+             "concrete_inputs", "input_strides"]
+    inst = work.groupby("instance", sort=False).agg(
+        **{c: (c, "first") for c in first}, kernels=("dur_us", "size"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
-    ).reset_index()
+    ).reset_index(drop=True)
     inst = inst.sort_values("ts_us", kind="stable").reset_index(drop=True)
     for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]:
         inst[col] = inst[col].astype("object").where(inst[col].notna(), None)
@@ -287,17 +296,15 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
 
 def _fallback_dtype(model: ModelSpec | None, types: pd.Series) -> str | None:
     """Dtype for tensor lists (the trace records `TensorList`): the model's, else the commonest."""
-    if model is not None:
-        key = model.dtype.lower().removeprefix("torch.")
-        short = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                 "float": "fp32"}.get(key, key)
-        if short in _SHORT_BYTES:
-            return short
+    d = dtypes.lookup(model.dtype) if model is not None else None
+    if d is not None:
+        return d.short
     counts: dict[str, int] = {}
     for raw in types.dropna().unique():
         for t in _decode(raw) or []:
-            if t in TRACE_DTYPES:
-                counts[TRACE_DTYPES[t][0]] = counts.get(TRACE_DTYPES[t][0], 0) + 1
+            d = dtypes.lookup(str(t))
+            if d is not None:
+                counts[d.short] = counts.get(d.short, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else None
 
 
@@ -314,21 +321,22 @@ def _decode(raw: str | None) -> list | None:
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
           model: ModelSpec | None, strides_raw: str | None = None) -> Cost:
-    """Cost one unique combination (decodes its JSON once)."""
+    """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
     if dims is None or types is None or len(dims) != len(types):
         return Cost(uncosted=f"{name}: no recorded shapes")
+    rule = rule_for(name)
+    if rule is None:
+        return Cost(uncosted=f"no cost rule for {name}")
     concrete = _decode(concrete_raw) or []
     strides = _decode(strides_raw) or []
-    args = [_Arg(d, str(t), str(concrete[i]) if i < len(concrete) else "",
-                 strides[i] if i < len(strides) else None)
-            for i, (d, t) in enumerate(zip(dims, types, strict=True))]
     try:
-        cost = _dispatch(name, args, causal, attention_bytes, fallback)
-    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):
-        return Cost(uncosted=f"{name}: unexpected arguments {dims_raw}")
+        args = _args(dims, [str(t) for t in types], concrete, strides)
+        cost = rule(_Call(name, args, causal, attention_bytes, fallback))
+    except Malformed as e:
+        return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
     if cost.kind == "attention" and model is not None:
         want = (model.num_heads, model.num_kv_heads, model.head_dim)
         if cost.heads != want:
@@ -337,43 +345,62 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
     return cost
 
 
-def _dispatch(name: str, args: list[_Arg], causal: str, attention_bytes: str,
-              fallback: str | None) -> Cost:
-    if name in _ATTENTION:
-        return _attention(name, args, causal, attention_bytes)
-    base = name.removeprefix("aten::")
-    if base.startswith("triton_"):
-        return _fused(base, args)
-    gemm = _GEMMS.get(base) if name.startswith("aten::") else None
-    if gemm is not None:
-        return gemm(args)
-    if not name.startswith("aten::"):
-        return Cost(uncosted=f"no cost rule for {name}")
-    if base in _VIEWS:
-        ts = _tensors(args)
-        return Cost("view", 0.0, 0.0, ts[0].dtype if ts else None, "view (no data moved)")
-    plain = base[:-1] if base.endswith("_") and not base.endswith("__") else base
-    inplace = plain != base
-    if base in ("copy_", "fill_", "zero_") or plain in _COPIES:
-        return _copy(base, args)
-    if base in ("cat", "stack", "concat"):
-        return _cat(args, fallback)
-    if plain in ("index_copy", "index_put", "index_add"):
-        return _index_write(plain, args)
-    if base in ("embedding", "index_select", "gather"):
-        return _gather(base, args)
-    if base == "arange":
-        return _arange(args)
-    if plain in _NORMS:
-        return _norm(plain, args)
-    if plain in _SOFTMAX:
-        x = _tensors(args)[0]
-        return _io(x.numel * 5.0, [x], x.numel, x.b, "elementwise", x.dtype)
-    if plain in _REDUCTIONS:
-        return _reduction(args)
-    if plain in _POINTWISE_FLOPS:
-        return _pointwise(plain, args, inplace)
-    return Cost(uncosted=f"no cost rule for {name}")
+def _args(dims: list, types: list[str], concrete: list, strides: list) -> list[_Arg]:
+    """The arguments, their tensor (and tensor-list) dims checked: lists of non-negative ints
+    whose product fits int64 (Malformed otherwise)."""
+    out = []
+    for i, (d, t) in enumerate(zip(dims, types, strict=True)):
+        if dtypes.lookup(t) is not None:
+            _check_dims(d, i)
+        elif t == "TensorList":
+            if not isinstance(d, list):
+                raise Malformed(f"argument {i}: tensor list dims {d!r}")
+            for item in d:
+                _check_dims(item, i)
+        out.append(_Arg(d, t, str(concrete[i]) if i < len(concrete) else "",
+                        strides[i] if i < len(strides) else None))
+    return out
+
+
+def _check_dims(dims: object, i: int) -> None:
+    if not isinstance(dims, list) or not all(type(v) is int for v in dims):
+        raise Malformed(f"argument {i}: non-integer dims {dims!r}")
+    if any(v < 0 for v in dims):
+        raise Malformed(f"argument {i}: negative dim in {dims}")
+    if math.prod(dims) > _INT64_MAX:
+        raise Malformed(f"argument {i}: {dims} overflows int64 elements")
+
+
+def _tensor(args: list[_Arg], i: int, rank: int | None = None, min_rank: int = 0) -> _Arg:
+    """Argument i, which must be a tensor of `rank` (at least `min_rank`) dims."""
+    if i >= len(args) or not args[i].is_tensor:
+        raise Malformed(f"argument {i} is not a tensor")
+    r = len(args[i].dims)
+    if (rank is not None and r != rank) or r < min_rank:
+        raise Malformed(f"argument {i} is {r}-D")
+    return args[i]
+
+
+def _tensors(args: Sequence[_Arg], least: int = 0) -> list[_Arg]:
+    """The tensor arguments; Malformed when there are fewer than `least`."""
+    ts = [a for a in args if a.is_tensor]
+    if len(ts) < least:
+        raise Malformed(f"{len(ts)} tensor argument(s), expected at least {least}")
+    return ts
+
+
+def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return np.broadcast_shapes(*(tuple(s) for s in shapes))
+    except ValueError:
+        raise Malformed(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise Malformed(f"{what} {text!r} is not an integer") from None
 
 
 # --------------------------------------------------------------------------------- GEMMs
@@ -396,74 +423,98 @@ def _gemm(m: int, k: int, n: int, a: _Arg, *, batch: int = 1, bias: _Arg | None 
     return Cost("gemm", flops, nbytes, a.dtype, shape, m=m, k=k, n=n)
 
 
-def _mm(args: list[_Arg]) -> Cost:
-    a, w = args[0], args[1]
+def _mm(c: _Call) -> Cost:
+    """mm(a [M,K], w [K,N])."""
+    a, w = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2)
     return _gemm(a.dims[0], a.dims[1], w.dims[1], a)
 
 
-def _addmm(args: list[_Arg]) -> Cost:
-    bias, a, w = args[0], args[1], args[2]
-    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias)
+def _addmm(c: _Call) -> Cost:
+    """addmm(bias, a [M,K], w [K,N]), _addmm_activation likewise."""
+    a, w = _tensor(c.args, 1, 2), _tensor(c.args, 2, 2)
+    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=c.args[0])
 
 
-def _linear(args: list[_Arg]) -> Cost:
-    x, w = args[0], args[1]
-    bias = args[2] if len(args) > 2 else None
+def _linear(c: _Call) -> Cost:
+    """linear(x [.., K], weight [N, K], bias?)."""
+    x, w = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1, 2)
+    bias = c.args[2] if len(c.args) > 2 else None
     return _gemm(math.prod(x.dims[:-1]), x.dims[-1], w.dims[0], x, bias=bias)
 
 
-def _bmm(args: list[_Arg]) -> Cost:
-    a, w = args[0], args[1]
+def _bmm(c: _Call) -> Cost:
+    """bmm(a [B,M,K], w [B,K,N])."""
+    a, w = _tensor(c.args, 0, 3), _tensor(c.args, 1, 3)
     return _gemm(a.dims[1], a.dims[2], w.dims[2], a, batch=a.dims[0])
 
 
-def _baddbmm(args: list[_Arg]) -> Cost:
-    bias, a, w = args[0], args[1], args[2]
-    return _gemm(a.dims[1], a.dims[2], w.dims[2], a, batch=a.dims[0], bias=bias)
+def _baddbmm(c: _Call) -> Cost:
+    """baddbmm(bias, a [B,M,K], w [B,K,N])."""
+    a, w = _tensor(c.args, 1, 3), _tensor(c.args, 2, 3)
+    return _gemm(a.dims[1], a.dims[2], w.dims[2], a, batch=a.dims[0], bias=c.args[0])
 
 
-def _matmul(args: list[_Arg]) -> Cost:
+def _matmul(c: _Call) -> Cost:
     """torch.matmul broadcasting: a 2-D weight is shared (read once) by every batch item."""
-    a, w = args[0], args[1]
+    a, w = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1, min_rank=1)
     ad = [1, *a.dims] if len(a.dims) == 1 else a.dims
     wd = [*w.dims, 1] if len(w.dims) == 1 else w.dims
     if len(wd) == 2:
         return _gemm(math.prod(ad[:-1]), ad[-1], wd[1], a)
-    batch = math.prod(np.broadcast_shapes(tuple(ad[:-2]), tuple(wd[:-2])))
+    batch = math.prod(_broadcast(ad[:-2], wd[:-2]))
     shared = w.numel if len(wd[:-2]) == 0 or math.prod(wd[:-2]) == 1 else None
     return _gemm(ad[-2], ad[-1], wd[-1], a, batch=batch, w_numel=shared)
 
 
-def _scaled_mm(args: list[_Arg]) -> Cost:
+def _scaled_mm(c: _Call) -> Cost:
     """fp8 GEMM: operands at 1 byte, output at `out_dtype` (Concrete Inputs), scales ignored."""
-    a, w = args[0], args[1]
+    a, w, args = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2), c.args
     bias = args[4] if len(args) > 4 and args[4].is_tensor else None
-    out = SCALAR_TYPES.get(args[6].concrete) if len(args) > 6 else None
-    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias, out_b=out[1] if out else None)
-
-
-_GEMMS = {"mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "linear": _linear,
-          "bmm": _bmm, "baddbmm": _baddbmm, "matmul": _matmul, "_scaled_mm": _scaled_mm}
+    out = dtypes.by_scalar_type(args[6].concrete) if len(args) > 6 else None
+    return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias, out_b=out.bytes if out else None)
 
 
 # ----------------------------------------------------------------------------- attention
-def _attention(name: str, args: list[_Arg], causal: str, attention_bytes: str) -> Cost:
-    layout, causal_at = _ATTENTION[name]
-    q, k = args[0], args[1]
+# Attention ops with a known argument layout: name -> (Q/K/V layout, index of is_causal in
+# Concrete Inputs). BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d]
+# (flash/efficient kernels). Every other op the vocabulary recognises as attention
+# (flex_attention, paged and unified attention) is uncosted: its mask or sequence lengths are
+# not among its recorded arguments.
+_ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
+    "aten::scaled_dot_product_attention": ("BHTD", 5),
+    "aten::_scaled_dot_product_attention_math": ("BHTD", 5),
+    "aten::_scaled_dot_product_flash_attention": ("BHTD", 4),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ("BHTD", 4),
+    "aten::_scaled_dot_product_efficient_attention": ("BHTD", 6),
+    "aten::_scaled_dot_product_cudnn_attention": ("BHTD", 6),
+    "aten::_cudnn_attention_forward": ("BHTD", 10),
+    "aten::_flash_attention_forward": ("BTHD", 8),
+    "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
+    "flash_attn::_flash_attn_forward": ("BTHD", 5),
+}
+
+
+def _attention(c: _Call) -> Cost:
+    """Q [B,n_q,T,d], K [B,n_kv,S,d] (or BTHD): costs.attention_flops / attention_bytes."""
+    if c.name not in _ATTENTION_LAYOUTS:
+        return Cost(uncosted=f"{c.name}: attention op without a known argument layout "
+                             "(its mask and sequence lengths are not recorded)")
+    layout, causal_at = _ATTENTION_LAYOUTS[c.name]
+    q, k = _tensor(c.args, 0), _tensor(c.args, 1)
     if len(q.dims) != 4 or len(k.dims) != 4:
-        return Cost(uncosted=f"{name}: variable-length attention (sequence lengths not recorded)")
+        return Cost(uncosted=f"{c.name}: variable-length attention (sequence lengths not recorded)")
     if layout == "BHTD":
         (batch, n_q, t, d), (_, n_kv, s, _) = q.dims, k.dims
     else:
         (batch, t, n_q, d), (_, s, n_kv, _) = q.dims, k.dims
-    flag = args[causal_at].concrete if causal_at < len(args) else ""
-    if name == "aten::_efficient_attention_forward" and flag:
+    flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
+    if c.name == "aten::_efficient_attention_forward" and flag:
         flag = "False" if flag == "0" else "True"
     # A single query token attends to every cached key; otherwise trust is_causal when recorded.
     is_causal = t > 1 and (flag == "True" if flag in ("True", "False") else True)
-    counted = causal if is_causal else "full"
+    counted = c.causal if is_causal else "full"
     flops = costs.attention_flops(batch, n_q, t, s, d, causal=counted)
-    nbytes = costs.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=attention_bytes)
+    nbytes = costs.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=c.attention_bytes)
     shape = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
              + (" causal" if is_causal else ""))
     return Cost("attention", flops, nbytes, q.dtype, shape, batch=batch, t=t, s=s,
@@ -471,10 +522,6 @@ def _attention(name: str, args: list[_Arg], causal: str, attention_bytes: str) -
 
 
 # ---------------------------------------------------------------------- elementwise & co.
-def _tensors(args: Sequence[_Arg]) -> list[_Arg]:
-    return [a for a in args if a.is_tensor]
-
-
 def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: int, kind: str,
         dtype: str, extra_read_bytes: float = 0.0) -> Cost:
     """Read every tensor in `reads` once (its distinct elements), write `out_numel` elements of
@@ -485,14 +532,21 @@ def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: int, kind:
     return Cost(kind, float(flops), float(nbytes), dtype, shape)
 
 
-def _pointwise(op: str, args: list[_Arg], inplace: bool) -> Cost:
-    ts = _tensors(args)
+def _view(c: _Call) -> Cost:
+    """Views and allocations: no data moves."""
+    ts = _tensors(c.args)
+    return Cost("view", 0.0, 0.0, ts[0].dtype if ts else None, "view (no data moved)")
+
+
+def _pointwise(c: _Call) -> Cost:
+    """`_POINTWISE_FLOPS` per output element; out = the inputs' broadcast (in place: the first)."""
+    op, ts = c.plain, _tensors(c.args)
     if not ts:
         return Cost(uncosted=f"aten::{op}: no tensor inputs")
-    if inplace:
+    if c.plain != c.base:  # in place
         out_numel, out_b = ts[0].numel, ts[0].b
     else:
-        out_numel = math.prod(np.broadcast_shapes(*(tuple(t.dims) for t in ts)))
+        out_numel = math.prod(_broadcast(*(t.dims for t in ts)))
         # Type promotion, roughly: the widest dtype among the non-0-d tensors wins.
         ranked = [t for t in ts if t.dims] or ts
         out_b = 1 if op in _COMPARISONS else max(t.b for t in ranked)
@@ -500,80 +554,94 @@ def _pointwise(op: str, args: list[_Arg], inplace: bool) -> Cost:
     return _io(_POINTWISE_FLOPS[op] * out_numel, ts, out_numel, out_b, "elementwise", main.dtype)
 
 
-def _norm(op: str, args: list[_Arg]) -> Cost:
-    ts = _tensors(args)
+def _norm(c: _Call) -> Cost:
+    """`_NORMS` FLOPs per element of the first tensor; reads every tensor, writes the first's size."""
+    ts = _tensors(c.args, 1)
     x = ts[0]
-    return _io(_NORMS[op] * x.numel, ts, x.numel, x.b, "norm", x.dtype)
+    return _io(_NORMS[c.plain] * x.numel, ts, x.numel, x.b, "norm", x.dtype)
 
 
-def _reduction(args: list[_Arg]) -> Cost:
-    x = _tensors(args)[0]
+def _softmax(c: _Call) -> Cost:
+    """5 FLOPs per element (max, subtract, exp, sum, divide)."""
+    x = _tensors(c.args, 1)[0]
+    return _io(x.numel * 5.0, [x], x.numel, x.b, "elementwise", x.dtype)
+
+
+def _reduction(c: _Call) -> Cost:
+    """1 FLOP per input element; the last dim reduced unless Concrete Inputs give the dims."""
+    x, args = _tensors(c.args, 1)[0], c.args
     reduced = x.dims[-1:] if x.dims else []
     spec = args[1].concrete if len(args) > 1 else ""
     if spec.startswith("["):
-        axes = [int(v) for v in spec.strip("[]").split(",") if v.strip()]
+        axes = [_int(v, "reduction dim") for v in spec.strip("[]").split(",") if v.strip()]
+        if any(not -len(x.dims) <= a < len(x.dims) for a in axes):
+            raise Malformed(f"reduction dims {axes} out of range for {x.dims}")
         reduced = [x.dims[a] for a in axes] if axes else x.dims
     out = x.numel / max(math.prod(reduced), 1)
     return _io(x.numel, [x], out, x.b, "reduction", x.dtype)
 
 
-def _copy(base: str, args: list[_Arg]) -> Cost:
-    ts = _tensors(args)
-    if base in ("fill_", "zero_"):
-        return _io(0.0, [], ts[0].numel, ts[0].b, "copy", ts[0].dtype)
-    if base == "copy_":  # copy_(dst, src): read src, write dst (src may broadcast)
-        dst, src = ts[0], ts[1]
+def _copy(c: _Call) -> Cost:
+    """fill_/zero_ write; copy_(dst, src) reads src, writes dst; clone/_to_copy/to read and write
+    (out dtype from Concrete Inputs when recorded)."""
+    if c.base in ("fill_", "zero_"):
+        x = _tensors(c.args, 1)[0]
+        return _io(0.0, [], x.numel, x.b, "copy", x.dtype)
+    if c.base == "copy_":  # src may broadcast
+        dst, src = _tensors(c.args, 2)[:2]
         return _io(0.0, [src], dst.numel, dst.b, "copy", dst.dtype)
-    x = ts[0]
+    x = _tensors(c.args, 1)[0]
     # _to_copy(self, dtype, ...), to(self, [device,] dtype, ...): the dtype, when recorded.
-    out = next((SCALAR_TYPES[a.concrete] for a in args[1:3] if a.concrete in SCALAR_TYPES), None)
-    return _io(0.0, [x], x.numel, out[1] if out else x.b, "copy", out[0] if out else x.dtype)
+    out = next(filter(None, (dtypes.by_scalar_type(a.concrete) for a in c.args[1:3])), None)
+    return _io(0.0, [x], x.numel, out.bytes if out else x.b, "copy", out.short if out else x.dtype)
 
 
-def _cat(args: list[_Arg], fallback: str | None) -> Cost:
+def _cat(c: _Call) -> Cost:
     """cat(tensors, dim): the list's dims are nested; its dtype is not recorded (`fallback`)."""
-    first = args[0]
-    if first.type != "TensorList" or fallback is None:
+    first = c.args[0] if c.args else None
+    if first is None or first.type != "TensorList" or c.fallback is None:
         return Cost(uncosted="aten::cat: tensor-list dtype unknown")
     n = sum(math.prod(d) for d in first.dims)
-    b = _SHORT_BYTES[fallback]
+    b = dtypes.lookup(c.fallback).bytes
     shape = f"{len(first.dims)} tensors -> {n}"
-    return Cost("copy", 0.0, costs.elementwise_bytes(n, n, b), fallback, shape)
+    return Cost("copy", 0.0, costs.elementwise_bytes(n, n, b), c.fallback, shape)
 
 
-def _index_write(op: str, args: list[_Arg]) -> Cost:
+def _index_write(c: _Call) -> Cost:
     """index_copy_(self, dim, index, source) / index_put_(self, indices, values): only the
     written slots of `self` move."""
-    ts = _tensors(args)
+    ts = _tensors(c.args, 2)
     dst, src = ts[0], ts[-1]
     index_bytes = sum(costs.elementwise_bytes(t.distinct, 0, t.b) for t in ts[1:-1])
-    flops = float(src.numel) if op == "index_add" else 0.0
+    flops = float(src.numel) if c.plain == "index_add" else 0.0
     return _io(flops, [src], src.numel, dst.b, "copy", dst.dtype, index_bytes)
 
 
-def _gather(base: str, args: list[_Arg]) -> Cost:
+def _gather(c: _Call) -> Cost:
     """embedding(weight, ids) / index_select(self, dim, index) / gather(self, dim, index): read
     and write the chosen elements, plus the indices (their distinct elements: HF's gather passes
     a [T, H] index expanded from T ids)."""
-    ts = _tensors(args)
-    table, index = ts[0], ts[1]
-    if base == "embedding":
-        rows = index.numel * table.dims[-1]
-    elif base == "gather":
+    table, index = _tensors(c.args, 2)[:2]
+    if c.base == "embedding":
+        rows = index.numel * (table.dims[-1] if table.dims else 1)
+    elif c.base == "gather":
         rows = index.numel
     else:
-        dim = int(args[1].concrete or 0)
-        rows = table.numel // table.dims[dim] * index.numel
+        dim = _int(c.args[1].concrete or "0", "index_select dim")
+        if not -len(table.dims) <= dim < len(table.dims):
+            raise Malformed(f"index_select dim {dim} out of range for {table.dims}")
+        rest = [d for i, d in enumerate(table.dims) if i != dim % len(table.dims)]
+        rows = math.prod(rest) * index.numel
     nbytes = costs.elementwise_bytes(rows, rows, table.b)
     nbytes += costs.elementwise_bytes(index.distinct, 0, index.b)
     return Cost("copy", 0.0, nbytes, table.dtype, f"{table.dims}[{index.dims}] -> {rows}")
 
 
-def _arange(args: list[_Arg]) -> Cost:
+def _arange(c: _Call) -> Cost:
     """arange([start,] end[, step]): writes ceil((end - start) / step) elements (Concrete Inputs);
     int64 unless a bound is fractional."""
     nums = []
-    for a in args:
+    for a in c.args:
         try:
             nums.append(float(a.concrete))
         except ValueError:
@@ -582,13 +650,15 @@ def _arange(args: list[_Arg]) -> Cost:
         return Cost(uncosted="aten::arange: bounds not recorded")
     start, end, step = (0.0, nums[0], 1.0) if len(nums) == 1 else (nums[0], nums[1],
                                                                    nums[2] if len(nums) > 2 else 1.0)
+    if step == 0 or not all(math.isfinite(v) for v in (start, end, step)):
+        raise Malformed(f"arange bounds {start}, {end}, {step}")
     n = max(math.ceil((end - start) / step), 0)
     short = "int64" if all(v.is_integer() for v in (start, end, step)) else "fp32"
-    nbytes = costs.elementwise_bytes(0, n, _SHORT_BYTES[short])
+    nbytes = costs.elementwise_bytes(0, n, dtypes.lookup(short).bytes)
     return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
-def _fused(name: str, args: list[_Arg]) -> Cost:
+def _fused(c: _Call) -> Cost:
     """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs), whole.
 
     Each buffer counts its distinct elements, at most the kernel's work size W (`_work`). With
@@ -596,7 +666,7 @@ def _fused(name: str, args: list[_Arg]) -> Cost:
     the indexed rows are read (index elements x row width), not the whole table, which Inductor
     passes to every kernel that recomputes the lookup.
     """
-    ts = _tensors(args)
+    name, ts = c.base, _tensors(c.args)
     if not ts:
         return Cost(uncosted="triton kernel without tensor arguments")
     index = [t for t in ts if t.dtype in ("int64", "int32")]
@@ -607,7 +677,7 @@ def _fused(name: str, args: list[_Arg]) -> Cost:
             gathered = _Arg([min(rows, table.dims[0]), table.dims[1]], table.type, table.concrete)
             ts = [gathered if t is table else t for t in ts]
     main = max(ts, key=lambda t: t.numel)
-    work = _work(name, args, ts)
+    work = _work(name, c.args, ts)
     moved = [t.distinct if work is None else min(t.distinct, work) for t in ts]
     nbytes = sum(costs.elementwise_bytes(n, 0, t.b) for n, t in zip(moved, ts, strict=True))
     shape = " ".join(str(t.dims) for t in ts)
@@ -639,6 +709,58 @@ def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
         if math.prod(sizes[-k:]) in numels:
             return math.prod(sizes[-k:])
     return math.prod(sizes[-least:])
+
+
+# ------------------------------------------------------------------------- the registry
+# aten ops by base name (an in-place `op_` also finds `op`'s rule), as (names, rule) pairs.
+_ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
+    (("mm",), _mm),
+    (("addmm", "_addmm_activation"), _addmm),
+    (("linear",), _linear),
+    (("bmm",), _bmm),
+    (("baddbmm",), _baddbmm),
+    (("matmul",), _matmul),
+    (("_scaled_mm",), _scaled_mm),
+    (_VIEWS, _view),
+    (("copy_", "fill_", "zero_", *_COPIES), _copy),
+    (("cat", "stack", "concat"), _cat),
+    (("index_copy", "index_put", "index_add"), _index_write),
+    (("embedding", "index_select", "gather"), _gather),
+    (("arange",), _arange),
+    (_NORMS, _norm),
+    (_SOFTMAX, _softmax),
+    (_REDUCTIONS, _reduction),
+    (_POINTWISE_FLOPS, _pointwise),
+)
+# Rules an operator of the vocabulary names for every op it recognises (operators.cost_rule).
+_OPERATOR_RULES: dict[str, Rule] = {"attention": _attention}
+
+
+def _index(pairs: tuple[tuple[Iterable[str], Rule], ...]) -> dict[str, Rule]:
+    out: dict[str, Rule] = {}
+    for names, rule in pairs:
+        for name in names:
+            if name in out:
+                raise ValueError(f"cost rule for {name!r} registered twice")
+            out[name] = rule
+    return out
+
+
+ATEN_RULES = _index(_ATEN_RULES)
+
+
+def rule_for(op_name: str) -> Rule | None:
+    """The cost rule of a cpu op, first that applies: its operator's (every attention op),
+    torch.compile's Triton kernels' (`triton_*`), an aten op's by base name, else None."""
+    by_operator = operators.cost_rule(op_name)
+    if by_operator is not None:
+        return _OPERATOR_RULES[by_operator]
+    base = op_name.removeprefix("aten::")
+    if base.startswith("triton_"):
+        return _fused
+    if not op_name.startswith("aten::"):
+        return None
+    return ATEN_RULES.get(base) or ATEN_RULES.get(_plain(base))
 
 
 # ---------------------------------------------------------------------- phase and checks
@@ -681,14 +803,19 @@ def model_level_costs(model: ModelSpec, tokens: int, sequences: int) -> pd.DataF
     over tokens x hidden) and lm_head (logits for the last position of each of `sequences`
     sequences, as HF generate and vLLM compute them). Columns operator, dtype, flops, bytes, shape.
     """
-    dtype = _fallback_dtype(model, pd.Series([], dtype="object"))
-    if dtype is None:
-        raise InputError(f"model {model.name}: no byte size for dtype {model.dtype!r}")
-    ttype = next(t for t, (short, _) in TRACE_DTYPES.items() if short == dtype)
+    dt = dtypes.lookup(model.dtype)
+    if dt is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    ttype = dt.name
     h, v = model.hidden_size, model.vocab_size
+    def call(name: str, *args: _Arg) -> _Call:
+        return _Call(name, list(args), "causal", "all", None)
+
     rows = {
-        "embedding": _gather("embedding", [_Arg([v, h], ttype, ""), _Arg([tokens], "long int", "")]),
-        "final_norm": _norm("rms_norm", [_Arg([tokens, h], ttype, ""), _Arg([h], ttype, "")]),
+        "embedding": _gather(call("aten::embedding", _Arg([v, h], ttype, ""),
+                                  _Arg([tokens], "long int", ""))),
+        "final_norm": _norm(call("aten::rms_norm", _Arg([tokens, h], ttype, ""),
+                                 _Arg([h], ttype, ""))),
         "lm_head": _gemm(sequences, h, v, _Arg([sequences, h], ttype, "")),
     }
     return pd.DataFrame({

@@ -12,22 +12,37 @@ not one benchmark's figure:
 - Memory: the best median bytes/s over streaming kernels on buffers far past the last-level
   cache: copy (bytes = read + written), add a + b -> c (2 reads + 1 write) and sum (bytes read),
   each in float32 and bfloat16, each result checked.
+- Link (machines with >= 2 GPUs): the all-reduce bus bandwidth of NCCL, one process per GPU, in
+  nccl-tests' convention: for each message size (1 MiB .. 1 GiB, bf16), `iters` back-to-back
+  in-place `dist.all_reduce` calls between two CUDA events after a warm-up; time per call t = the
+  max over ranks of the mean; algbw = bytes / t; busbw = algbw * 2 (n - 1) / n for n ranks (the
+  bytes each rank's link carries in a ring all-reduce). `link_bandwidth` = the best busbw, every
+  size's figures in `link_measurements`. NVLink multicast (NVLS) stays off.
 Each figure: warm-up, then `repeats` runs each timed on its own (CUDA events queued behind a
 sleep, see sweep._time_calls; perf_counter on CPU), median. Every median is kept in
 `measurements` and the kernel behind each ceiling in `ceilings_from`, so the figures can be
 audited. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name,
-device_names, date, method, ceilings_from, measurements} -- trace_roofline.hardware.from_json
+device_names, date, method, ceilings_from, measurements[, link_bandwidth, link_method,
+link_measurements]} -- trace_roofline.hardware.from_json
 reads the first ones and keeps the rest in `extra`.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import json
+import os
 import platform
 import statistics
+import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from trace_roofline.models import PRESETS
 from workloads.runner import device_tag, resolve_device, sync
@@ -137,6 +152,102 @@ def matmul_rate(device: torch.device, key: str, m: int, k: int, n: int, layout: 
             "busy_fraction": covered, "rel_error": err}
 
 
+LINK_SIZES = tuple(1 << p for p in range(20, 31))  # all-reduce message bytes: 1 MiB .. 1 GiB
+
+
+def bus_factor(ranks: int) -> float:
+    """nccl-tests' all-reduce bus factor 2 (n - 1) / n: busbw = algbw * bus_factor(n)."""
+    return 2.0 * (ranks - 1) / ranks
+
+
+def _allreduce_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], warmup: int,
+                      iters: int, use_cuda: bool, results: mp.SimpleQueue) -> None:
+    """One rank of link_bandwidth: times in-place all-reduces of each size; rank 0 reports."""
+    from workloads.capture_common import init_group
+
+    device = init_group(rank, world, port, use_cuda)
+    dtype = torch.bfloat16
+    try:
+        for nbytes in sizes:
+            n = nbytes // dtype.itemsize
+            x = torch.zeros(n, dtype=dtype, device=device)  # zeros: sums stay finite
+            for _ in range(warmup):
+                dist.all_reduce(x)
+            sync(device)
+            dist.barrier()
+            if use_cuda:
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                for _ in range(iters):
+                    dist.all_reduce(x)
+                end.record()
+                end.synchronize()
+                secs = start.elapsed_time(end) / 1e3 / iters
+            else:
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(x)
+                secs = (time.perf_counter() - t0) / iters
+            slowest = torch.tensor([secs], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            y = torch.full((n,), rank + 1.0, dtype=dtype, device=device)
+            dist.all_reduce(y)  # check: every element is 1 + 2 + ... + world
+            ok = bool((y == world * (world + 1) / 2).all().item())
+            del x, y
+            if rank == 0:
+                t = slowest.item()
+                results.put({"bytes": nbytes, "dtype": "bfloat16", "iters": iters,
+                             "time_s": t, "algbw": nbytes / t,
+                             "busbw": nbytes / t * bus_factor(world), "correct": ok})
+    finally:
+        dist.destroy_process_group()
+
+
+def link_bandwidth(ranks: int | None = None, sizes: tuple[int, ...] = LINK_SIZES,
+                   warmup: int = 5, iters: int = 20, device: str = "cuda",
+                   progress: Callable[[str], None] = print) -> dict:
+    """All-reduce bus bandwidth over `ranks` GPUs (default: all), one process each (NCCL; gloo
+    with device="cpu", for dry runs). Returns {link_bandwidth (bytes/s, the best busbw), ranks,
+    method, ceilings_from, measurements, nccl_version, device_names}."""
+    from workloads.capture_common import NCCL_SAFE_ENV, free_port
+
+    use_cuda = device == "cuda"
+    if ranks is None:
+        ranks = torch.cuda.device_count() if use_cuda else 2
+    if ranks < 2 or (use_cuda and torch.cuda.device_count() < ranks):
+        raise ValueError(f"link_bandwidth needs >= 2 ranks and as many GPUs; ranks={ranks}, "
+                         f"GPUs={torch.cuda.device_count()}")
+    os.environ.update(NCCL_SAFE_ENV)
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_allreduce_worker, args=(ranks, free_port(), tuple(sizes), warmup, iters, use_cuda,
+                                      results), nprocs=ranks, join=True)
+    rows = []
+    while not results.empty():
+        rows.append(results.get())
+    if len(rows) != len(sizes) or not all(r["correct"] for r in rows):
+        raise AssertionError(f"all-reduce check failed or sizes missing: {rows}")
+    for r in rows:
+        progress(f"[calibrate] all_reduce {r['bytes'] / 2**20:.0f} MiB x {ranks} ranks: "
+                 f"{r['time_s'] * 1e6:.1f} us, algbw {r['algbw'] / 1e9:.1f} GB/s, "
+                 f"busbw {r['busbw'] / 1e9:.1f} GB/s")
+    best = max(rows, key=lambda r: r["busbw"])
+    names = ([torch.cuda.get_device_name(i) for i in range(ranks)] if use_cuda
+             else [cpu_name()] * ranks)
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if use_cuda else None
+    backend = f"NCCL {nccl}, NCCL_NVLS_ENABLE=0" if use_cuda else "gloo on CPU, a dry run"
+    timer = "two CUDA events" if use_cuda else "time.perf_counter"
+    method = (f"all-reduce (sum, in place, bf16) over {ranks} ranks, one process per device "
+              f"(torch.distributed, {backend}), sizes {sizes[0] / 2**20:.0f} MiB .. "
+              f"{sizes[-1] / 2**20:.0f} MiB; per size {warmup} warm-up then {iters} back-to-back "
+              f"calls timed by {timer}, time per call = max over ranks of the mean; algbw = "
+              f"bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests' convention); "
+              f"link_bandwidth = the best busbw; each size's result checked (sum of rank+1)")
+    return {"link_bandwidth": best["busbw"], "ranks": ranks, "method": method,
+            "ceilings_from": f"all_reduce {best['bytes'] / 2**20:.0f} MiB bf16 x {ranks} ranks",
+            "measurements": rows, "nccl_version": nccl, "device_names": names,
+            "torch": torch.__version__, "date": dt.date.today().isoformat()}
+
+
 def _public(meas: dict) -> dict:
     """A measurement as the hardware JSON keeps it (per-run seconds stay in the raw output)."""
     return {k: v for k, v in meas.items() if k not in ("seconds", "busy_fraction", "rel_error")}
@@ -147,10 +258,11 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
               sizes: tuple[int, ...] | None = None, warmup: int | None = None,
               repeats: int | None = None, max_seconds: float = 1.0,
               progress: Callable[[str], None] = print, models: tuple[str, ...] | None = None,
-              ms: tuple[int, ...] | None = None) -> tuple[dict, dict]:
+              ms: tuple[int, ...] | None = None, link: bool | None = None) -> tuple[dict, dict]:
     """(hardware JSON dict, raw measurements with per-run seconds). Square sizes stop growing
     once one run takes longer than max_seconds (keeps slow CPU dtypes cheap); `models` and `ms`
-    pick the LLM-shaped GEMMs (model preset names, token counts M)."""
+    pick the LLM-shaped GEMMs (model preset names, token counts M). `link` (default: when the
+    machine has >= 2 GPUs) adds the all-reduce bus bandwidth over all GPUs (link_bandwidth)."""
     dev = resolve_device(device)
     d = DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
     copy_bytes = copy_bytes or d["copy_bytes"]
@@ -230,5 +342,47 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
         "ceilings_from": ceilings_from,
         "measurements": [_public(r) for r in raw],
     }
-    return hw, {"device_name": dev_name, "torch": torch.__version__, "date": date,
-                "measurements": raw}
+    raw_out = {"device_name": dev_name, "torch": torch.__version__, "date": date,
+               "measurements": raw}
+    if link is None:
+        link = dev.type == "cuda" and torch.cuda.device_count() >= 2
+    if link:
+        bw = link_bandwidth(device="cuda" if dev.type == "cuda" else "cpu", progress=progress)
+        hw.update({"link_bandwidth": bw["link_bandwidth"], "link_method": bw["method"],
+                   "link_measurements": bw["measurements"]})
+        hw["ceilings_from"]["link_bandwidth"] = bw["ceilings_from"]
+        raw_out["link"] = bw
+    return hw, raw_out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m workloads.calibrate --link-only --out FILE.json`: the all-reduce bus bandwidth
+    alone (the full calibration is `trace-roofline calibrate`)."""
+    p = argparse.ArgumentParser(prog="python3 -m workloads.calibrate", description=main.__doc__)
+    p.add_argument("--link-only", action="store_true", required=True)
+    p.add_argument("--ranks", type=int, default=None, help="default: every GPU")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: gloo dry run (no meaningful figure)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--max-mib", type=int, default=1024)
+    p.add_argument("--out", "-o", default=None, help="JSON path (default: stdout)")
+    args = p.parse_args(argv)
+    sizes = tuple(s for s in LINK_SIZES if s <= args.max_mib << 20)
+    try:
+        res = link_bandwidth(args.ranks, sizes, iters=args.iters, device=args.device,
+                             progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"calibrate: error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(res, indent=2) + "\n"
+    if args.out:
+        from trace_roofline._files import write_files
+
+        write_files({Path(args.out): text.encode()})
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

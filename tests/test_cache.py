@@ -1,0 +1,238 @@
+"""The columnar trace cache: hits are identical to parses, bad entries are never trusted."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import trace_roofline.cache as cache_mod
+from trace_roofline.attribute import attribute
+from trace_roofline.cache import TraceCache, cache_dir
+from trace_roofline.cli import main
+from trace_roofline.models import get_model
+from trace_roofline.pipeline import analyze_trace
+from trace_roofline.trace import Trace, load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
+HF = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz"
+
+
+def assert_same_trace(a: Trace, b: Trace) -> None:
+    for f in dataclasses.fields(Trace):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, pd.DataFrame):
+            pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f.name)
+        else:
+            assert x == y, f.name
+
+
+@pytest.fixture
+def trace_file(tmp_path) -> Path:
+    """A private copy of a real trace (tests change its mtime)."""
+    dst = tmp_path / "in" / DECODE.name
+    dst.parent.mkdir()
+    shutil.copy(DECODE, dst)
+    return dst
+
+
+@pytest.fixture
+def no_parse(monkeypatch):
+    """Any JSON parse or attribution inside the cache fails the test: the call must be a hit."""
+    def boom(*a, **k):
+        raise AssertionError("parsed or attributed despite a valid cache entry")
+
+    def forbid():
+        monkeypatch.setattr(cache_mod, "load_trace", boom)
+        monkeypatch.setattr(cache_mod, "attribute", boom)
+    return forbid
+
+
+def _files(c: TraceCache, pattern: str) -> list[Path]:
+    return sorted(c.root.glob(f"*/{pattern}"))
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.json.gz")), ids=lambda p: p.name)
+def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
+    c = TraceCache(tmp_path / "c")
+    fresh = load_trace(path)
+    expected = attribute(fresh)
+    t1, a1, s1 = c.load(path)
+    t2, a2, s2 = c.load(path)
+    assert (s1.trace_hit, s1.attribution_hit, s1.write_error) == (False, False, None)
+    assert (s2.trace_hit, s2.attribution_hit, s2.write_error) == (True, True, None)
+    for t, a in ((t1, a1), (t2, a2)):
+        assert_same_trace(t, fresh)  # every table, categories and dtypes included; meta too
+        pd.testing.assert_frame_equal(a, expected, check_exact=True)
+
+
+def test_hit_reads_no_json_and_keys_attribution_by_model(trace_file, tmp_path, no_parse):
+    c = TraceCache(tmp_path / "c")
+    model = get_model("qwen2.5-7b")
+    c.load(trace_file, None)
+    c.load(trace_file, model)
+    assert len(_files(c, "attributed-*")) == 2  # one part per model, beside one trace part
+    no_parse()
+    for m in (None, model):
+        _, _, s = c.load(trace_file, m)
+        assert s.trace_hit and s.attribution_hit
+    with pytest.raises(AssertionError, match="despite"):  # another model: attribution misses
+        c.load(trace_file, get_model("llama-3-8b"))
+
+
+def test_same_file_by_another_spelling_keeps_the_callers_path(trace_file, tmp_path, monkeypatch):
+    c = TraceCache(tmp_path / "c")
+    c.load(trace_file)
+    monkeypatch.chdir(trace_file.parent)
+    t, _, s = c.load(trace_file.name)
+    assert s.trace_hit and t.path == trace_file.name and t.meta["path"] == trace_file.name
+    assert_same_trace(t, load_trace(trace_file.name))
+
+
+def _corrupt_truncate(c: TraceCache) -> None:
+    f = _files(c, "trace/cpu_ops.arrow")[0]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _corrupt_flip(c: TraceCache) -> None:
+    f = _files(c, "attributed-*/attributed.arrow")[0]
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same length: only the checksum can tell
+    f.write_bytes(bytes(data))
+
+
+def _corrupt_flip_fields(c: TraceCache) -> None:
+    f = _files(c, "trace/fields.json")[0]
+    f.write_text(f.read_text().replace("H200", "H100"))
+
+
+def _corrupt_manifest(c: TraceCache) -> None:
+    _files(c, "trace/manifest.json")[0].write_text("{not json")
+
+
+def _corrupt_missing(c: TraceCache) -> None:
+    _files(c, "trace/device.arrow")[0].unlink()
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_flip_fields,
+                                     _corrupt_manifest, _corrupt_missing])
+def test_corrupt_entry_is_ignored_and_rewritten(corrupt, trace_file, tmp_path, no_parse):
+    c = TraceCache(tmp_path / "c")
+    fresh, expected = load_trace(trace_file), attribute(load_trace(trace_file))
+    c.load(trace_file)
+    corrupt(c)
+    t, a, s = c.load(trace_file)
+    assert not (s.trace_hit and s.attribution_hit) and s.write_error is None
+    assert_same_trace(t, fresh)
+    pd.testing.assert_frame_equal(a, expected, check_exact=True)
+    no_parse()  # rewritten: the next load is a full hit again
+    t, a, s = c.load(trace_file)
+    assert s.trace_hit and s.attribution_hit
+    assert_same_trace(t, fresh)
+
+
+def test_changed_file_is_stale(trace_file, tmp_path):
+    c = TraceCache(tmp_path / "c")
+    c.load(trace_file, None)
+    c.load(trace_file, get_model("qwen2.5-7b"))
+    st = trace_file.stat()
+    os.utime(trace_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    _, _, s = c.load(trace_file)
+    assert not s.trace_hit and not s.attribution_hit
+    assert len(_files(c, "attributed-*")) == 1  # the stale entry went with all its parts
+    # Same mtime, other content (and size): a new file under the old name.
+    shutil.copy(HF, trace_file)
+    os.utime(trace_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    t, _, s = c.load(trace_file)
+    assert not s.trace_hit
+    assert_same_trace(t, load_trace(trace_file))
+
+
+def test_schema_version_or_code_change_misses(trace_file, tmp_path, monkeypatch):
+    c = TraceCache(tmp_path / "c")
+    c.load(trace_file)
+    with monkeypatch.context() as mp:  # a new version: a new v<N> tree, the old one unused
+        mp.setattr(cache_mod, "SCHEMA_VERSION", cache_mod.SCHEMA_VERSION + 1)
+        assert not TraceCache(tmp_path / "c").load(trace_file)[2].trace_hit
+    key = c._key(trace_file)
+    for field, value in (("schema", key["schema"] + 1), ("code", "0" * 64),
+                         ("pandas", "0.0"), ("size", key["size"] + 1)):
+        with monkeypatch.context() as mp:  # an entry in this tree built under another key
+            mp.setattr(c, "_key", lambda p, k={**key, field: value}: k)
+            c.load(trace_file)
+        _, _, s = c.load(trace_file)
+        assert not s.trace_hit and not s.attribution_hit, field
+
+
+def test_write_failure_never_fails_the_analysis(trace_file, tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    c = TraceCache(blocker / "cache")  # its parent is a file: mkdir fails with ENOTDIR
+    t, a, s = c.load(trace_file)
+    assert not s.trace_hit and "cannot write trace" in s.write_error and c.log == [s]
+    assert_same_trace(t, load_trace(trace_file))
+    monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(blocker / "cache"))
+    assert main(["analyze", str(trace_file), "--json", str(tmp_path / "r.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "whole model" in out and (tmp_path / "r.json").is_file()
+    assert err.startswith("trace-roofline: note: ") and "not cached (cannot write" in err
+    assert err.count("\n") == 1
+
+
+def test_cli_cache_use_no_cache_info_and_clear(trace_file, tmp_path, capsys, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(d))
+    before = sorted(trace_file.parent.iterdir())
+    assert main(["analyze", str(trace_file), "--no-cache"]) == 0
+    assert not d.exists()  # --no-cache neither reads nor writes
+    uncached = capsys.readouterr().out
+    for _ in range(2):  # a miss that writes, then a hit: the same report
+        assert main(["analyze", str(trace_file)]) == 0
+        assert capsys.readouterr().out == uncached
+    assert sorted(trace_file.parent.iterdir()) == before  # nothing next to the user's file
+    assert main(["cache", "info"]) == 0
+    size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    assert capsys.readouterr().out == f"cache {d}\n1 trace(s), 2 part(s), {size / 1e6:.1f} MB\n"
+    (d / "mine.txt").write_text("not the cache's")  # clear removes only what the cache made
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out == f"cleared {d}: {size / 1e6:.1f} MB freed\n"
+    assert sorted(p.name for p in d.iterdir()) == ["mine.txt"]
+    assert TraceCache(d).info().entries == 0
+
+
+def test_analyze_trace_with_cache_equals_without(tmp_path):
+    c = TraceCache(tmp_path / "c")
+    model = get_model("qwen2.5-7b")
+    plain = analyze_trace(HF, model)
+    for _ in range(2):
+        cached = analyze_trace(HF, model, cache=c)
+        pd.testing.assert_frame_equal(cached.operators, plain.operators, check_exact=True)
+        assert cached.whole == plain.whole and cached.coverage == plain.coverage
+    assert [(s.trace_hit, s.attribution_hit) for s in c.log] == [(False, False), (True, True)]
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", "")
+    assert cache_dir() == tmp_path / "xdg" / "trace-roofline"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "trace-roofline"
+
+
+def test_cached_cli_run_in_a_fresh_process(trace_file, tmp_path):
+    """End to end as a user runs it: the second process reads the first one's entry."""
+    env = {**os.environ, "TRACE_ROOFLINE_CACHE_DIR": str(tmp_path / "c")}
+    cmd = [sys.executable, "-m", "trace_roofline.cli", "analyze", str(trace_file)]
+    runs = [subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
+    assert TraceCache(tmp_path / "c").info().parts == 2

@@ -1,0 +1,84 @@
+"""The one dtype table: every spelling of a dtype -> its short name, bytes and peak key.
+
+Spellings come from four places, all looked up here (case-insensitively, a leading `torch.`
+dropped): a trace's `Input type` ('c10::BFloat16', 'float', 'long int', 'unsigned char'), a
+Hugging Face config's `torch_dtype` ('bfloat16', 'float8_e4m3fn'), a hardware file's
+`peak_flops` keys and the short names the tables show ('bf16', 'fp8'). `Concrete Inputs`
+print a dtype argument (`_to_copy`, `_scaled_mm`'s out_dtype) as its c10::ScalarType number,
+looked up by `by_scalar_type`.
+
+`peak` is the `Hardware.peak_flops` key of the dtype's tensor-core rate, None for the dtypes a
+hardware file lists no peak for (integers, bool, fp64, complex): the roofline borrows the
+trace's main dtype's peak for those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    """One dtype: its torch name, the short name the tables show, size and compute-peak key."""
+
+    name: str  # torch name: bfloat16, float8_e4m3fn, int64
+    short: str  # bf16, fp16, fp32, fp8, int64 (float8 variants all show as fp8)
+    bytes: int  # bytes per element
+    peak: str | None  # Hardware.peak_flops key, None when no hardware lists one
+    spellings: tuple[str, ...] = ()  # trace `Input type`, c10 and other names
+    scalar_type: int | None = None  # c10::ScalarType number
+
+
+DTYPES: tuple[DType, ...] = (
+    DType("bfloat16", "bf16", 2, "bf16", ("c10::BFloat16",), 15),
+    DType("float16", "fp16", 2, "fp16", ("half", "c10::Half"), 5),
+    DType("float32", "fp32", 4, "fp32", ("float",), 6),
+    DType("tf32", "tf32", 4, "tf32"),  # a compute mode on fp32 data: hardware files list it
+    DType("float64", "fp64", 8, None, ("double",), 7),
+    DType("float8_e4m3fn", "fp8", 1, "fp8", ("c10::Float8_e4m3fn",), 24),
+    DType("float8_e5m2", "fp8", 1, "fp8", ("c10::Float8_e5m2",), 23),
+    DType("float8_e4m3fnuz", "fp8", 1, "fp8", ("c10::Float8_e4m3fnuz",), 26),
+    DType("float8_e5m2fnuz", "fp8", 1, "fp8", ("c10::Float8_e5m2fnuz",), 25),
+    DType("float8_e8m0fnu", "fp8", 1, "fp8", ("c10::Float8_e8m0fnu",), 44),
+    DType("int64", "int64", 8, None, ("long int", "long", "c10::Long"), 4),
+    DType("int32", "int32", 4, None, ("int", "c10::Int"), 3),
+    DType("int16", "int16", 2, None, ("short int", "short", "c10::Short"), 2),
+    DType("int8", "int8", 1, None, ("signed char", "c10::Char"), 1),
+    DType("uint8", "uint8", 1, None, ("unsigned char", "c10::Byte"), 0),
+    DType("bool", "bool", 1, None, ("c10::Bool",), 11),
+    DType("complex64", "complex64", 8, None, ("c10::complex<float>",), 9),
+    DType("complex128", "complex128", 16, None, ("c10::complex<double>",), 10),
+)
+
+
+def _key(spelling: str) -> str:
+    return spelling.strip().lower().removeprefix("torch.")
+
+
+def _index() -> dict[str, DType]:
+    """Every spelling -> its dtype; a short name shared by several (fp8) means the first."""
+    out: dict[str, DType] = {}
+    for d in DTYPES:
+        for s in (d.name, d.short, *d.spellings):
+            out.setdefault(_key(s), d)
+    return out
+
+
+_BY_SPELLING = _index()
+_BY_SCALAR_TYPE = {str(d.scalar_type): d for d in DTYPES if d.scalar_type is not None}
+
+
+def lookup(spelling: str) -> DType | None:
+    """The dtype a spelling names ('c10::BFloat16', 'torch.float16', 'bf16', 'long int'), or
+    None when it names none (a trace's 'Scalar', 'TensorList', '')."""
+    return _BY_SPELLING.get(_key(spelling))
+
+
+def by_scalar_type(number: str) -> DType | None:
+    """The dtype of a c10::ScalarType number as `Concrete Inputs` print it ('15' -> bfloat16)."""
+    return _BY_SCALAR_TYPE.get(number)
+
+
+def known() -> list[str]:
+    """Every accepted spelling, sorted (for error messages)."""
+    return sorted(_BY_SPELLING)

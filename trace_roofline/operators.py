@@ -1,0 +1,139 @@
+"""The one operator vocabulary: every operator a kernel's time can be attributed to.
+
+Each `Operator` says, in one place, what the rest of the analyzer needs to know about it:
+- `name`: what the tables show (q_proj, attention, ...);
+- `kind`: the resource its work is expected to load: `compute` (weight GEMMs, attention),
+  `memory` (norms, RoPE, cache writes, elementwise work, gathers), `communication`
+  (collectives), `unknown` (the fallbacks);
+- `stage`: its place in a decoder layer's order (`Stage`); attribute.py counts a new layer
+  where the stage order goes back. Operators that occur at several places of a layer (the
+  residual adds) or anywhere (RoPE, act) have none;
+- `per_layer`: whether it belongs to a decoder layer. Embedding, final_norm, lm_head and the
+  fallbacks `other` and `unattributed` are model-level: never given a layer, never scaled by
+  the roofline's layer extrapolation;
+- `linear`: a weight GEMM, matched to the model's linears by (K, N); `LINEARS` is their order,
+  which also breaks ties between linears of one shape (q/o, k/v, gate/up);
+- `aliases`: Hugging Face module and record_function names that mean it (input_layernorm);
+- `ops`: a regex over cpu op base names (after the last "::") that are this operator wherever
+  they sit (`recognise`); torch.compile's `triton_*` kernel ops never match (their names list
+  the aten ops they fuse);
+- `cost`: the shapes.py cost rule every op recognised by `ops` goes to (None: each op is
+  costed by its own aten name).
+
+A new operator (MoE's router and experts, collectives) is one more entry in `OPERATORS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Literal
+
+import pandas as pd
+
+Kind = Literal["compute", "memory", "communication", "unknown"]
+
+
+class Stage(IntEnum):
+    """The order of a Llama/Qwen decoder layer's operators."""
+
+    INPUT_NORM = 0
+    QKV = 1  # q/k/v projections (or the fused qkv)
+    ATTENTION = 2
+    O_PROJ = 3
+    POST_ATTENTION_NORM = 4
+    MLP_IN = 5  # gate/up projections (or the fused gate_up)
+    MLP_OUT = 6  # down projection
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator of the vocabulary (see the module docstring for each field)."""
+
+    name: str
+    kind: Kind
+    stage: Stage | None = None
+    per_layer: bool = True
+    linear: bool = False
+    aliases: tuple[str, ...] = ()
+    ops: re.Pattern[str] | None = None
+    cost: str | None = None
+
+
+def _linear(name: str, stage: Stage | None, per_layer: bool = True) -> Operator:
+    return Operator(name, "compute", stage, per_layer, linear=True)
+
+
+# In canonical order: a layer's operators as they run, then the model-level ones.
+OPERATORS: tuple[Operator, ...] = (
+    Operator("input_norm", "memory", Stage.INPUT_NORM, aliases=("input_layernorm",)),
+    _linear("q_proj", Stage.QKV),
+    _linear("k_proj", Stage.QKV),
+    _linear("v_proj", Stage.QKV),
+    _linear("qkv_proj", Stage.QKV),
+    Operator("rope", "memory", aliases=("rotary_emb",)),
+    Operator("kv_cache", "memory"),
+    Operator("attention", "compute", Stage.ATTENTION, ops=re.compile(
+        r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|cudnn_attention|"
+        r"paged_attention|flex_attention|unified_attention|^attention$|attention_forward"),
+        cost="attention"),
+    _linear("o_proj", Stage.O_PROJ),
+    Operator("residual", "memory"),
+    Operator("post_attention_norm", "memory", Stage.POST_ATTENTION_NORM,
+             aliases=("post_attention_layernorm",)),
+    _linear("gate_proj", Stage.MLP_IN),
+    _linear("up_proj", Stage.MLP_IN),
+    _linear("gate_up_proj", Stage.MLP_IN),
+    Operator("act", "memory", aliases=("act_fn",)),
+    _linear("down_proj", Stage.MLP_OUT),
+    Operator("embedding", "memory", per_layer=False, aliases=("embed_tokens",),
+             ops=re.compile(r"^(?:embedding|embedding_bag|_embedding_bag)$")),
+    Operator("final_norm", "memory", per_layer=False),
+    _linear("lm_head", None, per_layer=False),
+)
+# What is left: model work outside the vocabulary (masks, position ids, sampling), and device
+# time no evidence links to any op. Never named by a range or module, never in a layer.
+OTHER = Operator("other", "unknown", per_layer=False)
+UNATTRIBUTED = Operator("unattributed", "unknown", per_layer=False)
+
+BY_NAME: dict[str, Operator] = {o.name: o for o in (*OPERATORS, OTHER, UNATTRIBUTED)}
+NAMES: tuple[str, ...] = tuple(o.name for o in OPERATORS)  # names a range or module may carry
+ALIASES: dict[str, str] = {a: o.name for o in OPERATORS for a in o.aliases}
+LINEARS: tuple[str, ...] = tuple(o.name for o in OPERATORS if o.linear)
+STAGES: dict[str, int] = {o.name: int(o.stage) for o in OPERATORS if o.stage is not None}
+MODEL_LEVEL: tuple[str, ...] = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
+ATTENTION = BY_NAME["attention"]
+EMBEDDING = BY_NAME["embedding"]
+
+
+def at_stage(stage: Stage) -> frozenset[str]:
+    """The operators at one stage of a layer (Stage.QKV: q/k/v/qkv_proj)."""
+    return frozenset(n for n, s in STAGES.items() if s == stage)
+
+
+# torch.compile's Triton kernel ops: triton_{poi,red,per,tem}_fused_<aten ops>_<n>
+TRITON_KERNEL_OP = re.compile(r"^triton_[a-z]+_fused")
+
+
+def base_names(op_names: pd.Series) -> pd.Series:
+    """'aten::addmm' -> 'addmm', 'flash_attn::_flash_attn_forward' -> '_flash_attn_forward'."""
+    return op_names.astype("string").str.rsplit("::", n=1).str[-1]
+
+
+def recognise(op: Operator, base: pd.Series) -> pd.Series:
+    """Whether each op base name is `op` by name alone (False for triton_* kernel ops)."""
+    if op.ops is None:
+        return pd.Series(False, index=base.index)
+    b = base.fillna("")
+    return (b.str.contains(op.ops) & ~b.str.match(TRITON_KERNEL_OP)).astype(bool)
+
+
+def cost_rule(op_name: str) -> str | None:
+    """The cost rule of the operator that recognises a cpu op by name, if that operator has one
+    (every attention op goes to the `attention` rule), else None."""
+    base = op_name.rsplit("::", 1)[-1]
+    if TRITON_KERNEL_OP.match(base):
+        return None
+    return next((o.cost for o in OPERATORS if o.ops is not None and o.cost is not None
+                 and o.ops.search(base)), None)
