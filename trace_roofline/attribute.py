@@ -493,31 +493,48 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
-    """(K, N) of each instance, parsed once per distinct (op name, Input Dims) pair."""
+    """(K, N) of each instance's weight GEMM and (WE, WK, WN) of its expert weights
+    (_naming.expert_weight_kn), parsed once per distinct (op name, Input Dims) pair."""
     op, dims = inst["op_name"].array, inst["input_dims"].array
     pair = op.codes.astype(np.int64) * (len(dims.categories) + 1) + dims.codes + 1
     _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
     distinct = inst.iloc[first]
-    k, n = _naming.gemm_kn(_naming.base_name(distinct["op_name"]).fillna(""),
-                           distinct["input_dims"])
-    return inst.assign(K=k[inv], N=n[inv])
+    base = _naming.base_name(distinct["op_name"]).fillna("")
+    k, n = _naming.gemm_kn(base, distinct["input_dims"])
+    we, wk, wn = _naming.expert_weight_kn(base, distinct["input_dims"])
+    return inst.assign(K=k[inv], N=n[inv], WE=we[inv], WK=wk[inv], WN=wn[inv])
+
+
+# fused projections and the separate ones they cover: a trace holds one layout
+_FUSED_LAYOUTS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                  ("gate_up_proj", ("gate_proj", "up_proj")),
+                  ("experts_gate_up", ("experts_gate", "experts_up")),
+                  ("shared_gate_up_proj", ("shared_gate_proj", "shared_up_proj")))
 
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
-    """The model's linears if any GEMM of the trace matches them, else linears inferred."""
+    """The model's linears if any GEMM of the trace matches them, else linears inferred (with
+    the experts of its grouped GEMMs, _naming.infer_moe_linears)."""
     gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
-    seen = set(zip(*gemms.drop_duplicates().to_numpy().T.tolist(), strict=True))
+    weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
+    seen = set(map(tuple, pd.concat([gemms, weights]).drop_duplicates().to_numpy().tolist()))
     if model is not None:
         lin = _naming.model_linears(model)
         if seen & set(lin.values()):
-            # one layout per trace: the fused projections replace the separate ones they cover
-            for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-                                 ("gate_up_proj", ("gate_proj", "up_proj"))):
-                drop = parts if lin[fused] in seen else (fused,)
-                lin = {k: v for k, v in lin.items() if k not in drop}
+            for fused, parts in _FUSED_LAYOUTS:
+                if fused in lin:
+                    drop = parts if lin[fused] in seen else (fused,)
+                    lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
+    grouped = inst.loc[_naming.base_name(inst["op_name"]).eq("_grouped_mm").to_numpy(),
+                       ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
-    return _naming.infer_linears(per) if len(per) else None
+    if not len(per):
+        return None
+    moe = _naming.infer_moe_linears(per, grouped)
+    dense = _naming.infer_linears(per) or {}
+    lin = {k: v for k, v in dense.items() if v not in moe.values()} | moe
+    return lin or None
 
 
 def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:

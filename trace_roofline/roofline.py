@@ -58,7 +58,13 @@ OPERATOR_COLUMNS = {
     # that moved (reuse served from L2, or bytes counted too high); compute-bound: FLOPs counted
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
     "exceeds_roof": "boolean",
+    # routed expert GEMMs: active experts per layer (mean over the layers and steps of the row),
+    # counted or expected under uniform routing, and its range (shapes.COSTED_COLUMNS)
+    "experts_active": "float64",
+    "experts_active_low": "float64",
+    "experts_active_high": "float64",
 }
+_ACTIVE = ("experts_active", "experts_active_low", "experts_active_high")
 
 # An instance whose FLOPs or bytes exceed this multiple of the roof in its measured time has
 # shapes no device ran (`_implausible`).
@@ -226,16 +232,21 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
 
 
 def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Sum instances per group; rates use only the costed instances' time."""
+    """Sum instances per group; rates use only the costed instances' time; active experts
+    averaged (a table without those columns has none)."""
     c = costed.assign(
         _costed=costed["flops"].notna(),
         _costed_time=costed["time_us"].where(costed["flops"].notna(), 0.0),
+        **{col: costed.get(col, np.nan) for col in _ACTIVE},
     )
     g = c.groupby(keys, dropna=False, sort=False)
     out = g.agg(
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
         costed_time_us=("_costed_time", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
+        experts_active=("experts_active", "mean"),
+        experts_active_low=("experts_active_low", "mean"),
+        experts_active_high=("experts_active_high", "mean"),
     ).reset_index()
     none = out["costed_instances"] == 0  # no costed instance: NaN, not a sum of nothing
     out[["flops", "bytes"]] = out[["flops", "bytes"]].where(~none, axis=0)
