@@ -28,6 +28,9 @@ Naming an op instance, strongest evidence first (`source` column):
    inferred from the trace when no model is given; unmatched GEMMs are `linear[K×N]`),
    attention / embedding by op name, Triton kernels by the ops their name fuses, and
    everything else by where it sits between those anchors (_naming.position_names).
+An engine's fused MoE op (vLLM's inplace_fused_experts / moe_forward) launches its Triton
+`fused_moe_kernel` twice per token chunk, on w13 then on w2: its kernels are split into two
+instances, the odd-numbered launches (in time) `experts_gate_up`, the even ones `experts_down`.
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
 stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
 goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
@@ -91,6 +94,9 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunction|Pregraph bytecode|"
                          r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.)")
 _PS_PER_US = 1_000_000
+# Triton kernels that run both halves of an engine's fused MoE op, w13 (gate_up) then w2 (down)
+_FUSED_MOE_KERNEL = re.compile(r"^fused_moe_kernel")
+_SECOND_HALF = "experts_down"
 _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 
 
@@ -119,9 +125,10 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     has = at >= 0
     ann = units["ann_name"].array
     named = ~has & (ann.codes >= 0)
-    (op, an, un), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                   _const(UNATTRIBUTED, n))
-    operator = np.where(has, op, np.where(named, an, un))
+    part = _fused_moe_halves(units) & has
+    (op, an, un, down), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                         _const(UNATTRIBUTED, n), _const(_SECOND_HALF, n))
+    operator = np.where(part, down, np.where(has, op, np.where(named, an, un)))
     (src, an, un), src_cats = _unify(_take_cat(inst["source"].array, at),
                                      _const("annotation", n), _const(UNATTRIBUTED, n))
     source = np.where(has, src, np.where(named, an, un))
@@ -141,7 +148,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
-        "instance": _instance_ids(idx, units["step"]),
+        "instance": _instance_ids(idx, units["step"], part),
     })
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
@@ -154,13 +161,30 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
-def _instance_ids(op_idx: np.ndarray, step: pd.Series) -> np.ndarray:
-    """0, 1, ... per distinct (op, step) in order of first unit; an unlinked unit (op_idx < 0)
-    gets an id of its own."""
+def _instance_ids(op_idx: np.ndarray, step: pd.Series, part: np.ndarray) -> np.ndarray:
+    """0, 1, ... per distinct (op, step, part) in order of first unit (part: the second half
+    of a fused MoE op); an unlinked unit (op_idx < 0) gets an id of its own."""
     step_code = pd.factorize(pd.array(step, dtype="Int64"), use_na_sentinel=False)[0]
     n_steps = int(step_code.max(initial=0)) + 1
-    key = np.where(op_idx >= 0, op_idx * n_steps + step_code, -1 - np.arange(len(op_idx)))
+    key = np.where(op_idx >= 0, (op_idx * n_steps + step_code) * 2 + part,
+                   -1 - np.arange(len(op_idx)))
     return pd.factorize(key)[0].astype(np.int64)
+
+
+def _fused_moe_halves(units: pd.DataFrame) -> np.ndarray:
+    """True for the even-numbered `fused_moe_kernel` launches (in time) of each op and step:
+    the w2 (down) halves of an engine's fused MoE op."""
+    fused = _by_category(units["name"], lambda c: c.str.contains(_FUSED_MOE_KERNEL))
+    out = np.zeros(len(units), dtype=bool)
+    if not fused.any():
+        return out
+    rows = np.flatnonzero(fused)
+    sub = pd.DataFrame({"op": units["op_idx"].to_numpy()[rows],
+                        "step": pd.array(units["step"], dtype="Int64")[rows],
+                        "ts": units["ts_us"].to_numpy()[rows]})
+    rank = sub.sort_values("ts", kind="stable").groupby(["op", "step"], dropna=False).cumcount()
+    out[rows] = (rank.reindex(sub.index).to_numpy() % 2) == 1
+    return out
 
 
 def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
