@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from trace_roofline import moe
+from tests.builders import BF, F32, Op, attributed, concat
+from trace_roofline import calculator, moe, report, shapes
+from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
+from trace_roofline.hardware import Hardware
+from trace_roofline.models import ModelSpec, from_hf_config, get_model
+from trace_roofline.roofline import Analysis, analyze
+from trace_roofline.shapes import attach_costs
+from trace_roofline.trace import load_trace
+
+I32 = "int"
 
 # Mixtral-8x7B's experts: E=8, top-2, H=4096, I=14336 (bf16, b=2)
 MIXTRAL = moe.Experts(num_experts=8, top_k=2, intermediate_size=14336)
@@ -160,3 +173,280 @@ def test_experts_validation_names_the_parameter():
         moe.Experts(num_experts=8, top_k=2, intermediate_size=0)
     with pytest.raises(InputError, match="shared_intermediate_size"):
         moe.Experts(num_experts=8, top_k=2, intermediate_size=1, shared_intermediate_size=-1)
+
+
+# ----------------------------------------------------------------------------- models
+def test_presets_carry_the_checkpoints_experts():
+    mixtral = get_model("mixtral-8x7b")
+    assert (mixtral.experts.num_experts, mixtral.experts.top_k,
+            mixtral.experts.intermediate_size) == (8, 2, 14336)
+    assert len(mixtral.sparse_layers) == mixtral.num_layers == 32
+    qwen = get_model("qwen1.5-moe-a2.7b")
+    assert qwen.experts == moe.Experts(60, 4, 1408, 5632, True, False)
+    assert qwen.moe_linears()["shared_expert_gate"] == (2048, 1, False)
+    assert get_model("qwen3-30b-a3b").experts == moe.Experts(128, 8, 768)
+    assert get_model("qwen2.5-7b").sparse_layers == ()
+
+
+@pytest.mark.parametrize(("cfg", "experts", "sparse"), [
+    ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
+      "num_experts_per_tok": 2}, moe.Experts(8, 2, 14336), 4),
+    ({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60, "num_experts_per_tok": 4,
+      "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+      "norm_topk_prob": False, "decoder_sparse_step": 2, "mlp_only_layers": [3]},
+     moe.Experts(60, 4, 1408, 5632, True, False), 1),  # layers 1 and 3 by the step, not 3
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 768, "norm_topk_prob": True}, moe.Experts(128, 8, 768), 4),
+    ({"architectures": ["Qwen2ForCausalLM"]}, None, 0),
+])
+def test_hf_config_experts(tmp_path, cfg, experts, sparse):
+    base = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 14336,
+            "num_hidden_layers": 4, "vocab_size": 100}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base | cfg))
+    m = from_hf_config(path)
+    assert m.experts == experts
+    assert len(m.sparse_layers) == sparse
+
+
+def test_hf_config_bad_top_k_is_one_line_input_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
+                                "intermediate_size": 96, "num_hidden_layers": 2,
+                                "num_local_experts": 8, "num_experts_per_tok": 9}))
+    with pytest.raises(InputError, match="config.json.*top_k"):
+        from_hf_config(path)
+
+
+# ----------------------------------------------------------------------------- costs
+# A tiny MoE layer: H=8, E=4 experts of I=3, top-2; two tokens -> ΣM_e = 4 rows, expected
+# active 4·(1 - (1/2)^2) = 3 experts, range [2, 4].
+TINY_MODEL = ModelSpec("tiny-moe", 8, 2, 1, 4, 16, 4, 32, False,
+                       experts=moe.Experts(4, 2, 3))
+ROUTER = Op("router", "aten::mm", [[2, 8], [8, 4]], [BF, BF])
+GATE_UP = [[2, 8], [4, 6, 8], [4, 8, 3], [2, 2], [2, 2], []]
+GATE_UP_TYPES = [BF, BF, BF, F32, I32, ""]
+
+
+def _costed(*parts: list[Op], first_ops=None) -> pd.DataFrame:
+    frames, event = [], 0
+    for i, ops in enumerate(parts):
+        first = first_ops[i] if first_ops else 1000 + 100 * i
+        frames.append(attributed(ops, first_event=event, first_op=first, t0=100.0 * i))
+        event += 100
+    return attach_costs(concat(*frames), TINY_MODEL)
+
+
+def test_grouped_mm_weights_once_per_expected_active_expert():
+    c = _costed([ROUTER,
+                 Op("experts_gate_up", "aten::_grouped_mm", [[4, 8], [4, 8, 6], [4], [], []],
+                    [BF, BF, "int", "", ""]),
+                 Op("experts_down", "aten::_grouped_mm", [[4, 3], [4, 3, 8], [4], [], []],
+                    [BF, BF, "int", "", ""])])
+    gate_up, down = c.iloc[1], c.iloc[2]
+    # 2·4·8·6; activations (4·8 + 4·6)·2 B + 3 experts · 8·6 weights · 2 B
+    assert (gate_up["flops"], gate_up["bytes"]) == (384, 112 + 288)
+    # 2·4·3·8; (4·3 + 4·8)·2 + 3 · 3·8 · 2
+    assert (down["flops"], down["bytes"]) == (192, 88 + 144)
+    assert (gate_up["experts_active"], gate_up["experts_active_low"],
+            gate_up["experts_active_high"]) == (3.0, 2.0, 4.0)
+    assert c.loc[0, "flops"] == 2 * 2 * 8 * 4  # the router GEMM is a plain GEMM
+
+
+def test_fused_experts_halves_and_moe_forward_need_the_model_for_shapes():
+    fused = ("vllm::inplace_fused_experts", GATE_UP, GATE_UP_TYPES)
+    c = _costed([ROUTER], [Op("experts_gate_up", *fused)], [Op("experts_down", *fused)],
+                first_ops=[1000, 2000, 2000])  # one op, split in two instances
+    assert list(c["op_id"].iloc[1:]) == [2000, 2000]
+    assert (c.iloc[1]["flops"], c.iloc[1]["bytes"]) == (384, 112 + 288)  # as the grouped GEMM
+    assert (c.iloc[2]["flops"], c.iloc[2]["bytes"]) == (192, 88 + 144)
+    newer = Op("experts_gate_up", "vllm::moe_forward", [[2, 8], [2, 4], []], [BF, BF, ""])
+    c = _costed([ROUTER, newer])
+    assert (c.iloc[1]["flops"], c.iloc[1]["bytes"]) == (384, 112 + 288)  # E from logits, I, k
+    without = attach_costs(attributed([newer]), None).iloc[0]  # from the model
+    assert math.isnan(without["flops"]) and "--model" in without["uncosted"]
+
+
+def test_engine_moe_kernels_hand_computed():
+    c = _costed([
+        Op("router", "_moe_C::topk_softmax", [[2, 2], [2, 2], [2, 2], [2, 4]],
+           [F32, I32, I32, F32]),
+        Op("moe_dispatch", "_moe_C::moe_align_block_size", [[2, 2], [], [], [10], [3], [1]],
+           [I32, "Scalar", "Scalar", I32, I32, I32]),
+        Op("experts_act", "_C::silu_and_mul", [[4, 3], [4, 6]], [BF, BF]),
+        Op("moe_combine", "_moe_C::moe_sum", [[2, 2, 8], [2, 8]], [BF, BF]),
+    ])
+    got = list(zip(c["flops"], c["bytes"], strict=True))
+    # softmax 5·8 FLOPs, logits 8·4 B read, three [2,2] outputs of 4 B written
+    # ids 4 read, 10 + 3 + 1 written, int32; silu 4 + mul 1 per output, [4,6] read, [4,3]
+    # written; 2·2·8 read and added, 2·8 written
+    assert got == [(40, 32 + 48), (0, (4 + 10 + 3 + 1) * 4), (60, (24 + 12) * 2), (32, 96)]
+
+
+def test_batched_mm_weight_gather_reads_active_writes_every_pair():
+    c = _costed([ROUTER,
+                 Op("experts_gate_up", "aten::index", [[4, 6, 8], []], [BF, ""]),
+                 Op("experts_gate_up", "aten::bmm", [[4, 6, 8], [4, 8, 1]], [BF, BF])])
+    gather, bmm = c.iloc[1], c.iloc[2]
+    # 3 active experts' [6,8] read, 4 pair copies written, 4 int64 ids
+    assert (gather["cost_kind"], gather["bytes"]) == ("copy", (3 + 4) * 48 * 2 + 4 * 8)
+    assert gather["experts_active"] == 3.0
+    assert (bmm["flops"], bmm["bytes"]) == (2 * 4 * 6 * 8, 4 * (48 + 8 + 6) * 2)
+
+
+def test_loop_counts_active_experts_and_sizes_its_gathers():
+    ops = [ROUTER, Op("moe_dispatch", "aten::index", [[2, 8], []], [BF, ""])]
+    for m_e in (2, 1, 1):  # three hit experts, ΣM_e = 4
+        ops += [Op("experts_gate_up", "aten::mm", [[m_e, 8], [8, 6]], [BF, BF]),
+                Op("experts_down", "aten::mm", [[m_e, 3], [3, 8]], [BF, BF]),
+                Op("moe_combine", "aten::index", [[2, 2, 1], []], [F32, ""])]
+    c = _costed(ops)
+    first = c[c["operator"].eq("experts_gate_up")].iloc[0]
+    assert (first["experts_active"], first["experts_active_low"]) == (3.0, 3.0)
+    assert c.loc[c["operator"].eq("experts_down"), "experts_active"].notna().sum() == 1
+    # the gather feeding the first expert (M_e = 2): 2 rows of 8 read and written + 2 ids
+    assert c.iloc[1]["bytes"] == (16 + 16) * 2 + 2 * 8
+    # the routing-weight gathers after each down, w[tokens, slots, None] of [2,2,1] fp32:
+    # one weight per routed row (M_e) read and written + M_e ids
+    combine = c[c["operator"].eq("moe_combine")]["bytes"].tolist()
+    assert combine == [(2 + 2) * 4 + 16, (1 + 1) * 4 + 8, (1 + 1) * 4 + 8]
+    assert (c.loc[c["operator"].eq("experts_gate_up"), "flops"].sum()
+            == moe.gate_up_flops(4, 8, 3))
+
+
+def test_mlp_costs_from_the_model_by_hand():
+    dense = shapes.mlp_costs(TINY_MODEL, tokens=2, sparse=False).groupby("operator")
+    # gate, up [2,8]x[8,16]; down [2,16]x[16,8]; silu 4·32 + mul 32
+    assert dense["flops"].sum().to_dict() == {"act": 160, "down_proj": 512, "gate_proj": 512,
+                                              "up_proj": 512}
+    sparse = shapes.mlp_costs(TINY_MODEL, tokens=2, sparse=True).groupby("operator")
+    flops, nbytes = sparse["flops"].sum(), sparse["bytes"].sum()
+    assert flops["experts_gate_up"] == 384 and flops["experts_down"] == 192
+    assert nbytes["experts_gate_up"] == 112 + 288  # as the traced grouped GEMM, A = 3
+    assert flops["router"] == 128 and flops["experts_act"] == 5 * 4 * 3
+
+
+# ----------------------------------------------------------------------------- real traces
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces" / "moe"
+TRACES = sorted(SAMPLES.glob("*.json.gz"))
+ROUTED = {"router", "moe_dispatch", "experts_gate_up", "experts_act", "experts_down",
+          "moe_combine"}
+
+
+def _preset(path: Path) -> str:
+    return path.name.removeprefix("hf-moe-").removeprefix("synthetic_vllm_fused_moe_").split(
+        "-2l_")[0]
+
+
+@pytest.fixture(scope="module")
+def analysed() -> dict[str, Analysis]:
+    """Every MoE sample trace analysed with its preset (each once for the module)."""
+    out = {}
+    for path in TRACES:
+        model = get_model(_preset(path))
+        out[path.name] = analyze(attribute(load_trace(path), model), model, None)
+    return out
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_every_layer_names_router_experts_and_shared(path, analysed):
+    c = analysed[path.name].costed
+    layers = c[c["layer"].notna()].groupby(["step", "layer"], dropna=False)["operator"]
+    shared = {"shared_gate_up_proj" if "synthetic" in path.name else "shared_gate_proj",
+              "shared_down_proj"}
+    want = ROUTED | (shared if "qwen1.5" in path.name else set())
+    for key, ops in layers:
+        assert want <= set(ops), (key, want - set(ops))
+    assert not (c["operator"].isin(["gate_proj", "up_proj", "down_proj", "gate_up_proj"])).any()
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_expert_flops_are_exact(path, analysed):
+    """Σ gate_up FLOPs = 2·ΣM_e·H·2I and Σ down = 2·ΣM_e·I·H, ΣM_e = top_k x the tokens of
+    every router GEMM (the router's M), whatever the form."""
+    a = analysed[path.name]
+    c, e, h = a.costed, a.model.experts, a.model.hidden_size
+    tokens = c.loc[c["operator"].eq("router") & c["cost_kind"].eq("gemm") & (c["N"] > 1), "M"]
+    rows = int(tokens.sum()) * e.top_k
+    flops = c.groupby("operator")["flops"].sum()
+    assert flops["experts_gate_up"] == moe.gate_up_flops(rows, h, e.intermediate_size)
+    assert flops["experts_down"] == moe.down_flops(rows, h, e.intermediate_size)
+
+
+@pytest.mark.parametrize("path", [p for p in TRACES if "qwen3" not in p.name],
+                         ids=lambda p: p.name)
+def test_no_elementwise_operator_holds_more_than_its_usual_share(path, analysed):
+    """The issue: residual held 50-61% (Qwen1.5-MoE) and post_attention_norm 86-89% (Mixtral)."""
+    ops = analysed[path.name].operators
+    share = ops[ops["layer"].isna()].groupby("operator")["time_share"].sum()
+    for op in ("residual", "input_norm", "post_attention_norm", "final_norm", "act", "rope"):
+        assert share.get(op, 0.0) < 0.08, (op, share.get(op))
+    experts = share.get("experts_gate_up", 0) + share.get("experts_down", 0)
+    assert experts > 0.15
+
+
+def test_active_experts_per_form(analysed):
+    """Loop: counted; grouped_mm, batched_mm, fused: the uniform-routing expectation."""
+    def summary(name: str) -> dict:
+        return analysed[name].moe[next(iter(analysed[name].moe))]
+
+    grouped = summary("hf-moe-mixtral-8x7b-2l_decode_b4_s512_groupedmm_h200.json.gz")
+    # 4 tokens, top-2 of 8: 8·(1 - (3/4)^4) = 5.46875
+    assert grouped["experts_active"] == pytest.approx(5.46875)
+    assert (grouped["assumption"], grouped["experts_active_low"],
+            grouped["experts_active_high"]) == ("uniform routing", 2.0, 8.0)
+    assert grouped["tokens_per_active_expert"] == pytest.approx(8 / 5.46875)
+    assert grouped["dense_equivalent_intensity"] == pytest.approx(
+        moe.dense_equivalent_intensity(get_model("mixtral-8x7b").experts, 4096, 4, 2))
+    assert summary("hf-moe-mixtral-8x7b-2l_decode_b4_s512_batchedmm_h200.json.gz")[
+        "experts_active"] == pytest.approx(5.46875)
+    loop = summary("hf-moe-mixtral-8x7b-2l_decode_b4_s512_eager_h200.json.gz")
+    costed = analysed["hf-moe-mixtral-8x7b-2l_decode_b4_s512_eager_h200.json.gz"].costed
+    downs = costed[costed["operator"].eq("experts_down")].groupby(["step", "layer"]).size()
+    assert loop["assumption"] == "counted"
+    assert loop["experts_active"] == pytest.approx(downs.mean())  # one down GEMM per expert
+    vllm = summary("synthetic_vllm_fused_moe_mixtral-8x7b-2l_decode_b8_s512.json.gz")
+    assert vllm["experts_active"] == pytest.approx(8 * (1 - 0.75 ** 8))
+
+
+def test_report_prints_the_assumption_and_the_dense_equivalent(analysed):
+    names = {"hf-moe-mixtral-8x7b-2l_decode_b4_s512_groupedmm_h200.json.gz": "uniform routing",
+             "hf-moe-qwen1.5-moe-a2.7b-2l_decode_b4_s512_eager_h200.json.gz": "counted from"}
+    for name, said in names.items():
+        text = report.terminal_table([analysed[name]])
+        assert said in text and "dense MLP doing the same FLOPs per token" in text
+        entry = json.loads(report.report_json([analysed[name]]))["traces"][0]
+        assert "explanation" in entry["moe"]["decode"]
+        gate_up = next(o for o in entry["operators"]
+                       if o["operator"] == "experts_gate_up" and o["layer"] is None)
+        assert gate_up["experts_active"] > 0 and gate_up["experts_active_low"] >= 2
+
+
+def test_layers_extrapolate_sparse_and_dense_layers():
+    path = SAMPLES / "hf-moe-qwen1.5-moe-a2.7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
+    model = get_model("qwen1.5-moe-a2.7b")
+    att = attribute(load_trace(path), model)
+    every = analyze(att, model, None, layers=24).extrapolated.set_index("operator")
+    # 4 tokens per step, top-4, H 2048, I 1408: 24 sparse layers of 2·16·2048·2816
+    assert every.loc["experts_gate_up", "flops"] == 24 * moe.gate_up_flops(16, 2048, 1408)
+    assert every.loc["experts_gate_up", "source"] == "trace x12"
+    half = dataclasses.replace(model, decoder_sparse_step=2)  # layers 1, 3, ... sparse
+    ext = analyze(att, half, None, layers=24).extrapolated.set_index("operator")
+    assert ext.loc["experts_gate_up", "flops"] == 12 * moe.gate_up_flops(16, 2048, 1408)
+    assert ext.loc["experts_gate_up", "source"] == "trace x6"
+    assert ext.loc["q_proj", "source"] == "trace x12"  # attention runs in every layer
+    # the 12 dense layers' MLP (intermediate 5632) from the model: 2·4·2048·5632 each
+    assert ext.loc["down_proj", "source"] == "model"
+    assert ext.loc["down_proj", "flops"] == 12 * 2 * 4 * 5632 * 2048
+
+
+def test_intensity_calculator_moe_section():
+    hw = Hardware("ridge-189", {"bf16": 189e12}, 1e12, "test")
+    table = calculator.intensity_table(get_model("mixtral-8x7b"), hw, ms=(1, 8))
+    m = table["moe"]
+    assert m["crossing_tokens"] == {"expected": 800, "low": 200, "high": 800}  # by hand above
+    assert [r["experts_active"] for r in m["rows"]] == pytest.approx([2.0, 8 * (1 - 0.75 ** 8)])
+    assert "gate_proj" not in {g["operator"] for g in table["gemm"]}  # no dense MLP in Mixtral
+    text = calculator.format_intensity(table)
+    assert "routed experts: 8 experts, top-2" in text and "compute-bound from 800 tokens" in text
+    assert calculator.intensity_table(get_model("qwen2.5-7b"), hw)["moe"] is None

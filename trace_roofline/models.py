@@ -51,10 +51,14 @@ class ModelSpec:
     @property
     def sparse_layers(self) -> tuple[int, ...]:
         """Indices of the layers whose MLP is the experts (none without `experts`)."""
+        return self.sparse_among(self.num_layers)
+
+    def sparse_among(self, layers: int) -> tuple[int, ...]:
+        """The sparse ones among layers 0 .. layers - 1, by the model's rule."""
         if self.experts is None:
             return ()
         step = max(self.decoder_sparse_step, 1)
-        return tuple(i for i in range(self.num_layers)
+        return tuple(i for i in range(layers)
                      if (i + 1) % step == 0 and i not in self.mlp_only_layers)
 
     @property

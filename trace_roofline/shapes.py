@@ -1094,7 +1094,8 @@ def _block_gathers(out: pd.DataFrame, inst: pd.DataFrame, in_block: np.ndarray,
                    base: pd.Series, block: pd.Series) -> pd.DataFrame:
     """Uncosted `index` gathers of the dispatch and combine (their indices are not recorded):
     as many rows as the expert GEMM they feed (the next gate_up) or follow (the last down)
-    moves: those rows read (at most the input) and written, plus an int64 index per row."""
+    moves: those rows (of the input's row width; one element per row of a [.., 1] input) read
+    (at most the input) and written, plus an int64 index per row."""
     todo = in_block & (base == "index").to_numpy() & out["flops"].isna().to_numpy()
     if not todo.any():
         return out
@@ -1106,7 +1107,10 @@ def _block_gathers(out: pd.DataFrame, inst: pd.DataFrame, in_block: np.ndarray,
     rows = np.where(op.eq("moe_dispatch").to_numpy(), feeds, follows)
     numel = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, None)).astype(np.float64)
     lead = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, 0)).astype(np.float64)
-    moved = rows * numel / lead  # rows of the input's row width
+    last = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, -1)).astype(np.float64)
+    # rows of the input's row width; a [.., 1] input (HF's routing weights w[tokens, slots,
+    # None]) is indexed in every dim but the last: one element per row
+    moved = rows * np.where(last == 1, 1.0, numel / lead)
     nbytes = (np.fmin(moved, numel) + moved) * _element_bytes(out["dtype"]) + rows * 8
     ok = todo & np.isfinite(nbytes)
     out = _set_copy(out, ok, nbytes)
@@ -1170,8 +1174,61 @@ def model_level_costs(model: ModelSpec, tokens: int, sequences: int) -> pd.DataF
                                  _Arg([h], ttype, ""))),
         "lm_head": _gemm(sequences, h, v, _Arg([sequences, h], ttype, "")),
     }
+    return _cost_frame(list(rows.items()))
+
+
+def _cost_frame(rows: list[tuple[str, Cost]]) -> pd.DataFrame:
+    """Costs as rows (operator, dtype, flops, bytes, shape); an operator may recur."""
     return pd.DataFrame({
-        "operator": list(rows), "dtype": [c.dtype for c in rows.values()],
-        "flops": [c.flops for c in rows.values()], "bytes": [c.bytes for c in rows.values()],
-        "shape": [c.shape for c in rows.values()],
+        "operator": [o for o, _ in rows], "dtype": [c.dtype for _, c in rows],
+        "flops": [c.flops for _, c in rows], "bytes": [c.bytes for _, c in rows],
+        "shape": [c.shape for _, c in rows],
     })
+
+
+def mlp_costs(model: ModelSpec, tokens: int, sparse: bool) -> pd.DataFrame:
+    """One layer's MLP from the model's shapes for `tokens` tokens, by the traced ops' rules:
+    dense, gate and up [T,H]x[H,I], down [T,I]x[I,H] and act (HF's silu then mul on [T, I]);
+    sparse (the model's experts), the router [T,H]x[H,E], the routed experts' gate_up and down
+    (moe.py: ΣM_e = T·k rows, the expected active experts' weights), their act on [ΣM_e, I],
+    and the shared expert (its projections, act and sigmoid gate H -> 1, `router`) when there is
+    one. The token permutation and combine (engine-specific) are not included. Columns as
+    `model_level_costs`."""
+    dt = dtypes.lookup(model.dtype)
+    if dt is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    h, ttype = model.hidden_size, dt.name
+
+    def call(name: str, *args: _Arg) -> _Call:
+        return _Call(name, list(args), "causal", "all", None)
+
+    def act(rows: int, inter: int) -> list[Cost]:
+        x = _Arg([rows, inter], ttype, "")
+        return [_pointwise(call("aten::silu", x)), _pointwise(call("aten::mul", x, x))]
+
+    def swiglu(prefix: str, rows: int, inter: int, act_name: str) -> list[tuple[str, Cost]]:
+        x = _Arg([rows, h], ttype, "")
+        return [(f"{prefix}gate_proj", _gemm(rows, h, inter, x)),
+                (f"{prefix}up_proj", _gemm(rows, h, inter, x)),
+                *[(act_name, c) for c in act(rows, inter)],
+                (f"{prefix}down_proj", _gemm(rows, inter, h, _Arg([rows, inter], ttype, "")))]
+
+    e = model.experts
+    if not sparse or e is None:
+        return _cost_frame(swiglu("", tokens, model.intermediate_size, "act"))
+    rows = moe.routed_rows(tokens, e.top_k)
+    i, b = e.intermediate_size, dt.bytes
+    active = moe.expected_active_experts(e.num_experts, e.top_k, tokens)
+    out = [("router", _gemm(tokens, h, e.num_experts, _Arg([tokens, h], ttype, ""))),
+           ("experts_gate_up", Cost("gemm", moe.gate_up_flops(rows, h, i),
+                                    moe.gate_up_bytes(rows, h, i, active, b), dt.short,
+                                    f"{e.num_experts} experts [{rows},{h}]x[{h},{2 * i}]")),
+           *[("experts_act", c) for c in act(rows, i)],
+           ("experts_down", Cost("gemm", moe.down_flops(rows, h, i),
+                                 moe.down_bytes(rows, h, i, active, b), dt.short,
+                                 f"{e.num_experts} experts [{rows},{i}]x[{i},{h}]"))]
+    if e.shared_intermediate_size:
+        out += swiglu("shared_", tokens, e.shared_intermediate_size, "act")
+    if e.shared_gate:
+        out.append(("router", _gemm(tokens, h, 1, _Arg([tokens, h], ttype, ""))))
+    return _cost_frame(out)
