@@ -450,3 +450,37 @@ def test_intensity_calculator_moe_section():
     text = calculator.format_intensity(table)
     assert "routed experts: 8 experts, top-2" in text and "compute-bound from 800 tokens" in text
     assert calculator.intensity_table(get_model("qwen2.5-7b"), hw)["moe"] is None
+
+
+def test_dense_and_shared_mlp_named_by_their_layer(kineto, trace_file):
+    """A shared expert as wide as the dense MLP (Qwen1.5-MoE): the same GEMM shapes are the
+    shared expert's in a layer with a router and the dense MLP's in a layer without one."""
+    model = ModelSpec("tiny-mixed", 8, 2, 1, 4, 16, 2, 32, False, decoder_sparse_step=2,
+                      experts=moe.Experts(6, 2, 3, shared_intermediate_size=16))
+    t = 2
+
+    def mm(k: int, n: int) -> None:
+        with kineto.op("aten::mm", [[t, k], [k, n]], [BF, BF]):
+            kineto.kernel("gemm", 2.0)
+
+    with kineto.ann("ProfilerStep#1"):
+        for sparse in (False, True):
+            mm(8, 8), mm(8, 4), mm(8, 4)  # q, k, v
+            with kineto.op("aten::scaled_dot_product_attention",
+                           [[1, 2, t, 4], [1, 1, t, 4], [1, 1, t, 4]], [BF, BF, BF]):
+                kineto.kernel("flash", 2.0)
+            mm(8, 8)  # o
+            mm(8, 16), mm(8, 16), mm(16, 8)  # gate, up, down: dense MLP or shared expert
+            if sparse:
+                mm(8, 6)  # router
+                for w in ([6, 8, 6], [6, 3, 8]):
+                    with kineto.op("aten::_grouped_mm", [[4, w[1]], w, [6], [], []],
+                                   [BF, BF, "int", "", ""]):
+                        kineto.kernel("grouped", 2.0)
+    a = attribute(load_trace(trace_file(kineto)), model)
+    names = a.groupby("layer")["operator"].agg(lambda s: list(dict.fromkeys(s)))
+    assert names[0] == ["q_proj", "k_proj", "v_proj", "attention", "o_proj", "gate_proj",
+                        "up_proj", "down_proj"]
+    assert names[1] == ["q_proj", "k_proj", "v_proj", "attention", "o_proj", "shared_gate_proj",
+                        "shared_up_proj", "shared_down_proj", "router", "experts_gate_up",
+                        "experts_down"]

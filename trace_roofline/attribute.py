@@ -608,8 +608,43 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     source = np.where(a >= 0, sa, np.where(m >= 0, sm, sp))
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
+    name, cats = _mlp_by_layer(name, cats, source, src_cats, layer, inst["grp"].to_numpy())
     return (pd.Categorical.from_codes(name, cats), pd.Categorical.from_codes(source, src_cats),
             layer)
+
+
+# A dense MLP's projection and the MoE operator of the same shape (a shared expert's, Mixtral's
+# experts when a model also has dense layers): which one a GEMM is depends on its layer.
+_DENSE_OF = {**{v: k for k, v in operators.SHARED_OF.items()},
+             "experts_gate_up": "gate_up_proj", "experts_down": "down_proj"}
+_ROUTED_EVIDENCE = ("router", "moe_dispatch")
+
+
+def _mlp_by_layer(name: np.ndarray, cats: pd.Index, source: np.ndarray, src_cats: pd.Index,
+                  layer: pd.arrays.IntegerArray, grp: np.ndarray) -> tuple[np.ndarray, pd.Index]:
+    """Dense-MLP and MoE names by layer: in a layer holding a router (or a dispatch), a GEMM
+    named as a dense MLP projection is the shared expert's (gate_proj -> shared_gate_proj);
+    in a layer without one, a GEMM named by its shape as a shared-expert or expert projection
+    is the dense MLP's (the model's dense layers, whose shapes a MoE GEMM also has)."""
+    cats = cats.append(pd.Index([v for v in [*_DENSE_OF, *_DENSE_OF.values()]
+                                 if v not in cats])).unique()
+    has = np.isin(np.asarray(cats, dtype=object), _ROUTED_EVIDENCE)
+    routed_row = np.append(has, False)[name]
+    in_layer = ~np.asarray(layer.isna())
+    if not in_layer.any():
+        return name, cats
+    key = pd.DataFrame({"g": grp, "l": layer.to_numpy(np.int64, na_value=-1)})
+    routed = pd.Series(routed_row).groupby([key["g"], key["l"]]).transform("any").to_numpy(bool)
+    code = {c: i for i, c in enumerate(cats)}
+    by_shape = np.append(np.asarray(src_cats == "shape"), False)[source]
+    out = name.copy()
+    for moe_name, dense_name in _DENSE_OF.items():
+        dense_rows = name == code[dense_name]
+        moe_rows = name == code[moe_name]
+        if moe_name in operators.SHARED_OF.values():  # the shared expert's projections
+            out[dense_rows & in_layer & routed] = code[moe_name]
+        out[moe_rows & in_layer & ~routed & by_shape] = code[dense_name]
+    return out, cats
 
 
 def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArray:
