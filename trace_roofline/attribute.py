@@ -626,6 +626,8 @@ def _mlp_by_layer(name: np.ndarray, cats: pd.Index, source: np.ndarray, src_cats
     named as a dense MLP projection is the shared expert's (gate_proj -> shared_gate_proj);
     in a layer without one, a GEMM named by its shape as a shared-expert or expert projection
     is the dense MLP's (the model's dense layers, whose shapes a MoE GEMM also has)."""
+    if not np.isin(np.asarray(cats, dtype=object), [*_DENSE_OF, *_ROUTED_EVIDENCE]).any():
+        return name, cats  # a dense model's trace: nothing to tell apart
     cats = cats.append(pd.Index([v for v in [*_DENSE_OF, *_DENSE_OF.values()]
                                  if v not in cats])).unique()
     has = np.isin(np.asarray(cats, dtype=object), _ROUTED_EVIDENCE)
