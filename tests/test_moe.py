@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import itertools
 import json
 import math
@@ -484,3 +485,16 @@ def test_dense_and_shared_mlp_named_by_their_layer(kineto, trace_file):
     assert names[1] == ["q_proj", "k_proj", "v_proj", "attention", "o_proj", "shared_gate_proj",
                         "shared_up_proj", "shared_down_proj", "router", "experts_gate_up",
                         "experts_down"]
+
+
+def test_synthetic_vllm_traces_are_what_their_generator_writes(tmp_path):
+    """The committed synthetic traces are reproducible from workloads/synth_fused_moe.py."""
+    from workloads import synth_fused_moe
+
+    assert synth_fused_moe.main(["--out", str(tmp_path)]) == 0
+    written = sorted(tmp_path.glob("*.json.gz"))
+    assert [p.name for p in written] == sorted(p.name for p in SAMPLES.glob("synthetic_*"))
+    for p in written:
+        assert p.read_bytes() == (SAMPLES / p.name).read_bytes(), p.name
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        assert doc["trace_roofline_workload"]["synthetic"] is True
