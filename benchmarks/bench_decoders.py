@@ -25,13 +25,13 @@ VARIANTS = {
     "orjson, gc off": (READ + "import orjson; gc.disable()", "orjson.loads(data)"),
     "msgspec generic, gc off": (READ + "import msgspec; gc.disable()", "msgspec.json.decode(data)"),
     "msgspec typed structs, one decode": (
-        READ + "import msgspec; from trace_roofline.trace import _Event\n"
+        READ + "import msgspec; from trace_roofline.trace.decode import _Event\n"
         "T = msgspec.defstruct('T', [('traceEvents', list[_Event])])",
         "msgspec.json.decode(data, type=T)"),
     # one process (the decoders are compared on one core; process_time counts no worker)
     "load_trace: batched msgspec + tables": (
-        "import sys; from trace_roofline import trace\ntrace.PARALLEL_MIN_BYTES = float('inf')",
-        "trace.load_trace(sys.argv[1])"),
+        "import sys; from trace_roofline.trace import load_trace",
+        "load_trace(sys.argv[1], workers=1)"),
 }
 # Each child times only the work (imports and, for the decoders, reading the file excluded).
 TIMED = ("{setup}\nimport time, resource\nt, c = time.perf_counter(), time.process_time()\n"

@@ -62,7 +62,10 @@ ORJSON = ("import gc, sys; gc.disable(); import orjson\n"
           "if data[:2] == b'\\x1f\\x8b': import gzip; data = gzip.decompress(data)\n"
           "orjson.loads(data)")
 CLI = ["-m", "trace_roofline.cli", "analyze"]
-SERIAL = "import trace_roofline.trace as T; T.PARALLEL_MIN_BYTES = float('inf'); "  # one core
+LOAD_SERIAL = ("import sys; from trace_roofline.trace import load_trace; "
+               "load_trace(sys.argv[1], workers=1)")
+# The CLI has no workers= to pass: automatic mode's threshold out of reach keeps it on one core.
+SERIAL = "import trace_roofline.trace.parallel as P; P.PARALLEL_MIN_BYTES = float('inf'); "
 STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
 HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
        "TraceAnalysis(trace_dir=sys.argv[1])")
@@ -198,7 +201,7 @@ def tools_for(file: Path, out: Path) -> dict[str, list[str]]:
         "analyze-cached": [py, *CLI, str(file)],
         "analyze-cached-out": [py, *CLI, str(file), "--out", str(out)],
         "orjson": [py, "-c", ORJSON, str(file)],
-        "load-serial": [py, "-c", SERIAL + LOAD, str(file)],
+        "load-serial": [py, "-c", LOAD_SERIAL, str(file)],
         "analyze-serial": [py, "-c", SERIAL + ANALYZE, str(file), "--no-cache"],
     }
 

@@ -58,10 +58,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15, help="functions listed per stage")
     args = ap.parse_args()
     model = get_model(args.model) if args.model else None
-    if args.profile:
-        trace_mod.PARALLEL_MIN_BYTES = float("inf")
+    workers = 1 if args.profile else None  # cProfile sees one process
     print(f"{'imports':<10} {IMPORTS_S:7.2f} s")
-    trace = run("load", lambda: trace_mod.load_trace(args.trace), args.profile, args.top)
+    trace = run("load", lambda: trace_mod.load_trace(args.trace, workers=workers), args.profile, args.top)
     print(f"           {len(trace.device)} device rows, {len(trace.cpu_ops)} cpu_ops, "
           f"{len(trace.runtime)} runtime, {len(trace.flows)} flows, "
           f"{len(trace.python_frames)} python frames, {len(trace.annotations)} annotations")

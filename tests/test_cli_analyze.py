@@ -213,14 +213,17 @@ def test_directory_of_traces(tmp_path, capsys):
 
 
 def test_directory_skips_files_that_are_not_traces(tmp_path, capsys):
-    """sample_traces/ holds a sweep's .results.json, an ncu CSV, a PNG and a README."""
+    """sample_traces/ holds a sweep's .results.json, a bandwidth JSON, an ncu CSV, a PNG and a
+    README beside its traces (sub-folders are not descended into)."""
     path = tmp_path / "r.json"
     assert main(["analyze", str(SAMPLES), "--json", str(path)]) == 0
     traces = json.loads(path.read_text())["traces"]
     assert len(traces) == len(list(SAMPLES.glob("*.json.gz")))
     note = capsys.readouterr().err
-    assert "skipped 4 file(s) that are not traces" in note
+    others = [p for p in SAMPLES.iterdir() if p.is_file() and not p.name.endswith(".json.gz")]
+    assert f"skipped {len(others)} file(s) that are not traces" in note
     for name in ("qwen2.5-7b_msweep_q_proj_bf16_h200.results.json", "README.md",
+                 "h200x2_allreduce_busbw.json",
                  "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"):
         assert name in note
 

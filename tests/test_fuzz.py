@@ -1,7 +1,7 @@
 """Fuzz: mutated traces either load or raise InputError, and loaded traces keep device time;
 the two-process parse gives exactly the one-process result or error on every mutation.
 
-The reference for device time is independent of trace.py: the stdlib json module reads the
+The reference for device time is independent of trace_roofline.trace: the stdlib json module reads the
 mutated document, and a device event counts when its ph/cat/name/ts/dur are well formed
 (the documented policy: timing decides whether an event is kept, malformed links do not).
 """
@@ -20,12 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trace_factory import gpu_trace, legacy_trace
 
-from trace_roofline import trace as T
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.pipeline import analyze_trace
-from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, load_trace
+from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, SCHEMAS, decode, load_trace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
@@ -95,24 +94,23 @@ def load_both(p: Path):
     """load_trace(p) in one process and, where fork exists, with the two-process parse forced
     (small batches, so both halves hold several): the same trace or the same error."""
     try:
-        one = load_trace(p)
+        one = load_trace(p, workers=1)
     except InputError as e:
         one = e
     if not hasattr(os, "fork"):
         return one
-    saved = T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS
-    T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS = 0, 16
+    saved, decode.BATCH_EVENTS = decode.BATCH_EVENTS, 16
     try:
-        two = load_trace(p)
+        two = load_trace(p, workers=2)
     except InputError as e:
         two = e
     finally:
-        T.PARALLEL_MIN_BYTES, T.BATCH_EVENTS = saved
+        decode.BATCH_EVENTS = saved
     if isinstance(one, InputError):
         assert str(two) == str(one)
     else:
         assert two.meta == one.meta
-        for table in T.SCHEMAS:
+        for table in SCHEMAS:
             pd.testing.assert_frame_equal(getattr(two, table), getattr(one, table),
                                           check_exact=True)
     return one

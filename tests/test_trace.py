@@ -1,4 +1,4 @@
-"""trace.py: tables, dtypes and schema variants on synthetic Kineto traces and on every committed
+"""trace_roofline.trace: tables, dtypes and schema variants on synthetic Kineto traces and on every committed
 real trace."""
 
 import gzip
@@ -13,9 +13,17 @@ import pandas as pd
 import pytest
 from trace_factory import cpu_trace, gpu_trace, legacy_trace, write
 
-from trace_roofline import trace as T
 from trace_roofline.errors import InputError
-from trace_roofline.trace import SCHEMAS, load_trace, load_traces, parse_dims
+from trace_roofline.trace import (
+    SCHEMAS,
+    Trace,
+    decode,
+    load_trace,
+    load_traces,
+    parallel,
+    parse_dims,
+    progress_bar,
+)
 
 DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
                "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset"}
@@ -276,7 +284,7 @@ def test_batches_join_seamlessly(tmp_path, monkeypatch, batch):
     ref = load_trace(write(doc, tmp_path / "a.json"))
     compact = tmp_path / "b.json"
     compact.write_text(json.dumps(doc, separators=(",", ":")))
-    monkeypatch.setattr(T, "BATCH_EVENTS", batch)
+    monkeypatch.setattr(decode, "BATCH_EVENTS", batch)
     for path in (tmp_path / "a.json", compact):
         tr = load_trace(path)
         for table in SCHEMAS:
@@ -301,18 +309,18 @@ def test_progress_callback(tmp_path):
 def test_progress_bar_is_silent_off_a_tty(tmp_path):
     import io
 
-    assert T.progress_bar(io.StringIO()) is None
+    assert progress_bar(io.StringIO()) is None
 
     class Tty(io.StringIO):
         def isatty(self):
             return True
 
     out = Tty()
-    bar = T.progress_bar(out, min_bytes=0)
+    bar = progress_bar(out, min_bytes=0)
     load_trace(write(gpu_trace(1), tmp_path / "t.json"), progress=bar)
     assert "parse" in out.getvalue() and out.getvalue().endswith("\n")
     small = Tty()
-    load_trace(tmp_path / "t.json", progress=T.progress_bar(small))
+    load_trace(tmp_path / "t.json", progress=progress_bar(small))
     assert small.getvalue() == ""  # below min_bytes nothing is drawn
 
 
@@ -397,7 +405,7 @@ def both(monkeypatch):
     forked but the one-process path parsed the file; "late" the worker died while decoding and
     the file was parsed again in one process; "any" no check (only: no worker left behind)."""
     forks, spans = [], []
-    parent, real_fork, real_parse = os.getpid(), os.fork, T._parse_events
+    parent, real_fork, real_parse = os.getpid(), os.fork, parallel.parse_events
 
     def fork():
         forks.append(1)
@@ -408,23 +416,23 @@ def both(monkeypatch):
             spans.append(len(raws))
         return real_parse(p, buf, raws, *rest, **kw)
 
-    monkeypatch.setattr(T.os, "fork", fork)
-    monkeypatch.setattr(T, "_parse_events", parse)
-    monkeypatch.setattr(T, "BATCH_EVENTS", 64)
+    monkeypatch.setattr(os, "fork", fork)
+    for module in (decode, parallel):  # the one-process parse; the parent's (and worker's) half
+        monkeypatch.setattr(module, "parse_events", parse)
+    monkeypatch.setattr(decode, "BATCH_EVENTS", 64)
 
     def load(path, mode: str):
-        monkeypatch.setattr(T, "PARALLEL_MIN_BYTES", 1 << 62 if mode == "serial" else 0)
         forks.clear()
         spans.clear()
         try:
-            out = load_trace(path)
+            out = load_trace(path, workers=1 if mode == "serial" else 2)
         except InputError as e:
             out = str(e)
         assert children() == []  # the worker is always reaped, whatever happened
         if mode == "any":
             return out
         assert len(forks) == (mode != "serial")
-        n = out.meta["event_count"] if isinstance(out, T.Trace) else None
+        n = out.meta["event_count"] if isinstance(out, Trace) else None
         if mode == "two":  # the parent decoded only the events before the cut
             assert len(spans) == 1 and (n is None or 0 < spans[0] < n), (spans, n)
         elif n is not None:
@@ -435,7 +443,7 @@ def both(monkeypatch):
     return load
 
 
-needs_fork = pytest.mark.skipif(not hasattr(os, "fork") or T._cores() < 2,
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork") or parallel.usable_cores() < 2,
                                 reason="the parallel parse needs fork and two cores")
 
 
@@ -471,7 +479,7 @@ def test_parallel_parse_of_other_layouts_and_cuts(tmp_path, both, monkeypatch, l
             "bom": lambda: b"\xef\xbb\xbf" + json.dumps(doc, indent=1).encode()}[layout]()
     path = tmp_path / ("t.json.gz" if layout == "gzip" else "t.json")
     path.write_bytes(data)
-    monkeypatch.setattr(T, "PARALLEL_SHARE", share)
+    monkeypatch.setattr(parallel, "PARALLEL_SHARE", share)
     assert_identical(both(path, "serial"), both(path, "two"))
 
 
@@ -526,15 +534,15 @@ def test_parallel_parse_reports_the_first_malformed_event(tmp_path, both, where)
 
 
 def _in_child(monkeypatch, name: str, action):
-    """Make T.<name> run `action` in the worker (the parent keeps the real function)."""
-    parent, real = os.getpid(), getattr(T, name)
+    """Make parallel.<name> run `action` in the worker (the parent keeps the real function)."""
+    parent, real = os.getpid(), getattr(parallel, name)
 
     def wrapper(*args, **kw):
         if os.getpid() != parent:
             action()
         return real(*args, **kw)
 
-    monkeypatch.setattr(T, name, wrapper)
+    monkeypatch.setattr(parallel, name, wrapper)
 
 
 def _exit():
@@ -548,7 +556,7 @@ def _boom():
 @needs_fork
 @pytest.mark.parametrize("gz", [False, True])
 @pytest.mark.parametrize(("where", "action", "mode"), [
-    ("_parse_events", _exit, "late"), ("_parse_events", _boom, "late"),
+    ("parse_events", _exit, "late"), ("parse_events", _boom, "late"),
     ("_read_tail", _exit, "fallback"), ("_read_tail", _boom, "fallback"),
     ("_events_end", _exit, "fallback")])
 def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch, where,
@@ -625,8 +633,60 @@ def test_parallel_parse_when_children_are_reaped_automatically(tmp_path, both):
         signal.signal(signal.SIGCHLD, old)
 
 
-def test_small_files_stay_in_one_process(tmp_path, monkeypatch):
-    forks = []
-    monkeypatch.setattr(T.os, "fork", lambda: forks.append(1))
+@pytest.fixture
+def forks(monkeypatch):
+    """The number of os.fork calls made so far (each one really forks)."""
+    calls, real_fork = [], os.fork
+
+    def fork():
+        calls.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    return calls
+
+
+def test_small_files_stay_in_one_process(tmp_path, forks):
     load_trace(write(gpu_trace(steps=6), tmp_path / "t.json"))
-    assert forks == [] and T.PARALLEL_MIN_BYTES >= 1 << 20
+    assert forks == [] and parallel.PARALLEL_MIN_BYTES >= 1 << 20
+
+
+@pytest.mark.parametrize("workers", [0, 3, -1, True, 2.0, "2"])
+def test_workers_must_be_none_1_or_2(tmp_path, workers):
+    path = write(gpu_trace(steps=1), tmp_path / "t.json")
+    for load in (load_trace, load_traces):
+        with pytest.raises(InputError, match=r"^workers must be None \(automatic\), 1 or 2, not "):
+            load(path, workers=workers)
+
+
+def test_when_a_worker_is_used():
+    """The rules in load_trace's docstring: size, cores and `workers`; never with threads."""
+    big = parallel.PARALLEL_MIN_BYTES
+    can_fork = hasattr(os, "fork")
+    assert parallel.use_worker(big, None) == (can_fork and parallel.usable_cores() >= 2)
+    assert not parallel.use_worker(big - 1, None)
+    assert parallel.use_worker(1, 2) == can_fork  # 2: whatever the size and the cores
+    assert not parallel.use_worker(0, 2)  # (an empty document has nothing to split)
+    assert not parallel.use_worker(1 << 40, 1)
+
+
+@needs_fork
+def test_two_workers_fork_only_without_other_threads(tmp_path, forks):
+    """workers=2 forks for a small file; with another thread running (a notebook kernel) neither
+    it nor automatic mode forks, and the result is the same."""
+    import threading
+
+    path = write(_mixed_events(), tmp_path / "t.json")
+    two = load_trace(path, workers=2)
+    assert len(forks) == 1
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert not parallel.use_worker(1 << 40, None)
+        one = load_trace(path, workers=2)
+    finally:
+        stop.set()
+        thread.join()
+    assert len(forks) == 1 and children() == []
+    assert_identical(two, one)

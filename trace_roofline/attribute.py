@@ -31,6 +31,10 @@ Naming an op instance, strongest evidence first (`source` column):
 An engine's fused MoE op (vLLM's inplace_fused_experts / moe_forward) launches its Triton
 `fused_moe_kernel` twice per token chunk, on w13 then on w2: its kernels are split into two
 instances, the odd-numbered launches (in time) `experts_gate_up`, the even ones `experts_down`.
+Collectives (operators.COLLECTIVES) are named before all of these, whatever range or position
+surrounds them: `op` when the op instance or the outermost op around it is a collective op
+(c10d::allreduce_, vllm::all_reduce), `kernel` when a kernel name says so (ncclDevKernel_AllReduce_*,
+cross_device_reduce_1stage); an unlinked collective kernel is named by its name too.
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
 stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
 goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
@@ -50,6 +54,7 @@ import pyarrow.compute as pc
 from trace_roofline import _naming, operators
 from trace_roofline._nest import KeySpace, Nest, to_ns
 from trace_roofline.models import ModelSpec
+from trace_roofline.tp import gemm_shapes, infer_tp
 from trace_roofline.trace import Trace
 
 # One row per timed unit, in the trace's device-row order (file order of the events).
@@ -72,7 +77,8 @@ ATTRIBUTED_COLUMNS = {
     "operator": "str",  # canonical operator, `linear[K×N]`, `other` or `unattributed`
     "layer": "Int64",
     "step": "Int64",  # N of the enclosing ProfilerStep#N
-    "source": "str",  # annotation | module | shape | compile | position | unattributed
+    # annotation | module | shape | compile | position | op | kernel | unattributed
+    "source": "str",
 }
 OPERATOR_TABLE_COLUMNS = {
     "step": "Int64",
@@ -103,13 +109,17 @@ _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     """One row per timed unit with its operator, layer, step and evidence (ATTRIBUTED_COLUMNS).
 
-    `model` names GEMMs by shape in unannotated traces; without it the linears are inferred
+    `model` names GEMMs by shape in unannotated traces, as the shard of it the trace's GEMM
+    shapes show (a tensor-parallel rank: `tp.infer_tp`); without it the linears are inferred
     from the trace's own GEMM shapes when they look like a Llama/Qwen layer.
     """
+    if model is not None:
+        model = model.shard(infer_tp(gemm_shapes(trace), model))
     keys = KeySpace(trace.cpu_ops, trace.runtime, trace.flows, trace.annotations,
                     trace.python_frames)
     ops = _ops_frame(trace.cpu_ops, keys)
     units = _cpu_units(ops) if trace.cpu_only else _device_units(trace, ops, keys)
+    units["coll"] = _categorical(_naming.per_value(units["name"], _kernel_collective))
     units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
                                                                         keys)
     inst = _instances(units, ops)
@@ -125,13 +135,18 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     has = at >= 0
     ann = units["ann_name"].array
     named = ~has & (ann.codes >= 0)
+    coll = units["coll"].array
+    lone = ~has & (coll.codes >= 0)  # a collective kernel no op links to
     part = _fused_moe_halves(units) & has
-    (op, an, un, down), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                         _const(UNATTRIBUTED, n), _const(_SECOND_HALF, n))
-    operator = np.where(part, down, np.where(has, op, np.where(named, an, un)))
-    (src, an, un), src_cats = _unify(_take_cat(inst["source"].array, at),
-                                     _const("annotation", n), _const(UNATTRIBUTED, n))
-    source = np.where(has, src, np.where(named, an, un))
+    (op, an, un, co, down), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                             _const(UNATTRIBUTED, n), coll,
+                                             _const(_SECOND_HALF, n))
+    operator = np.where(part, down, np.where(lone, co, np.where(has, op,
+                                                                np.where(named, an, un))))
+    (src, an, un, ke), src_cats = _unify(_take_cat(inst["source"].array, at),
+                                         _const("annotation", n), _const(UNATTRIBUTED, n),
+                                         _const("kernel", n))
+    source = np.where(lone, ke, np.where(has, src, np.where(named, an, un)))
     inst_layer = inst["layer"].array.take(at, allow_fill=True)
     ann_layer = units["ann_layer"].array
     no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
@@ -512,6 +527,11 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
         "input_dims": _take_cat(_categorical(ops["input_dims"]), oi),
     }, index=pd.Index(oi, name="op_idx"))
     inst["step"] = inst["step"].where(step >= 0)
+    coll = units["coll"].array
+    hit = (coll.codes >= 0) & (op_idx >= 0)
+    first_coll = pd.Series(coll.codes[hit]).groupby(op_idx[hit]).first()
+    codes = first_coll.reindex(oi).fillna(-1).to_numpy(np.int64)
+    inst["kernel_coll"] = pd.Categorical.from_codes(codes, coll.categories)
     inst["grp"] = pd.factorize(step * (int(key.max(initial=0)) + 2) + key + 1)[0]
     return inst.sort_values(["grp", "t"], kind="stable")
 
@@ -606,6 +626,7 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     (sa, sm, sp), src_cats = _unify(_const("annotation", n), _const("module", n),
                                     _categorical(pos_src))
     source = np.where(a >= 0, sa, np.where(m >= 0, sm, sp))
+    name, cats, source, src_cats = _collectives(inst, name, cats, source, src_cats)
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
     name, cats = _mlp_by_layer(name, cats, source, src_cats, layer, inst["grp"].to_numpy())
@@ -647,6 +668,31 @@ def _mlp_by_layer(name: np.ndarray, cats: pd.Index, source: np.ndarray, src_cats
             out[dense_rows & in_layer & routed] = code[moe_name]
         out[moe_rows & in_layer & ~routed & by_shape] = code[dense_name]
     return out, cats
+
+
+def _kernel_collective(names: pd.Series) -> pd.Series:
+    return operators.collective_of(names, kernel=True)
+
+
+def _op_collective(names: pd.Series) -> pd.Series:
+    return operators.collective_of(operators.base_names(names))
+
+
+def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, source: np.ndarray,
+                 src_cats: pd.Index) -> tuple[np.ndarray, pd.Index, np.ndarray, pd.Index]:
+    """Instances that are collectives take the collective's name, whatever else named them:
+    by their op or the outermost op around it (source `op`), else by a kernel (`kernel`)."""
+    n = len(inst)
+    by_op = _categorical(_naming.per_value(inst["op_name"], _op_collective))
+    by_top = _categorical(_naming.per_value(inst["top_name"], _op_collective))
+    (nm, o, t, k), cats = _unify(pd.Categorical.from_codes(name, cats), by_op, by_top,
+                                 inst["kernel_coll"].array)
+    op_level = np.where(o >= 0, o, t)
+    name = np.where(op_level >= 0, op_level, np.where(k >= 0, k, nm))
+    (sr, so, sk), src_cats = _unify(pd.Categorical.from_codes(source, src_cats),
+                                    _const("op", n), _const("kernel", n))
+    source = np.where(op_level >= 0, so, np.where(k >= 0, sk, sr))
+    return name, cats, source, src_cats
 
 
 def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArray:

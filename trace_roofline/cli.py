@@ -45,7 +45,7 @@ FLAGS = {
     "context": "--context", "device": "--device", "dtype": "--dtype", "hardware": "--hardware",
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
-    "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch",
+    "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
 }
 # A parameter is a flag in backquotes, as the subject (`layers must`, `layers=`), before its
 # quoted value (`device 'tpu'`) or as the object of a requirement (`needs model`); elsewhere the
@@ -96,6 +96,17 @@ def int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def positive_int(text: str) -> int:
+    """argparse type: one positive integer, e.g. '2'."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def model_arg(text: str) -> str:
@@ -200,7 +211,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
                       layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar(),
-                      cache=cache)
+                      cache=cache, tp=args.tp)
         for t, csv in zip(traces, ncu, strict=True)
     ]
     for status in cache.log if cache else []:
@@ -350,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", action="append", default=[], metavar="CSV",
                    help="Nsight Compute raw CSV of the same run: one per trace, in order "
                         "(default: none)")
+    p.add_argument("--tp", type=positive_int, metavar="T",
+                   help="each trace is one rank of --model sharded T ways by tensor parallelism "
+                        "(and collectives span T ranks) (default: inferred from the GEMM shapes)")
     p.add_argument("--per-layer", action="store_true",
                    help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",

@@ -30,7 +30,9 @@ def dtype_key(dtype: str) -> str:
 
 @dataclass(frozen=True)
 class Hardware:
-    """Roofline ceilings of one device: dense peak FLOP/s per dtype and memory bandwidth."""
+    """Roofline ceilings of one device: dense peak FLOP/s per dtype, memory bandwidth and the
+    interconnect bandwidth collectives are placed against (`link_bandwidth`: bytes/s per
+    direction, the ceiling of nccl-tests' bus bandwidth; None when unknown)."""
 
     name: str
     peak_flops: dict[str, float]  # dtype key -> dense FLOP/s (no 2:4 sparsity)
@@ -38,6 +40,8 @@ class Hardware:
     source: str
     device_names: tuple[str, ...] = ()  # `deviceProperties[].name` values that mean this device
     extra: dict[str, object] = field(default_factory=dict)  # date, method, ... for measured files
+    link_bandwidth: float | None = None  # bytes/s per direction, GPU to GPU
+    link_source: str = ""
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for a dtype."""
@@ -54,8 +58,18 @@ class Hardware:
         d = asdict(self)
         d["device_names"] = list(self.device_names)
         extra = d.pop("extra")
+        if self.link_bandwidth is None:
+            del d["link_bandwidth"], d["link_source"]
         return {**d, **extra}
 
+
+# Interconnect per direction. NVLink 4 (H100/H200 SXM): 900 GB/s total = 450 GB/s each way
+# (NVIDIA H100 and H200 datasheets); NVLink 3 (A100 SXM): 600 GB/s total = 300 GB/s each way
+# (A100 datasheet); GeForce RTX 4090 / 3080 have no NVLink: PCIe 4.0 x16, 16 GT/s x 16 lanes x
+# 128/130 encoding = 31.5 GB/s each way (PCI-SIG PCIe 4.0 base specification).
+_NVLINK4 = (450 * G, "NVLink 4, 900 GB/s bidirectional = 450 GB/s per direction (datasheet)")
+_NVLINK3 = (300 * G, "NVLink 3, 600 GB/s bidirectional = 300 GB/s per direction (A100 datasheet)")
+_PCIE4 = (31.5 * G, "no NVLink: PCIe 4.0 x16, 31.5 GB/s per direction (PCIe 4.0 spec)")
 
 PRESETS: dict[str, Hardware] = {
     "rtx4090": Hardware(
@@ -65,6 +79,7 @@ PRESETS: dict[str, Hardware] = {
         1008 * G,
         "NVIDIA Ada Lovelace architecture whitepaper v2.1, RTX 4090 column (dense tensor, FP32 accumulate)",
         ("NVIDIA GeForce RTX 4090",),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
     ),
     "rtx3080": Hardware(
         "rtx3080",
@@ -72,6 +87,7 @@ PRESETS: dict[str, Hardware] = {
         760 * G,
         "NVIDIA Ampere GA102 whitepaper v2.0, RTX 3080 column (dense tensor, FP32 accumulate)",
         ("NVIDIA GeForce RTX 3080",),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
     ),
     "a100-sxm": Hardware(
         "a100-sxm",
@@ -79,6 +95,7 @@ PRESETS: dict[str, Hardware] = {
         2039 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM, dense)",
         ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe"),
+        link_bandwidth=_NVLINK3[0], link_source=_NVLINK3[1],
     ),
     "h100-sxm": Hardware(
         "h100-sxm",
@@ -86,6 +103,7 @@ PRESETS: dict[str, Hardware] = {
         3350 * G,
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense)",
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
+        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
     ),
     "h200-sxm": Hardware(
         "h200-sxm",
@@ -93,6 +111,7 @@ PRESETS: dict[str, Hardware] = {
         4800 * G,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)",
         ("NVIDIA H200",),
+        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
     ),
 }
 
@@ -101,7 +120,8 @@ MEASURED_FILES = {"h200-measured": "h200_measured.json"}  # committed `trace-roo
 
 def from_json(path: str | Path) -> Hardware:
     """Load ceilings from a JSON file: {"name", "peak_flops": {dtype: FLOP/s}, "mem_bandwidth": B/s,
-    "source", optional "device_names", anything else kept in `extra` (date, method, ...)}."""
+    "source", optional "device_names", "link_bandwidth" (B/s per direction: collectives' roof)
+    and "link_source", anything else kept in `extra` (date, method, ...)}."""
     p = Path(path)
     raw = read_json(p)
     return _from_dict(raw, str(p))
@@ -123,10 +143,17 @@ def _from_dict(raw: object, where: str) -> Hardware:
         raise InputError(f"{where}: peak_flops and mem_bandwidth must be numbers ({e})") from None
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-    bad = [k for k, v in {**peak_flops, "mem_bandwidth": bw}.items() if not (v > 0 and math.isfinite(v))]
+    link = raw.get("link_bandwidth")
+    try:
+        link = None if link is None else float(link)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: link_bandwidth must be a number, got {link!r}") from None
+    ceilings = {**peak_flops, "mem_bandwidth": bw, **({} if link is None else {"link_bandwidth": link})}
+    bad = [k for k, v in ceilings.items() if not (v > 0 and math.isfinite(v))]
     if bad:
         raise InputError(f"{where}: non-positive or non-finite ceiling for {', '.join(bad)}")
-    known = {"name", "peak_flops", "mem_bandwidth", "source", "device_names"}
+    known = {"name", "peak_flops", "mem_bandwidth", "source", "device_names", "link_bandwidth",
+             "link_source"}
     return Hardware(
         name=str(raw["name"]),
         peak_flops=peak_flops,
@@ -134,6 +161,8 @@ def _from_dict(raw: object, where: str) -> Hardware:
         source=str(raw.get("source", where)),
         device_names=tuple(raw.get("device_names") or ()),
         extra={k: v for k, v in raw.items() if k not in known},
+        link_bandwidth=link,
+        link_source=str(raw.get("link_source", "" if link is None else where)),
     )
 
 

@@ -8,6 +8,7 @@ other layers keep a dense MLP of intermediate_size.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,28 @@ class ModelSpec:
             "up_proj": (h, i, False),
             "down_proj": (i, h, False),
         }
+
+    def shard(self, tp: int) -> ModelSpec:
+        """One rank's shapes under tensor parallelism over `tp` ranks (vLLM / Megatron layout):
+        column-parallel q/k/v (fused qkv_proj) and gate/up (gate_up_proj) hold n_q/t query
+        heads, n_kv/t KV heads (one replicated head each when t > n_kv, as vLLM does) and I/t
+        of the intermediate; row-parallel o_proj and down_proj take K = n_q/t·d and I/t;
+        the vocabulary-parallel embedding and lm_head hold ceil(V/t) rows (vLLM's padding to
+        a multiple of 64 is ignored). Hidden size, head_dim and depth are unchanged. tp 1 is
+        the model itself; heads or intermediate not divisible by `tp` are an InputError."""
+        if tp == 1:
+            return self
+        if tp < 1 or self.num_heads % tp or self.intermediate_size % tp:
+            raise InputError(
+                f"tp={tp} does not divide {self.name}'s {self.num_heads} heads and "
+                f"{self.intermediate_size} intermediate size")
+        if self.num_kv_heads >= tp and self.num_kv_heads % tp:
+            raise InputError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} KV heads")
+        return dataclasses.replace(
+            self, name=f"{self.name} (tp{tp} rank)", num_heads=self.num_heads // tp,
+            num_kv_heads=max(self.num_kv_heads // tp, 1),
+            intermediate_size=self.intermediate_size // tp,
+            vocab_size=-(-self.vocab_size // tp))
 
     def fused_linears(self) -> dict[str, tuple[int, int, bool]]:
         """vLLM-style fused projections: qkv_proj and gate_up_proj."""

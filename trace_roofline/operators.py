@@ -18,9 +18,24 @@ Each `Operator` says, in one place, what the rest of the analyzer needs to know 
   they sit (`recognise`); torch.compile's `triton_*` kernel ops never match (their names list
   the aten ops they fuse);
 - `cost`: the shapes.py cost rule every op recognised by `ops` goes to (None: each op is
-  costed by its own aten name).
+  costed by its own aten name);
+- `kernels`: a regex over kernel names that are this operator whatever op launched them (NCCL's
+  `ncclDevKernel_AllReduce_Sum_bf16_RING_LL`, vLLM's `cross_device_reduce_1stage<...>`);
+- `bus_factor`: for a collective over t ranks, the factor turning its message size S into the
+  bytes each rank moves over its link, nccl-tests' "bus bandwidth" convention
+  (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): all-reduce
+  2(t-1)/t, all-gather, reduce-scatter and all-to-all (t-1)/t, send/recv, broadcast and
+  reduce 1. S is the whole buffer (all-gather: the gathered output; reduce-scatter: the
+  scattered input);
+- `gathers`: the op's input tensor is S/t (all-gather: S = t x input); for every other
+  collective the input is S.
 
-A new operator (collectives) is one more entry in `OPERATORS`.
+Collectives (kind `communication`) are named by their cpu op (c10d::allreduce_,
+_c10d_functional::all_gather_into_tensor, vllm::all_reduce) or their kernel, whatever range or
+position surrounds them; they cost 0 FLOPs (the reduction's adds, (t-1)/t of an element each,
+are not counted) and are placed against the interconnect, not HBM.
+
+A new operator is one more entry in `OPERATORS`.
 
 Mixture-of-experts layers (see moe.py) add the router (its logits GEMM H -> E, softmax, top-k
 and renormalisation; the shared expert's sigmoid gate), the token permutation (moe_dispatch),
@@ -34,6 +49,7 @@ attention and norms around them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Literal
@@ -67,6 +83,13 @@ class Operator:
     aliases: tuple[str, ...] = ()
     ops: re.Pattern[str] | None = None
     cost: str | None = None
+    kernels: re.Pattern[str] | None = None
+    bus_factor: Callable[[int], float] | None = None
+    gathers: bool = False
+
+    @property
+    def collective(self) -> bool:
+        return self.kind == "communication"
 
 
 def _linear(name: str, stage: Stage | None, per_layer: bool = True) -> Operator:
@@ -118,14 +141,64 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("final_norm", "memory", per_layer=False),
     _linear("lm_head", None, per_layer=False),
 )
+
+def _ring_all_reduce(t: int) -> float:
+    return 2.0 * (t - 1) / t
+
+
+def _ring(t: int) -> float:
+    return (t - 1) / t
+
+
+def _one(t: int) -> float:
+    return 1.0
+
+
+def _collective(name: str, ops: str, kernels: str | None, bus: Callable[[int], float],
+                aliases: tuple[str, ...] = (), gathers: bool = False) -> Operator:
+    """A collective: cpu op base names (c10d, _c10d_functional, vllm) and kernel names."""
+    return Operator(name, "communication", aliases=aliases, ops=re.compile(ops),
+                    kernels=re.compile(kernels) if kernels else None, bus_factor=bus,
+                    gathers=gathers)
+
+
+_NCCL = r"^nccl(?:Dev)?Kernel_"
+COLLECTIVES: tuple[Operator, ...] = (
+    _collective("all_reduce",
+                r"^(?:allreduce_|allreduce_coalesced_|all_reduce_?|all_reduce_coalesced_?|"
+                r"inplace_all_reduce|outplace_all_reduce|custom_all_reduce)$",
+                _NCCL + r"AllReduce|cross_device_reduce_[12]stage|(?:one|two)_shot_all_reduce",
+                _ring_all_reduce, aliases=("allreduce",)),
+    _collective("all_gather",
+                r"^(?:allgather_|_allgather_base_|allgather_coalesced_|"
+                r"allgather_into_tensor_coalesced_|all_gather_into_tensor(?:_out|_coalesced)?|"
+                r"all_gather)$",
+                _NCCL + r"AllGather", _ring,
+                aliases=("allgather", "all_gather_into_tensor"), gathers=True),
+    _collective("reduce_scatter",
+                r"^(?:reduce_scatter_|_reduce_scatter_base_|reduce_scatter_tensor_coalesced_|"
+                r"reduce_scatter_tensor(?:_coalesced)?|reduce_scatter)$",
+                _NCCL + r"ReduceScatter", _ring, aliases=("reduce_scatter_tensor",)),
+    # NCCL runs all-to-all as grouped sends and receives: only the op names it
+    _collective("all_to_all", r"^(?:alltoall_|alltoall_base_|all_to_all_single|all_to_all)$",
+                None, _ring, aliases=("alltoall", "all_to_all_single")),
+    _collective("send_recv", r"^(?:send|recv_|recv_any_source_|batch_isend_irecv)$",
+                _NCCL + r"(?:SendRecv|Send|Recv)(?:_|\(|$)", _one, aliases=("sendrecv",)),
+    _collective("broadcast", r"^(?:broadcast_|broadcast)$", _NCCL + r"Broadcast", _one),
+    _collective("reduce", r"^reduce_$", _NCCL + r"Reduce_", _one),
+)
+
 # What is left: model work outside the vocabulary (masks, position ids, sampling), and device
 # time no evidence links to any op. Never named by a range or module, never in a layer.
 OTHER = Operator("other", "unknown", per_layer=False)
 UNATTRIBUTED = Operator("unattributed", "unknown", per_layer=False)
 
-BY_NAME: dict[str, Operator] = {o.name: o for o in (*OPERATORS, OTHER, UNATTRIBUTED)}
-NAMES: tuple[str, ...] = tuple(o.name for o in OPERATORS)  # names a range or module may carry
-ALIASES: dict[str, str] = {a: o.name for o in OPERATORS for a in o.aliases}
+BY_NAME: dict[str, Operator] = {o.name: o for o in (*OPERATORS, *COLLECTIVES, OTHER,
+                                                    UNATTRIBUTED)}
+# names a range or module may carry
+NAMES: tuple[str, ...] = tuple(o.name for o in (*OPERATORS, *COLLECTIVES))
+ALIASES: dict[str, str] = {a: o.name for o in (*OPERATORS, *COLLECTIVES) for a in o.aliases}
+COMMUNICATION: tuple[str, ...] = tuple(o.name for o in COLLECTIVES)
 LINEARS: tuple[str, ...] = tuple(o.name for o in OPERATORS if o.linear)
 STAGES: dict[str, int] = {o.name: int(o.stage) for o in OPERATORS if o.stage is not None}
 MODEL_LEVEL: tuple[str, ...] = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
@@ -170,3 +243,14 @@ def cost_rule(op_name: str) -> str | None:
         return None
     return next((o.cost for o in OPERATORS if o.ops is not None and o.cost is not None
                  and o.ops.search(base)), None)
+
+
+def collective_of(op_base: pd.Series, kernel: bool = False) -> pd.Series:
+    """The collective each cpu op base name (with `kernel`, each kernel name) is, else NA."""
+    out = pd.Series(pd.NA, index=op_base.index, dtype="string")
+    text = op_base.astype("string").fillna("")
+    for op in COLLECTIVES:
+        rx = op.kernels if kernel else op.ops
+        if rx is not None:
+            out = out.mask(out.isna() & text.str.contains(rx), op.name)
+    return out

@@ -13,6 +13,7 @@ from trace_roofline.attribute import attribute
 from trace_roofline.hardware import Hardware, for_device_name
 from trace_roofline.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
+from trace_roofline.tp import gemm_shapes, infer_tp
 from trace_roofline.trace import Progress, Trace, load_trace
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ def analyze_trace(
     by_shape: bool = False,
     progress: Progress | None = None,
     cache: TraceCache | None = None,
+    tp: int | None = None,
 ) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
 
@@ -48,8 +50,14 @@ def analyze_trace(
     workload: its DRAM bytes become each operator's measured bytes and measured intensity.
     With `cache`, a trace given by path and its attribution come from (and go to) that
     `TraceCache`; what it did is appended to `cache.log`.
+    Tensor parallelism: `tp` says the trace is one rank of `model` sharded `tp` ways; without
+    it the shard is inferred from the GEMM shapes (tp.infer_tp), and each rank is costed from
+    its own shapes against `model.shard(tp)`. Collectives that do not record their group size
+    take tp (> 1), else `distributedInfo.world_size`.
     """
     attributed = None
+    if model is not None and tp is not None:
+        model = model.shard(tp)
     if not isinstance(trace, Trace) and cache is not None:
         trace, attributed, _ = cache.load(trace, model, progress=progress)
     elif not isinstance(trace, Trace):
@@ -57,14 +65,19 @@ def analyze_trace(
     hw = hardware or trace_hardware(trace)
     if attributed is None:
         attributed = attribute(trace, model)
+    if model is not None:  # attribute() names GEMMs as the shard the shapes show
+        more = infer_tp(gemm_shapes(trace), model)
+        model, tp = model.shard(more), (tp or 1) * more
+    info = trace.meta.get("distributedInfo")
+    world = info.get("world_size") if isinstance(info, dict) else None
+    group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
+    common = dict(trace=trace.path, causal=causal, attention_bytes=attention_bytes,
+                  layers=layers, by_shape=by_shape, tp=tp, group_size=group)
     if ncu is None:
-        return analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                       attention_bytes=attention_bytes, layers=layers, by_shape=by_shape)
+        return analyze(attributed, model, hw, **common)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
-    a = analyze(attributed, model, hw, trace=trace.path, causal=causal,
-                attention_bytes=attention_bytes, layers=layers, by_shape=by_shape,
-                measured=ncu_csv.measured_by_operator(matched))
+    a = analyze(attributed, model, hw, measured=ncu_csv.measured_by_operator(matched), **common)
     # Whole trace (every phase): NaN unless every kernel was measured (a partial sum understates).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
     flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())

@@ -71,7 +71,8 @@ def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str,
     peak = hw.peak_flops[dtype]
     return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
-            "source": hw.source}
+            "source": hw.source, "link_bandwidth_bytes_per_s": hw.link_bandwidth,
+            "link_source": hw.link_source or None}
 
 
 def conventions_line(a: Analysis) -> str:
@@ -169,17 +170,19 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
                                                                kind="stable")
     measured = "measured_intensity" in agg.columns  # ncu DRAM bytes joined
     width = max(20, *a.operators["operator"].astype(str).str.len()) if len(agg) else 20
-    lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else ""),
+    lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else "")
+             + (f"   tp {a.tp}" if a.tp is not None else ""),
              _hardware_line(a), f"conventions: {conventions_line(a)}",
              _head(width, measured)]
     lines += [_op_row(r, width, measured) for r in agg.itertuples()]
     for phase, w in a.whole_by_phase.items():
         lines.append(_row("whole model", phase, _cells(
-            w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
-            w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
-            w.get("bound"), width))
+            w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+            w["bytes"], w["intensity"], w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
+            w.get("pct_of_roof")), w.get("bound"), width))
     if _flagged(a.operators["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
+    lines += _communication_lines(a)
     lines.append(_coverage_line(a))
     lines += moe_lines(a)
     if a.ncu is not None:
@@ -209,7 +212,7 @@ def _per_layer_blocks(a: Analysis, agg: pd.DataFrame, width: int, measured: bool
     out = []
     for (phase, layer), g in rows.groupby(["phase", "layer"], sort=False):
         total = g["time_us"].sum()
-        phase_time = a.whole_by_phase.get(phase, {}).get("time_us")
+        phase_time = _phase_time(a, phase) if phase in a.whole_by_phase else None
         out += [f"layer {layer} ({phase}): {duration(total)}, "
                 f"{_pct(total / phase_time) if phase_time else 'n/a'} of the phase's device time",
                 _head(width, measured)]
@@ -273,8 +276,40 @@ def _hardware_line(a: Analysis) -> str:
     h = hardware_summary(a)
     if h is None:
         return "hardware: none given (no device in the trace): intensities only, no placements"
+    link = h["link_bandwidth_bytes_per_s"]
     return (f"hardware {h['name']}: {si(h['peak_flops_per_s'], 'FLOP/s')} {h['dtype']}, "
-            f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B")
+            f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B"
+            + (f", link {si(link, 'B/s')} per direction" if link else ""))
+
+
+# (share of device time, fraction of the link roof) above / below which collectives are flagged
+SLOW_COMMUNICATION = (0.25, 0.05)
+
+
+def _phase_time(a: Analysis, phase: str) -> float:
+    """A phase's device time: the whole model's (HBM operators) plus its collectives'."""
+    return a.whole_by_phase[phase]["time_us"] + a.communication.get(phase, {}).get("time_us", 0.0)
+
+
+def _communication_lines(a: Analysis) -> list[str]:
+    """Per phase with collectives: their time, exposed time, bus bytes and link fraction,
+    outside the whole model."""
+    out = []
+    for phase, c in a.communication.items():
+        link = (f" = {_pct(c['link_fraction'])} of the link roof"
+                if not _missing(c["link_fraction"]) else " (no link bandwidth for this hardware)")
+        out.append(
+            f"communication ({phase}): {c['kernels']} collective kernel(s), "
+            f"{duration(c['time_us'])} ({_pct(c['time_share'])} of device time), "
+            f"{duration(c['exposed_time_us'])} exposed (not overlapped by compute), "
+            f"{si(c['bytes'], 'B')} bus bytes at {si(c['bus_bytes_per_s'], 'B/s')}{link}; "
+            "not in the whole model (its roof is the link, not HBM)")
+        if c["time_share"] > SLOW_COMMUNICATION[0] and c["link_fraction"] < SLOW_COMMUNICATION[1]:
+            out.append(f"! communication ({phase}) takes {_pct(c['time_share'])} of device time "
+                       f"at {_pct(c['link_fraction'])} of the link roof: latency-bound small "
+                       "messages, or this rank waits in its collectives for a slower one; "
+                       "analyse every rank's trace together to tell")
+    return out
 
 
 def _coverage_line(a: Analysis) -> str:
@@ -306,6 +341,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "trace": a.trace,
         "hardware": hardware_summary(a),
         "model": asdict(a.model) if a.model else None,
+        "tp": a.tp,
         "conventions": dict(a.conventions),
         "coverage": dict(a.coverage),
         "operators": _records(ops[cols]),
@@ -314,6 +350,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "reconciliation": _records(a.reconciliation),
         "preset_mismatches": sorted(a.costed["check"].dropna().unique().tolist()),
         "uncosted": {str(k): int(v) for k, v in reasons.items()},
+        "communication": {p: dict(c) for p, c in a.communication.items()},
     }
     if a.moe:
         entry["moe"] = {p: {**d, "explanation": " ".join(_moe_phase(p, d))}
@@ -407,9 +444,9 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         out += [f"![roofline]({chart})", ""]
     for a in analyses:
         out += [f"## {a.trace}", "", f"- {_hardware_line(a)}", f"- conventions: {conventions_line(a)}",
-                f"- {_coverage_line(a)}"]
+                f"- {_coverage_line(a)}", *[f"- {c}" for c in _communication_lines(a)]]
         if a.model:
-            out.append(f"- model: {a.model.name}")
+            out.append(f"- model: {a.model.name}" + (f", tp {a.tp}" if a.tp is not None else ""))
         out += [f"- {line.strip()}" for line in moe_lines(a)]
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
                 "| operator | phase | kernels | time | time % | FLOPs | bytes | FLOP/B | FLOP/s "
@@ -422,7 +459,8 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag))
         for phase, w in a.whole_by_phase.items():
             out.append(_md_row("**whole model**", phase, _cells(
-                w["kernels"], w["time_us"], 1.0, w["flops"], w["bytes"], w["intensity"],
+                w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+                w["bytes"], w["intensity"],
                 w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
                 w.get("bound"), ""))
         if _flagged(ops["exceeds_roof"].any()):

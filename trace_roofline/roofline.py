@@ -13,6 +13,14 @@ profile does; their intensities differ by 100x and a blend of them describes nei
 `reconcile` lists each operator's contribution bytes_i/Σbytes·I_i = F_i/Σbytes, which sum to its
 phase's figure.
 
+Collectives (operators.COMMUNICATION: all_reduce, all_gather, ...) are rows of the operator
+table placed against the interconnect, not HBM: their bytes are bus bytes (shapes.py), their
+achieved bytes/s is the bus bandwidth, attainable = the hardware's `link_bandwidth`, % of roof =
+bus bandwidth / link bandwidth, bound `link`; intensity, FLOP/s and peak stay empty. They never
+enter the whole model, the reconciliation or the extrapolation (which describe the HBM
+roofline); each phase's communication is summarised on its own (`Analysis.communication`,
+comms.summary: time, exposed time, bus bytes, share of the phase's device time).
+
 Peaks: an operator's dtype picks the compute peak; a floating-point dtype the hardware lists no
 peak for is an InputError (never another dtype's roof). Integers, bool, fp64 and complex have no
 listable tensor peak and borrow the trace's main dtype's.
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs, dtypes, moe
+from trace_roofline import comms, costs, dtypes, moe
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
@@ -53,7 +61,7 @@ OPERATOR_COLUMNS = {
     "peak_flops_per_s": "float64",
     "attainable_flops_per_s": "float64",  # min(P, I·B_mem)
     "pct_of_roof": "float64",  # achieved / attainable, in percent
-    "bound": "str",  # memory|compute
+    "bound": "str",  # memory|compute; link for collectives
     # achieved > attainable. Memory-bound: the analytical minimum bytes exceed the DRAM traffic
     # that moved (reuse served from L2, or bytes counted too high); compute-bound: FLOPs counted
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
@@ -102,6 +110,10 @@ class Analysis:
     ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
     # what the numbers cannot be trusted for: malformed shape data, implausible costs
     warnings: tuple[str, ...] = ()
+    tp: int | None = None  # tensor-parallel degree of the rank's shards (None: no model to tell)
+    # per phase with collectives: comms.summary (time, exposed time, bus bytes, share, ...)
+    communication: dict[str, dict[str, float]] = field(default_factory=dict)
+    collectives: pd.DataFrame | None = None  # comms.CALL_COLUMNS: one row per collective call
     # mixture-of-experts layers per phase (`moe_summary`): tokens, active experts and their
     # assumption, tokens per active expert, the experts' intensity next to the dense equivalent
     moe: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -115,15 +127,19 @@ class Analysis:
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
             trace: str = "", causal: str = "causal", attention_bytes: str = "all",
             layers: int | None = None, measured: pd.DataFrame | None = None,
-            by_shape: bool = False) -> Analysis:
+            by_shape: bool = False, tp: int | None = None,
+            group_size: int | None = None) -> Analysis:
     """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace.
 
     `by_shape` places each (operator, shape) on its own, e.g. one q_proj point per M of a sweep
-    or per batch size of a serving trace; measured bytes then stay per operator only.
+    or per batch size of a serving trace; measured bytes then stay per operator only. `model`
+    is the rank's shard under tensor parallelism (`ModelSpec.shard(tp)`), `tp` is reported;
+    `group_size` is the ranks of collectives that do not record theirs (shapes.attach_costs).
     """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
-    costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes)
+    costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes,
+                          group_size=group_size)
     phases = costed.sort_values("ts_us", kind="stable")["phase"].unique().tolist()
     try:
         costed, implausible = _implausible(costed, hardware)
@@ -133,22 +149,26 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
             ops = place(shaped, hardware)
         else:
             ops = place(costed, hardware, measured=measured)
-        whole = {p: whole_model(ops[ops["phase"] == p], hardware) for p in phases}
+        hbm = ops[~comms.is_collective(ops["operator"])]
+        whole = {p: whole_model(hbm[hbm["phase"] == p], hardware) for p in phases}
     except InputError as e:  # a floating-point dtype without a peak: name the trace too
         raise InputError(f"{trace or 'trace'}: {e}") from None
+    calls = comms.calls(attributed, costed)
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
             raise InputError("layers needs a model (embedding and lm_head come from the model)")
-        ext = extrapolate(costed, model, layers)
+        ext = extrapolate(costed[~comms.is_collective(costed["operator"])], model, layers)
         ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
     return Analysis(
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": causal, "attention_bytes": attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
-        reconciliation=reconcile(ops), coverage=coverage(costed),
+        reconciliation=reconcile(hbm), coverage=coverage(costed),
         layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
-        warnings=(*_malformed(costed), *implausible), moe=moe_summary(costed),
+        warnings=(*_malformed(costed), *implausible), tp=tp,
+        communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),
+        collectives=calls, moe=moe_summary(costed),
     )
 
 
@@ -367,6 +387,8 @@ def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd
     """Peak, attainable, % of roof, bound and the exceeds flag for each row."""
     ops = ops.copy()
     nan = pd.Series(np.nan, index=ops.index)
+    link = comms.is_collective(ops["operator"])
+    ops.loc[link, "intensity"] = np.nan  # bus bytes, no FLOPs: not on the FLOP/byte axis
     if hardware is None:
         ops[["peak_flops_per_s", "attainable_flops_per_s", "pct_of_roof"]] = np.nan
         ops["bound"] = pd.Series(None, index=ops.index, dtype="str")
@@ -385,6 +407,11 @@ def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd
     ops["pct_of_roof"] = pd.Series(pct, index=ops.index).where(intensity.notna()) * 100.0
     ops["bound"] = pd.Series(np.where(memory, "memory", "compute"), index=ops.index,
                              dtype="str").where(intensity.notna())
+    if link.any():  # the interconnect is their roof: bus bytes/s over link bytes/s
+        lbw = hardware.link_bandwidth or np.nan
+        ops.loc[link, ["peak_flops_per_s", "attainable_flops_per_s"]] = np.nan
+        ops.loc[link, "pct_of_roof"] = ops.loc[link, "achieved_bytes_per_s"] / lbw * 100.0
+        ops.loc[link, "bound"] = "link"
     ops["exceeds_roof"] = (ops["pct_of_roof"] > 100.0).astype("boolean").where(
         ops["pct_of_roof"].notna(), pd.NA)
     return ops

@@ -66,6 +66,18 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   as many rows as the expert GEMM they feed (dispatch) or follow (combine).
   The router's top-k (topk / topk_softmax), sort, histc, cumsum, one_hot's scatter,
   moe_align_block_size and moe_sum are costed as data movement and reductions.
+- Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
+  bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
+  S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
+  (t-1)/t, send/recv 1), S = the message: the input tensor (or tensor list) of the op, its
+  elements x dtype bytes, times t for an all-gather (the input is one rank's part). The input
+  is argument 0 (record_param_comms, c10d::allreduce_, _c10d_functional ops, vllm::all_reduce)
+  or 1 for c10d's (output, input) ops (`_C10D_INPUT_ARG`). Its dtype: the tensor's, for a
+  tensor list the kernel name's (ncclDevKernel_AllReduce_Sum_bf16_..., cross_device_reduce_
+  1stage<__nv_bfloat16, 2>), else the model's. t, the group size: record_param_comms'
+  recorded world size (its Concrete Inputs' last value), vLLM's custom all-reduce kernel's
+  template argument, else `group_size` (the trace's TP degree or distributedInfo world size);
+  unknown, the instance is uncosted.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
 "none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns. So is
 malformed shape data (`Malformed`: negative, non-integer or overflowing dims, arguments a rule
@@ -75,6 +87,7 @@ cannot read), with `cost_kind` "malformed"; roofline.analyze warns about those.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -175,6 +188,9 @@ class Cost:
     expert_bytes: float | None = None  # one expert's weights read by the op, bytes
 
 
+_COMMUNICATION = "communication"  # Cost.kind of a collective
+
+
 @dataclass(frozen=True)
 class _Arg:
     """One argument of a cpu op as the trace recorded it (`_args` checks tensor dims)."""
@@ -219,8 +235,11 @@ class _Call:
     causal: str
     attention_bytes: str
     fallback: str | None  # short dtype of tensor lists (their dtype is not recorded)
-    operator: str | None = None  # what attribute() named it (a fused MoE op's two halves)
-    experts: moe.Experts | None = None  # the model's, for ops that do not record them
+    # what attribute() named it: a collective, or the half of a fused MoE op
+    operator: str | None = None
+    kernel: str | None = None  # collectives only: the first kernel's name
+    group_size: int | None = None  # collectives only: ranks, when the call does not record it
+    experts: moe.Experts | None = None  # the model's, for MoE ops that do not record them
 
     @property
     def base(self) -> str:
@@ -241,14 +260,16 @@ Rule = Callable[[_Call], Cost]
 
 
 def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str = "causal",
-                 attention_bytes: str = "all") -> pd.DataFrame:
+                 attention_bytes: str = "all", group_size: int | None = None) -> pd.DataFrame:
     """One row per op instance (`COSTED_COLUMNS`) with FLOPs and minimum bytes from its shapes.
 
     `attributed` is attribute.attribute()'s table (one row per device row, its `instance`
     column naming the op instance); optional `concrete_inputs` and `input_strides` columns (raw
     JSON) supply is_causal, dtype and Triton size arguments, and broadcast (stride-0) dims.
     `causal` is "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all"
-    (Q, K, V read and O written) or "kv" (K and V only). Time is conserved: Σ time_us == Σ dur_us.
+    (Q, K, V read and O written) or "kv" (K and V only). `group_size` is the ranks of a
+    collective that does not record its own (`_collective`). Time is conserved:
+    Σ time_us == Σ dur_us.
     """
     if causal not in costs.CAUSAL_CONVENTIONS:
         raise InputError(f"causal must be one of {', '.join(costs.CAUSAL_CONVENTIONS)}, "
@@ -257,19 +278,26 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         raise InputError(f"attention_bytes must be one of "
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
+    # a collective's cost also depends on which collective it is and its kernel's name
+    coll = inst["operator"].isin(operators.COMMUNICATION)
+    inst["_coll"] = inst["operator"].where(coll, None)
+    inst["_kernel"] = inst["kernel"].where(coll, None)
     # the half of an engine's fused MoE op attribute() named (its two GEMMs cost apart)
     fused = _each_distinct(inst["op_name"], lambda n: isinstance(n, str)
                            and operators.cost_rule(n) == "fused_experts").astype(bool)
-    inst["part"] = inst["operator"].where(fused, None)
-    text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "part"]
+    inst["_part"] = inst["operator"].where(fused, None)
+    text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
+            "_kernel", "_part"]
     codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
     _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
-        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model, strides, part)
-        for name, dims, types, conc, strides, part in zip(*(combos[c].tolist() for c in text),
-                                                           strict=True)
+        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model, strides,
+              _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
+              if isinstance(op, str) else None, part if isinstance(part, str) else None)
+        for name, dims, types, conc, strides, op, kernel, part in zip(
+            *(combos[c].tolist() for c in text), strict=True)
     ]
     out = inst[["op_id", "op_name", "operator", "layer", "step", "kernels", "ts_us", "time_us"]]
     out = out.reset_index(drop=True)
@@ -315,17 +343,19 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "input_types": att["input_types"].to_numpy(),
         "concrete_inputs": optional("concrete_inputs"),
         "input_strides": optional("input_strides"),
+        "kernel": optional("name"),
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
     first = ["op_id", "operator", "layer", "step", "op_name", "input_dims", "input_types",
-             "concrete_inputs", "input_strides"]
+             "concrete_inputs", "input_strides", "kernel"]
     inst = work.groupby("instance", sort=False).agg(
         **{c: (c, "first") for c in first}, kernels=("dur_us", "size"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
     ).reset_index(drop=True)
     inst = inst.sort_values("ts_us", kind="stable").reset_index(drop=True)
-    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides"]:
+    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides",
+                "kernel"]:
         inst[col] = inst[col].astype("object").where(inst[col].notna(), None)
     return inst
 
@@ -354,25 +384,38 @@ def _decode(raw: str | None) -> list | None:
     return value if isinstance(value, list) else None
 
 
+@dataclass(frozen=True)
+class _Collective:
+    """What a collective instance's cost needs beyond its op's arguments."""
+
+    operator: str
+    kernel: str | None
+    group_size: int | None
+
+
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
           model: ModelSpec | None, strides_raw: str | None = None,
-          operator: str | None = None) -> Cost:
-    """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`)."""
+          collective: _Collective | None = None, part: str | None = None) -> Cost:
+    """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
+    collective's by `_collective`; `part`: the half of a fused MoE op attribute() named)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
     if dims is None or types is None or len(dims) != len(types):
         return Cost(uncosted=f"{name}: no recorded shapes")
-    rule = rule_for(name)
+    rule = _collective if collective is not None else rule_for(name)
     if rule is None:
         return Cost(uncosted=f"no cost rule for {name}")
     concrete = _decode(concrete_raw) or []
     strides = _decode(strides_raw) or []
+    extra = {"operator": part} if collective is None else {
+        "operator": collective.operator, "kernel": collective.kernel,
+        "group_size": collective.group_size}
     try:
         args = _args(dims, [str(t) for t in types], concrete, strides)
-        cost = rule(_Call(name, args, causal, attention_bytes, fallback, operator,
-                          model.experts if model is not None else None))
+        cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra,
+                          experts=model.experts if model is not None else None))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
     if cost.kind == "attention" and model is not None:
@@ -867,6 +910,65 @@ def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
         if math.prod(sizes[-k:]) in numels:
             return math.prod(sizes[-k:])
     return math.prod(sizes[-least:])
+
+
+# --------------------------------------------------------------------------- collectives
+# c10d ops whose arguments are (output, input): the input is argument 1
+_C10D_INPUT_ARG = {"allgather_": 1, "_allgather_base_": 1, "allgather_coalesced_": 1,
+                   "allgather_into_tensor_coalesced_": 1, "reduce_scatter_": 1,
+                   "_reduce_scatter_base_": 1, "reduce_scatter_tensor_coalesced_": 1,
+                   "alltoall_": 1, "alltoall_base_": 1}
+# dtype tokens of collective kernel names: NCCL's `_bf16_`, vLLM's template argument
+_KERNEL_DTYPES = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp64", "i8": "int8",
+                  "u8": "uint8", "i32": "int32", "u32": "int32", "i64": "int64",
+                  "u64": "int64", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+                  "__nv_bfloat16": "bf16", "nv_bfloat16": "bf16", "half": "fp16",
+                  "__half": "fp16", "float": "fp32"}
+_KERNEL_DTYPE = re.compile(r"_(bf16|f16|f32|f64|i8|u8|i32|u32|i64|u64|f8e4m3|f8e5m2)_|"
+                           r"<\s*(__nv_bfloat16|nv_bfloat16|__half|half|float)\s*[,>]")
+_KERNEL_RANKS = re.compile(r"cross_device_reduce_[12]stage<[^,>]+,\s*(\d+)\s*>")
+
+
+def kernel_dtype(kernel: str | None) -> dtypes.DType | None:
+    """The dtype a collective kernel's name states (ncclDevKernel_AllReduce_Sum_bf16_RING_LL ->
+    bf16), or None."""
+    m = _KERNEL_DTYPE.search(kernel or "")
+    return dtypes.lookup(_KERNEL_DTYPES[m.group(1) or m.group(2)]) if m else None
+
+
+def _group_size(c: _Call) -> int | None:
+    """Ranks of a collective: record_param_comms' recorded world size (its last argument),
+    vLLM's custom all-reduce kernel's template argument, else the call's `group_size`."""
+    if c.base.endswith("record_param_comms") and c.args:
+        last = c.args[-1].concrete
+        if last.isdigit() and int(last) > 0:
+            return int(last)
+    m = _KERNEL_RANKS.search(c.kernel or "")
+    return int(m.group(1)) if m else c.group_size
+
+
+def _collective(c: _Call) -> Cost:
+    """S x bus factor bytes, 0 FLOPs (see the module docstring and operators.py)."""
+    op = operators.BY_NAME[c.operator]
+    t = _group_size(c)
+    if t is None:
+        return Cost(uncosted=f"{c.name} ({op.name}): group size unknown (not recorded; give tp)")
+    at = _C10D_INPUT_ARG.get(c.base.rsplit("::", 1)[-1], 0)
+    if at >= len(c.args):
+        raise Malformed(f"argument {at} (the input) missing")
+    x = c.args[at]
+    if x.type == "TensorList":
+        numel = sum(math.prod(d) for d in x.dims)
+        dt = kernel_dtype(c.kernel) or (dtypes.lookup(c.fallback) if c.fallback else None)
+    else:
+        numel = _tensor(c.args, at).numel
+        dt = dtypes.lookup(x.type)
+    if dt is None:
+        return Cost(uncosted=f"{c.name} ({op.name}): message dtype unknown")
+    message = numel * dt.bytes * (t if op.gathers else 1)
+    bus = op.bus_factor(t)
+    shape = f"{numel}x{dt.short} over {t} ranks: S {message} B x bus {bus:.3g}"
+    return Cost(_COMMUNICATION, 0.0, float(message * bus), dt.short, shape)
 
 
 # ------------------------------------------------------------------------- the registry

@@ -1,0 +1,52 @@
+"""Tensor parallelism: which shard of the model a rank's trace ran (`infer_tp`).
+
+Under TP over t ranks (vLLM / Megatron) each rank's weight GEMMs carry 1/t of the model's
+columns (qkv_proj, gate_up_proj) or rows (o_proj, down_proj) (`ModelSpec.shard`), so a rank's
+GEMM shapes say t: `infer_tp` counts, for each candidate t, the distinct (K, N) of the trace's
+weight GEMMs that are linears of the t-way shard, and takes the t matching the most (the
+smallest on a tie). A TP=2 rank's fused gate_up_proj (H, 2·I/2) has the shape of an unsharded
+gate_proj (H, I), so a single shape never decides: the whole layer's set does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline import _naming
+from trace_roofline.errors import InputError
+from trace_roofline.models import ModelSpec
+from trace_roofline.trace import Trace
+
+CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried
+
+
+def gemm_shapes(trace: Trace) -> set[tuple[int, int]]:
+    """The distinct (K, N) of the trace's weight GEMMs (cpu ops with recorded shapes), parsed
+    once per distinct (op name, Input Dims) pair, found from the categorical codes."""
+    name = trace.cpu_ops["name"].astype("category").array
+    dims = trace.cpu_ops["input_dims"].astype("category").array
+    if not len(name):
+        return set()
+    key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1
+    _, first = np.unique(key, return_index=True)
+    names = pd.Series(name.take(first), dtype="string")
+    k, n = _naming.gemm_kn(_naming.base_name(names).fillna(""),
+                           pd.Series(dims.take(first), dtype="string"))
+    ok = k >= 0
+    return set(zip(k[ok].tolist(), n[ok].tolist(), strict=True))
+
+
+def infer_tp(shapes: set[tuple[int, int]], model: ModelSpec) -> int:
+    """The TP degree whose shard of `model` explains most of the GEMM `shapes` (K, N) (1 when
+    none matches any): see the module docstring."""
+    best, score = 1, 0
+    for t in CANDIDATES:
+        try:
+            shard = model.shard(t)
+        except InputError:  # t does not divide the heads or the intermediate size
+            continue
+        hits = len(shapes & set(_naming.model_linears(shard).values()))
+        if hits > score:
+            best, score = t, hits
+    return best

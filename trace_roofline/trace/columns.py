@@ -1,0 +1,373 @@
+"""Decoded events -> columns: each batch of event structs (decode.py) becomes column chunks at
+once, then the chunks become the tables of schema.py.
+
+Every batch is classified by category and phase, counted into meta's skip reasons, and turned
+into columns with C-level `map`/`attrgetter`/`np.fromiter`; strings become categorical codes
+(`_Interner`, first-seen order) and the structs are freed before the next batch, so memory stays
+near the file size. `Accumulator.export`/`absorb` ship a later part of the file's columns from
+the parse worker to the parent (parallel.py) so that the result is a one-process read's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from itertools import compress, count, repeat
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline.trace.schema import FLOW_PH, MAX_DUR_US, MAX_TS_US, MISSING, SKIP_REASONS, build_tables
+
+# Table codes. Device kinds first so that kind = code - 1.
+_KERNEL, _MEMCPY, _MEMSET, _CPU_OP, _RUNTIME, _ANNOT, _PYFRAME, _FLOW = range(1, 9)
+_CAT_CODES = {
+    "kernel": _KERNEL,
+    "gpu_memcpy": _MEMCPY,
+    "memcpy": _MEMCPY,
+    "gpu_memset": _MEMSET,
+    "memset": _MEMSET,
+    "cpu_op": _CPU_OP,
+    "operator": _CPU_OP,
+    "runtime": _RUNTIME,
+    "user_annotation": _ANNOT,
+    "gpu_user_annotation": _ANNOT,
+    "python_function": _PYFRAME,
+    "ac2g": _FLOW,
+    "async_cpu_to_gpu": _FLOW,
+    "async_gpu": _FLOW,
+    "async": _FLOW,
+}
+
+
+class _CatTable(dict):
+    """cat string -> table code, classifying each new spelling once."""
+
+    def __missing__(self, cat: Any) -> int:
+        code = 0
+        if isinstance(cat, str):
+            low = cat.lower()
+            code = _CAT_CODES.get(low, 0)
+            if not code and low.endswith(("_runtime", "_driver")):
+                code = _RUNTIME
+        self[cat] = code
+        return code
+
+
+_PH_CODES = {"X": 1, "s": 2, "f": 3}  # flows: ph code - 2 indexes FLOW_PH
+
+# Per table: output column -> (attribute paths on decode._Event, converter). A second path fills the rows
+# where the first is absent (legacy spelling, or pid/tid standing in for device/stream).
+# Converters: int (Int64), str (categorical), raw (JSON text, categorical), cat/ph (reuse the
+# values already read to classify the event). ts/dur are shared by every table.
+_EXT = ("args.external_id", "args.external_id_legacy")
+_FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "device": {
+        "name": (("name",), "str"),
+        "pid": (("pid",), "int"),
+        "device": (("args.device", "pid"), "int"),
+        "stream": (("args.stream", "tid"), "int"),
+        "correlation": (("args.correlation",), "int"),
+        "external_id": (_EXT, "int"),
+        "grid": (("args.grid",), "raw"),
+        "block": (("args.block",), "raw"),
+    },
+    "cpu_ops": {
+        "name": (("name",), "str"),
+        "pid": (("pid",), "int"),
+        "tid": (("tid",), "int"),
+        "external_id": (_EXT, "int"),
+        "input_dims": (("args.input_dims", "args.input_dims_legacy"), "raw"),
+        "input_types": (("args.input_types",), "raw"),
+        "concrete_inputs": (("args.concrete_inputs",), "raw"),
+        "input_strides": (("args.input_strides",), "raw"),
+    },
+    "runtime": {
+        "name": (("name",), "str"),
+        "pid": (("pid",), "int"),
+        "tid": (("tid",), "int"),
+        "correlation": (("args.correlation",), "int"),
+        "external_id": (_EXT, "int"),
+    },
+    "annotations": {
+        "name": (("name",), "str"),
+        "cat": (("cat",), "cat"),
+        "pid": (("pid",), "int"),
+        "tid": (("tid",), "int"),
+        "external_id": (_EXT, "int"),
+    },
+    "python_frames": {
+        "name": (("name",), "str"),
+        "pid": (("pid",), "int"),
+        "tid": (("tid",), "int"),
+        "python_id": (("args.python_id",), "int"),
+        "parent_id": (("args.python_parent_id",), "int"),
+    },
+    "flows": {
+        "id": (("id",), "int"),
+        "ph": (("ph",), "ph"),
+        "cat": (("cat",), "cat"),
+        "pid": (("pid",), "int"),
+        "tid": (("tid",), "int"),
+    },
+}
+_TABLE_CODES = {
+    "device": (_KERNEL, _MEMCPY, _MEMSET),
+    "cpu_ops": (_CPU_OP,),
+    "runtime": (_RUNTIME,),
+    "annotations": (_ANNOT,),
+    "python_frames": (_PYFRAME,),
+    "flows": (_FLOW,),
+}
+
+
+_ts_of, _dur_of, _cat_of, _ph_of = (attrgetter(a) for a in ("ts", "dur", "cat", "ph"))
+
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, bool):
+        return MISSING
+    if isinstance(v, int):
+        return v if MISSING < v < 2**63 else MISSING
+    if isinstance(v, str):
+        for base in (10, 0):
+            try:
+                return _as_int(int(v, base))
+            except ValueError:
+                continue
+    return MISSING
+
+
+def _ints(rows: list, getter: Callable) -> np.ndarray:
+    """int64 column; None, non-numeric strings and out-of-range values become MISSING."""
+    try:
+        return np.fromiter(map(getter, rows), np.int64, len(rows))
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_as_int(v) for v in map(getter, rows)], dtype=np.int64)
+
+
+def _texts(raws: list) -> list[str]:
+    """Raw JSON slices -> str ('' where absent). NUL cannot occur in JSON text outside strings."""
+    parts = b"\x00".join(raws).decode("utf-8", "replace").split("\x00")
+    if len(parts) != len(raws):  # a NUL inside a string: decode one by one
+        parts = [bytes(r).decode("utf-8", "replace") for r in raws]
+    return parts
+
+
+class _Interner:
+    """Assigns each distinct value a code in first-seen order: categorical without re-hashing.
+
+    `codes()` returns provisional codes (a running counter, unique per value); `finish()` maps
+    them to dense category codes, with None as -1.
+    """
+
+    def __init__(self):
+        self.seen: dict = {}
+        self.counter = count()
+
+    def codes(self, values, n: int) -> np.ndarray:
+        return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, n)
+
+    def dense(self, chunks: list[np.ndarray]) -> tuple[list, np.ndarray]:
+        """(every value in first-seen order, the rows' codes into that list) to ship."""
+        keys = list(self.seen)
+        provisional = np.fromiter(self.seen.values(), np.int64, len(keys))
+        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int32)
+        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
+        return keys, lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+
+    def absorb(self, keys: list, codes: np.ndarray) -> np.ndarray:
+        """Codes from `dense()` of a later part of the file -> this interner's codes. New values
+        are appended in their first-seen order, so categories come out as a serial read's."""
+        mine = np.fromiter(map(self.seen.setdefault, keys, self.counter), np.int64, len(keys))
+        return mine[codes]
+
+    def finish(self, chunks: list[np.ndarray]) -> pd.Categorical:
+        keys = [k for k in self.seen if k is not None]
+        provisional = np.fromiter((self.seen[k] for k in keys), np.int64, len(keys))
+        lookup = np.full(max(self.seen.values(), default=0) + 1, -1, dtype=np.int32)
+        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
+        codes = lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(keys, dtype=object).astype(str))
+
+
+def _respell(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return text
+
+
+class _RawGroup:
+    """A table's raw-JSON columns, interned together: one key per row, split per distinct key.
+
+    The key joins the row's raw texts (every spelling of every column) with \\x01, which JSON
+    text cannot contain outside strings; a column takes its first non-empty spelling.
+    """
+
+    def __init__(self, columns: dict[str, tuple[str, ...]]):
+        self.columns = columns
+        paths = [p for ps in columns.values() for p in ps]
+        self.width = len(paths)
+        self.getter = attrgetter(*paths)
+        self.interner = _Interner()
+
+    def codes(self, rows: list) -> np.ndarray:
+        raws = map(self.getter, rows)
+        keys = _texts(list(raws if self.width == 1 else map(b"\x01".join, raws)))
+        return self.interner.codes(keys, len(keys))
+
+    def finish(self, chunks: list[np.ndarray]) -> dict[str, pd.Categorical]:
+        seen = self.interner.seen
+        keys = list(seen)
+        provisional = np.fromiter(seen.values(), np.int64, len(keys))
+        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int64)
+        lookup[provisional] = np.arange(len(keys))
+        key_of_row = lookup[np.concatenate(chunks)]
+        split = [k.split("\x01") if k.count("\x01") == self.width - 1 else [""] * self.width
+                 for k in keys]
+        out, i = {}, 0
+        for col, paths in self.columns.items():
+            texts = [next((t for t in parts[i : i + len(paths)] if t), "") for parts in split]
+            values = [None if t in ("", "null") else _respell(t) for t in texts]
+            codes, categories = pd.factorize(pd.Series(values, dtype=object))
+            out[col] = pd.Categorical.from_codes(codes[key_of_row], categories=categories.astype(str))
+            i += len(paths)
+        return out
+
+
+class Accumulator:
+    """Collects per-batch column chunks for every table, then concatenates them."""
+
+    def __init__(self):
+        self.cat_table = _CatTable()
+        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self.partly_read = 0
+        self.chunks: dict[str, list[dict]] = {t: [] for t in _FIELDS}
+        self.getters = {
+            t: {c: (tuple(attrgetter(a) for a in paths), conv)
+                for c, (paths, conv) in fields.items()}
+            for t, fields in _FIELDS.items()
+        }
+        self.interners = {
+            (t, c): _Interner()
+            for t, fields in _FIELDS.items()
+            for c, (_, conv) in fields.items()
+            if conv in ("str", "cat")
+        }
+        self.raw_groups = {
+            t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
+            for t, fields in _FIELDS.items()
+            if any(conv == "raw" for _, conv in fields.values())
+        }
+
+    def add(self, evs: list, start: int) -> None:
+        n = len(evs)
+        cats = list(map(_cat_of, evs))
+        tab = np.fromiter(map(self.cat_table.__getitem__, cats), np.int8, n)
+        ph = np.fromiter(map(_PH_CODES.get, map(_ph_of, evs), repeat(0, n)), np.int8, n)
+        complete = (tab >= _KERNEL) & (tab <= _PYFRAME)
+        self.skipped["phase"] += int(np.count_nonzero(complete & (ph != 1)))
+        keep = (complete & (ph == 1)) | ((tab == _FLOW) & (ph >= 2))
+        idx = np.flatnonzero(keep)
+        if not len(idx):
+            return
+        if len(idx) < n:
+            keep_list = keep.tolist()
+            evs, cats = list(compress(evs, keep_list)), list(compress(cats, keep_list))
+        m = len(evs)
+        ts = np.fromiter(map(_ts_of, evs), np.float64, m)
+        dur = np.fromiter(map(_dur_of, evs), np.float64, m)
+        t, ph = tab[idx], ph[idx]
+        flow = t == _FLOW
+        missing = np.isnan(ts) | (~flow & np.isnan(dur))
+        negative = ~flow & (dur < 0)
+        huge = ~flow & (dur > MAX_DUR_US)
+        far = np.abs(ts) > MAX_TS_US
+        self.skipped["missing"] += int(np.count_nonzero(missing & ~flow))
+        self.skipped["flow"] += int(np.count_nonzero(missing & flow))
+        self.skipped["negative"] += int(np.count_nonzero(negative))
+        self.skipped["huge"] += int(np.count_nonzero(huge))
+        self.skipped["far"] += int(np.count_nonzero(far & ~(missing | negative | huge)))
+        valid = ~(missing | negative | huge | far)
+        for table, codes in _TABLE_CODES.items():
+            rows = valid & (t == codes[0]) if len(codes) == 1 else valid & np.isin(t, codes)
+            if not rows.any():
+                continue
+            rows_list = rows.tolist()
+            sub = list(compress(evs, rows_list))
+            chunk = {"event_id": start + idx[rows], "ts_us": ts[rows], "dur_us": dur[rows]}
+            for col, (getters, conv) in self.getters[table].items():
+                if conv == "cat":
+                    chunk[col] = self.interners[table, col].codes(compress(cats, rows_list), len(sub))
+                elif conv == "ph":
+                    chunk[col] = (ph[rows] - 2).astype(np.int8)
+                elif conv != "raw":
+                    chunk[col] = self._convert(table, col, sub, getters, conv)
+            if table in self.raw_groups:
+                chunk["raw"] = self.raw_groups[table].codes(sub)
+            if table == "device":
+                chunk["kind"] = (t[rows] - _KERNEL).astype(np.int8)
+            self.chunks[table].append(chunk)
+
+    def _convert(self, table, col, rows: list, getters: tuple, conv: str):
+        """One int or str column for `rows`; a second getter fills ints the first lacks."""
+        if conv == "int":
+            out = _ints(rows, getters[0])
+            gap = out == MISSING
+            if len(getters) > 1 and gap.any():
+                out[gap] = _ints(list(compress(rows, gap.tolist())), getters[1])
+            return out
+        return self.interners[table, col].codes(map(getters[0], rows), len(rows))
+
+    def export(self) -> dict:
+        """Everything gathered so far, picklable: per table one concatenated chunk whose
+        categorical columns are (values, codes) pairs (see _Interner.dense)."""
+        tables = {}
+        for table, chunks in self.chunks.items():
+            if not chunks:
+                continue
+            part = {}
+            for col in chunks[0]:
+                parts = [c[col] for c in chunks]
+                if col == "raw":
+                    part[col] = self.raw_groups[table].interner.dense(parts)
+                elif (table, col) in self.interners:
+                    part[col] = self.interners[table, col].dense(parts)
+                else:
+                    part[col] = np.concatenate(parts)
+            tables[table] = part
+        return {"tables": tables, "skipped": self.skipped, "partly_read": self.partly_read}
+
+    def absorb(self, part: dict) -> None:
+        """Append an `export()` of the events that follow the ones added so far."""
+        for table, cols in part["tables"].items():
+            chunk = {}
+            for col, v in cols.items():
+                if col == "raw":
+                    chunk[col] = self.raw_groups[table].interner.absorb(*v)
+                elif (table, col) in self.interners:
+                    chunk[col] = self.interners[table, col].absorb(*v)
+                else:
+                    chunk[col] = v
+            self.chunks[table].append(chunk)
+        for reason, k in part["skipped"].items():
+            self.skipped[reason] += k
+        self.partly_read += part["partly_read"]
+
+    def finish(self) -> dict[str, pd.DataFrame]:
+        cols: dict[str, dict] = {}
+        for table, chunks in self.chunks.items():
+            cols[table] = {}
+            for col in chunks[0] if chunks else ():
+                parts = [c[col] for c in chunks]
+                if col == "raw":
+                    cols[table].update(self.raw_groups[table].finish(parts))
+                    continue
+                interner = self.interners.get((table, col))
+                cols[table][col] = interner.finish(parts) if interner else np.concatenate(parts)
+            if "ph" in cols[table]:
+                cols[table]["ph"] = pd.Categorical.from_codes(cols[table]["ph"], FLOW_PH)
+        return build_tables(cols)
