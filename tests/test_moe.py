@@ -498,3 +498,14 @@ def test_synthetic_vllm_traces_are_what_their_generator_writes(tmp_path):
         assert p.read_bytes() == (SAMPLES / p.name).read_bytes(), p.name
         doc = json.loads(gzip.decompress(p.read_bytes()))
         assert doc["trace_roofline_workload"]["synthetic"] is True
+
+
+def test_tensor_parallel_shard_splits_every_expert():
+    """vLLM's FusedMoE without expert parallelism: each rank holds every expert's I/t."""
+    rank = get_model("qwen1.5-moe-a2.7b").shard(4)
+    assert rank.experts == moe.Experts(60, 4, 352, 1408, True, False)
+    assert rank.moe_linears()["experts_gate_up"] == (2048, 704, False)
+    assert rank.moe_linears()["router"] == (2048, 60, False)  # replicated
+    odd = dataclasses.replace(get_model("qwen1.5-moe-a2.7b"), experts=moe.Experts(60, 4, 1410))
+    with pytest.raises(InputError, match="expert intermediate"):
+        odd.shard(4)

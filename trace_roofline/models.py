@@ -94,8 +94,11 @@ class ModelSpec:
         heads, n_kv/t KV heads (one replicated head each when t > n_kv, as vLLM does) and I/t
         of the intermediate; row-parallel o_proj and down_proj take K = n_q/t·d and I/t;
         the vocabulary-parallel embedding and lm_head hold ceil(V/t) rows (vLLM's padding to
-        a multiple of 64 is ignored). Hidden size, head_dim and depth are unchanged. tp 1 is
-        the model itself; heads or intermediate not divisible by `tp` are an InputError."""
+        a multiple of 64 is ignored). A MoE model's every routed expert holds I/t of its
+        intermediate (vLLM's FusedMoE without expert parallelism: w13 [E, 2I/t, H]), the
+        shared expert I_s/t, the router all E. Hidden size, head_dim and depth are unchanged.
+        tp 1 is the model itself; heads or intermediates not divisible by `tp` are an
+        InputError."""
         if tp == 1:
             return self
         if tp < 1 or self.num_heads % tp or self.intermediate_size % tp:
@@ -104,11 +107,20 @@ class ModelSpec:
                 f"{self.intermediate_size} intermediate size")
         if self.num_kv_heads >= tp and self.num_kv_heads % tp:
             raise InputError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} KV heads")
+        experts = self.experts
+        if experts is not None:
+            if experts.intermediate_size % tp or experts.shared_intermediate_size % tp:
+                raise InputError(
+                    f"tp={tp} does not divide {self.name}'s expert intermediate sizes "
+                    f"{experts.intermediate_size}, {experts.shared_intermediate_size}")
+            experts = dataclasses.replace(
+                experts, intermediate_size=experts.intermediate_size // tp,
+                shared_intermediate_size=experts.shared_intermediate_size // tp)
         return dataclasses.replace(
             self, name=f"{self.name} (tp{tp} rank)", num_heads=self.num_heads // tp,
             num_kv_heads=max(self.num_kv_heads // tp, 1),
             intermediate_size=self.intermediate_size // tp,
-            vocab_size=-(-self.vocab_size // tp))
+            vocab_size=-(-self.vocab_size // tp), experts=experts)
 
     def fused_linears(self) -> dict[str, tuple[int, int, bool]]:
         """vLLM-style fused projections: qkv_proj and gate_up_proj."""
