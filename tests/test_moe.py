@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import itertools
 import json
 import math
@@ -509,3 +510,17 @@ def test_tensor_parallel_shard_splits_every_expert():
     odd = dataclasses.replace(get_model("qwen1.5-moe-a2.7b"), experts=moe.Experts(60, 4, 1410))
     with pytest.raises(InputError, match="expert intermediate"):
         odd.shard(4)
+
+
+def test_grouped_mm_reads_only_active_experts_weights_on_the_h200():
+    """Measured (Nsight Compute, H200, workloads/moe_grouped_ncu.py): torch's grouped GEMM at
+    Mixtral's shapes reads A x one expert's weights when A of the 8 experts have rows."""
+    lines = (SAMPLES.parent / "provenance" / "moe_grouped_mm_ncu_h200.csv").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    ncu = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1], thousands=",")
+    grouped = ncu[ncu["Kernel Name"].str.startswith("void cutlass::device_kernel")]
+    reads = grouped["dram__bytes_read.sum"].astype(float).to_numpy()
+    assert len(reads) == 16  # (gate_up, down) x A in (1, 2, 4, 8), twice
+    h, i = 4096, 14336
+    expected = [a * w for a in (1, 2, 4, 8) * 2 for w in (2 * i * h * 2, i * h * 2)]
+    assert reads / expected == pytest.approx(1.0, abs=0.004)
