@@ -524,3 +524,15 @@ def test_grouped_mm_reads_only_active_experts_weights_on_the_h200():
     h, i = 4096, 14336
     expected = [a * w for a in (1, 2, 4, 8) * 2 for w in (2 * i * h * 2, i * h * 2)]
     assert reads / expected == pytest.approx(1.0, abs=0.004)
+
+
+def test_grouped_mm_trace_without_a_model():
+    """No --model: the experts from _grouped_mm's [E, K, N] weights, the router (H, E) and
+    top-k from the trace's own topk call."""
+    path = SAMPLES / "hf-moe-mixtral-8x7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
+    a = analyze(attribute(load_trace(path)), None, None)
+    layers = a.costed[a.costed["layer"].notna()].groupby(["step", "layer"])["operator"]
+    assert all(ROUTED <= set(ops) for _, ops in layers)
+    s = a.moe["decode"]
+    assert (s["top_k"], s["experts"], s["assumption"]) == (2, 8.0, "uniform routing")
+    assert s["experts_active"] == pytest.approx(5.46875)

@@ -1110,8 +1110,7 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
         per["k"] = float(model.experts.top_k)
         return per
     topk = (base == "topk").to_numpy()
-    k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _num(
-        (_decode(raw) or [None, None])[1] if isinstance(raw, str) else None))
+    k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _concrete_at(raw, 1))
     fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy()
     k_ids = _each_distinct(inst["input_dims"], lambda raw: _dims_at(raw, 4, 1))
     ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)), dtype="float64")
@@ -1119,6 +1118,12 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
     rows = out.loc[out["experts"].notna(), "M"].groupby(block).max().astype("float64")
     per["k"] = per["k"].fillna((rows / per["T"]).round())
     return per
+
+
+def _concrete_at(raw: object, arg: int) -> float:
+    """Concrete Inputs[arg] of a raw JSON text as a number (NaN when absent or not one)."""
+    values = _decode(raw) if isinstance(raw, str) else None
+    return _num(values[arg]) if values and len(values) > arg else np.nan
 
 
 def _dims_at(raw: object, arg: int, dim: int | None) -> float:
@@ -1187,7 +1192,8 @@ def _weight_gathers(out: pd.DataFrame, inst: pd.DataFrame, gather: np.ndarray,
     s = pd.Series(batch).groupby([key["b"].to_numpy(), key["o"].to_numpy()]).transform("max")
     numel = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, None)).astype(np.float64)
     experts = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, 0)).astype(np.float64)
-    size = numel / experts  # one expert's weight elements
+    with np.errstate(divide="ignore", invalid="ignore"):  # a 0-dim: NaN, left uncosted
+        size = numel / experts  # one expert's weight elements
     nbytes = (expected + s.to_numpy()) * size * _element_bytes(out["dtype"]) + s.to_numpy() * 8
     return _set_copy(out, gather & np.isfinite(nbytes), nbytes)
 
@@ -1212,7 +1218,8 @@ def _block_gathers(out: pd.DataFrame, inst: pd.DataFrame, in_block: np.ndarray,
     last = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, -1)).astype(np.float64)
     # rows of the input's row width; a [.., 1] input (HF's routing weights w[tokens, slots,
     # None]) is indexed in every dim but the last: one element per row
-    moved = rows * np.where(last == 1, 1.0, numel / lead)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a 0-dim: NaN, left uncosted
+        moved = rows * np.where(last == 1, 1.0, numel / lead)
     nbytes = (np.fmin(moved, numel) + moved) * _element_bytes(out["dtype"]) + rows * 8
     ok = todo & np.isfinite(nbytes)
     out = _set_copy(out, ok, nbytes)
