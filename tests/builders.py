@@ -144,7 +144,7 @@ def attributed(ops: list[Op], layer: int | None = 0, step: int | None = None,
                 "input_types": json.dumps(o.types) if o.types is not None else None,
                 "concrete_inputs": json.dumps(o.concrete) if o.concrete is not None else None,
                 "operator": o.operator, "layer": layer if o.operator != "unattributed" else None,
-                "step": step, "source": "annotation" if o.name else "unattributed",
+                "step": step, "evidence": "annotation" if o.name else "fallback",
             })
             ts += dur + 0.5
             eid += 1

@@ -43,7 +43,8 @@ def test_decode_and_prefill_side_by_side(tmp_path, capsys):
     assert main(["analyze", str(DECODE), str(PREFILL), "--model", "qwen2.5-7b",
                  "--layers", "28", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "whole model" in text and "coverage: 100.0%" in text
+    assert "whole model" in text
+    assert "100.0% named with evidence (annotation 100.0%), 0.0% fallback;" in text
     assert {p.name for p in out.iterdir()} == OUTPUTS  # no temporary files left behind
     report = json.loads((out / "report.json").read_text())
     decode, prefill = report["traces"]

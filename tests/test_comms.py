@@ -223,9 +223,9 @@ def test_collectives_named_over_ranges_and_unlinked(kineto, trace_file) -> None:
     k.kernel("ncclDevKernel_AllGather_RING_LL(x)", 2.5, ext=False, runtime=False, flow=False)
     att = attribute(load_trace(trace_file(k)), None)
     by = att.set_index("name")
-    assert by.loc[NCCL_AR, "operator"] == "all_reduce" and by.loc[NCCL_AR, "source"] == "op"
+    assert by.loc[NCCL_AR, "operator"] == "all_reduce" and by.loc[NCCL_AR, "evidence"] == "kernel_name"
     assert by.loc["ncclDevKernel_AllGather_RING_LL(x)", "operator"] == "all_gather"
-    assert by.loc["ncclDevKernel_AllGather_RING_LL(x)", "source"] == "kernel"
+    assert by.loc["ncclDevKernel_AllGather_RING_LL(x)", "evidence"] == "kernel_name"
     assert by.loc["sm90_xmma_gemm_bf16", "operator"] == "o_proj"
     assert att.loc[att["operator"] == "all_reduce", "dur_us"].sum() == 7.25
 

@@ -40,9 +40,10 @@ SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 40)), deadl
 def _committed() -> list[dict]:
     """The two smallest committed GPU traces and the smallest CPU one, read with stdlib json."""
     by_size = sorted(SAMPLES.glob("*.json.gz"), key=lambda p: p.stat().st_size)
-    cpu = [p for p in by_size if p.name.endswith("_cpu.json.gz")][:1]
+    llm_cpu = [p for p in by_size if p.name.startswith("qwen") and p.name.endswith("_cpu.json.gz")]
+    gpu = [p for p in by_size if not p.name.endswith("_cpu.json.gz")]
     docs = []
-    for p in [p for p in by_size if p not in cpu][:2] + cpu:
+    for p in gpu[:2] + llm_cpu[:1]:
         doc = json.loads(gzip.decompress(p.read_bytes()))
         docs.append(doc if isinstance(doc, dict) else {"traceEvents": doc})
     return docs

@@ -1,5 +1,6 @@
 """report.html: content, self-containment, and a real headless Chromium loading it."""
 
+import html
 import re
 import shutil
 import subprocess
@@ -64,10 +65,15 @@ def test_self_contained(page):
 
 def test_warnings_name_what_was_not_explained(analyses):
     assert warnings(analyses[0]) == []  # fully attributed and costed, consistent with the preset
-    a = tr.analyze_trace(HF, tr.get_model("qwen2.5-7b"))  # HF compile expands K/V to 28 heads
+    # HF compile expands K/V to 28 heads (repeat_kv): consistent with the preset, no warning
+    assert warnings(tr.analyze_trace(HF, tr.get_model("qwen2.5-7b"))) == []
+    a = tr.analyze_trace(HF, tr.get_model("llama-3-8b"), force=True)  # the wrong model
     w = warnings(a)
-    assert w == ["model preset mismatch: attention: n_q,n_kv,d=28,28,128 but qwen2.5-7b has 28,4,128"]
-    assert re.findall(r'class="warn">([^<]*)', report_html([a])) == w
+    assert w[0].startswith("the trace's shapes contradict model llama-3-8b")
+    assert "they fit qwen2.5-7b" in w[0] and "analysed anyway (force)" in w[0]
+    assert ("model preset mismatch: attention: n_q,n_kv,d=28,28,128 but llama-3-8b has 32,8,128"
+            in w)
+    assert re.findall(r'class="warn">([^<]*)', report_html([a])) == [html.escape(x) for x in w]
 
 
 def _chromium() -> str | None:

@@ -86,7 +86,7 @@ def test_report_json_has_one_shape_for_any_number_of_traces(decode, prefill):
 def test_terminal_table(decode, prefill):
     text = terminal_table([decode, prefill])
     for needle in ("trace decode.json.gz", "trace prefill.json.gz", "h200-sxm", "ridge 206",
-                   "--causal causal", "--attention-bytes all", "whole model", "coverage:",
+                   "--causal causal", "--attention-bytes all", "whole model", "coverage of ",
                    "gate_proj", "attention", "extrapolated to 28 layers"):
         assert needle in text
     lines = text.splitlines()

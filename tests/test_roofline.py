@@ -432,8 +432,12 @@ def test_malformed_and_implausible_shapes_are_warnings_not_placements(tmp_path):
     assert c.loc["q_proj", "cost_kind"] == "implausible" and math.isnan(c.loc["q_proj", "flops"])
     assert c.loc["k_proj", "cost_kind"] == "malformed" and math.isnan(c.loc["k_proj", "flops"])
     assert c.loc["attention", "cost_kind"] == "attention"
-    assert len(a.warnings) == 2
-    malformed, implausible = a.warnings
+    # said before anything else: most time uncosted, so no whole-model figure either
+    uncosted, withheld, malformed, implausible = a.warnings
+    assert uncosted.startswith("59.7% of device time is uncosted")
+    assert "malformed shape data" in uncosted and "h200-sxm's roof" in uncosted
+    assert withheld.startswith("whole model (decode) withheld: only 40.3%")
+    assert a.whole["withheld"] and a.whole["costed_fraction"] == pytest.approx(0.403, abs=1e-3)
     assert malformed.startswith("1 op instance(s) left uncosted for malformed shape data")
     assert "aten::mm x1" in malformed
     assert implausible.startswith("aten::mm (q_proj): 1 instance(s) at up to ")

@@ -228,6 +228,9 @@ _EXPERT_WEIGHT_TEXT = {
     "index": (re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\]"), 1, 2, 3),
     # the experts' weights [E, K, N] of a grouped GEMM (count E)
     "_grouped_mm": (re.compile(r"^\[\s*" + _INTS + _SEP + _TRIPLE), 2, 4, 3),
+    # an engine's fused MoE op: hidden [M, H], w13 [E, 2I, H], ... (count E)
+    **dict.fromkeys(("inplace_fused_experts", "outplace_fused_experts"),
+                    (re.compile(r"^\[\s*" + _INTS + _SEP + _TRIPLE), 2, 3, 4)),
 }
 
 
@@ -257,8 +260,10 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
 
 def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, ...]:
     """(count, K, N) of expert weights: a weight-first `bmm` [S, N, K] x [S, K, 1] (count S), an
-    `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] (count E);
-    -1 elsewhere. The first two are expert GEMMs only when (K, N) (and E) are the model's."""
+    `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] and an
+    engine's fused MoE op's w13 [E, 2I, H] (count E); -1 elsewhere. The first two are expert
+    GEMMs only when (K, N) (and E) are the model's; the last two tell a trace's experts
+    (infer_moe_linears)."""
     out = [np.full(len(op_base), -1, dtype=np.int64) for _ in range(3)]
     text = dims_text.astype("string").fillna("")
     for op, (rx, gc, gn, gk) in _EXPERT_WEIGHT_TEXT.items():
@@ -274,24 +279,21 @@ def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarr
     return tuple(out)
 
 
-def model_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
-    """name -> (K, N) for a layer's projections, fused forms, lm_head and, for a MoE model,
-    the sparse layers' GEMMs (ModelSpec.moe_linears). A dense MLP shape that a MoE GEMM also
-    has (Mixtral's experts are its intermediate_size, Qwen1.5-MoE's shared expert too) is
-    named as the MoE GEMM; attribute.py renames by layer where a dense layer holds it."""
-    dense = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
+def with_moe_linears(linears: dict[str, tuple[int, int]],
+                     model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """`linears` (crosscheck.expected_linears) and, for a MoE model, its sparse layers' GEMMs
+    (ModelSpec.moe_linears). A dense MLP shape that a MoE GEMM also has (Mixtral's experts are
+    its intermediate_size, Qwen1.5-MoE's shared expert too) is named as the MoE GEMM;
+    attribute.py renames by layer where a dense layer holds it."""
     moe = {k: (v[0], v[1]) for k, v in model.moe_linears().items()}
-    out = {k: v for k, v in dense.items() if v not in moe.values()} | moe
-    if model.vocab_size:
-        out["lm_head"] = (model.hidden_size, model.vocab_size)
-    return out
+    return {k: v for k, v in linears.items() if v not in moe.values()} | moe
 
 
 def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tuple[int, int]]:
-    """Expert GEMMs of a trace without a model, from its `_grouped_mm` weights (columns E, K, N,
-    count): one into the hidden size H (the K most GEMMs share) is experts_down, the other
-    experts_gate_up; a GEMM (H, E) is the router, (H, 1) the shared expert's gate. Empty when
-    the trace has no grouped GEMM."""
+    """Expert GEMMs of a trace without a model, from its `_grouped_mm` (or fused MoE op) weights
+    (columns E, K, N): one into the hidden size H (the K most GEMMs share) is experts_down, the
+    other experts_gate_up; a GEMM (H, E) is the router, (H, 1) the shared expert's gate. Empty
+    when the trace has neither."""
     if grouped.empty or kn.empty:
         return {}
     h = int(kn.groupby("K")["count"].sum().idxmax())
@@ -398,13 +400,14 @@ def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> 
         return out
     experts = inst["WE"].to_numpy()
     count = linears.get("router", (0, -1))[1]
-    is_index = (base_name(inst["op_name"]) == "index").to_numpy()
+    base = base_name(inst["op_name"])
+    is_index, is_bmm = (base == "index").to_numpy(), (base == "bmm").to_numpy()
     for name in ("experts_gate_up", "experts_gate", "experts_up", "experts_down"):
         if name not in linears:
             continue
         k, n = linears[name]
         hit = (inst["WK"].to_numpy() == k) & (inst["WN"].to_numpy() == n)
-        hit &= ~is_index | (experts == count)
+        hit &= is_bmm | (is_index & (experts == count))
         out[hit & out.isna().to_numpy()] = name
     return out
 
@@ -424,7 +427,10 @@ def _region_max(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: 
 
 
 def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Name every instance from anchors and op names. Returns (operator, source)."""
+    """Name every instance from anchors and op names. Returns (operator, evidence): `shape`
+    for GEMMs matched to a linear, `kernel_name` for ops recognised by their name (attention,
+    embedding), `position` for the rest (attribute.py turns names outside the vocabulary, such as
+    `other` and `linear[K×N]`, into `fallback`)."""
     f = classify(inst)
     n = len(inst)
     grp = inst["grp"].to_numpy()
@@ -536,9 +542,12 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     ]
     name = pd.Series(first_match(rules, "other"), index=inst.index, dtype="string")
     name = name.replace(SUB_LINEARS)
-    source = np.where(F["triton"] & ~is_anchor, "compile",
-                      np.where(is_anchor & ~F["emb"], "shape", "position"))
-    return name, pd.Series(source, index=inst.index, dtype="string")
+    by_name = F["fused_op"] | (in_fused & (F["topk"] | F["dispatch"]
+                                           | (F["acc"] & F["rank3"])))  # MoE ops by name
+    evidence = first_match([(is_anchor & known.to_numpy(), "shape"),  # a GEMM matched to a linear
+                            (is_anchor | F["emb"] | by_name, "kernel_name")],  # op names
+                           "position")
+    return name, pd.Series(evidence, index=inst.index, dtype="string")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,21 +20,25 @@ Nesting is found with sorted arrays and `searchsorted` per depth (_nest.Nest), n
 Names (kernels, ops, shapes, operators) stay categorical codes throughout: string work runs once
 per distinct value, and the `str` output columns are decoded from the codes at the end.
 
-Naming an op instance, strongest evidence first (`source` column):
+Naming an op instance, strongest evidence first (the `evidence` column, operators.EVIDENCE):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
    (`q_proj`, also `model.layers.3.self_attn.q_proj`); `layers.N` in a range name is the layer;
 2. `module`: nn.Module frames of with_stack=True traces (see _naming.module_names);
-3. `shape` / `compile` / `position`: GEMM (K, N) matched to the model's linears (or linears
-   inferred from the trace when no model is given; unmatched GEMMs are `linear[K×N]`),
-   attention / embedding by op name, Triton kernels by the ops their name fuses, and
-   everything else by where it sits between those anchors (_naming.position_names).
+3. `shape`: a GEMM whose (K, N) (and, for linears sharing a shape, order) matches the model's
+   linears, or the linears inferred from the trace's own GEMMs when no model is given;
+   `kernel_name`: the op's own name says what it is (attention, embedding ops);
+   `position`: everything else, by where it sits between those anchors and its op name (or
+   the aten ops a Triton kernel's name fuses) (_naming.position_names);
+4. `fallback`: a name outside the operator vocabulary, given without evidence: `other`,
+   `unattributed`, an unmatched GEMM's `linear[K×N]` and, in a trace with no decoder-layer
+   operator at all (a CNN, a matmul loop), the op's own name (`aten::conv2d`) for `other`.
 An engine's fused MoE op (vLLM's inplace_fused_experts / moe_forward) launches its Triton
 `fused_moe_kernel` twice per token chunk, on w13 then on w2: its kernels are split into two
 instances, the odd-numbered launches (in time) `experts_gate_up`, the even ones `experts_down`.
 Collectives (operators.COLLECTIVES) are named before all of these, whatever range or position
-surrounds them: `op` when the op instance or the outermost op around it is a collective op
-(c10d::allreduce_, vllm::all_reduce), `kernel` when a kernel name says so (ncclDevKernel_AllReduce_*,
-cross_device_reduce_1stage); an unlinked collective kernel is named by its name too.
+surrounds them, with evidence `kernel_name`: the op instance or the outermost op around it is a
+collective op (c10d::allreduce_, vllm::all_reduce), or a kernel name says so
+(ncclDevKernel_AllReduce_*, cross_device_reduce_1stage); an unlinked collective kernel too.
 Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
 stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
 goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
@@ -51,7 +55,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming, operators
+from trace_roofline import _naming, crosscheck, operators
 from trace_roofline._nest import KeySpace, Nest, to_ns
 from trace_roofline.models import ModelSpec
 from trace_roofline.tp import gemm_shapes, infer_tp
@@ -77,8 +81,7 @@ ATTRIBUTED_COLUMNS = {
     "operator": "str",  # canonical operator, `linear[K×N]`, `other` or `unattributed`
     "layer": "Int64",
     "step": "Int64",  # N of the enclosing ProfilerStep#N
-    # annotation | module | shape | compile | position | op | kernel | unattributed
-    "source": "str",
+    "evidence": "str",  # how the operator was named: one of operators.EVIDENCE
 }
 OPERATOR_TABLE_COLUMNS = {
     "step": "Int64",
@@ -90,10 +93,11 @@ OPERATOR_TABLE_COLUMNS = {
     "dur_us": "float64",
     "share": "float64",  # of all device time
     "ts_us": "float64",  # first unit's start
-    "source": "str",  # the evidence that named most of its time
+    "evidence": "str",  # the evidence that named most of its time
 }
 
 UNATTRIBUTED = operators.UNATTRIBUTED.name
+FALLBACK = operators.FALLBACK
 _LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)(?:$|[./:\s])")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # cpu ops that only wrap others (torch.compile, autograd, CUDA graphs): never units or top ops
@@ -123,13 +127,13 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
                                                                         keys)
     inst = _instances(units, ops)
-    name, source, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
-    return _assemble(units, ops, inst.assign(operator=name, source=source, layer=layer))
+    name, evidence, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
+    return _assemble(units, ops, inst.assign(operator=name, evidence=evidence, layer=layer))
 
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
-    """Per unit: its instance's name, source and layer; a unit without an op has only the
-    range around it (or is unattributed). Strings stay categorical codes until the output."""
+    """Per unit: its instance's name, evidence and layer; a unit without an op has only the
+    range around it (or is unattributed, a fallback). Strings stay categorical codes until the output."""
     n = len(units)
     at = inst.index.get_indexer(units["op_idx"].to_numpy())
     has = at >= 0
@@ -143,10 +147,10 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
                                              _const(_SECOND_HALF, n))
     operator = np.where(part, down, np.where(lone, co, np.where(has, op,
                                                                 np.where(named, an, un))))
-    (src, an, un, ke), src_cats = _unify(_take_cat(inst["source"].array, at),
-                                         _const("annotation", n), _const(UNATTRIBUTED, n),
-                                         _const("kernel", n))
-    source = np.where(lone, ke, np.where(has, src, np.where(named, an, un)))
+    (ev, an, un, ke), ev_cats = _unify(_take_cat(inst["evidence"].array, at),
+                                       _const("annotation", n), _const(FALLBACK, n),
+                                       _const("kernel_name", n))
+    evidence = np.where(lone, ke, np.where(has, ev, np.where(named, an, un)))
     inst_layer = inst["layer"].array.take(at, allow_fill=True)
     ann_layer = units["ann_layer"].array
     no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
@@ -172,7 +176,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["operator"] = _strings(pd.Categorical.from_codes(operator, op_cats))
     out["layer"] = layer
     out["step"] = pd.array(units["step"], dtype="Int64")
-    out["source"] = _strings(pd.Categorical.from_codes(source, src_cats))
+    out["evidence"] = _strings(pd.Categorical.from_codes(evidence, ev_cats))
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
@@ -214,11 +218,11 @@ def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
     g = a.groupby(keys, dropna=False, sort=False)
     t = g.agg(kernels=("_ps", "size"), ops=("op_id", "nunique"), dur_ps=("_ps", "sum"),
               ts_us=("ts_us", "min")).reset_index()
-    src = (a.groupby([*keys, "source"], dropna=False, sort=False)["_ps"].sum().reset_index()
-           .sort_values("_ps", ascending=False, kind="stable")
-           .drop_duplicates(keys).rename(columns={"source": "_src"}))
-    t = t.merge(src[[*keys, "_src"]], on=keys, how="left")
-    t["source"] = t.pop("_src")
+    ev = (a.groupby([*keys, "evidence"], dropna=False, sort=False)["_ps"].sum().reset_index()
+          .sort_values("_ps", ascending=False, kind="stable")
+          .drop_duplicates(keys).rename(columns={"evidence": "_ev"}))
+    t = t.merge(ev[[*keys, "_ev"]], on=keys, how="left")
+    t["evidence"] = t.pop("_ev")
     t["dur_us"] = t["dur_ps"] / _PS_PER_US
     t["share"] = t["dur_ps"] / total if total else np.nan
     t = t.sort_values(["step", "ts_us"], kind="stable", na_position="first", ignore_index=True)
@@ -563,14 +567,16 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
     weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
     seen = set(map(tuple, pd.concat([gemms, weights]).drop_duplicates().to_numpy().tolist()))
     if model is not None:
-        lin = _naming.model_linears(model)
+        lin = _naming.with_moe_linears(crosscheck.expected_linears(model), model)
         if seen & set(lin.values()):
             for fused, parts in _FUSED_LAYOUTS:
                 if fused in lin:
                     drop = parts if lin[fused] in seen else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
-    grouped = inst.loc[_naming.base_name(inst["op_name"]).eq("_grouped_mm").to_numpy(),
+    all_experts = _naming.base_name(inst["op_name"]).isin(
+        ["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"]).to_numpy()
+    grouped = inst.loc[all_experts & (inst["WE"] >= 0).to_numpy(),
                        ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
     if not len(per):
@@ -602,14 +608,15 @@ def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
                     keys: KeySpace, model: ModelSpec | None):
-    """(operator, source, layer) per instance: annotation > module frames > position."""
+    """(operator, evidence, layer) per instance: annotation > module frames > position; a name
+    outside the vocabulary is a fallback (`_fallbacks`)."""
     n = len(inst)
     if not n:
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
         return empty, empty, pd.array([], dtype="Int64")
     inst = _gemm_shapes(inst)
     gemm = _naming.name_gemms(inst, _linears(inst, model))
-    pos_name, pos_src = _naming.position_names(inst, gemm)
+    pos_name, pos_evidence = _naming.position_names(inst, gemm)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
@@ -623,14 +630,15 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     ann = inst["ann_name"].array
     (a, m, p), cats = _unify(ann, mod_name, _categorical(pos_name))
     name = np.where(a >= 0, a, np.where(m >= 0, m, p))
-    (sa, sm, sp), src_cats = _unify(_const("annotation", n), _const("module", n),
-                                    _categorical(pos_src))
-    source = np.where(a >= 0, sa, np.where(m >= 0, sm, sp))
-    name, cats, source, src_cats = _collectives(inst, name, cats, source, src_cats)
+    (ea, em, ep), ev_cats = _unify(_const("annotation", n), _const("module", n),
+                                   _categorical(pos_evidence))
+    evidence = np.where(a >= 0, ea, np.where(m >= 0, em, ep))
+    name, cats, evidence, ev_cats = _collectives(inst, name, cats, evidence, ev_cats)
+    name, cats = _without_decoder(name, cats, inst["op_name"].array)
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
-    name, cats = _mlp_by_layer(name, cats, source, src_cats, layer, inst["grp"].to_numpy())
-    return (pd.Categorical.from_codes(name, cats), pd.Categorical.from_codes(source, src_cats),
+    name, cats = _mlp_by_layer(name, cats, evidence, ev_cats, layer, inst["grp"].to_numpy())
+    return (pd.Categorical.from_codes(name, cats), _fallbacks(name, cats, evidence, ev_cats),
             layer)
 
 
@@ -641,7 +649,7 @@ _DENSE_OF = {**{v: k for k, v in operators.SHARED_OF.items()},
 _ROUTED_EVIDENCE = ("router", "moe_dispatch")
 
 
-def _mlp_by_layer(name: np.ndarray, cats: pd.Index, source: np.ndarray, src_cats: pd.Index,
+def _mlp_by_layer(name: np.ndarray, cats: pd.Index, evidence: np.ndarray, ev_cats: pd.Index,
                   layer: pd.arrays.IntegerArray, grp: np.ndarray) -> tuple[np.ndarray, pd.Index]:
     """Dense-MLP and MoE names by layer: in a layer holding a router (or a dispatch), a GEMM
     named as a dense MLP projection is the shared expert's (gate_proj -> shared_gate_proj);
@@ -659,7 +667,7 @@ def _mlp_by_layer(name: np.ndarray, cats: pd.Index, source: np.ndarray, src_cats
     key = pd.DataFrame({"g": grp, "l": layer.to_numpy(np.int64, na_value=-1)})
     routed = pd.Series(routed_row).groupby([key["g"], key["l"]]).transform("any").to_numpy(bool)
     code = {c: i for i, c in enumerate(cats)}
-    by_shape = np.append(np.asarray(src_cats == "shape"), False)[source]
+    by_shape = np.append(np.asarray(ev_cats == "shape"), False)[evidence]
     out = name.copy()
     for moe_name, dense_name in _DENSE_OF.items():
         dense_rows = name == code[dense_name]
@@ -678,10 +686,10 @@ def _op_collective(names: pd.Series) -> pd.Series:
     return operators.collective_of(operators.base_names(names))
 
 
-def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, source: np.ndarray,
-                 src_cats: pd.Index) -> tuple[np.ndarray, pd.Index, np.ndarray, pd.Index]:
+def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, evidence: np.ndarray,
+                 ev_cats: pd.Index) -> tuple[np.ndarray, pd.Index, np.ndarray, pd.Index]:
     """Instances that are collectives take the collective's name, whatever else named them:
-    by their op or the outermost op around it (source `op`), else by a kernel (`kernel`)."""
+    by their op or the outermost op around it, else by a kernel (evidence `kernel_name`)."""
     n = len(inst)
     by_op = _categorical(_naming.per_value(inst["op_name"], _op_collective))
     by_top = _categorical(_naming.per_value(inst["top_name"], _op_collective))
@@ -689,10 +697,33 @@ def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, source: n
                                  inst["kernel_coll"].array)
     op_level = np.where(o >= 0, o, t)
     name = np.where(op_level >= 0, op_level, np.where(k >= 0, k, nm))
-    (sr, so, sk), src_cats = _unify(pd.Categorical.from_codes(source, src_cats),
-                                    _const("op", n), _const("kernel", n))
-    source = np.where(op_level >= 0, so, np.where(k >= 0, sk, sr))
-    return name, cats, source, src_cats
+    (er, ek), ev_cats = _unify(pd.Categorical.from_codes(evidence, ev_cats),
+                               _const("kernel_name", n))
+    evidence = np.where((op_level >= 0) | (k >= 0), ek, er)
+    return name, cats, evidence, ev_cats
+
+
+def _without_decoder(name: np.ndarray, cats: pd.Index, op_name: pd.Categorical
+                     ) -> tuple[np.ndarray, pd.Index]:
+    """In a trace where no instance got a decoder-layer operator's name (a CNN, a matmul loop),
+    `other` would name everything: each such instance keeps its op's own name instead."""
+    per_layer = [o.name for o in operators.OPERATORS if o.per_layer]
+    if (operators.OTHER.name not in cats
+            or np.append(cats.isin(per_layer), False)[name].any()):
+        return name, cats
+    (nm, op), shared = _unify(pd.Categorical.from_codes(name, cats), op_name)
+    other = shared.get_loc(operators.OTHER.name)
+    return np.where((nm == other) & (op >= 0), op, nm), shared
+
+
+def _fallbacks(name: np.ndarray, cats: pd.Index, evidence: np.ndarray,
+               ev_cats: pd.Index) -> pd.Categorical:
+    """The evidence per instance, `fallback` wherever the name is outside the vocabulary
+    (`other`, `linear[K×N]`, an op's own name): whatever rule gave it, no evidence backs it."""
+    ev_cats = ev_cats.append(pd.Index([FALLBACK])).unique()
+    vocab = np.append(cats.isin(operators.NAMES), False)[name]
+    return pd.Categorical.from_codes(np.where(vocab, evidence, ev_cats.get_loc(FALLBACK)),
+                                     ev_cats)
 
 
 def _coalesce(*arrays: pd.api.extensions.ExtensionArray) -> pd.arrays.IntegerArray:

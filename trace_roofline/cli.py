@@ -42,7 +42,8 @@ examples:
 # Library parameter name -> the flag that sets it. Applied to error messages (`flag_message`).
 FLAGS = {
     "attention_bytes": "--attention-bytes", "by_shape": "--by-shape", "causal": "--causal",
-    "context": "--context", "device": "--device", "dtype": "--dtype", "hardware": "--hardware",
+    "context": "--context", "device": "--device", "dtype": "--dtype", "force": "--force",
+    "hardware": "--hardware",
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
     "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
@@ -136,6 +137,12 @@ def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> Non
                        help="the lesson's conventions: --causal full --attention-bytes kv")
 
 
+def add_force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="analyse traces whose shapes contradict --model (an error otherwise): "
+                        "warn, and never extrapolate with --layers")
+
+
 def conventions(args: argparse.Namespace) -> tuple[str, str]:
     """(causal, attention_bytes) of `intensity`: --lesson's unless a flag contradicts it."""
     if not args.lesson:
@@ -210,8 +217,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else TraceCache()
     analyses = [
         analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, progress=progress_bar(),
-                      cache=cache, tp=args.tp)
+                      layers=args.layers, ncu=csv, by_shape=args.by_shape, force=args.force,
+                      progress=progress_bar(), cache=cache, tp=args.tp)
         for t, csv in zip(traces, ncu, strict=True)
     ]
     for status in cache.log if cache else []:
@@ -279,7 +286,8 @@ def _diff_side(path: str, args: argparse.Namespace, label: str):
     model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
     return diff.side(analyze_trace(p, model, hw, causal=args.causal,
-                                   attention_bytes=args.attention_bytes, progress=progress_bar()))
+                                   attention_bytes=args.attention_bytes, force=args.force,
+                                   progress=progress_bar()))
 
 
 _REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
@@ -377,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the parsed-trace cache (see `cache info`; default: "
                         "use it)")
+    add_force_arg(p)
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
 
@@ -394,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preset name, HF config.json or model directory, for traces (default: none)")
     p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
     p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
+    add_force_arg(p)
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
 

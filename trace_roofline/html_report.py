@@ -10,9 +10,9 @@ pan and reset. Bokeh was chosen by measurement (README.md, "report.html"): the s
 library that does hover, legend toggles and log axes. The tables are plain HTML; a few lines of
 inline JavaScript sort a table by the clicked column.
 
-`evidence` (how each operator was named) is read from the operator table's `evidence` column,
-else from the costed instances' `evidence` or `source` (the value holding most of the
-operator's time); "not recorded" when the analysis carries neither.
+`evidence` (how each operator was named) is the operator table's `evidence_mix`: every evidence
+with its fraction of the operator's time. A phase whose whole model is withheld (most of its
+time uncosted, roofline.MIN_COSTED) has no star and no whole-model row.
 """
 
 from __future__ import annotations
@@ -61,17 +61,10 @@ td.t, th.t { text-align: left; } .warn { color: #a40000; } .muted { color: #666;
 
 
 def _evidence(a: Analysis) -> pd.Series:
-    """(phase, operator) -> the evidence that named most of the operator's time."""
-    ops = a.operators
-    if "evidence" in ops:
-        rows = ops[ops["layer"].isna()]
-        return rows.set_index(["phase", "operator"])["evidence"].astype(object)
-    col = next((c for c in ("evidence", "source") if c in a.costed), None)
-    if col is None:
-        return pd.Series(dtype=object)
-    t = a.costed.groupby(["phase", "operator", col], dropna=False)["time_us"].sum().reset_index()
-    t = t.sort_values("time_us", ascending=False, kind="stable")
-    return t.drop_duplicates(["phase", "operator"]).set_index(["phase", "operator"])[col]
+    """(phase, operator) -> how the operator was named: every evidence with its fraction of
+    the operator's time (`evidence_mix`, e.g. "annotation 0.97, position 0.03")."""
+    rows = a.operators[a.operators["layer"].isna()]
+    return rows.set_index(["phase", "operator"])["evidence_mix"].astype(object)
 
 
 def _shapes(a: Analysis) -> pd.Series:
@@ -110,7 +103,8 @@ def operator_rows(analyses: Sequence[Analysis]) -> pd.DataFrame:
             "achieved_flops_per_s": w["achieved_flops_per_s"],
             "achieved_bytes_per_s": w["achieved_bytes_per_s"], "pct": w.get("pct_of_roof"),
             "bound": w.get("bound"), "shape": "ΣFLOPs / Σbytes", "evidence": "sum of the rows",
-            "whole": True, "layer": "all"} for p, w in a.whole_by_phase.items()])
+            "whole": True, "layer": "all"} for p, w in a.whole_by_phase.items()
+            if not w.get("withheld")])  # most time uncosted: no whole-model figure
         parts += [rows, whole]
     out = pd.concat(parts, ignore_index=True)
     out["evidence"] = out["evidence"].fillna("not recorded")
@@ -199,9 +193,10 @@ def _table(rows: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = "
 
 
 def warnings(a: Analysis) -> list[str]:
-    """What the reader must not miss: unattributed or uncosted time, preset mismatches,
-    operators above their roof."""
-    out = []
+    """What the reader must not miss: the analysis's warnings (contradictions with the model,
+    no decoder layer, uncosted time, withheld whole model, malformed or implausible shapes),
+    unattributed or fallback-named time, preset mismatches, operators above their roof."""
+    out = list(a.warnings)
     cov = a.coverage
     missing = cov["kernel_time_us"] - cov["attributed_time_us"]
     if missing > 1e-9 * cov["kernel_time_us"]:  # more than float summation noise
@@ -212,6 +207,9 @@ def warnings(a: Analysis) -> list[str]:
         out.append(f"{cov['uncosted_instances']} op instance(s) without a cost "
                    f"({100 * (1 - cov['costed_fraction']):.1f}% of time): "
                    + ", ".join(f"{k} ×{v}" for k, v in reasons.items()))
+    if cov["fallback_time_us"] > 1e-9 * cov["kernel_time_us"]:
+        out.append(f"{100 * cov['fallback_fraction']:.3g}% of device time is named without "
+                   "evidence (fallback): " + ", ".join(cov["fallback_by_operator"]))
     for check in sorted(a.costed["check"].dropna().unique()):
         out.append(f"model preset mismatch: {check}")
     ops = a.operators[a.operators["layer"].isna() & a.operators["exceeds_roof"].fillna(False)]
@@ -259,6 +257,7 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
             f'<p class="muted">{html.escape(a.trace)} · model {a.model.name if a.model else "-"}'
             f" · --causal {c['causal']} · --attention-bytes {c['attention_bytes']} · coverage "
             f"{100 * a.coverage['fraction']:.1f}% attributed, "
+            f"{100 * a.coverage['evidence_fraction']:.1f}% named with evidence, "
             f"{100 * a.coverage['costed_fraction']:.1f}% costed</p>"
             f"<h4>Warnings</h4><ul>{warn}</ul><h4>Reconciliation</h4>{_reconciliation(a)}")
     return f"""<!DOCTYPE html>

@@ -13,6 +13,8 @@ Each `Operator` says, in one place, what the rest of the analyzer needs to know 
   the roofline's layer extrapolation;
 - `linear`: a weight GEMM, matched to the model's linears by (K, N); `LINEARS` is their order,
   which also breaks ties between linears of one shape (q/o, k/v, gate/up);
+- `row_parallel`: a linear that tensor parallelism shards along K (o_proj, down_proj: each rank
+  reads K/t inputs); the other linears are column-parallel (each rank computes N/t outputs);
 - `aliases`: Hugging Face module and record_function names that mean it (input_layernorm);
 - `ops`: a regex over cpu op base names (after the last "::") that are this operator wherever
   they sit (`recognise`); torch.compile's `triton_*` kernel ops never match (their names list
@@ -80,6 +82,7 @@ class Operator:
     stage: Stage | None = None
     per_layer: bool = True
     linear: bool = False
+    row_parallel: bool = False
     aliases: tuple[str, ...] = ()
     ops: re.Pattern[str] | None = None
     cost: str | None = None
@@ -92,8 +95,9 @@ class Operator:
         return self.kind == "communication"
 
 
-def _linear(name: str, stage: Stage | None, per_layer: bool = True) -> Operator:
-    return Operator(name, "compute", stage, per_layer, linear=True)
+def _linear(name: str, stage: Stage | None, per_layer: bool = True,
+            row_parallel: bool = False) -> Operator:
+    return Operator(name, "compute", stage, per_layer, linear=True, row_parallel=row_parallel)
 
 
 # In canonical order: a layer's operators as they run, then the model-level ones.
@@ -109,7 +113,7 @@ OPERATORS: tuple[Operator, ...] = (
         r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|cudnn_attention|"
         r"paged_attention|flex_attention|unified_attention|^attention$|attention_forward"),
         cost="attention"),
-    _linear("o_proj", Stage.O_PROJ),
+    _linear("o_proj", Stage.O_PROJ, row_parallel=True),
     Operator("residual", "memory"),
     Operator("post_attention_norm", "memory", Stage.POST_ATTENTION_NORM,
              aliases=("post_attention_layernorm",)),
@@ -117,7 +121,7 @@ OPERATORS: tuple[Operator, ...] = (
     _linear("up_proj", Stage.MLP_IN),
     _linear("gate_up_proj", Stage.MLP_IN),
     Operator("act", "memory", aliases=("act_fn",)),
-    _linear("down_proj", Stage.MLP_OUT),
+    _linear("down_proj", Stage.MLP_OUT, row_parallel=True),
     # mixture of experts (moe.py), in the order HF's Qwen2-MoE runs them; vLLM's custom ops
     # (topk_softmax, moe_align_block_size, fused_experts / moe_forward, moe_sum) by name
     _linear("shared_gate_proj", None),
@@ -192,6 +196,13 @@ COLLECTIVES: tuple[Operator, ...] = (
 # time no evidence links to any op. Never named by a range or module, never in a layer.
 OTHER = Operator("other", "unknown", per_layer=False)
 UNATTRIBUTED = Operator("unattributed", "unknown", per_layer=False)
+
+# How a kernel's operator was named, strongest evidence first (attribute.py): a record_function
+# range, an nn.Module frame, a GEMM's shape (and order) against the model's linears, the op's or
+# kernel's own name, a CUDA graph's map, its position between those; `fallback`: a name outside
+# this vocabulary given without evidence (`other`, `unattributed`, `linear[K×N]`, an op's name).
+EVIDENCE = ("annotation", "module", "shape", "kernel_name", "graph_map", "position", "fallback")
+FALLBACK = "fallback"
 
 BY_NAME: dict[str, Operator] = {o.name: o for o in (*OPERATORS, *COLLECTIVES, OTHER,
                                                     UNATTRIBUTED)}

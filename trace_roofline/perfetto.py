@@ -119,7 +119,6 @@ def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -
     op instance, cost shares and its instance's intensity, % of roof and bound, and `band`,
     the operator instance (slice) it belongs to."""
     k = attributed.reset_index(drop=True)
-    evidence = k["evidence"] if "evidence" in k else k["source"]
     lane = _lanes(trace, k["event_id"].to_numpy())
     c = analysis.costed.reset_index(drop=True)
     key = ["op_id", "operator", "layer", "step"]
@@ -130,7 +129,7 @@ def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -
         "event_id": k["event_id"].to_numpy(), "lane": lane, "ts_us": k["ts_us"].to_numpy(),
         "dur_us": k["dur_us"].to_numpy(), "operator": k["operator"].astype(object).to_numpy(),
         "layer": k["layer"].astype("Int64").to_numpy(), "step": k["step"].astype("Int64").to_numpy(),
-        "op_id": k["op_id"].astype("Int64").to_numpy(), "evidence": evidence.astype(object).to_numpy(),
+        "op_id": k["op_id"].astype("Int64").to_numpy(), "evidence": k["evidence"].astype(object).to_numpy(),
     })
     out = out.merge(inst[[*key, "_inst"]], on=key, how="left")
     i = out["_inst"].to_numpy(dtype="float64")

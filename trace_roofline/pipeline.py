@@ -39,6 +39,7 @@ def analyze_trace(
     layers: int | None = None,
     ncu: str | os.PathLike | None = None,
     by_shape: bool = False,
+    force: bool = False,
     progress: Progress | None = None,
     cache: TraceCache | None = None,
     tp: int | None = None,
@@ -54,6 +55,7 @@ def analyze_trace(
     it the shard is inferred from the GEMM shapes (tp.infer_tp), and each rank is costed from
     its own shapes against `model.shard(tp)`. Collectives that do not record their group size
     take tp (> 1), else `distributedInfo.world_size`.
+    Shapes that contradict `model` are an InputError unless `force` (roofline.analyze).
     """
     attributed = None
     if model is not None and tp is not None:
@@ -72,7 +74,7 @@ def analyze_trace(
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
     common = dict(trace=trace.path, causal=causal, attention_bytes=attention_bytes,
-                  layers=layers, by_shape=by_shape, tp=tp, group_size=group)
+                  layers=layers, by_shape=by_shape, tp=tp, group_size=group, force=force)
     if ncu is None:
         return analyze(attributed, model, hw, **common)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),

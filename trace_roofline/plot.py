@@ -181,7 +181,8 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
                 p["mx"] = float(mi)
             points.append(p)
         for phase, w in a.whole_by_phase.items():
-            if _pos(w.get("intensity")) and _pos(w.get("achieved_flops_per_s")):
+            if (_pos(w.get("intensity")) and _pos(w.get("achieved_flops_per_s"))
+                    and not w.get("withheld")):  # most time uncosted: no figure to draw
                 label = "whole model" if len(a.whole_by_phase) == 1 else f"whole model ({phase})"
                 points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
                                "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,

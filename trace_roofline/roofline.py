@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_roofline import comms, costs, dtypes, moe
+from trace_roofline import comms, costs, crosscheck, dtypes, moe
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
-from trace_roofline.operators import MODEL_LEVEL, MOE
+from trace_roofline.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, MOE, OPERATORS
 from trace_roofline.shapes import attach_costs, mlp_costs, model_level_costs
 
 # One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
@@ -66,6 +66,10 @@ OPERATOR_COLUMNS = {
     # that moved (reuse served from L2, or bytes counted too high); compute-bound: FLOPs counted
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
     "exceeds_roof": "boolean",
+    "evidence": "str",  # the evidence (attribute.EVIDENCE) that named most of the row's time
+    # every evidence with its fraction of the row's time, largest first: "annotation 0.97,
+    # position 0.03" ("shape 1" when one evidence named it all)
+    "evidence_mix": "str",
     # routed expert GEMMs: active experts per layer (mean over the layers and steps of the row),
     # counted or expected under uniform routing, and its range (shapes.COSTED_COLUMNS)
     "experts_active": "float64",
@@ -77,6 +81,12 @@ _ACTIVE = ("experts_active", "experts_active_low", "experts_active_high")
 # An instance whose FLOPs or bytes exceed this multiple of the roof in its measured time has
 # shapes no device ran (`_implausible`).
 IMPLAUSIBLE = 100.0
+# A phase's whole-model figure is withheld (`withheld` True, not drawn, not printed) when less
+# than this fraction of its device time is costed: ΣFLOPs/Σbytes of the costed rest (a CNN's
+# ReLU and pooling around uncosted convolutions) would not describe the model.
+MIN_COSTED = 0.5
+# Uncosted device time above this fraction is a warning naming the reasons.
+UNCOSTED_WARNING = 0.01
 
 # Per-operator full-model costs of one step (`extrapolate`).
 EXTRAPOLATED_COLUMNS = {
@@ -103,17 +113,20 @@ class Analysis:
     operators: pd.DataFrame  # OPERATOR_COLUMNS
     whole_by_phase: dict[str, dict[str, object]]  # phase -> whole_model(), phases by first start
     reconciliation: pd.DataFrame
-    coverage: dict[str, float]
+    coverage: dict[str, object]
     layers: int | None = None  # the depth `extrapolated` scales to
     extrapolated: pd.DataFrame | None = None  # EXTRAPOLATED_COLUMNS
     extrapolated_whole: dict[str, dict[str, float]] = field(default_factory=dict)
     ncu: dict[str, object] | None = None  # kernel-match summary + whole-model measured bytes
-    # what the numbers cannot be trusted for: malformed shape data, implausible costs
+    # what the numbers cannot be trusted for (`analyze`), said before any table
     warnings: tuple[str, ...] = ()
     tp: int | None = None  # tensor-parallel degree of the rank's shards (None: no model to tell)
     # per phase with collectives: comms.summary (time, exposed time, bus bytes, share, ...)
     communication: dict[str, dict[str, float]] = field(default_factory=dict)
     collectives: pd.DataFrame | None = None  # comms.CALL_COLUMNS: one row per collective call
+    # the decoder's dimensions the trace's shapes show and the presets they fit
+    # (crosscheck.inferred), with `model` and `model_tp` (the TP degree) when a model was given
+    model_inferred: dict[str, object] | None = None
     # mixture-of-experts layers per phase (`moe_summary`): tokens, active experts and their
     # assumption, tokens per active expert, the experts' intensity next to the dense equivalent
     moe: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -127,7 +140,7 @@ class Analysis:
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
             trace: str = "", causal: str = "causal", attention_bytes: str = "all",
             layers: int | None = None, measured: pd.DataFrame | None = None,
-            by_shape: bool = False, tp: int | None = None,
+            by_shape: bool = False, force: bool = False, tp: int | None = None,
             group_size: int | None = None) -> Analysis:
     """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace.
 
@@ -135,11 +148,27 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     or per batch size of a serving trace; measured bytes then stay per operator only. `model`
     is the rank's shard under tensor parallelism (`ModelSpec.shard(tp)`), `tp` is reported;
     `group_size` is the ranks of collectives that do not record theirs (shapes.attach_costs).
+    Collectives are placed under the link roof and kept out of the whole model.
+
+    Shapes that contradict `model` (crosscheck.instance_checks: not explained by a TP shard)
+    are an InputError naming the operator, its shape and the presets the shapes fit, unless
+    `force`: then a warning, and no extrapolation. `warnings` also say: no decoder layer in
+    the trace, an irregular operator order (crosscheck.irregular_order), uncosted time,
+    whole-model figures withheld (MIN_COSTED), malformed and implausible shapes, and an
+    extrapolation skipped.
     """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
     costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes,
                           group_size=group_size)
+    inferred = crosscheck.inferred(costed)
+    contradiction = _contradiction(costed, model, inferred)
+    if contradiction and not force:
+        raise InputError(f"{trace or 'trace'}: {contradiction}; pass `force` to analyse anyway "
+                         "(no extrapolation)")
+    if model is not None and inferred is not None:
+        degrees = crosscheck.tp_degrees(costed, model)
+        inferred = {**inferred, "model": model.name, "model_tp": max(degrees, default=None)}
     phases = costed.sort_values("ts_us", kind="stable")["phase"].unique().tolist()
     try:
         costed, implausible = _implausible(costed, hardware)
@@ -150,23 +179,34 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         else:
             ops = place(costed, hardware, measured=measured)
         hbm = ops[~comms.is_collective(ops["operator"])]
-        whole = {p: whole_model(hbm[hbm["phase"] == p], hardware) for p in phases}
+        whole = {p: _withheld(whole_model(hbm[hbm["phase"] == p], hardware)) for p in phases}
     except InputError as e:  # a floating-point dtype without a peak: name the trace too
         raise InputError(f"{trace or 'trace'}: {e}") from None
     calls = comms.calls(attributed, costed)
+    decoder = _has_decoder(costed)
+    warnings = [*([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
+                *([] if decoder else [NO_DECODER]),
+                *filter(None, [crosscheck.irregular_order(costed)]),
+                *_uncosted(costed), *_withheld_notes(whole),
+                *_malformed(costed), *implausible]
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
             raise InputError("layers needs a model (embedding and lm_head come from the model)")
-        ext = extrapolate(costed[~comms.is_collective(costed["operator"])], model, layers)
-        ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
+        why = ("the shapes contradict the model" if contradiction else
+               None if decoder else "the trace has no decoder layer")
+        if why is None:
+            ext = extrapolate(costed[~comms.is_collective(costed["operator"])], model, layers)
+            ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
+        else:
+            warnings.append(f"not extrapolated to {layers} layers: {why}")
     return Analysis(
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": causal, "attention_bytes": attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
         reconciliation=reconcile(hbm), coverage=coverage(costed),
-        layers=layers, extrapolated=ext, extrapolated_whole=ext_whole,
-        warnings=(*_malformed(costed), *implausible), tp=tp,
+        layers=layers if ext is not None else None, extrapolated=ext,
+        extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
         communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),
         collectives=calls, moe=moe_summary(costed),
     )
@@ -233,6 +273,62 @@ def _mean(values: pd.Series) -> float | None:
     return float(v.mean()) if len(v) else None
 
 
+NO_DECODER = ("no decoder layer found: no time is named as a decoder-layer operator (projection, "
+              "attention, norm, MLP) with evidence, so the rows below are the trace's own op names "
+              "(evidence: fallback), not a model's layers")
+
+
+def _contradiction(costed: pd.DataFrame, model: ModelSpec | None,
+                   inferred: dict[str, object] | None) -> str | None:
+    """What contradicts `model` (the check holding most time first), and what the shapes fit."""
+    bad = costed.dropna(subset=["check"])
+    if model is None or bad.empty:
+        return None
+    by_time = bad.groupby("check")["time_us"].sum().sort_values(ascending=False, kind="stable")
+    ops = bad.drop_duplicates("operator")["operator"].tolist()
+    fits = inferred["presets"] if inferred else []
+    fit = (f"they fit {', '.join(fits)}" if fits else
+           "they fit no preset" + (f" (custom: {crosscheck.describe(inferred)})"
+                                   if inferred else ""))
+    more = f" ({len(ops)} operators disagree: {', '.join(ops)})" if len(ops) > 1 else ""
+    return (f"the trace's shapes contradict model {model.name}, and no tensor-parallel shard "
+            f"(TP={'/'.join(map(str, crosscheck.TP_DEGREES))}) explains them: {by_time.index[0]}"
+            f"{more}; {fit}")
+
+
+def _has_decoder(costed: pd.DataFrame) -> bool:
+    """Whether any time is named as a decoder-layer operator with evidence (not a fallback)."""
+    per_layer = [o.name for o in OPERATORS if o.per_layer]
+    return bool((costed["operator"].isin(per_layer) & costed["evidence"].ne(FALLBACK)).any())
+
+
+def _uncosted(costed: pd.DataFrame) -> list[str]:
+    """A warning when more than UNCOSTED_WARNING of the device time has no cost, naming the
+    reasons holding most of it (e.g. 'no cost rule for aten::conv2d 78.3%')."""
+    total = float(costed["time_us"].sum())
+    unc = costed[costed["flops"].isna()]
+    if total <= 0 or unc["time_us"].sum() <= UNCOSTED_WARNING * total:
+        return []
+    why = unc.groupby(unc["uncosted"].fillna("no reason recorded"))["time_us"].sum()
+    why = why.sort_values(ascending=False, kind="stable") / total
+    top = ", ".join(f"{r} {100 * f:.1f}%" for r, f in why.head(4).items())
+    more = f" and {len(why) - 4} more" if len(why) > 4 else ""
+    return [f"{100 * unc['time_us'].sum() / total:.1f}% of device time is uncosted (no FLOPs or "
+            f"bytes; not placed, not in the whole model): {top}{more}"]
+
+
+def _withheld(whole: dict[str, object]) -> dict[str, object]:
+    """A phase's whole model with `costed_fraction` and `withheld` (< MIN_COSTED costed)."""
+    frac = whole["costed_time_us"] / whole["time_us"] if whole.get("time_us") else math.nan
+    return {**whole, "costed_fraction": frac, "withheld": not frac >= MIN_COSTED}
+
+
+def _withheld_notes(whole: dict[str, dict[str, object]]) -> list[str]:
+    return [f"whole model ({p}) withheld: only {100 * w['costed_fraction']:.1f}% of its device "
+            f"time is costed (under {100 * MIN_COSTED:.0f}%), so ΣFLOPs/Σbytes would describe "
+            "the costed rest, not the model" for p, w in whole.items() if w["withheld"]]
+
+
 def _malformed(costed: pd.DataFrame) -> list[str]:
     """A warning when shape data were malformed (shapes.Malformed): those instances are
     uncosted, counted in `uncosted`, and named here."""
@@ -278,15 +374,26 @@ def _implausible(costed: pd.DataFrame, hardware: Hardware | None
     return out, warnings
 
 
-def coverage(costed: pd.DataFrame) -> dict[str, float]:
-    """Device time attributed to a named operator, and time of instances that carry a cost."""
+def coverage(costed: pd.DataFrame) -> dict[str, object]:
+    """Device time attributed to a named operator, named with evidence or by a fallback
+    (`by_evidence`: µs per attribute.EVIDENCE value present; `fallback_by_operator`: µs per
+    fallback name, largest first), and time of instances that carry a cost."""
     total = float(costed["time_us"].sum())
     attributed = float(costed.loc[costed["operator"] != "unattributed", "time_us"].sum())
     priced = float(costed.loc[costed["flops"].notna(), "time_us"].sum())
+    fallback = costed["evidence"].eq(FALLBACK).to_numpy()
+    by = costed.groupby("evidence")["time_us"].sum()
+    named = float(costed.loc[~fallback, "time_us"].sum())
+    fb = costed[fallback].groupby("operator")["time_us"].sum().sort_values(
+        ascending=False, kind="stable")
     scale = 1.0 / total if total > 0 else math.nan
     return {
         "kernel_time_us": total, "attributed_time_us": attributed,
         "fraction": attributed * scale,
+        "evidence_time_us": named, "evidence_fraction": named * scale,
+        "fallback_time_us": total - named, "fallback_fraction": (total - named) * scale,
+        "by_evidence": {e: float(by[e]) for e in EVIDENCE if e in by.index},
+        "fallback_by_operator": {str(k): float(v) for k, v in fb.items()},
         "costed_time_us": priced, "costed_fraction": priced * scale,
         "uncosted_instances": int(costed["flops"].isna().sum()),
         "preset_mismatches": int(costed["check"].notna().sum()),
@@ -343,7 +450,22 @@ def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
     out["achieved_flops_per_s"] = out["flops"] / secs
     out["achieved_bytes_per_s"] = out["bytes"] / secs
-    return out
+    return out.merge(_evidence(c, keys), on=keys, how="left")
+
+
+def _evidence(c: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group: the evidence naming most of its time, and every evidence's fraction of it
+    ("annotation 0.97, position 0.03"). Instances without a recorded evidence count as
+    fallback."""
+    ev = c.assign(evidence=c.get("evidence", FALLBACK))
+    t = ev.groupby([*keys, "evidence"], dropna=False, sort=False)["time_us"].sum().reset_index()
+    group = t.groupby(keys, dropna=False, sort=False)["time_us"]
+    t["share"] = (t["time_us"] / group.transform("sum")).fillna(1.0 / group.transform("size"))
+    t = t.sort_values("share", ascending=False, kind="stable")
+    t["text"] = t["evidence"] + " " + t["share"].map("{:.3g}".format).astype("str")
+    g = t.groupby(keys, dropna=False, sort=False)
+    return pd.concat([g["evidence"].first(), g["text"].agg(", ".join).rename("evidence_mix")],
+                     axis=1).reset_index()
 
 
 def main_dtype(table: pd.DataFrame) -> str | None:

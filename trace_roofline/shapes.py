@@ -4,7 +4,7 @@ The stage between `attribute` and `roofline`. attribute() numbers the op instanc
 `instance` column: the shape-carrying cpu op that launched the kernels, so a split-K GEMM's two
 kernels are one instance), and each instance is costed from the `Input Dims` / `Input type` the
 trace recorded, through the formulas of `trace_roofline.costs`. The model preset is only a
-cross-check (`check` names mismatches).
+cross-check (`check` names contradictions, crosscheck.instance_checks).
 
 Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
 (operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
@@ -89,13 +89,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs, dtypes, moe, operators
+from trace_roofline import costs, crosscheck, dtypes, moe, operators
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 
@@ -104,6 +104,7 @@ COSTED_COLUMNS = {
     "op_id": "Int64",  # innermost shape-carrying cpu op; NA for unlinked kernels
     "op_name": "str",  # e.g. aten::addmm; missing for unlinked kernels
     "operator": "str",  # canonical operator (attribute.py)
+    "evidence": "str",  # how it was named (attribute.EVIDENCE); fallback when not recorded
     "layer": "Int64",
     "step": "Int64",
     "phase": "str",  # decode|prefill of the instance's step (from its attention), else unknown
@@ -116,10 +117,11 @@ COSTED_COLUMNS = {
     "bytes": "float64",  # minimum DRAM bytes; NaN when uncosted
     "M": "Int64", "K": "Int64", "N": "Int64",  # GEMM shape (per batch item), NA otherwise
     "B": "Int64", "T": "Int64", "S": "Int64",  # attention batch, query and key lengths
+    "n_q": "Int64", "n_kv": "Int64", "head_dim": "Int64",  # attention heads, NA otherwise
     "causal": "boolean",  # attention: whether the op masks causally (NA otherwise)
     "shape": "str",  # short human-readable shape summary
     "uncosted": "str",  # why the instance has no cost; missing when costed
-    "check": "str",  # model-preset mismatch; missing when consistent or not checked
+    "check": "str",  # contradiction with the model; missing when consistent or not checked
     # routed expert GEMMs (and batched_mm's weight gathers): active experts of the instance's
     # layer, exact (a loop) or the uniform-routing expectation, and the range it lies in
     "experts_active": "float64",
@@ -183,7 +185,6 @@ class Cost:
     s: int | None = None
     causal: bool | None = None
     heads: tuple[int, int, int] | None = None  # attention (n_q, n_kv, d)
-    check: str | None = None
     experts: int | None = None  # E of an op over all experts' weights (not yet in `bytes`)
     expert_bytes: float | None = None  # one expert's weights read by the op, bytes
 
@@ -293,21 +294,26 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
-        _cost(name, dims, types, conc, causal, attention_bytes, fallback, model, strides,
+        _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
               _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
-              if isinstance(op, str) else None, part if isinstance(part, str) else None)
+              if isinstance(op, str) else None, part if isinstance(part, str) else None,
+              model.experts if model is not None else None)
         for name, dims, types, conc, strides, op, kernel, part in zip(
             *(combos[c].tolist() for c in text), strict=True)
     ]
-    out = inst[["op_id", "op_name", "operator", "layer", "step", "kernels", "ts_us", "time_us"]]
+    out = inst[["op_id", "op_name", "operator", "evidence", "layer", "step", "kernels", "ts_us",
+                "time_us"]]
     out = out.reset_index(drop=True)
     fields = {"cost_kind": "kind", "dtype": "dtype", "flops": "flops", "bytes": "bytes",
               "M": "m", "K": "k", "N": "n", "B": "batch", "T": "t", "S": "s",
-              "causal": "causal", "shape": "shape", "uncosted": "uncosted", "check": "check",
+              "causal": "causal", "shape": "shape", "uncosted": "uncosted",
               "experts": "experts", "expert_bytes": "expert_bytes"}
     for col, attr in fields.items():
         values = pd.Series([getattr(c, attr) for c in table],
                            dtype=COSTED_COLUMNS.get(col, "float64"))
+        out[col] = values.take(codes).reset_index(drop=True)
+    for i, col in enumerate(("n_q", "n_kv", "head_dim")):
+        values = pd.Series([c.heads[i] if c.heads else None for c in table], dtype="Int64")
         out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row
     # (per operator: a fused MoE op's gate_up and down halves are costed apart).
@@ -315,7 +321,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
              & out["flops"].notna())
     out.loc[again, ["flops", "bytes", "expert_bytes"]] = 0.0
     out["phase"] = _phases(out)
-    out["check"] = out["check"].fillna(_gemm_check(out, model))
+    out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
@@ -336,6 +342,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "instance": att["instance"].to_numpy(),
         "op_id": att["op_id"].astype("Int64").to_numpy(),
         "operator": att["operator"].to_numpy(),
+        "evidence": (att["evidence"] if "evidence" in att
+                     else pd.Series(operators.FALLBACK, index=att.index)).to_numpy(),
         "layer": att["layer"].astype("Int64").to_numpy(),
         "step": att["step"].astype("Int64").to_numpy(),
         "op_name": att["op_name"].to_numpy(),
@@ -347,8 +355,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "ts_us": att["ts_us"].astype("float64").to_numpy(),
         "dur_us": att["dur_us"].astype("float64").to_numpy(),
     })
-    first = ["op_id", "operator", "layer", "step", "op_name", "input_dims", "input_types",
-             "concrete_inputs", "input_strides", "kernel"]
+    first = ["op_id", "operator", "evidence", "layer", "step", "op_name", "input_dims",
+             "input_types", "concrete_inputs", "input_strides", "kernel"]
     inst = work.groupby("instance", sort=False).agg(
         **{c: (c, "first") for c in first}, kernels=("dur_us", "size"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
@@ -395,10 +403,11 @@ class _Collective:
 
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
-          model: ModelSpec | None, strides_raw: str | None = None,
-          collective: _Collective | None = None, part: str | None = None) -> Cost:
+          strides_raw: str | None = None, collective: _Collective | None = None,
+          part: str | None = None, experts: moe.Experts | None = None) -> Cost:
     """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
-    collective's by `_collective`; `part`: the half of a fused MoE op attribute() named)."""
+    collective's by `_collective`; `part`: the half of a fused MoE op attribute() named;
+    `experts`: the model's, for MoE ops that do not record their shapes)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
@@ -415,14 +424,9 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
     try:
         args = _args(dims, [str(t) for t in types], concrete, strides)
         cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra,
-                          experts=model.experts if model is not None else None))
+                          experts=experts))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
-    if cost.kind == "attention" and model is not None:
-        want = (model.num_heads, model.num_kv_heads, model.head_dim)
-        if cost.heads != want:
-            return replace(cost, check=f"attention: n_q,n_kv,d={','.join(map(str, cost.heads))}"
-                                       f" but {model.name} has {','.join(map(str, want))}")
     return cost
 
 
@@ -1239,26 +1243,6 @@ def _phases(out: pd.DataFrame) -> pd.Series:
     label = pd.Series(np.where(per_step.to_numpy() == 1, "decode", "prefill"), per_step.index)
     whole = label.iloc[0] if label.nunique() == 1 else "unknown"
     return step.map(label).fillna(whole).astype("str")
-
-
-def _gemm_check(out: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
-    """Message where a projection GEMM's K,N differ from the model preset's."""
-    check = pd.Series(None, index=out.index, dtype="str")
-    if model is None:
-        return check
-    expect = {**model.linears(), **model.fused_linears(),
-              "lm_head": (model.hidden_size, model.vocab_size, False)}
-    gemm = out["cost_kind"].eq("gemm") & out["operator"].isin(list(expect))
-    if gemm.any():
-        op = out.loc[gemm, "operator"]
-        k_exp = op.map({o: v[0] for o, v in expect.items()}).astype("Int64")
-        n_exp = op.map({o: v[1] for o, v in expect.items()}).astype("Int64")
-        k, n = out.loc[gemm, "K"], out.loc[gemm, "N"]
-        bad = ((k != k_exp) | (n != n_exp)).fillna(True)
-        msg = (op + ": K,N=" + k.astype("str") + "," + n.astype("str")
-               + f" but {model.name} has " + k_exp.astype("str") + "," + n_exp.astype("str"))
-        check.loc[bad[bad].index] = msg[bad]
-    return check
 
 
 # ------------------------------------------------------------------ model-level operators

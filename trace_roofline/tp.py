@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trace_roofline import _naming
+from trace_roofline import _naming, crosscheck
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 from trace_roofline.trace import Trace
@@ -46,7 +46,7 @@ def infer_tp(shapes: set[tuple[int, int]], model: ModelSpec) -> int:
             shard = model.shard(t)
         except InputError:  # t does not divide the heads or the intermediate size
             continue
-        hits = len(shapes & set(_naming.model_linears(shard).values()))
+        hits = len(shapes & set(crosscheck.expected_linears(shard).values()))
         if hits > score:
             best, score = t, hits
     return best
