@@ -194,8 +194,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from trace_roofline import report
+    from trace_roofline import ranks, report
     from trace_roofline.cache import TraceCache
+    from trace_roofline.parallel import analyze_many
     from trace_roofline.pipeline import analyze_trace
     from trace_roofline.trace import load_trace, progress_bar
 
@@ -210,25 +211,39 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
-    if args.perfetto:  # the Trace is kept: the enriched file needs its tables and attribution
+    cache = None if args.no_cache else TraceCache()
+    options = dict(causal=args.causal, attention_bytes=args.attention_bytes, layers=args.layers,
+                   by_shape=args.by_shape, force=args.force, tp=args.tp)
+    if args.perfetto:  # the Trace is kept here: the enriched file needs its tables and attribution
         if len(traces) != 1:
             raise InputError(f"--perfetto takes one trace, got {len(traces)}")
         traces = [load_trace(traces[0], progress_bar())]
-    cache = None if args.no_cache else TraceCache()
-    analyses = [
-        analyze_trace(t, model, hw, causal=args.causal, attention_bytes=args.attention_bytes,
-                      layers=args.layers, ncu=csv, by_shape=args.by_shape, force=args.force,
-                      progress=progress_bar(), cache=cache, tp=args.tp)
-        for t, csv in zip(traces, ncu, strict=True)
-    ]
-    for status in cache.log if cache else []:
+        analyses = [analyze_trace(traces[0], model, hw, ncu=ncu[0], progress=progress_bar(),
+                                  **options)]
+        infos = []
+    else:
+        results = analyze_many(traces, model, hw, ncu=ncu, jobs=args.jobs, dask=args.dask,
+                               progress=progress_bar(), cache=cache, **options)
+        analyses, infos = [r.analysis for r in results], [r.rank for r in results]
+    for status in cache.log if cache else []:  # in this process only (jobs 1, no dask)
         if status.write_error:
             print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
     # Render every output in memory first: a failure leaves no partial files behind.
     text = report.terminal_table(analyses, per_layer=args.per_layer)
-    outputs: dict[Path, bytes] = {Path(args.json): report.report_json(analyses)} if args.json else {}
+    cross = (ranks.CrossRank.of(infos, [a.operators for a in analyses],
+                                [a.collectives for a in analyses]) if infos else None)
+    if cross is not None:  # the traces are ranks of one run
+        text += "\n\n" + cross.text()
+    elif note := ranks.unranked_note(infos):
+        text += f"\n\n{note}"
+    extra = {"ranks": cross.to_dict()} if cross is not None else {}
+    outputs: dict[Path, bytes] = ({Path(args.json): report.report_json(analyses, **extra)}
+                                  if args.json else {})
     if out is not None:
-        outputs |= {out / name: data for name, data in report.output_files(analyses).items()}
+        files = report.output_files(analyses, **extra)
+        if cross is not None:
+            files["ranks.csv"] = cross.summary.to_csv(index=False).encode()
+        outputs |= {out / name: data for name, data in files.items()}
         outputs |= _html_report(out, analyses)
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
         if args.perfetto:
@@ -386,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="neither read nor write the parsed-trace cache (see `cache info`; default: "
                         "use it)")
     add_force_arg(p)
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                   help="analyse N traces at a time in local processes (default: 1, in this process)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="analyse the traces on a Dask cluster: a scheduler address, or 'local' to "
+                        "start a LocalCluster of --jobs workers (needs trace-roofline[dask]) "
+                        "(default: none)")
     add_convention_args(p)
     p.set_defaults(func=_cmd_analyze)
 

@@ -57,7 +57,7 @@ MOSTLY = 0.5
 def is_collective(operator: pd.Series) -> np.ndarray:
     """Whether each operator name is a collective (operators.COMMUNICATION), also as the first
     word of a by-shape row name ('all_reduce 28672xbf16 ...')."""
-    first = operator.astype("string").str.partition(" ")[0]
+    first = operator.astype("string").str.split(" ", n=1).str[0]
     return first.isin(operators.COMMUNICATION).fillna(False).to_numpy(dtype=bool)
 
 

@@ -73,7 +73,8 @@ def _shapes(a: Analysis) -> pd.Series:
     t = c.groupby(["phase", "operator", "shape"])["time_us"].sum().reset_index()
     t = t.sort_values("time_us", ascending=False, kind="stable")
     n = t.groupby(["phase", "operator"])["shape"].transform("size")
-    t["label"] = t["shape"].astype(str) + n.map(lambda k: f" (+{k - 1} more)" if k > 1 else "")
+    more = (" (+" + (n - 1).astype(str).astype(object) + " more)").where(n > 1, "")
+    t["label"] = t["shape"].astype(str).astype(object) + more
     return t.drop_duplicates(["phase", "operator"]).set_index(["phase", "operator"])["label"]
 
 

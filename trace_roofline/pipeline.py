@@ -76,7 +76,8 @@ def analyze_trace(
     common = dict(trace=trace.path, causal=causal, attention_bytes=attention_bytes,
                   layers=layers, by_shape=by_shape, tp=tp, group_size=group, force=force)
     if ncu is None:
-        return analyze(attributed, model, hw, **common)
+        return dataclasses.replace(analyze(attributed, model, hw, **common),
+                                   distributed=info if isinstance(info, dict) else None)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, measured=ncu_csv.measured_by_operator(matched), **common)
@@ -85,7 +86,7 @@ def analyze_trace(
     flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
-    return dataclasses.replace(a, ncu=summary)
+    return dataclasses.replace(a, ncu=summary, distributed=info if isinstance(info, dict) else None)
 
 
 def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:

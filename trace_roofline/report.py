@@ -370,9 +370,11 @@ def withheld_text(w: dict) -> str:
 
 
 # --------------------------------------------------------------------------------- JSON
-def report_dict(analyses: Sequence[Analysis]) -> dict[str, object]:
-    """report.json: {"schema_version": 2, "traces": [one entry per analysis]}."""
-    return {"schema_version": SCHEMA_VERSION, "traces": [_entry(a) for a in analyses]}
+def report_dict(analyses: Sequence[Analysis], ranks: dict | None = None) -> dict[str, object]:
+    """report.json: {"schema_version": 2, "traces": [one entry per analysis]} and, for a set of
+    rank traces, "ranks" (ranks.CrossRank.to_dict)."""
+    doc = {"schema_version": SCHEMA_VERSION, "traces": [_entry(a) for a in analyses]}
+    return doc | ({"ranks": ranks} if ranks is not None else {})
 
 
 def _shares(d: dict) -> dict:
@@ -445,9 +447,9 @@ def _clean(x: object) -> object:
     return x
 
 
-def report_json(analyses: Sequence[Analysis]) -> bytes:
+def report_json(analyses: Sequence[Analysis], ranks: dict | None = None) -> bytes:
     """report.json's bytes (NaN written as null)."""
-    return json.dumps(report_dict(analyses), indent=2).encode() + b"\n"
+    return json.dumps(report_dict(analyses, ranks), indent=2).encode() + b"\n"
 
 
 # ------------------------------------------------------------------------------- tables
@@ -462,7 +464,8 @@ def operators_tables(analyses: Sequence[Analysis]) -> dict[str, pd.DataFrame]:
             "all": table}
 
 
-def output_files(analyses: Sequence[Analysis], chart: bool = True) -> dict[str, bytes]:
+def output_files(analyses: Sequence[Analysis], chart: bool = True,
+                 ranks: dict | None = None) -> dict[str, bytes]:
     """Every output file's name and bytes, rendered in memory: operators.csv (aggregates),
     operators_by_layer.csv, operators.parquet (both), report.json, report.md and, with
     `chart`, roofline.png and roofline.svg."""
@@ -473,7 +476,7 @@ def output_files(analyses: Sequence[Analysis], chart: bool = True) -> dict[str, 
         "operators.csv": tables["aggregate"].to_csv(index=False).encode(),
         "operators_by_layer.csv": tables["by_layer"].to_csv(index=False).encode(),
         "operators.parquet": parquet.getvalue(),
-        "report.json": report_json(analyses),
+        "report.json": report_json(analyses, ranks),
         "report.md": markdown(analyses, chart="roofline.png" if chart else None).encode(),
     }
     if chart:

@@ -124,6 +124,7 @@ class Analysis:
     # per phase with collectives: comms.summary (time, exposed time, bus bytes, share, ...)
     communication: dict[str, dict[str, float]] = field(default_factory=dict)
     collectives: pd.DataFrame | None = None  # comms.CALL_COLUMNS: one row per collective call
+    distributed: dict[str, object] | None = None  # the trace's distributedInfo (rank, world size)
     # the decoder's dimensions the trace's shapes show and the presets they fit
     # (crosscheck.inferred), with `model` and `model_tp` (the TP degree) when a model was given
     model_inferred: dict[str, object] | None = None

@@ -1,0 +1,178 @@
+"""Many traces at once: in this process, on `jobs` local processes, or on a Dask cluster.
+
+Each trace is read, parsed and analysed once, inside one worker, which returns only a `Result`:
+the trace's compacted `Analysis` (`compact`: the operator tables and summaries, no kernel-level
+frame) and its `RankInfo`. At most `jobs` traces are in flight at a time (a new one is submitted
+when one finishes), so memory is bounded by the traces in flight, not by the number of files.
+Results come back in the order of `paths`; the first worker error is raised as is (an InputError
+names its file) and the traces not yet started are not.
+
+- Local processes: `concurrent.futures.ProcessPoolExecutor` on the `spawn` start method:
+  workers start from a clean interpreter, not a copy of the caller, and none is left behind
+  (a forkserver would outlive the call). A worker may still fork its own helper to parse a big
+  file on a second core (trace.py decides; with `jobs` equal to the cores, expect up to
+  2·jobs busy processes during parsing).
+- Dask (optional extra `trace-roofline[dask]`): `dask="local"` starts a `distributed.LocalCluster`
+  of `jobs` (default: this machine's usable cores) one-thread worker processes; any other value is
+  a scheduler address (`tcp://host:8786`). Workers there read the traces by path, so give paths
+  every worker can read (a shared file system) and install trace_roofline on the workers, as for
+  Nsight Systems' multi-node recipes. `jobs` defaults to the cluster's total worker threads.
+  A Dask client leaves its event-loop threads running in the calling process (distributed's
+  design); trace.py then parses later traces of that process on one core (it forks only from a
+  single-threaded process).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from functools import partial
+from itertools import islice
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from trace_roofline.errors import InputError
+from trace_roofline.hardware import Hardware
+from trace_roofline.models import ModelSpec
+from trace_roofline.pipeline import analyze_trace
+from trace_roofline.ranks import RankInfo, rank_info
+from trace_roofline.roofline import Analysis
+from trace_roofline.trace import Progress
+from trace_roofline.trace.parallel import usable_cores
+
+T = TypeVar("T")
+
+# Costed-table columns that describe one op instance only: dropped (NA) when instances merge.
+_INSTANCE_DETAIL = ("op_id", "op_name", "step", "M", "K", "N", "B", "T", "S", "causal", "shape")
+# Costed-table columns that add up over merged instances (ts_us takes the first start).
+_ADDITIVE = ("kernels", "time_us", "flops", "bytes")
+DASK_CONNECT_TIMEOUT_S = 10  # how long to try to reach a scheduler address
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a worker sends back for one trace: small and picklable."""
+
+    analysis: Analysis  # compacted (`compact`)
+    rank: RankInfo
+
+
+def compact(a: Analysis) -> Analysis:
+    """`a` with its per-instance `costed` table shrunk to what reports read (every other field
+    is already per operator or per phase, and is kept as is).
+
+    Instances with a remark (no cost, or a preset mismatch) stay one row each: reports count them.
+    The others merge per distinct value of every remaining column (phase, operator, layer,
+    cost_kind, dtype, ...): kernels, time, FLOPs and bytes add up, `ts_us` is the first start and
+    the instance details (`_INSTANCE_DETAIL`: op id, step, shape) become NA. Device time, FLOPs,
+    bytes, coverage and every sum over a non-detail column are unchanged.
+    """
+    c = a.costed
+    remark = c["uncosted"].notna() | c["check"].notna() | c["flops"].isna()
+    plain = c[~remark]
+    keys = [k for k in c.columns if k not in (*_INSTANCE_DETAIL, *_ADDITIVE, "ts_us")]
+    merged = (plain.groupby(keys, dropna=False, sort=False, observed=True)
+              .agg(ts_us=("ts_us", "min"), **{k: (k, "sum") for k in _ADDITIVE})
+              .reset_index())
+    digest = pd.concat([c[remark], merged.reindex(columns=c.columns)], ignore_index=True)
+    digest = digest.astype(c.dtypes.to_dict()).sort_values("ts_us", kind="stable")
+    return replace(a, costed=digest.reset_index(drop=True))
+
+
+def analyze_path(path: str | os.PathLike, ncu: str | os.PathLike | None = None, *,
+                 model: ModelSpec | None = None, hardware: Hardware | None = None,
+                 progress: Progress | None = None, **options: Any) -> Result:
+    """Load and analyse one trace (pipeline.analyze_trace with `options`, `cache` included)
+    into a `Result`."""
+    a = analyze_trace(path, model, hardware, ncu=ncu, progress=progress, **options)
+    meta = {"distributedInfo": a.distributed} if a.distributed is not None else {}
+    return Result(compact(a), rank_info(path, meta))
+
+
+def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = None,
+                 hardware: Hardware | None = None, *,
+                 ncu: Sequence[str | os.PathLike | None] | None = None, jobs: int = 1,
+                 dask: str | None = None, progress: Progress | None = None,
+                 **options: Any) -> list[Result]:
+    """Analyse every trace of `paths` (with `ncu[i]` for trace i, if given), each in one worker.
+
+    `jobs` = 1 and no `dask`: one after another in this process (`progress` draws there only);
+    `jobs` > 1: that many local processes; `dask`: a Dask cluster (module docstring). `options`
+    are pipeline.analyze_trace's keywords (causal, attention_bytes, layers, by_shape, force, tp,
+    cache: a TraceCache, copied to each worker).
+    """
+    if jobs < 1:
+        raise InputError(f"jobs must be at least 1, got {jobs}")
+    pairs = list(zip(paths, ncu if ncu is not None else [None] * len(paths), strict=True))
+    work = partial(_analyze_pair, model=model, hardware=hardware, **options)
+    if dask is not None:
+        return _on_dask(work, pairs, dask, jobs if jobs > 1 else None)
+    if jobs == 1:
+        return [work(pair, progress=progress) for pair in pairs]
+    return _on_processes(work, pairs, jobs)
+
+
+def _analyze_pair(pair: tuple, **kwargs: Any) -> Result:
+    return analyze_path(*pair, **kwargs)
+
+
+def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
+                window: int) -> list:
+    """[f(item) for item in items] through `submit` (item -> future), with at most `window`
+    futures outstanding; `wait(futures, return_when="FIRST_COMPLETED")` -> (done, not_done), as
+    concurrent.futures.wait and distributed.wait do. Results in item order; a future's error is
+    raised as soon as it is seen (the items not yet submitted never are)."""
+    todo = iter(enumerate(items))
+    pending = {submit(item): i for i, item in islice(todo, window)}
+    results: dict[int, Any] = {}
+    while pending:
+        done, _ = wait(list(pending), return_when="FIRST_COMPLETED")
+        for future in done:
+            results[pending.pop(future)] = future.result()
+        pending |= {submit(item): i for i, item in islice(todo, len(done))}
+    return [results[i] for i in range(len(results))]
+
+
+def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int) -> list[Result]:
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pairs))),
+                                  mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return bounded_map(partial(pool.submit, work), cf.wait, pairs, jobs)
+    except BrokenProcessPool:
+        raise InputError(f"a worker process died while analysing traces with jobs={jobs} "
+                         "(killed, e.g. out of memory): try fewer jobs") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,
+             jobs: int | None) -> list[Result]:
+    try:
+        import distributed
+    except ImportError:
+        raise InputError("dask needs the optional extra: pip install 'trace-roofline[dask]'") from None
+    if address == "local":
+        cluster: Any = distributed.LocalCluster(
+            n_workers=jobs or usable_cores(), threads_per_worker=1,
+            processes=True, dashboard_address=None)
+    else:
+        cluster = nullcontext(address)
+    with cluster as target:
+        try:
+            client = distributed.Client(target, timeout=DASK_CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as e:
+            raise InputError(f"dask={address}: cannot reach a Dask scheduler ({e})") from None
+        with client:
+            window = jobs or sum(client.nthreads().values()) or 1
+            submit = partial(client.submit, work, pure=False)
+            try:
+                return bounded_map(submit, distributed.wait, pairs, window)
+            except distributed.KilledWorker as e:
+                raise InputError(f"dask={address}: a worker died while analysing traces ({e})"
+                                 ) from None
