@@ -23,6 +23,24 @@ Evidence, strongest first inside this module:
   - attention: every tensor argument 4-D (or 0-d), so no projection output is read: K/V
     expanded to every query head, or SDPA's mask (eager HF's repeat_kv copies are attention).
   - RoPE otherwise (Q's rotation, always a kernel of its own).
+- Mixture-of-experts layers (operators.MOE), anchored by the expert GEMMs the model's shapes
+  name (the router H -> E, the routed experts' gate_up H -> 2I (or gate and up, H -> I) and
+  down I -> H, the shared expert's projections and its sigmoid gate H -> 1), whatever form
+  runs them: a Python loop (one linear per hit expert), `_grouped_mm` (weights [E, K, N]),
+  weight-first `bmm` over gathered weights ([S, N, K] x [S, K, 1], after an `index` gather of
+  the [E, N, K] weights, itself named after the GEMM it feeds):
+  - after the router GEMM: its softmax, top-k and renormalisation are `router`, from the first
+    token-permutation op (sort, histc, one_hot, nonzero, repeat_interleave, ...) on
+    `moe_dispatch`;
+  - between an expert's gate_up and its down: `experts_act`;
+  - after an expert's down: the weighting and accumulation back to tokens (up to the last
+    index_add_ / sum) are `moe_combine`; in a loop the next expert's gather is `moe_dispatch`;
+    after the last expert, the final add before the next norm is the `residual`. The shared
+    expert's sigmoid is `router`, its weighting and the add of both outputs `moe_combine`.
+  - an engine's fused MoE op (vLLM's `moe_forward` / `inplace_fused_experts`) and the ops
+    inside it, by op name: top-k softmax and its casts `router`, moe_align_block_size
+    `moe_dispatch`, silu_and_mul `experts_act`, moe_sum (or a sum over top-k) `moe_combine`;
+    its Triton `fused_moe_kernel` launches are split by attribute.py (w13, then w2).
 """
 
 from __future__ import annotations
@@ -34,6 +52,7 @@ import pandas as pd
 
 from trace_roofline import operators
 from trace_roofline._nest import Nest
+from trace_roofline.models import ModelSpec
 from trace_roofline.operators import Stage
 
 PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
@@ -54,6 +73,24 @@ KV_ONLY_OPS = KV_WRITE_OPS - {"cat", "copy_"}
 ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_and_mul",
            "gelu_tanh_and_mul", "swiglu", "relu", "relu_"}
 SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
+# MoE: token permutation ops that open the dispatch after the router's top-k (as the op or the
+# outermost op around it: sort's own copies), the router's top-k, and the ops that accumulate
+# the experts' outputs back into tokens
+DISPATCH_OPS = {"sort", "argsort", "histc", "bincount", "one_hot", "repeat_interleave",
+                "nonzero", "where", "zeros_like", "moe_align_block_size",
+                "sgl_moe_align_block_size"}
+SYNC_OPS = {"_local_scalar_dense", "item"}  # a loop's expert index read back to the host
+TOPK_OPS = {"topk", "topk_softmax", "topk_sigmoid", "fused_topk", "grouped_topk"}
+ACCUMULATE_OPS = {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+                  "scatter_reduce_", "sum", "moe_sum"}
+# GEMMs of an operator named differently while positions are worked out (their regions
+# differ), then renamed: the shared expert's sigmoid gate is router work; HF 4.x's separate
+# expert gate (w1) and up (w3) projections are experts_gate_up
+SUB_LINEARS = {"shared_expert_gate": "router", "experts_gate": "experts_gate_up",
+               "experts_up": "experts_gate_up"}
+LINEAR_ORDER = (*operators.LINEARS, "experts_gate", "experts_up", "shared_expert_gate")
+EXPERT_IN = {"experts_gate_up", "experts_gate", "experts_up"}
+SHARED_IN = {"shared_gate_proj", "shared_up_proj", "shared_gate_up_proj"}
 
 # Triton kernel names list the aten ops they fuse: triton_{poi,red,per,tem}_fused_<ops>_<n>.
 _TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
@@ -112,6 +149,13 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "act": base.isin(ACT_OPS) | tri.str.contains(_TOK_ACT),
         "softmax": base.isin(SOFTMAX_OPS),
         "bgemm": base.isin(BATCHED_GEMM_OPS),
+        "dispatch": base.isin(DISPATCH_OPS),
+        "topk": base.isin(TOPK_OPS),
+        "acc": base.isin(ACCUMULATE_OPS),
+        "sync": base.isin(SYNC_OPS),
+        "add": base == "add",
+        "sigmoid": base.isin({"sigmoid", "sigmoid_"}),
+        "fused_moe": operators.recognise(operators.FUSED_EXPERTS, base),
     })
 
 
@@ -122,23 +166,26 @@ def classify(inst: pd.DataFrame) -> pd.DataFrame:
     one is a cache write (kvonly), a kernel on 4-D buffers only prepares attention."""
     op = per_value(inst["op_name"], _op_flags)
     top = per_value(inst["top_name"], _op_flags)
-    either = ("attn", "emb", "normcore", "kvonly", "act", "softmax")
+    either = ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe")
     out = op.copy()
     for col in either:
         out[col] = op[col] | top[col]
     out["cast"] = top["cast"]
+    out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
     dims = per_value(inst["input_dims"], _dims_flags)
     has4d, grows = dims["has4d"].to_numpy(dtype=bool), dims["grows"].to_numpy(dtype=bool)
     out["kvonly"] |= (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & dims["only4d"].to_numpy(dtype=bool)
+    out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
     return out.drop(columns=["tristore", "tricat"])
 
 
 def _dims_flags(dims: pd.Series) -> pd.DataFrame:
     """Per distinct Input Dims text: has4d (some argument is 4-D), only4d (the others are 0-d
     or no tensor), grows (a 4-D argument equals another but for a longer dim 2: a cache
-    [B, h, S, d] and the same cache with the new tokens appended)."""
+    [B, h, S, d] and the same cache with the new tokens appended), rank3 (the first argument
+    is 3-D: a sum over top-k of [tokens, k, H], not a renormalisation over [tokens, k])."""
     text = dims.fillna("")
     has4d = text.str.contains(_DIMS_4D)
     rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
@@ -151,7 +198,8 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
 
     grows = [appended(f) if isinstance(f, list) and len(f) > 1 else False for f in four]
     return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(r"\d"),
-                         "grows": pd.Series(grows, index=text.index, dtype=bool)})
+                         "grows": pd.Series(grows, index=text.index, dtype=bool),
+                         "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,6 +215,22 @@ _GEMM_TEXT = {  # op -> (regex on the raw Input Dims text, group of the activati
     "addmm": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
     "_addmm_activation": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
     "linear": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 3, 2),  # weight is [N, K]
+    # grouped GEMM of all experts: [S, K] x [E, K, N] with per-expert offsets
+    "_grouped_mm": (re.compile(r"^\[\s*" + _INTS + _SEP + r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"),
+                    1, 3, 4),
+}
+_TRIPLE = r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"
+# Expert weights outside a weight GEMM: (regex, group of the leading count, of N, of K)
+_EXPERT_WEIGHT_TEXT = {
+    # weight-first batched GEMV over gathered weights: [S, N, K] x [S, K, 1] (HF batched_mm)
+    "bmm": (re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\d+\s*,\s*\d+\s*,\s*1\s*\]"), 1, 2, 3),
+    # the gather of those weights from all experts': [E, N, K][ids] (indices are not recorded)
+    "index": (re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\]"), 1, 2, 3),
+    # the experts' weights [E, K, N] of a grouped GEMM (count E)
+    "_grouped_mm": (re.compile(r"^\[\s*" + _INTS + _SEP + _TRIPLE), 2, 4, 3),
+    # an engine's fused MoE op: hidden [M, H], w13 [E, 2I, H], ... (count E)
+    **dict.fromkeys(("inplace_fused_experts", "outplace_fused_experts"),
+                    (re.compile(r"^\[\s*" + _INTS + _SEP + _TRIPLE), 2, 3, 4)),
 }
 
 
@@ -192,6 +256,54 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
         pos = pd.Index(uniq).get_indexer(text[rows])
         k[rows], n[rows] = kk.to_numpy()[pos], nn.to_numpy()[pos]
     return k, n
+
+
+def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, ...]:
+    """(count, K, N) of expert weights: a weight-first `bmm` [S, N, K] x [S, K, 1] (count S), an
+    `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] and an
+    engine's fused MoE op's w13 [E, 2I, H] (count E); -1 elsewhere. The first two are expert
+    GEMMs only when (K, N) (and E) are the model's; the last two tell a trace's experts
+    (infer_moe_linears)."""
+    out = [np.full(len(op_base), -1, dtype=np.int64) for _ in range(3)]
+    text = dims_text.astype("string").fillna("")
+    for op, (rx, gc, gn, gk) in _EXPERT_WEIGHT_TEXT.items():
+        rows = (op_base == op).to_numpy()
+        if not rows.any():
+            continue
+        uniq = pd.Series(text[rows].unique(), dtype="string")
+        m = uniq.str.extract(rx)
+        pos = pd.Index(uniq).get_indexer(text[rows])
+        for arr, g in zip(out, (gc, gk, gn), strict=True):
+            vals = pd.to_numeric(m[g - 1], errors="coerce").fillna(-1).astype("int64")
+            arr[rows] = vals.to_numpy()[pos]
+    return tuple(out)
+
+
+def with_moe_linears(linears: dict[str, tuple[int, int]],
+                     model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """`linears` (crosscheck.expected_linears) and, for a MoE model, its sparse layers' GEMMs
+    (ModelSpec.moe_linears). A dense MLP shape that a MoE GEMM also has (Mixtral's experts are
+    its intermediate_size, Qwen1.5-MoE's shared expert too) is named as the MoE GEMM;
+    attribute.py renames by layer where a dense layer holds it."""
+    moe = {k: (v[0], v[1]) for k, v in model.moe_linears().items()}
+    return {k: v for k, v in linears.items() if v not in moe.values()} | moe
+
+
+def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tuple[int, int]]:
+    """Expert GEMMs of a trace without a model, from its `_grouped_mm` (or fused MoE op) weights
+    (columns E, K, N): one into the hidden size H (the K most GEMMs share) is experts_down, the
+    other experts_gate_up; a GEMM (H, E) is the router, (H, 1) the shared expert's gate. Empty
+    when the trace has neither."""
+    if grouped.empty or kn.empty:
+        return {}
+    h = int(kn.groupby("K")["count"].sum().idxmax())
+    out: dict[str, tuple[int, int]] = {}
+    for e, k, n in grouped[["E", "K", "N"]].drop_duplicates().itertuples(index=False):
+        out["experts_down" if n == h else "experts_gate_up"] = (int(k), int(n))
+        out["router"] = (h, int(e))
+    if ((kn["K"] == h) & (kn["N"] == 1)).any():
+        out["shared_expert_gate"] = (h, 1)
+    return out
 
 
 def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
@@ -246,11 +358,12 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     """Canonical names of weight GEMMs by (K, N); ties by order within the sequence group.
 
     A (K, N) shared by several linears (q/o, k/v, gate/up) cycles through them in the order of
-    operators.LINEARS
-    as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the 3rd q_proj...
-    GEMMs matching nothing are named `linear[K×N]`.
+    `LINEAR_ORDER` as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the
+    3rd q_proj... GEMMs matching nothing are named `linear[K×N]`. Expert weights outside a
+    weight GEMM (`expert_weight_kn`: columns WE, WK, WN) get the name of the expert GEMM whose
+    (K, N) they have (an `index` gather also its expert count), else none.
     """
-    out = pd.Series(pd.NA, index=inst.index, dtype="string")
+    out = _expert_weights(inst, linears or {})
     is_gemm = inst["K"] >= 0
     if not is_gemm.any():
         return out
@@ -260,7 +373,7 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     if not linears:
         return out
     groups: dict[tuple[int, int], list[str]] = {}
-    for name in operators.LINEARS:
+    for name in LINEAR_ORDER:
         if name in linears:
             groups.setdefault(tuple(linears[name]), []).append(name)
     table = pd.DataFrame(
@@ -277,6 +390,25 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     named = key.merge(table, on=["K", "N", "slot"], how="left")["name"].to_numpy()
     named = pd.Series(named, index=g.index, dtype="string")
     out.loc[is_gemm] = named.fillna(generic)
+    return out
+
+
+def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> pd.Series:
+    """Names of expert weight gathers and weight-first GEMVs (see name_gemms), NA elsewhere."""
+    out = pd.Series(pd.NA, index=inst.index, dtype="string")
+    if "WK" not in inst or not (inst["WK"] >= 0).any():
+        return out
+    experts = inst["WE"].to_numpy()
+    count = linears.get("router", (0, -1))[1]
+    base = base_name(inst["op_name"])
+    is_index, is_bmm = (base == "index").to_numpy(), (base == "bmm").to_numpy()
+    for name in ("experts_gate_up", "experts_gate", "experts_up", "experts_down"):
+        if name not in linears:
+            continue
+        k, n = linears[name]
+        hit = (inst["WK"].to_numpy() == k) & (inst["WN"].to_numpy() == n)
+        hit &= is_bmm | (is_index & (experts == count))
+        out[hit & out.isna().to_numpy()] = name
     return out
 
 
@@ -350,8 +482,44 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
     kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
     after_o, after_down = Pa == "o_proj", Pa == "down_proj"
+    # mixture of experts: after the router GEMM (whose logits the experts' GEMMs follow), after
+    # an expert's down projection, the shared expert's or its sigmoid gate (a block's tail)
+    p_router, n_expert = Pa == "router", np.isin(Na, list(EXPERT_IN))
+    p_tail = np.isin(Pa, ["experts_down", "shared_down_proj", "shared_expert_gate"])
+    n_next = n_start | np.isin(Na, ["", "lm_head"])  # the next layer or the model's end
+    dispatch_start = _region_min(region, pos, F["dispatch"], inf)
+    last_acc = _region_max(region, pos, F["acc"], -1)  # the last accumulation into tokens
+    last_add = _region_max(region, pos, F["add"] & before_norm, -1)  # the residual add
+    in_fused = F["fused_moe"]  # an engine's fused MoE op, or an op inside one
     rules: list[Rule] = [  # P: the anchor before, N: the anchor after; first match wins
         (is_anchor, anchor.fillna("").to_numpy()),  # a matched GEMM, attention, embedding
+        # an engine's fused MoE op and the ops inside it, by name
+        (F["fused_op"], "experts_gate_up"),  # its fused_moe_kernel launches: attribute.py
+        (in_fused & F["topk"], "router"),
+        (in_fused & F["dispatch"], "moe_dispatch"),
+        (in_fused & F["act"], "experts_act"),
+        (in_fused & F["acc"] & F["rank3"], "moe_combine"),  # moe_sum, a sum over top-k
+        (in_fused, "router"),  # casts and renormalisation of the routing weights
+        # after the router's logits GEMM: softmax, top-k, renormalisation, then the dispatch
+        (p_router & n_expert & (pos < dispatch_start), "router"),
+        (p_router & n_expert, "moe_dispatch"),
+        (np.isin(Pa, list(EXPERT_IN)) & F["sync"], "moe_dispatch"),  # the loop's index reads
+        (np.isin(Pa, list(EXPERT_IN)), "experts_act"),  # between an expert's gate_up and down
+        # after an expert's down: in a loop the weighting and index_add_, then the next
+        # expert's gather; after the last one the combine up to the residual add
+        (p_tail & n_expert & (pos <= last_acc), "moe_combine"),
+        (p_tail & n_expert, "moe_dispatch"),
+        (p_tail & F["sigmoid"], "router"),  # the shared expert's gate
+        (p_tail & n_next & before_norm & (pos == last_add), "residual"),
+        (p_tail & before_norm, "moe_combine"),
+        (p_tail & n_start, "input_norm"),
+        (p_tail, "final_norm"),
+        # after a router whose experts ran inside an engine's fused op: adding the shared
+        # expert's output, then the next layer's norm
+        (p_router & before_norm, "moe_combine"),
+        (p_router & n_start, "input_norm"),
+        (p_router, "final_norm"),
+        (np.isin(Pa, list(SHARED_IN)), "act"),  # the shared expert's activation
         # between the input projections and attention (or o_proj)
         (after_proj & (pos >= attn_core), "attention"),  # from the first softmax / bmm on
         (after_proj & kv, "kv_cache"),  # cache writes (after the last RoPE op)
@@ -376,8 +544,11 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         (np.isin(Pa, ["", "embedding"]) & F["emb"], "embedding"),
     ]
     name = pd.Series(first_match(rules, "other"), index=inst.index, dtype="string")
+    name = name.replace(SUB_LINEARS)
+    by_name = F["fused_op"] | (in_fused & (F["topk"] | F["dispatch"]
+                                           | (F["acc"] & F["rank3"])))  # MoE ops by name
     evidence = first_match([(is_anchor & known.to_numpy(), "shape"),  # a GEMM matched to a linear
-                            (is_anchor | F["emb"], "kernel_name")],  # attention, embedding ops
+                            (is_anchor | F["emb"] | by_name, "kernel_name")],  # op names
                            "position")
     return name, pd.Series(evidence, index=inst.index, dtype="string")
 

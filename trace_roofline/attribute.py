@@ -32,6 +32,9 @@ Naming an op instance, strongest evidence first (the `evidence` column, operator
 4. `fallback`: a name outside the operator vocabulary, given without evidence: `other`,
    `unattributed`, an unmatched GEMM's `linear[K×N]` and, in a trace with no decoder-layer
    operator at all (a CNN, a matmul loop), the op's own name (`aten::conv2d`) for `other`.
+An engine's fused MoE op (vLLM's inplace_fused_experts / moe_forward) launches its Triton
+`fused_moe_kernel` twice per token chunk, on w13 then on w2: its kernels are split into two
+instances, the odd-numbered launches (in time) `experts_gate_up`, the even ones `experts_down`.
 Collectives (operators.COLLECTIVES) are named before all of these, whatever range or position
 surrounds them, with evidence `kernel_name`: the op instance or the outermost op around it is a
 collective op (c10d::allreduce_, vllm::all_reduce), or a kernel name says so
@@ -101,6 +104,9 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunction|Pregraph bytecode|"
                          r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.)")
 _PS_PER_US = 1_000_000
+# Triton kernels that run both halves of an engine's fused MoE op, w13 (gate_up) then w2 (down)
+_FUSED_MOE_KERNEL = re.compile(r"^fused_moe_kernel")
+_SECOND_HALF = "experts_down"
 _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 
 
@@ -135,9 +141,12 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     named = ~has & (ann.codes >= 0)
     coll = units["coll"].array
     lone = ~has & (coll.codes >= 0)  # a collective kernel no op links to
-    (op, an, un, co), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                       _const(UNATTRIBUTED, n), coll)
-    operator = np.where(lone, co, np.where(has, op, np.where(named, an, un)))
+    part = _fused_moe_halves(units) & has
+    (op, an, un, co, down), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                             _const(UNATTRIBUTED, n), coll,
+                                             _const(_SECOND_HALF, n))
+    operator = np.where(part, down, np.where(lone, co, np.where(has, op,
+                                                                np.where(named, an, un))))
     (ev, an, un, ke), ev_cats = _unify(_take_cat(inst["evidence"].array, at),
                                        _const("annotation", n), _const(FALLBACK, n),
                                        _const("kernel_name", n))
@@ -158,7 +167,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "ts_us": units["ts_us"].to_numpy(np.float64),
         "dur_us": units["dur_us"].to_numpy(np.float64),
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
-        "instance": _instance_ids(idx, units["step"]),
+        "instance": _instance_ids(idx, units["step"], part),
     })
     for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
                      ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
@@ -171,13 +180,30 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
-def _instance_ids(op_idx: np.ndarray, step: pd.Series) -> np.ndarray:
-    """0, 1, ... per distinct (op, step) in order of first unit; an unlinked unit (op_idx < 0)
-    gets an id of its own."""
+def _instance_ids(op_idx: np.ndarray, step: pd.Series, part: np.ndarray) -> np.ndarray:
+    """0, 1, ... per distinct (op, step, part) in order of first unit (part: the second half
+    of a fused MoE op); an unlinked unit (op_idx < 0) gets an id of its own."""
     step_code = pd.factorize(pd.array(step, dtype="Int64"), use_na_sentinel=False)[0]
     n_steps = int(step_code.max(initial=0)) + 1
-    key = np.where(op_idx >= 0, op_idx * n_steps + step_code, -1 - np.arange(len(op_idx)))
+    key = np.where(op_idx >= 0, (op_idx * n_steps + step_code) * 2 + part,
+                   -1 - np.arange(len(op_idx)))
     return pd.factorize(key)[0].astype(np.int64)
+
+
+def _fused_moe_halves(units: pd.DataFrame) -> np.ndarray:
+    """True for the even-numbered `fused_moe_kernel` launches (in time) of each op and step:
+    the w2 (down) halves of an engine's fused MoE op."""
+    fused = _by_category(units["name"], lambda c: c.str.contains(_FUSED_MOE_KERNEL))
+    out = np.zeros(len(units), dtype=bool)
+    if not fused.any():
+        return out
+    rows = np.flatnonzero(fused)
+    sub = pd.DataFrame({"op": units["op_idx"].to_numpy()[rows],
+                        "step": pd.array(units["step"], dtype="Int64")[rows],
+                        "ts": units["ts_us"].to_numpy()[rows]})
+    rank = sub.sort_values("ts", kind="stable").groupby(["op", "step"], dropna=False).cumcount()
+    out[rows] = (rank.reindex(sub.index).to_numpy() % 2) == 1
+    return out
 
 
 def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
@@ -515,31 +541,50 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
-    """(K, N) of each instance, parsed once per distinct (op name, Input Dims) pair."""
+    """(K, N) of each instance's weight GEMM and (WE, WK, WN) of its expert weights
+    (_naming.expert_weight_kn), parsed once per distinct (op name, Input Dims) pair."""
     op, dims = inst["op_name"].array, inst["input_dims"].array
     pair = op.codes.astype(np.int64) * (len(dims.categories) + 1) + dims.codes + 1
     _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
     distinct = inst.iloc[first]
-    k, n = _naming.gemm_kn(_naming.base_name(distinct["op_name"]).fillna(""),
-                           distinct["input_dims"])
-    return inst.assign(K=k[inv], N=n[inv])
+    base = _naming.base_name(distinct["op_name"]).fillna("")
+    k, n = _naming.gemm_kn(base, distinct["input_dims"])
+    we, wk, wn = _naming.expert_weight_kn(base, distinct["input_dims"])
+    return inst.assign(K=k[inv], N=n[inv], WE=we[inv], WK=wk[inv], WN=wn[inv])
+
+
+# fused projections and the separate ones they cover: a trace holds one layout
+_FUSED_LAYOUTS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                  ("gate_up_proj", ("gate_proj", "up_proj")),
+                  ("experts_gate_up", ("experts_gate", "experts_up")),
+                  ("shared_gate_up_proj", ("shared_gate_proj", "shared_up_proj")))
 
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
-    """The model's linears if any GEMM of the trace matches them, else linears inferred."""
+    """The model's linears if any GEMM of the trace matches them, else linears inferred (with
+    the experts of its grouped GEMMs, _naming.infer_moe_linears)."""
     gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
-    seen = set(zip(*gemms.drop_duplicates().to_numpy().T.tolist(), strict=True))
+    weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
+    seen = set(map(tuple, pd.concat([gemms, weights]).drop_duplicates().to_numpy().tolist()))
     if model is not None:
-        lin = crosscheck.expected_linears(model)
+        lin = _naming.with_moe_linears(crosscheck.expected_linears(model), model)
         if seen & set(lin.values()):
-            # one layout per trace: the fused projections replace the separate ones they cover
-            for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-                                 ("gate_up_proj", ("gate_proj", "up_proj"))):
-                drop = parts if lin[fused] in seen else (fused,)
-                lin = {k: v for k, v in lin.items() if k not in drop}
+            for fused, parts in _FUSED_LAYOUTS:
+                if fused in lin:
+                    drop = parts if lin[fused] in seen else (fused,)
+                    lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
+    all_experts = _naming.base_name(inst["op_name"]).isin(
+        ["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"]).to_numpy()
+    grouped = inst.loc[all_experts & (inst["WE"] >= 0).to_numpy(),
+                       ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
-    return _naming.infer_linears(per) if len(per) else None
+    if not len(per):
+        return None
+    moe = _naming.infer_moe_linears(per, grouped)
+    dense = _naming.infer_linears(per) or {}
+    lin = {k: v for k, v in dense.items() if v not in moe.values()} | moe
+    return lin or None
 
 
 def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
@@ -592,8 +637,45 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     name, cats = _without_decoder(name, cats, inst["op_name"].array)
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
+    name, cats = _mlp_by_layer(name, cats, evidence, ev_cats, layer, inst["grp"].to_numpy())
     return (pd.Categorical.from_codes(name, cats), _fallbacks(name, cats, evidence, ev_cats),
             layer)
+
+
+# A dense MLP's projection and the MoE operator of the same shape (a shared expert's, Mixtral's
+# experts when a model also has dense layers): which one a GEMM is depends on its layer.
+_DENSE_OF = {**{v: k for k, v in operators.SHARED_OF.items()},
+             "experts_gate_up": "gate_up_proj", "experts_down": "down_proj"}
+_ROUTED_EVIDENCE = ("router", "moe_dispatch")
+
+
+def _mlp_by_layer(name: np.ndarray, cats: pd.Index, evidence: np.ndarray, ev_cats: pd.Index,
+                  layer: pd.arrays.IntegerArray, grp: np.ndarray) -> tuple[np.ndarray, pd.Index]:
+    """Dense-MLP and MoE names by layer: in a layer holding a router (or a dispatch), a GEMM
+    named as a dense MLP projection is the shared expert's (gate_proj -> shared_gate_proj);
+    in a layer without one, a GEMM named by its shape as a shared-expert or expert projection
+    is the dense MLP's (the model's dense layers, whose shapes a MoE GEMM also has)."""
+    if not np.isin(np.asarray(cats, dtype=object), [*_DENSE_OF, *_ROUTED_EVIDENCE]).any():
+        return name, cats  # a dense model's trace: nothing to tell apart
+    cats = cats.append(pd.Index([v for v in [*_DENSE_OF, *_DENSE_OF.values()]
+                                 if v not in cats])).unique()
+    has = np.isin(np.asarray(cats, dtype=object), _ROUTED_EVIDENCE)
+    routed_row = np.append(has, False)[name]
+    in_layer = ~np.asarray(layer.isna())
+    if not in_layer.any():
+        return name, cats
+    key = pd.DataFrame({"g": grp, "l": layer.to_numpy(np.int64, na_value=-1)})
+    routed = pd.Series(routed_row).groupby([key["g"], key["l"]]).transform("any").to_numpy(bool)
+    code = {c: i for i, c in enumerate(cats)}
+    by_shape = np.append(np.asarray(ev_cats == "shape"), False)[evidence]
+    out = name.copy()
+    for moe_name, dense_name in _DENSE_OF.items():
+        dense_rows = name == code[dense_name]
+        moe_rows = name == code[moe_name]
+        if moe_name in operators.SHARED_OF.values():  # the shared expert's projections
+            out[dense_rows & in_layer & routed] = code[moe_name]
+        out[moe_rows & in_layer & ~routed & by_shape] = code[dense_name]
+    return out, cats
 
 
 def _kernel_collective(names: pd.Series) -> pd.Series:

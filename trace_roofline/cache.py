@@ -124,7 +124,10 @@ def _digest(obj: object) -> str:
 
 
 def _model_key(model: ModelSpec | None) -> dict | None:
-    return None if model is None else {"type": type(model).__name__, **dataclasses.asdict(model)}
+    """The model's fields as the manifest's JSON reads them back (tuples as lists)."""
+    if model is None:
+        return None
+    return json.loads(json.dumps({"type": type(model).__name__, **dataclasses.asdict(model)}))
 
 
 def _file_key(p: Path) -> dict:

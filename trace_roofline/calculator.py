@@ -1,10 +1,11 @@
-"""Shape-only intensity calculator: per-projection GEMM and attention intensity, regimes, M* and S*."""
+"""Shape-only intensity calculator: per-projection GEMM and attention intensity, regimes, M* and S*;
+for a mixture-of-experts model, the routed experts' GEMMs against tokens in flight (moe.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trace_roofline import costs
+from trace_roofline import costs, moe
 from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
 
@@ -23,6 +24,10 @@ def intensity_table(
     peak = hardware.peak(model.dtype)
     ridge = costs.ridge(peak, hardware.mem_bandwidth)
     linears = model.fused_linears() if fused else model.linears()
+    if model.experts is not None and len(model.sparse_layers) == model.num_layers:
+        # no dense MLP anywhere: its projections are the experts' (the MoE section)
+        linears = {k: v for k, v in linears.items()
+                   if k not in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")}
     gemms = [
         {
             "m": m,
@@ -64,7 +69,34 @@ def intensity_table(
         "s_star": costs.s_star(
             model.num_heads, model.num_kv_heads, model.head_dim, b, ridge, causal, attention_bytes
         ),
+        "moe": _moe_table(model, ms, b, ridge),
     }
+
+
+def _moe_table(model: ModelSpec, tokens: Sequence[int], b: int, ridge: float) -> dict | None:
+    """The routed experts' GEMMs (gate_up + down of one sparse layer) at each number of tokens
+    in flight: active experts (uniform-routing expectation and range), tokens per active expert,
+    intensity under each count, the dense equivalent's (moe.py); and the fewest tokens at which
+    the experts reach the ridge under each count. None for a dense model."""
+    e = model.experts
+    if e is None:
+        return None
+    h = model.hidden_size
+    rows = []
+    for t in tokens:
+        active = moe.active_experts(e, t)
+        by = {a: moe.experts_intensity(e, h, t, b, a) for a in moe.ASSUMPTIONS}
+        rows.append({
+            "tokens": t, "experts_active": active.expected, "experts_active_low": active.low,
+            "experts_active_high": active.high,
+            "tokens_per_active_expert": moe.tokens_per_active_expert(e, t),
+            "intensity": by, "bound": costs.bound(by["expected"], ridge),
+            "dense_equivalent_intensity": moe.dense_equivalent_intensity(e, h, t, b),
+        })
+    return {"experts": e.num_experts, "top_k": e.top_k, "intermediate": e.intermediate_size,
+            "shared_intermediate": e.shared_intermediate_size, "rows": rows,
+            "crossing_tokens": {a: moe.crossing_tokens(e, h, b, ridge, a)
+                                for a in moe.ASSUMPTIONS}}
 
 
 def _regime(bound: str) -> str:
@@ -100,4 +132,29 @@ def format_intensity(table: dict) -> str:
         )
     s_star = table["s_star"]
     lines.append(f"  prefill S* = {s_star if s_star is not None else 'never'} (T = S)")
+    if table.get("moe"):
+        lines += _format_moe(table["moe"])
     return "\n".join(lines)
+
+
+def _format_moe(m: dict) -> list[str]:
+    lines = ["", f"-- routed experts: {m['experts']} experts, top-{m['top_k']}, expert I = "
+             f"{m['intermediate']} (gate_up + down of one sparse layer; active experts expected "
+             "under uniform routing, E·(1-(1-k/E)^T), range [k, min(E, T·k)]) --"]
+    for r in m["rows"]:
+        i = r["intensity"]
+        lines.append(
+            f"  tokens={r['tokens']:>6}: active {r['experts_active']:6.2f} "
+            f"({r['experts_active_low']}-{r['experts_active_high']}), "
+            f"{r['tokens_per_active_expert']:7.2f} tokens/expert: I = {i['expected']:7.1f} "
+            f"FLOP/byte ({_regime(r['bound'])}; {i['high']:.1f}-{i['low']:.1f} over the range)"
+            f"  | dense equivalent I = {r['dense_equivalent_intensity']:.1f}")
+    c = m["crossing_tokens"]
+
+    def at(v: int | None) -> str:
+        return str(v) if v is not None else "never"
+
+    lines.append(f"  experts compute-bound from {at(c['expected'])} tokens in flight (uniform "
+                 f"routing; {at(c['low'])} if only top-k experts were hit, {at(c['high'])} if "
+                 "every hit expert were distinct)")
+    return lines

@@ -356,9 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Arithmetic intensity of each projection GEMM and of attention from the "
                     "model's shapes alone (no trace), at each token count M and context S; the "
                     "regime of each (memory- or compute-bound on the hardware), and M* and S*, "
-                    "where they cross the ridge.",
-        epilog="example:\n  trace-roofline intensity --model qwen2.5-7b --hardware rtx4090 "
-               "--m 1,256 --s 128,512,2048 --lesson")
+                    "where they cross the ridge. For a mixture-of-experts model, the routed "
+                    "experts' GEMMs at each M (active experts under uniform routing, tokens per "
+                    "active expert, the dense equivalent) and the tokens where they cross it.",
+        epilog="examples:\n  trace-roofline intensity --model qwen2.5-7b --hardware rtx4090 "
+               "--m 1,256 --s 128,512,2048 --lesson\n  trace-roofline intensity --model "
+               "mixtral-8x7b --hardware h200-measured --m 1,8,64,256,1024")
     p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
                    help="preset name, HF config.json or HF model directory")
     p.add_argument("--hardware", default="rtx4090", help="preset name or hardware JSON file")

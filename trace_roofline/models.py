@@ -1,4 +1,10 @@
-"""Decoder shapes: a frozen `ModelSpec`, presets, and loading from a Hugging Face config.json."""
+"""Decoder shapes: a frozen `ModelSpec`, presets, and loading from a Hugging Face config.json.
+
+Mixture-of-experts models (Mixtral, Qwen2-MoE / Qwen1.5-MoE, Qwen3-MoE) carry their routed and
+shared experts as a `moe.Experts` and say which layers are sparse, as HF does: layer i (from 0)
+has the experts when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers; the
+other layers keep a dense MLP of intermediate_size.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 from trace_roofline import dtypes
 from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
+from trace_roofline.moe import Experts
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -21,7 +28,9 @@ def dtype_bytes(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shapes of a Llama/Qwen-style decoder (GQA attention, SwiGLU MLP, RMSNorm)."""
+    """Shapes of a Llama/Qwen-style decoder (GQA attention, SwiGLU MLP, RMSNorm); with
+    `experts`, a mixture-of-experts model whose sparse layers (`sparse_layers`) route each
+    token through `experts.top_k` of `experts.num_experts` expert MLPs instead."""
 
     name: str
     hidden_size: int
@@ -36,6 +45,22 @@ class ModelSpec:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    experts: Experts | None = None
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose MLP is the experts (none without `experts`)."""
+        return self.sparse_among(self.num_layers)
+
+    def sparse_among(self, layers: int) -> tuple[int, ...]:
+        """The sparse ones among layers 0 .. layers - 1, by the model's rule."""
+        if self.experts is None:
+            return ()
+        step = max(self.decoder_sparse_step, 1)
+        return tuple(i for i in range(layers)
+                     if (i + 1) % step == 0 and i not in self.mlp_only_layers)
 
     @property
     def q_size(self) -> int:
@@ -69,8 +94,11 @@ class ModelSpec:
         heads, n_kv/t KV heads (one replicated head each when t > n_kv, as vLLM does) and I/t
         of the intermediate; row-parallel o_proj and down_proj take K = n_q/t·d and I/t;
         the vocabulary-parallel embedding and lm_head hold ceil(V/t) rows (vLLM's padding to
-        a multiple of 64 is ignored). Hidden size, head_dim and depth are unchanged. tp 1 is
-        the model itself; heads or intermediate not divisible by `tp` are an InputError."""
+        a multiple of 64 is ignored). A MoE model's every routed expert holds I/t of its
+        intermediate (vLLM's FusedMoE without expert parallelism: w13 [E, 2I/t, H]), the
+        shared expert I_s/t, the router all E. Hidden size, head_dim and depth are unchanged.
+        tp 1 is the model itself; heads or intermediates not divisible by `tp` are an
+        InputError."""
         if tp == 1:
             return self
         if tp < 1 or self.num_heads % tp or self.intermediate_size % tp:
@@ -79,11 +107,20 @@ class ModelSpec:
                 f"{self.intermediate_size} intermediate size")
         if self.num_kv_heads >= tp and self.num_kv_heads % tp:
             raise InputError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} KV heads")
+        experts = self.experts
+        if experts is not None:
+            if experts.intermediate_size % tp or experts.shared_intermediate_size % tp:
+                raise InputError(
+                    f"tp={tp} does not divide {self.name}'s expert intermediate sizes "
+                    f"{experts.intermediate_size}, {experts.shared_intermediate_size}")
+            experts = dataclasses.replace(
+                experts, intermediate_size=experts.intermediate_size // tp,
+                shared_intermediate_size=experts.shared_intermediate_size // tp)
         return dataclasses.replace(
             self, name=f"{self.name} (tp{tp} rank)", num_heads=self.num_heads // tp,
             num_kv_heads=max(self.num_kv_heads // tp, 1),
             intermediate_size=self.intermediate_size // tp,
-            vocab_size=-(-self.vocab_size // tp))
+            vocab_size=-(-self.vocab_size // tp), experts=experts)
 
     def fused_linears(self) -> dict[str, tuple[int, int, bool]]:
         """vLLM-style fused projections: qkv_proj and gate_up_proj."""
@@ -92,6 +129,28 @@ class ModelSpec:
             "qkv_proj": (h, self.q_size + 2 * self.kv_size, self.qkv_bias),
             "gate_up_proj": (h, 2 * i, False),
         }
+
+    def moe_linears(self) -> dict[str, tuple[int, int, bool]]:
+        """A sparse layer's weight GEMMs, name -> (K, N, has_bias), none for a dense model:
+        the router (H -> E); each routed expert's gate and up projections, fused as HF 5.x and
+        vLLM store them (experts_gate_up: H -> 2I) or not (experts_gate, experts_up: H -> I,
+        as HF 4.x's w1 and w3), and its down projection (I -> H); the shared expert's gate, up
+        (or fused gate_up) and down projections and its sigmoid gate (shared_expert_gate: H -> 1,
+        `router` work)."""
+        e = self.experts
+        if e is None:
+            return {}
+        h, i = self.hidden_size, e.intermediate_size
+        out = {"router": (h, e.num_experts, False), "experts_gate_up": (h, 2 * i, False),
+               "experts_gate": (h, i, False), "experts_up": (h, i, False),
+               "experts_down": (i, h, False)}
+        if e.shared_intermediate_size:
+            s = e.shared_intermediate_size
+            out.update({"shared_gate_proj": (h, s, False), "shared_up_proj": (h, s, False),
+                        "shared_gate_up_proj": (h, 2 * s, False), "shared_down_proj": (s, h, False)})
+        if e.shared_gate:
+            out["shared_expert_gate"] = (h, 1, False)
+        return out
 
 
 # Sources: each model's config.json on the Hugging Face Hub.
@@ -106,6 +165,19 @@ PRESETS: dict[str, ModelSpec] = {
     "llama-3-8b": ModelSpec(  # meta-llama/Meta-Llama-3-8B
         "llama-3-8b", 4096, 32, 8, 128, 14336, 32, 128256, False, rms_norm_eps=1e-5,
         rope_theta=5e5,
+    ),
+    "mixtral-8x7b": ModelSpec(  # mistralai/Mixtral-8x7B-v0.1: 8 experts, top-2, no dense MLP
+        "mixtral-8x7b", 4096, 32, 8, 128, 14336, 32, 32000, False, rms_norm_eps=1e-5,
+        rope_theta=1e6, experts=Experts(8, 2, 14336),
+    ),
+    "qwen1.5-moe-a2.7b": ModelSpec(  # Qwen/Qwen1.5-MoE-A2.7B: 60 experts top-4 + a shared one
+        "qwen1.5-moe-a2.7b", 2048, 16, 16, 128, 5632, 24, 151936, True, rope_theta=1e6,
+        experts=Experts(60, 4, 1408, shared_intermediate_size=5632, shared_gate=True,
+                        norm_topk_prob=False),
+    ),
+    "qwen3-30b-a3b": ModelSpec(  # Qwen/Qwen3-30B-A3B: 128 experts top-8
+        "qwen3-30b-a3b", 2048, 32, 4, 128, 6144, 48, 151936, False, rope_theta=1e6,
+        experts=Experts(128, 8, 768),
     ),
     # Reduced-size Qwen-shaped model for fast CPU traces and tests (not a real checkpoint).
     "qwen-tiny": ModelSpec(
@@ -143,9 +215,31 @@ def from_hf_config(path: str | Path) -> ModelSpec:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            experts=_config_experts(cfg),
+            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(int(v) for v in cfg.get("mlp_only_layers") or ()),
         )
     except (TypeError, ValueError) as e:
         raise InputError(f"{p}: bad value in config.json ({e})") from None
+
+
+def _config_experts(cfg: dict) -> Experts | None:
+    """The experts of a Mixtral (`num_local_experts`, experts of `intermediate_size`) or
+    Qwen2-MoE / Qwen3-MoE (`num_experts`, `moe_intermediate_size`, a shared expert of
+    `shared_expert_intermediate_size` with a sigmoid gate) config; None for a dense model."""
+    count = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if not count:
+        return None
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    return Experts(
+        num_experts=int(count),
+        top_k=int(cfg.get("num_experts_per_tok") or 0),
+        intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        shared_intermediate_size=shared,
+        shared_gate=shared > 0,  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) scales it
+        # Mixtral renormalises always; Qwen's configs say so (Qwen2-MoE's default: not)
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", "num_local_experts" in cfg)),
+    )
 
 
 def _config_dtype(cfg: dict) -> str:

@@ -37,7 +37,15 @@ _c10d_functional::all_gather_into_tensor, vllm::all_reduce) or their kernel, wha
 position surrounds them; they cost 0 FLOPs (the reduction's adds, (t-1)/t of an element each,
 are not counted) and are placed against the interconnect, not HBM.
 
-A new operator (MoE's router and experts) is one more entry in `OPERATORS`.
+A new operator is one more entry in `OPERATORS`.
+
+Mixture-of-experts layers (see moe.py) add the router (its logits GEMM H -> E, softmax, top-k
+and renormalisation; the shared expert's sigmoid gate), the token permutation (moe_dispatch),
+the routed experts' GEMMs and activation (experts_gate_up, experts_act, experts_down), the
+weighted sum back to tokens (moe_combine) and the shared expert's projections. None of them
+has a stage: a Python loop over experts repeats gate_up and down within one layer, and engines
+run the shared expert before or after the routed ones; their layer is the one of the
+attention and norms around them.
 """
 
 from __future__ import annotations
@@ -114,6 +122,24 @@ OPERATORS: tuple[Operator, ...] = (
     _linear("gate_up_proj", Stage.MLP_IN),
     Operator("act", "memory", aliases=("act_fn",)),
     _linear("down_proj", Stage.MLP_OUT, row_parallel=True),
+    # mixture of experts (moe.py), in the order HF's Qwen2-MoE runs them; vLLM's custom ops
+    # (topk_softmax, moe_align_block_size, fused_experts / moe_forward, moe_sum) by name
+    _linear("shared_gate_proj", None),
+    _linear("shared_up_proj", None),
+    _linear("shared_gate_up_proj", None),
+    _linear("shared_down_proj", None),
+    Operator("router", "compute", linear=True, aliases=("gate",),
+             ops=re.compile(r"^(?:topk_softmax|topk_sigmoid|fused_topk|grouped_topk)$"),
+             cost="topk_softmax"),
+    Operator("moe_dispatch", "memory",
+             ops=re.compile(r"^(?:moe_align_block_size|sgl_moe_align_block_size)$"),
+             cost="moe_align"),
+    Operator("experts_gate_up", "compute", linear=True,
+             ops=re.compile(r"^(?:inplace_fused_experts|outplace_fused_experts|fused_experts|"
+                            r"fused_moe|moe_forward)$"), cost="fused_experts"),
+    Operator("experts_act", "memory"),
+    Operator("experts_down", "compute", linear=True),
+    Operator("moe_combine", "memory", ops=re.compile(r"^moe_sum$"), cost="moe_sum"),
     Operator("embedding", "memory", per_layer=False, aliases=("embed_tokens",),
              ops=re.compile(r"^(?:embedding|embedding_bag|_embedding_bag)$")),
     Operator("final_norm", "memory", per_layer=False),
@@ -189,6 +215,13 @@ STAGES: dict[str, int] = {o.name: int(o.stage) for o in OPERATORS if o.stage is 
 MODEL_LEVEL: tuple[str, ...] = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
 ATTENTION = BY_NAME["attention"]
 EMBEDDING = BY_NAME["embedding"]
+FUSED_EXPERTS = BY_NAME["experts_gate_up"]  # an engine's fused MoE op: both expert GEMMs
+MOE: frozenset[str] = frozenset({"router", "moe_dispatch", "experts_gate_up", "experts_act",
+                                 "experts_down", "moe_combine", "shared_gate_proj",
+                                 "shared_up_proj", "shared_gate_up_proj", "shared_down_proj"})
+# the dense MLP's operators and the shared expert's, which has the same structure
+SHARED_OF: dict[str, str] = {"gate_proj": "shared_gate_proj", "up_proj": "shared_up_proj",
+                             "gate_up_proj": "shared_gate_up_proj", "down_proj": "shared_down_proj"}
 
 
 def at_stage(stage: Stage) -> frozenset[str]:

@@ -70,6 +70,9 @@ def analyze_trace(
     """
     args = dict(model=model, hardware=hardware, causal=causal, attention_bytes=attention_bytes,
                 layers=layers, ncu=ncu, by_shape=by_shape, force=force, tp=tp)
+    if graph_map is not None or decode_shapes is not None:  # not in the Analysis cache's key
+        return _analyze(trace, progress=progress, cache=cache, graph_map=graph_map,
+                        decode_shapes=decode_shapes, **args)
     if cache is not None and not isinstance(trace, Trace):
         path = trace
         return cache.analysis(
@@ -81,7 +84,9 @@ def analyze_trace(
 def _analyze(trace: Trace | str | os.PathLike, model: ModelSpec | None,
              hardware: Hardware | None, *, causal: str, attention_bytes: str,
              layers: int | None, ncu: str | os.PathLike | None, by_shape: bool, force: bool,
-             progress: Progress | None, cache: TraceCache | None, tp: int | None) -> Analysis:
+             progress: Progress | None, cache: TraceCache | None, tp: int | None,
+             graph_map: Trace | str | os.PathLike | None = None,
+             decode_shapes: graphs.DecodeShapes | None = None) -> Analysis:
     """analyze_trace without the Analysis cache (the trace and attribution may be cached)."""
     attributed = None
     if model is not None and tp is not None:

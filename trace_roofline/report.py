@@ -60,7 +60,8 @@ OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "b
                  "attainable_flops_per_s", "roof_fraction", "bound",
                  "instances", "uncosted", "time_share", "dtype", "peak_flops_per_s",
                  "exceeds_roof", "evidence", "evidence_mix", "measured_bytes",
-                 "measured_intensity"]
+                 "measured_intensity", "experts_active", "experts_active_low",
+                 "experts_active_high"]
 
 
 def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str, object] | None:
@@ -207,6 +208,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     lines += _communication_lines(a)
     lines += passes_lines(a) + graphs_lines(a)
     lines.append(_coverage_line(a))
+    lines += moe_lines(a)
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
     for phase, ext in a.extrapolated_whole.items():
@@ -237,6 +239,42 @@ def _per_layer_blocks(a: Analysis, agg: pd.DataFrame, width: int, measured: bool
         out += [_op_row(r, width, measured, share=r.time_us / total)
                 for r in g.sort_values("time_us", ascending=False, kind="stable").itertuples()]
     return out
+
+
+_ASSUMPTIONS = {
+    "counted": "counted from the per-expert GEMMs (a Python loop: exact)",
+    "uniform routing": ("expected under uniform routing, E·(1-(1-k/E)^T): the trace does not "
+                        "show which experts ran; their weights are charged for that many"),
+    "upper bound": ("assumed min(E, ΣM_e), the upper bound: tokens or top-k unknown "
+                    "(give --model)"),
+}
+
+
+def moe_lines(a: Analysis) -> list[str]:
+    """Per phase with routed experts: the active-expert assumption and the experts' intensity
+    next to the dense equivalent's (roofline.moe_summary)."""
+    return [line for phase, d in a.moe.items() for line in _moe_phase(phase, d)]
+
+
+def _moe_phase(phase: str, d: dict) -> list[str]:
+    def num(key: str, fmt: str = "g") -> str:
+        return "?" if d.get(key) is None else format(d[key], fmt)
+
+    first = (f"experts ({phase}): {d['layers']} MoE layer run(s), {num('tokens')} tokens each, "
+             f"top-{num('top_k')} of {num('experts')} experts -> {num('routed_rows')} routed "
+             f"rows; active experts {num('experts_active', '.2f')} "
+             f"{_ASSUMPTIONS[d['assumption']]}")
+    if d["assumption"] != "counted" and d.get("experts_active_low") is not None:
+        first += f" (range {num('experts_active_low')}-{num('experts_active_high')})"
+    second = (f"  expert GEMMs at {num('experts_intensity', '.2f')} FLOP/B: "
+              f"{num('tokens_per_active_expert', '.2f')} tokens per active expert, each "
+              "active expert's weights read for only its own tokens")
+    if d.get("dense_equivalent_intensity") is not None:
+        second += (f"; a dense MLP doing the same FLOPs per token (intermediate top-k x I = "
+                   f"{d['top_k'] * d['intermediate']:g}) would sit at "
+                   f"{d['dense_equivalent_intensity']:.2f} FLOP/B, its weights read once for all "
+                   f"{num('tokens')} tokens")
+    return [first, second]
 
 
 def _ncu_line(n: dict) -> str:
@@ -413,6 +451,9 @@ def _entry(a: Analysis) -> dict[str, object]:
             "matched_time_us": g.matched_time_us, "costed_time_us": g.costed_time_us,
             "flags": list(g.flags), "graphs": _records(g.graphs),
         }
+    if a.moe:
+        entry["moe"] = {p: {**d, "explanation": " ".join(_moe_phase(p, d))}
+                        for p, d in a.moe.items()}
     if a.ncu is not None:
         entry["ncu"] = dict(a.ncu)
     if a.extrapolated is not None:
@@ -511,6 +552,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         out += [f"- {shapes}"] if shapes else []
         if a.warnings:
             out += ["", "### ⚠ Warnings", "", *[f"- **{w}**" for w in a.warnings]]
+        out += [f"- {line.strip()}" for line in moe_lines(a)]
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
                 "| operator | phase | kernels | time | time % | FLOPs | bytes | FLOP/B | FLOP/s "
                 "| B/s | % of roof | bound | evidence |", "|" + "---|" * 13]

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from trace_roofline import comms, costs, crosscheck, dtypes
+from trace_roofline import comms, costs, crosscheck, dtypes, moe
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware
 from trace_roofline.models import ModelSpec
-from trace_roofline.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, OPERATORS
-from trace_roofline.shapes import attach_costs, model_level_costs
+from trace_roofline.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, MOE, OPERATORS
+from trace_roofline.shapes import attach_costs, mlp_costs, model_level_costs
 
 if TYPE_CHECKING:
     from trace_roofline.graphs import GraphReport
@@ -74,7 +74,13 @@ OPERATOR_COLUMNS = {
     # every evidence with its fraction of the row's time, largest first: "annotation 0.97,
     # position 0.03" ("shape 1" when one evidence named it all)
     "evidence_mix": "str",
+    # routed expert GEMMs: active experts per layer (mean over the layers and steps of the row),
+    # counted or expected under uniform routing, and its range (shapes.COSTED_COLUMNS)
+    "experts_active": "float64",
+    "experts_active_low": "float64",
+    "experts_active_high": "float64",
 }
+_ACTIVE = ("experts_active", "experts_active_low", "experts_active_high")
 
 # An instance whose FLOPs or bytes exceed this multiple of the roof in its measured time has
 # shapes no device ran (`_implausible`).
@@ -128,6 +134,9 @@ class Analysis:
     # the decoder's dimensions the trace's shapes show and the presets they fit
     # (crosscheck.inferred), with `model` and `model_tp` (the TP degree) when a model was given
     model_inferred: dict[str, object] | None = None
+    # mixture-of-experts layers per phase (`moe_summary`): tokens, active experts and their
+    # assumption, tokens per active expert, the experts' intensity next to the dense equivalent
+    moe: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def whole(self) -> dict[str, object]:
@@ -206,8 +215,69 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         layers=layers if ext is not None else None, extrapolated=ext,
         extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
         communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),
-        collectives=calls,
+        collectives=calls, moe=moe_summary(costed),
     )
+
+
+_LOOP_OPS = {"linear", "mm", "addmm", "matmul"}  # one expert's 2-D weight per GEMM
+
+
+def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
+    """Per phase with routed-expert GEMMs: the MoE layers' figures from the costed instances.
+
+    layers: MoE blocks (router logits GEMMs); tokens T: their mean M; experts E: their N;
+    routed rows ΣM_e per layer from the down GEMMs' FLOPs (2·ΣM_e·I·H, whatever the form);
+    top_k = ΣM_e / T; experts_active (and _low, _high): the layers' mean, `assumption`
+    "counted" (a loop's per-expert GEMMs), "uniform routing" (the expectation of moe.py) or
+    "upper bound" (tokens or top-k unknown); tokens_per_active_expert = ΣM_e / A;
+    experts_intensity: ΣFLOPs / Σbytes of the experts_gate_up and experts_down rows (batched_mm's
+    weight gathers included); dense_equivalent_intensity: moe.dense_equivalent_intensity for
+    the same T, E, k, H, I and dtype. Figures the trace does not give are None."""
+    out: dict[str, dict[str, object]] = {}
+    costed = costed[costed["flops"].notna()]
+    for phase, c in costed.groupby("phase", sort=False):
+        experts = c[c["operator"].isin(["experts_gate_up", "experts_down"])]
+        if experts.empty:
+            continue
+        gemm = c["cost_kind"].eq("gemm")
+        router = c[gemm & c["operator"].eq("router") & (c["N"] > 1)]
+        down = c[gemm & c["operator"].eq("experts_down")]
+        # the weight of one expert's down projection: [K, N], or [M, K] for a weight-first GEMV
+        w = np.where(down["N"] > 1, down["K"] * down["N"], down["M"] * down["K"]).astype(float)
+        hidden = float(np.where(down["N"] > 1, down["N"], down["M"]).max()) if len(down) else None
+        inter = float(down["K"].max()) if len(down) else None
+        total_rows = float((down["flops"] / (2.0 * w)).sum())
+        blocks = len(router)
+        tokens = float(router["M"].mean()) if blocks else None
+        rows = total_rows / blocks if blocks else None
+        top_k = round(total_rows / float(router["M"].sum())) if blocks and total_rows else None
+        n_experts = float(router["N"].median()) if blocks else None
+        active = {col: _mean(experts[col]) for col in _ACTIVE}
+        base = down["op_name"].astype("object").fillna("").str.rsplit("::", n=1).str[-1]
+        counted = bool(base.isin(_LOOP_OPS).any())
+        known = tokens is not None and bool(top_k)
+        summary: dict[str, object] = {
+            "layers": blocks, "tokens": tokens, "experts": n_experts, "top_k": top_k,
+            "routed_rows": rows, "hidden": hidden, "intermediate": inter, **active,
+            "assumption": ("counted" if counted else "uniform routing" if known
+                           else "upper bound"),
+            "tokens_per_active_expert": (rows / active["experts_active"]
+                                         if rows and active["experts_active"] else None),
+            "experts_intensity": float(experts["flops"].sum() / experts["bytes"].sum()),
+            "dense_equivalent_intensity": None,
+        }
+        b = dtypes.lookup(str(experts["dtype"].iloc[0]))
+        if known and n_experts and hidden and inter and b and top_k <= n_experts:
+            spec = moe.Experts(int(n_experts), int(top_k), int(inter))
+            summary["dense_equivalent_intensity"] = moe.dense_equivalent_intensity(
+                spec, int(hidden), round(tokens), b.bytes)
+        out[phase] = summary
+    return out
+
+
+def _mean(values: pd.Series) -> float | None:
+    v = values.dropna()
+    return float(v.mean()) if len(v) else None
 
 
 NO_DECODER = ("no decoder layer found: no time is named as a decoder-layer operator (projection, "
@@ -360,16 +430,21 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
 
 
 def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Sum instances per group; rates use only the costed instances' time."""
+    """Sum instances per group; rates use only the costed instances' time; active experts
+    averaged (a table without those columns has none)."""
     c = costed.assign(
         _costed=costed["flops"].notna(),
         _costed_time=costed["time_us"].where(costed["flops"].notna(), 0.0),
+        **{col: costed.get(col, np.nan) for col in _ACTIVE},
     )
     g = c.groupby(keys, dropna=False, sort=False)
     out = g.agg(
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
         costed_time_us=("_costed_time", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
+        experts_active=("experts_active", "mean"),
+        experts_active_low=("experts_active_low", "mean"),
+        experts_active_high=("experts_active_high", "mean"),
     ).reset_index()
     none = out["costed_instances"] == 0  # no costed instance: NaN, not a sum of nothing
     out[["flops", "bytes"]] = out[["flops", "bytes"]].where(~none, axis=0)
@@ -543,9 +618,17 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
     (distinct layers, else attention instances per step), then multiplied by `layers`; the rest
     keep their per-step cost. Embedding, final_norm and lm_head are added from the model when the trace
     lacks them (final_norm = one traced layer's input_norm when there is one, else an RMSNorm).
+
+    A mixture-of-experts model's MLP differs by layer (ModelSpec.sparse_among(layers)): the MLP
+    operators (the dense MLP's, `act`, and operators.MOE) of the traced sparse layers (those
+    holding MoE operators) scale to the model's sparse layers, those of the traced dense layers
+    to its dense ones; a kind of layer the model has but the trace lacks is added from the
+    model's shapes (shapes.mlp_costs, source "model"). Tied embeddings change nothing here:
+    the LM head reads the (shared) matrix once per step either way.
     """
     if layers < 1:
         raise InputError(f"layers must be >= 1, got {layers}")
+    n_sparse = len(model.sparse_among(layers))
     parts = []
     for phase, c in costed[costed["flops"].notna()].groupby("phase", sort=False):
         steps = max(c["step"].nunique(), 1)
@@ -555,14 +638,24 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
         else:
             in_layer = (~c["operator"].isin(MODEL_LEVEL)).to_numpy()
             in_trace = max(round(c["cost_kind"].eq("attention").sum() / steps), 1)
-        weight = np.where(in_layer, layers / in_trace, 1.0) / steps
+        mlp = c["operator"].isin(_MLP).to_numpy()
+        sparse = _sparse_layers(c)
+        traced_sparse = int(pd.Series(c["layer"][sparse]).nunique()) if sparse.any() else 0
+        if not c["layer"].notna().any():
+            traced_sparse = in_trace if sparse.any() else 0
+        factor = np.where(in_layer, layers / in_trace, 1.0)
+        for is_sparse, traced, n in ((True, traced_sparse, n_sparse),
+                                     (False, in_trace - traced_sparse, layers - n_sparse)):
+            rows = in_layer & mlp & (sparse == is_sparse)
+            factor = np.where(rows, n / traced if traced else 0.0, factor)
+        weight = factor / steps
         scaled = pd.DataFrame({"operator": c["operator"].to_numpy(), "layered": in_layer,
-                               "flops": c["flops"].to_numpy() * weight,
+                               "factor": factor, "flops": c["flops"].to_numpy() * weight,
                                "bytes": c["bytes"].to_numpy() * weight})
         g = scaled.groupby("operator", sort=False)
         found = g[["flops", "bytes"]].sum().reset_index()
-        found["source"] = np.where(g["layered"].any().to_numpy(),
-                                   f"trace x{layers / in_trace:g}", "trace")
+        found["source"] = [f"trace x{f:g}" if lay else "trace" for f, lay in
+                           zip(g["factor"].max(), g["layered"].any(), strict=True)]
         tokens, sequences = _tokens(c)
         added = model_level_costs(model, tokens, sequences)
         norm = scaled[scaled["layered"] & (scaled["operator"] == "input_norm")]
@@ -570,8 +663,17 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
             added.loc[added["operator"] == "final_norm", ["flops", "bytes"]] = (
                 norm[["flops", "bytes"]].sum().to_numpy() / layers)
         added = added[~added["operator"].isin(found["operator"])].assign(source="model")
-        part = pd.concat([found, added[["operator", "flops", "bytes", "source"]]],
-                         ignore_index=True)
+        missing = [mlp_costs(model, tokens, kind).assign(
+            flops=lambda d, n=n: d["flops"] * n, bytes=lambda d, n=n: d["bytes"] * n)
+            for kind, traced, n in ((True, traced_sparse, n_sparse),
+                                    (False, in_trace - traced_sparse, layers - n_sparse))
+            if n and not traced]
+        part = pd.concat([found, added[["operator", "flops", "bytes", "source"]],
+                          *[m.assign(source="model")[["operator", "flops", "bytes", "source"]]
+                            for m in missing]], ignore_index=True)
+        part = part.groupby("operator", sort=False).agg(
+            flops=("flops", "sum"), bytes=("bytes", "sum"),
+            source=("source", lambda v: " + ".join(dict.fromkeys(v)))).reset_index()
         parts.append(part.assign(phase=phase))
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=list(EXTRAPOLATED_COLUMNS))
@@ -580,6 +682,19 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
     out["byte_share"] = out["bytes"] / total
     out["contribution"] = out["flops"] / total
     return out[list(EXTRAPOLATED_COLUMNS)].astype(EXTRAPOLATED_COLUMNS)
+
+
+# A layer's MLP operators: the dense MLP's, the activation, and the MoE ones
+_MLP = frozenset({"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act"}) | MOE
+
+
+def _sparse_layers(c: pd.DataFrame) -> np.ndarray:
+    """Per row: whether its (step, layer) holds MoE operators (without layers: the trace)."""
+    moe_row = c["operator"].isin(MOE)
+    if not c["layer"].notna().any():
+        return np.full(len(c), bool(moe_row.any()))
+    key = [c["step"].fillna(-1).to_numpy(), c["layer"].fillna(-1).to_numpy()]
+    return moe_row.groupby(key).transform("any").to_numpy(bool) & c["layer"].notna().to_numpy()
 
 
 def _tokens(c: pd.DataFrame) -> tuple[int, int]:

@@ -49,6 +49,23 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   buffer counts whole and FLOPs are the largest buffer's size. A kernel fusing `embedding`
   reads only the gathered rows of the table (index elements × row width) in any case.
 - Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
+- Mixture of experts (moe.py's formulas): `_grouped_mm` ([S, K] x [E, K, N], one GEMM over the
+  ΣM_e = S rows of all experts) 2·S·K·N FLOPs, activations S·K read and S·N written; an
+  engine's fused experts op (vLLM's inplace/outplace_fused_experts: hidden [M, H], w13
+  [E, 2I, H], w2 [E, H, I], top-k ids [M, k]; or moe_forward [M, H], logits [M, E] with the
+  model's experts) costs its gate_up half (2·S·H·2I) or its down half (2·S·I·H), S = M·k, as
+  attribute.py split its two `fused_moe_kernel` launches. Their expert weights are read once
+  per *active* expert, which these ops do not show: `_moe_layers` adds A·(one expert's weights)
+  per layer, A the uniform-routing expectation E·(1 - (1 - k/E)^T) for the layer's T tokens
+  (moe.active_experts; k from the model, else the router's top-k, else S/T), and writes A and
+  its range [k, min(E, S)] to `experts_active`, `experts_active_low`, `experts_active_high`.
+  A Python loop over experts shows A exactly (one down GEMM per active expert, each reading
+  its own weights); HF's batched_mm gathers each (token, expert) pair's weights (an `index` of
+  the [E, N, K] weights: A experts' weights read, S copies written) and its `bmm`s read them.
+  Gathers whose indices the trace does not record (`index` in the dispatch and combine) move
+  as many rows as the expert GEMM they feed (dispatch) or follow (combine).
+  The router's top-k (topk / topk_softmax), sort, histc, cumsum, one_hot's scatter,
+  moe_align_block_size and moe_sum are costed as data movement and reductions.
 - Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
   bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
   S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
@@ -78,7 +95,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs, crosscheck, dtypes, operators
+from trace_roofline import costs, crosscheck, dtypes, moe, operators
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
 
@@ -105,22 +122,28 @@ COSTED_COLUMNS = {
     "shape": "str",  # short human-readable shape summary
     "uncosted": "str",  # why the instance has no cost; missing when costed
     "check": "str",  # contradiction with the model; missing when consistent or not checked
+    # routed expert GEMMs (and batched_mm's weight gathers): active experts of the instance's
+    # layer, exact (a loop) or the uniform-routing expectation, and the range it lies in
+    "experts_active": "float64",
+    "experts_active_low": "float64",
+    "experts_active_high": "float64",
 }
 
 # FLOPs per output element of pointwise ops (an in-place `op_` costs as `op`).
 _POINTWISE_FLOPS: dict[str, float] = {
-    **dict.fromkeys(["add", "sub", "mul", "div", "neg", "rsqrt", "sqrt", "reciprocal", "pow",
-                     "exp", "log", "abs", "relu", "maximum", "minimum", "clamp", "clamp_min",
+    **dict.fromkeys(["add", "sub", "mul", "div", "floor_divide", "remainder", "neg", "rsqrt",
+                     "sqrt", "reciprocal", "pow", "exp", "log", "abs", "relu", "maximum",
+                     "minimum", "clamp", "clamp_min",
                      "clamp_max", "where", "masked_fill", "sign", "square", "cos", "sin",
                      "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and",
-                     "bitwise_and", "bitwise_or", "bitwise_not"], 1.0),
+                     "bitwise_and", "bitwise_or", "bitwise_not", "greater"], 1.0),
     "addcmul": 2.0, "addcdiv": 2.0, "lerp": 2.0,
     "sigmoid": 3.0,  # exp, add, divide
     "silu": 4.0,  # x · sigmoid(x)
     "tanh": 4.0, "erf": 4.0,
     "gelu": 8.0,  # erf form: scale, erf, add, two multiplies (erf counted as 4)
 }
-_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and"}
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "greater", "logical_not", "logical_and"}
 _REDUCTIONS = {"mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std",
                "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp"}
 _SOFTMAX = {"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"}
@@ -162,6 +185,8 @@ class Cost:
     s: int | None = None
     causal: bool | None = None
     heads: tuple[int, int, int] | None = None  # attention (n_q, n_kv, d)
+    experts: int | None = None  # E of an op over all experts' weights (not yet in `bytes`)
+    expert_bytes: float | None = None  # one expert's weights read by the op, bytes
 
 
 _COMMUNICATION = "communication"  # Cost.kind of a collective
@@ -211,9 +236,11 @@ class _Call:
     causal: str
     attention_bytes: str
     fallback: str | None  # short dtype of tensor lists (their dtype is not recorded)
-    operator: str | None = None  # collectives only: the collective attribute() named
+    # what attribute() named it: a collective, or the half of a fused MoE op
+    operator: str | None = None
     kernel: str | None = None  # collectives only: the first kernel's name
     group_size: int | None = None  # collectives only: ranks, when the call does not record it
+    experts: moe.Experts | None = None  # the model's, for MoE ops that do not record them
 
     @property
     def base(self) -> str:
@@ -256,8 +283,12 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     coll = inst["operator"].isin(operators.COMMUNICATION)
     inst["_coll"] = inst["operator"].where(coll, None)
     inst["_kernel"] = inst["kernel"].where(coll, None)
+    # the half of an engine's fused MoE op attribute() named (its two GEMMs cost apart)
+    fused = _each_distinct(inst["op_name"], lambda n: isinstance(n, str)
+                           and operators.cost_rule(n) == "fused_experts").astype(bool)
+    inst["_part"] = inst["operator"].where(fused, None)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
-            "_kernel"]
+            "_kernel", "_part"]
     codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
     _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
@@ -265,8 +296,9 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     table = [
         _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
               _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
-              if isinstance(op, str) else None)
-        for name, dims, types, conc, strides, op, kernel in zip(
+              if isinstance(op, str) else None, part if isinstance(part, str) else None,
+              model.experts if model is not None else None)
+        for name, dims, types, conc, strides, op, kernel, part in zip(
             *(combos[c].tolist() for c in text), strict=True)
     ]
     out = inst[["op_id", "op_name", "operator", "evidence", "layer", "step", "kernels", "ts_us",
@@ -274,19 +306,24 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     out = out.reset_index(drop=True)
     fields = {"cost_kind": "kind", "dtype": "dtype", "flops": "flops", "bytes": "bytes",
               "M": "m", "K": "k", "N": "n", "B": "batch", "T": "t", "S": "s",
-              "causal": "causal", "shape": "shape", "uncosted": "uncosted"}
+              "causal": "causal", "shape": "shape", "uncosted": "uncosted",
+              "experts": "experts", "expert_bytes": "expert_bytes"}
     for col, attr in fields.items():
-        values = pd.Series([getattr(c, attr) for c in table], dtype=COSTED_COLUMNS[col])
+        values = pd.Series([getattr(c, attr) for c in table],
+                           dtype=COSTED_COLUMNS.get(col, "float64"))
         out[col] = values.take(codes).reset_index(drop=True)
     for i, col in enumerate(("n_q", "n_kv", "head_dim")):
         values = pd.Series([c.heads[i] if c.heads else None for c in table], dtype="Int64")
         out[col] = values.take(codes).reset_index(drop=True)
-    # An op whose kernels were attributed to several rows is costed once, on its first row.
-    again = out["op_id"].notna() & out["op_id"].duplicated() & out["flops"].notna()
-    out.loc[again, ["flops", "bytes"]] = 0.0
+    # An op whose kernels were attributed to several rows is costed once, on its first row
+    # (per operator: a fused MoE op's gate_up and down halves are costed apart).
+    again = (out["op_id"].notna() & out[["op_id", "operator"]].duplicated()
+             & out["flops"].notna())
+    out.loc[again, ["flops", "bytes", "expert_bytes"]] = 0.0
     # the forward pass's phase (passes.annotate) when the table has it, else per step
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     out["check"] = crosscheck.instance_checks(out, model)
+    out = _moe_layers(out, inst, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
 
@@ -370,9 +407,11 @@ class _Collective:
 
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
-          strides_raw: str | None = None, collective: _Collective | None = None) -> Cost:
+          strides_raw: str | None = None, collective: _Collective | None = None,
+          part: str | None = None, experts: moe.Experts | None = None) -> Cost:
     """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
-    collective's by `_collective`)."""
+    collective's by `_collective`; `part`: the half of a fused MoE op attribute() named;
+    `experts`: the model's, for MoE ops that do not record their shapes)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
@@ -383,12 +422,13 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
         return Cost(uncosted=f"no cost rule for {name}")
     concrete = _decode(concrete_raw) or []
     strides = _decode(strides_raw) or []
-    extra = {} if collective is None else {"operator": collective.operator,
-                                           "kernel": collective.kernel,
-                                           "group_size": collective.group_size}
+    extra = {"operator": part} if collective is None else {
+        "operator": collective.operator, "kernel": collective.kernel,
+        "group_size": collective.group_size}
     try:
         args = _args(dims, [str(t) for t in types], concrete, strides)
-        cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra))
+        cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra,
+                          experts=experts))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
     return cost
@@ -521,6 +561,89 @@ def _scaled_mm(c: _Call) -> Cost:
     bias = args[4] if len(args) > 4 and args[4].is_tensor else None
     out = dtypes.by_scalar_type(args[6].concrete) if len(args) > 6 else None
     return _gemm(a.dims[0], a.dims[1], w.dims[1], a, bias=bias, out_b=out.bytes if out else None)
+
+
+# ------------------------------------------------------------------- mixture of experts
+def _grouped_mm(c: _Call) -> Cost:
+    """_grouped_mm(a [S, K], w [E, K, N], offs [E]): every expert's GEMM over its rows at once.
+    FLOPs and activations exact; the active experts' weights are added per layer."""
+    a, w = _tensor(c.args, 0, 2), _tensor(c.args, 1, 3)
+    (s, k), (e, _, n) = a.dims, w.dims
+    nbytes = costs.elementwise_bytes(s * k, s * n, a.b)
+    return Cost("gemm", 2.0 * s * k * n, nbytes, a.dtype, f"{e} experts [{s},{k}]x[{k},{n}]",
+                m=s, k=k, n=n, experts=e, expert_bytes=float(k * n * w.b))
+
+
+def _fused_experts(c: _Call) -> Cost:
+    """An engine's fused MoE op, costed for the half attribute() named (`c.operator`):
+    inplace/outplace_fused_experts(hidden [M, H], w13 [E, 2I, H], w2 [E, H, I],
+    topk_weights [M, k], topk_ids [M, k], ...), or moe_forward(hidden [M, H], logits [M, E],
+    layer name) with the model's experts. gate_up: 2·S·H·2I FLOPs, S·H read, S·2I written;
+    down: 2·S·I·H, S·I read, S·H written (S = M·k); weights per active expert added per layer."""
+    x = _tensor(c.args, 0, 2)
+    (m, h) = x.dims
+    if c.base.endswith("moe_forward"):
+        logits = _tensor(c.args, 1, 2)
+        if c.experts is None:
+            return Cost(uncosted=f"{c.name}: expert shapes not recorded (give --model)")
+        e, top_k, inter = logits.dims[1], c.experts.top_k, c.experts.intermediate_size
+    else:
+        w1, topk_ids = _tensor(c.args, 1, 3), _tensor(c.args, 4, 2)
+        e, inter, top_k = w1.dims[0], w1.dims[1] // 2, topk_ids.dims[1]
+    rows = m * top_k
+    halves = {"experts_gate_up": (h, 2 * inter), "experts_down": (inter, h)}
+    if c.operator not in halves:
+        return Cost(uncosted=f"{c.name}: named {c.operator}, not an expert GEMM half")
+    k, n = halves[c.operator]
+    return Cost("gemm", 2.0 * rows * k * n, costs.elementwise_bytes(rows * k, rows * n, x.b),
+                x.dtype, f"{e} experts [{rows},{k}]x[{k},{n}] fused", m=rows, k=k, n=n,
+                experts=e, expert_bytes=float(k * n * x.b))
+
+
+def _topk(c: _Call) -> Cost:
+    """topk(x [.., E], k, dim, ...): reads x, writes k values and k int64 indices per row;
+    one comparison per element."""
+    x = _tensors(c.args, 1)[0]
+    if len(c.args) < 2 or not c.args[1].concrete:
+        return Cost(uncosted=f"{c.name}: k not recorded")
+    k = _int(c.args[1].concrete, "topk k")
+    rows = x.numel // max(x.dims[-1] if x.dims else 1, 1)
+    nbytes = costs.elementwise_bytes(x.numel, rows * k, x.b) + rows * k * 8
+    return Cost("reduction", float(x.numel), float(nbytes), x.dtype, f"{x.dims} top-{k}")
+
+
+def _topk_softmax(c: _Call) -> Cost:
+    """vLLM's topk_softmax(weights [M, k] fp32, ids [M, k], token_expert_indices [M, k],
+    logits [M, E] fp32): reads the logits, writes the three [M, k] outputs; softmax's
+    5 FLOPs per logit."""
+    weights, ids, rows, logits = _tensors(c.args, 4)[:4]
+    nbytes = costs.elementwise_bytes(logits.numel, 0, logits.b)
+    nbytes += sum(costs.elementwise_bytes(0, t.numel, t.b) for t in (weights, ids, rows))
+    return Cost("reduction", 5.0 * logits.numel, float(nbytes), logits.dtype,
+                f"{logits.dims} top-{weights.dims[-1]}")
+
+
+def _moe_align(c: _Call) -> Cost:
+    """moe_align_block_size(topk_ids [M, k], E, block, sorted_ids [EM], expert_ids [EM/block],
+    num_tokens_post_pad [1]): reads the ids, writes the three outputs (all recorded)."""
+    ts = _tensors(c.args, 2)
+    ids, outs = ts[0], ts[1:]
+    nbytes = costs.elementwise_bytes(ids.numel, 0, ids.b)
+    nbytes += sum(costs.elementwise_bytes(0, t.numel, t.b) for t in outs)
+    return Cost("copy", 0.0, float(nbytes), ids.dtype, f"{ids.dims} -> {[t.dims for t in outs]}")
+
+
+def _moe_sum(c: _Call) -> Cost:
+    """moe_sum(input [M, k, H], output [M, H]): reads the top-k outputs, writes their sum."""
+    x, out = _tensors(c.args, 2)[:2]
+    return _io(float(x.numel), [x], out.numel, out.b, "reduction", x.dtype)
+
+
+def _act_and_mul(c: _Call) -> Cost:
+    """vLLM's silu_and_mul / gelu_and_mul(out [S, I], input [S, 2I]): act(gate) · up."""
+    out, x = _tensors(c.args, 2)[:2]
+    per = _POINTWISE_FLOPS["gelu" if "gelu" in c.base else "silu"] + 1.0
+    return _io(per * out.numel, [x], out.numel, out.b, "elementwise", x.dtype)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -686,6 +809,43 @@ def _gather(c: _Call) -> Cost:
     return Cost("copy", 0.0, nbytes, table.dtype, f"{table.dims}[{index.dims}] -> {rows}")
 
 
+def _sort(c: _Call) -> Cost:
+    """sort / argsort(x): reads x, writes the sorted values and their int64 indices (argsort
+    only the indices); no FLOPs counted (comparisons, not arithmetic)."""
+    x = _tensors(c.args, 1)[0]
+    out = x.numel * (8 + (0 if c.plain == "argsort" else x.b))
+    return Cost("copy", 0.0, float(costs.elementwise_bytes(x.numel, 0, x.b) + out), x.dtype,
+                f"{x.dims} sorted")
+
+
+def _scan(c: _Call) -> Cost:
+    """cumsum(x, dim, dtype?): one add per element, output in `dtype` when recorded."""
+    x = _tensors(c.args, 1)[0]
+    out = dtypes.by_scalar_type(c.args[2].concrete) if len(c.args) > 2 else None
+    return _io(float(x.numel), [x], x.numel, out.bytes if out else x.b, "reduction",
+               x.dtype)
+
+
+def _histc(c: _Call) -> Cost:
+    """histc(x, bins, min, max): reads x, writes `bins` counts; one increment per element."""
+    x = _tensors(c.args, 1)[0]
+    bins = _int(c.args[1].concrete, "histc bins") if len(c.args) > 1 else 100
+    return _io(float(x.numel), [x], bins, x.b, "reduction", x.dtype)
+
+
+def _nonzero(c: _Call) -> Cost:
+    """nonzero(x): one comparison per element read; its data-dependent output (count x rank
+    int64 indices) is not counted, so the bytes are the input only."""
+    x = _tensors(c.args, 1)[0]
+    return _io(float(x.numel), [x], 0, 8, "reduction", x.dtype)
+
+
+def _scalar_read(c: _Call) -> Cost:
+    """_local_scalar_dense (`.item()`): one element copied to the host."""
+    x = _tensors(c.args, 1)[0]
+    return _io(0.0, [x], 1, x.b, "copy", x.dtype)
+
+
 def _arange(c: _Call) -> Cost:
     """arange([start,] end[, step]): writes ceil((end - start) / step) elements (Concrete Inputs);
     int64 unless a bound is fractional."""
@@ -832,16 +992,27 @@ _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
     (_VIEWS, _view),
     (("copy_", "fill_", "zero_", *_COPIES), _copy),
     (("cat", "stack", "concat"), _cat),
-    (("index_copy", "index_put", "index_add"), _index_write),
+    (("index_copy", "index_put", "index_add", "_index_put_impl", "scatter"), _index_write),
     (("embedding", "index_select", "gather"), _gather),
     (("arange",), _arange),
+    (("_grouped_mm",), _grouped_mm),
+    (("topk",), _topk),
+    (("sort", "argsort"), _sort),
+    (("cumsum",), _scan),
+    (("histc",), _histc),
+    (("_local_scalar_dense",), _scalar_read),
+    (("nonzero",), _nonzero),
     (_NORMS, _norm),
     (_SOFTMAX, _softmax),
     (_REDUCTIONS, _reduction),
     (_POINTWISE_FLOPS, _pointwise),
 )
 # Rules an operator of the vocabulary names for every op it recognises (operators.cost_rule).
-_OPERATOR_RULES: dict[str, Rule] = {"attention": _attention}
+_OPERATOR_RULES: dict[str, Rule] = {"attention": _attention, "topk_softmax": _topk_softmax,
+                                    "moe_align": _moe_align, "fused_experts": _fused_experts,
+                                    "moe_sum": _moe_sum}
+# An engine's own kernels outside aten (vLLM's `_C::`), by base name.
+ENGINE_RULES: dict[str, Rule] = {"silu_and_mul": _act_and_mul, "gelu_and_mul": _act_and_mul}
 
 
 def _index(pairs: tuple[tuple[Iterable[str], Rule], ...]) -> dict[str, Rule]:
@@ -867,8 +1038,202 @@ def rule_for(op_name: str) -> Rule | None:
     if base.startswith("triton_"):
         return _fused
     if not op_name.startswith("aten::"):
-        return None
+        return ENGINE_RULES.get(op_name.rsplit("::", 1)[-1])
     return ATEN_RULES.get(base) or ATEN_RULES.get(_plain(base))
+
+
+# ------------------------------------------------------------- MoE layers: active experts
+_LOOP_GEMMS = {"linear", "mm", "addmm", "matmul"}  # one 2-D expert weight per GEMM
+
+
+def _moe_layers(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None) -> pd.DataFrame:
+    """Per MoE block (from one router logits GEMM to the next, in time order): its tokens T
+    (the router GEMM's M), experts E (its N, else the expert ops'), top-k (the model's, else
+    the router's `topk` argument or the fused op's top-k ids, else ΣM_e / T) and active
+    experts A (moe.active_experts: counted in a loop form, else the uniform-routing
+    expectation; without T or k, the upper bound min(E, ΣM_e)), then
+    - ops over all experts' weights (`_grouped_mm`, fused): bytes += A x one expert's weights;
+    - batched_mm's weight gathers (`index` of [E, N, K]): A experts' weights read, S copies
+      written (S the bmm batch), S int64 indices;
+    - other `index` gathers of a block (unrecorded indices): the rows of the expert GEMM they
+      feed (dispatch) or follow (combine);
+    and `experts_active[_low|_high]` once per block and operator on the expert GEMM (or
+    gather) rows. `out` and `inst` are attach_costs' tables, row for row; the temporary
+    columns `experts`, `expert_bytes` go. Shapes are decoded once per distinct value."""
+    nan = np.full(len(out), np.nan)
+    out = out.assign(experts_active=nan, experts_active_low=nan, experts_active_high=nan)
+    op = out["operator"].astype("object")
+    if not (op.isin(operators.MOE).any() or out["experts"].notna().any()):
+        return out.drop(columns=["experts", "expert_bytes"])
+    base = pd.Series(_each_distinct(out["op_name"], lambda n: n.rsplit("::", 1)[-1]
+                                    if isinstance(n, str) else ""), index=out.index)
+    first = _each_distinct(inst["input_types"], _first_dtype)
+    out["dtype"] = out["dtype"].fillna(pd.Series(first, index=out.index, dtype="str"))
+    logits = (op.eq("router") & out["cost_kind"].eq("gemm") & (out["N"] > 1)).to_numpy(bool)
+    block = pd.Series(np.cumsum(logits), index=out.index)
+    blocks = _moe_blocks(out, inst, model, base, block, logits)
+    tokens, experts, top_k = (block.map(blocks[c]).to_numpy() for c in ("T", "E", "k"))
+    expected, low, high = _active(experts, top_k, tokens)
+    all_weights = out["experts"].notna().to_numpy()
+    rows = out["M"].to_numpy(np.float64, na_value=np.nan)
+    upper = np.fmin(out["experts"].to_numpy(np.float64, na_value=np.nan), rows)
+    expected = np.where(all_weights & np.isnan(expected), upper, expected)
+    high = np.where(all_weights & np.isnan(high), upper, high)
+    out.loc[all_weights, "bytes"] += (expected[all_weights]
+                                      * out.loc[all_weights, "expert_bytes"].to_numpy())
+    expert_op = op.isin(["experts_gate_up", "experts_down"]).to_numpy()
+    gather = expert_op & (base == "index").to_numpy() & out["flops"].isna().to_numpy()
+    out = _weight_gathers(out, inst, gather, expected, block, base)
+    once = ~pd.DataFrame({"b": block, "o": op}).duplicated().to_numpy()
+    spread = (all_weights | gather) & once
+    out.loc[spread, "experts_active"] = expected[spread]
+    out.loc[spread, "experts_active_low"] = low[spread]
+    out.loc[spread, "experts_active_high"] = high[spread]
+    gemm = out["cost_kind"].eq("gemm").to_numpy()
+    loop = expert_op & gemm & base.isin(_LOOP_GEMMS).to_numpy() & ~all_weights
+    counted = pd.Series(loop & op.eq("experts_down").to_numpy()).groupby(block.to_numpy())
+    counted = counted.transform("sum").to_numpy(np.float64)
+    for col in ("experts_active", "experts_active_low", "experts_active_high"):
+        out.loc[loop & once, col] = counted[loop & once]
+    out = _block_gathers(out, inst, op.isin(["moe_dispatch", "moe_combine"]).to_numpy(), base,
+                         block)
+    return out.drop(columns=["experts", "expert_bytes"])
+
+
+def _first_dtype(raw: object) -> str | None:
+    """Short dtype of an op's first argument from its raw Input type JSON."""
+    types = _decode(raw) if isinstance(raw, str) else None
+    d = dtypes.lookup(str(types[0])) if types else None
+    return d.short if d else None
+
+
+def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
+                base: pd.Series, block: pd.Series, logits: np.ndarray) -> pd.DataFrame:
+    """T, E, k per block (NaN where the trace does not tell)."""
+    router = out[logits].assign(block=block[logits])
+    per = router.groupby("block").agg(T=("M", "max"), E=("N", "max")).astype("float64")
+    per = per.reindex(pd.RangeIndex(int(block.max()) + 1))
+    per["E"] = per["E"].fillna(out["experts"].groupby(block).max().astype("float64"))
+    if model is not None and model.experts is not None:
+        per["k"] = float(model.experts.top_k)
+        return per
+    topk = (base == "topk").to_numpy()
+    k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _concrete_at(raw, 1))
+    fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy()
+    k_ids = _each_distinct(inst["input_dims"], lambda raw: _dims_at(raw, 4, 1))
+    ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)), dtype="float64")
+    per["k"] = ks.groupby(block.to_numpy()).max()
+    rows = out.loc[out["experts"].notna(), "M"].groupby(block).max().astype("float64")
+    per["k"] = per["k"].fillna((rows / per["T"]).round())
+    return per
+
+
+def _concrete_at(raw: object, arg: int) -> float:
+    """Concrete Inputs[arg] of a raw JSON text as a number (NaN when absent or not one)."""
+    values = _decode(raw) if isinstance(raw, str) else None
+    return _num(values[arg]) if values and len(values) > arg else np.nan
+
+
+def _dims_at(raw: object, arg: int, dim: int | None) -> float:
+    """Input Dims[arg][dim] (dim None: the product of Input Dims[arg]) of a raw JSON text."""
+    d = _decode(raw) if isinstance(raw, str) else None
+    if not d or len(d) <= arg or not isinstance(d[arg], list) or not d[arg]:
+        return np.nan
+    shape = d[arg]
+    if not all(type(v) is int for v in shape):  # a tensor list
+        return np.nan
+    if dim is None:
+        return float(math.prod(shape))
+    return float(shape[dim]) if -len(shape) <= dim < len(shape) else np.nan
+
+
+def _each_distinct(values: pd.Series, fn) -> np.ndarray:
+    """fn of each row's value, evaluated once per distinct value (an object array)."""
+    codes, uniques = pd.factorize(values.astype("object"), use_na_sentinel=False)
+    return np.asarray([fn(u) for u in uniques] + [None], dtype=object)[codes]
+
+
+def _num(text: object) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _active(experts: np.ndarray, top_k: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+    """moe.active_experts over arrays: expectation E·(1 - (1 - k/E)^T), range [min(k, E),
+    min(E, T·k)]; NaN where E, k or T is unknown."""
+    e, k, t = (np.asarray(v, dtype=np.float64) for v in (experts, top_k, tokens))
+    ok = (e >= 1) & (k >= 1) & (k <= e) & (t >= 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.where(k >= e, e, -e * np.expm1(t * np.log1p(-k / e)))
+    return (np.where(ok, expected, np.nan), np.where(ok, np.minimum(k, e), np.nan),
+            np.where(ok, np.minimum(e, t * k), np.nan))
+
+
+def _element_bytes(short: pd.Series) -> np.ndarray:
+    """Bytes per element of each row's short dtype (NaN where unknown)."""
+    sizes = {v: dtypes.lookup(v).bytes for v in short.dropna().unique() if dtypes.lookup(v)}
+    return short.map(sizes).to_numpy(np.float64)
+
+
+def _set_copy(out: pd.DataFrame, ok: np.ndarray, nbytes: np.ndarray) -> pd.DataFrame:
+    """Cost the `ok` rows as data movement of `nbytes`."""
+    out.loc[ok, "flops"] = 0.0
+    out.loc[ok, "bytes"] = nbytes[ok]
+    out.loc[ok, "cost_kind"] = "copy"
+    out.loc[ok, "uncosted"] = None
+    return out
+
+
+def _weight_gathers(out: pd.DataFrame, inst: pd.DataFrame, gather: np.ndarray,
+                    expected: np.ndarray, block: pd.Series, base: pd.Series) -> pd.DataFrame:
+    """batched_mm's `index` gathers of the [E, N, K] expert weights: A experts' weights read,
+    S copies written, S int64 indices; S = the batch of the bmm of the same operator in the
+    block."""
+    if not gather.any():
+        return out
+    bmm = (base == "bmm").to_numpy()
+    batch = np.where(bmm, _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, 0)),
+                     np.nan).astype(np.float64)
+    key = pd.DataFrame({"b": block, "o": out["operator"].astype("object")})
+    s = pd.Series(batch).groupby([key["b"].to_numpy(), key["o"].to_numpy()]).transform("max")
+    numel = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, None)).astype(np.float64)
+    experts = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, 0)).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a 0-dim: NaN, left uncosted
+        size = numel / experts  # one expert's weight elements
+    nbytes = (expected + s.to_numpy()) * size * _element_bytes(out["dtype"]) + s.to_numpy() * 8
+    return _set_copy(out, gather & np.isfinite(nbytes), nbytes)
+
+
+def _block_gathers(out: pd.DataFrame, inst: pd.DataFrame, in_block: np.ndarray,
+                   base: pd.Series, block: pd.Series) -> pd.DataFrame:
+    """Uncosted `index` gathers of the dispatch and combine (their indices are not recorded):
+    as many rows as the expert GEMM they feed (the next gate_up) or follow (the last down)
+    moves: those rows (of the input's row width; one element per row of a [.., 1] input) read
+    (at most the input) and written, plus an int64 index per row."""
+    todo = in_block & (base == "index").to_numpy() & out["flops"].isna().to_numpy()
+    if not todo.any():
+        return out
+    op = out["operator"].astype("object")
+    rows_in = out["M"].where(op.eq("experts_gate_up") & out["cost_kind"].eq("gemm"))
+    rows_out = out["M"].where(op.eq("experts_down") & out["cost_kind"].eq("gemm"))
+    feeds = rows_in.astype("float64").groupby(block).bfill().to_numpy()
+    follows = rows_out.astype("float64").groupby(block).ffill().to_numpy()
+    rows = np.where(op.eq("moe_dispatch").to_numpy(), feeds, follows)
+    numel = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, None)).astype(np.float64)
+    lead = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, 0)).astype(np.float64)
+    last = _each_distinct(inst["input_dims"], lambda r: _dims_at(r, 0, -1)).astype(np.float64)
+    # rows of the input's row width; a [.., 1] input (HF's routing weights w[tokens, slots,
+    # None]) is indexed in every dim but the last: one element per row
+    with np.errstate(divide="ignore", invalid="ignore"):  # a 0-dim: NaN, left uncosted
+        moved = rows * np.where(last == 1, 1.0, numel / lead)
+    nbytes = (np.fmin(moved, numel) + moved) * _element_bytes(out["dtype"]) + rows * 8
+    ok = todo & np.isfinite(nbytes)
+    out = _set_copy(out, ok, nbytes)
+    out.loc[ok, "shape"] = ("gather of " + pd.Series(rows[ok]).astype(int).astype(str)
+                            + " rows").to_numpy()
+    return out
 
 
 # ---------------------------------------------------------------------- phase and checks
@@ -906,8 +1271,61 @@ def model_level_costs(model: ModelSpec, tokens: int, sequences: int) -> pd.DataF
                                  _Arg([h], ttype, ""))),
         "lm_head": _gemm(sequences, h, v, _Arg([sequences, h], ttype, "")),
     }
+    return _cost_frame(list(rows.items()))
+
+
+def _cost_frame(rows: list[tuple[str, Cost]]) -> pd.DataFrame:
+    """Costs as rows (operator, dtype, flops, bytes, shape); an operator may recur."""
     return pd.DataFrame({
-        "operator": list(rows), "dtype": [c.dtype for c in rows.values()],
-        "flops": [c.flops for c in rows.values()], "bytes": [c.bytes for c in rows.values()],
-        "shape": [c.shape for c in rows.values()],
+        "operator": [o for o, _ in rows], "dtype": [c.dtype for _, c in rows],
+        "flops": [c.flops for _, c in rows], "bytes": [c.bytes for _, c in rows],
+        "shape": [c.shape for _, c in rows],
     })
+
+
+def mlp_costs(model: ModelSpec, tokens: int, sparse: bool) -> pd.DataFrame:
+    """One layer's MLP from the model's shapes for `tokens` tokens, by the traced ops' rules:
+    dense, gate and up [T,H]x[H,I], down [T,I]x[I,H] and act (HF's silu then mul on [T, I]);
+    sparse (the model's experts), the router [T,H]x[H,E], the routed experts' gate_up and down
+    (moe.py: ΣM_e = T·k rows, the expected active experts' weights), their act on [ΣM_e, I],
+    and the shared expert (its projections, act and sigmoid gate H -> 1, `router`) when there is
+    one. The token permutation and combine (engine-specific) are not included. Columns as
+    `model_level_costs`."""
+    dt = dtypes.lookup(model.dtype)
+    if dt is None:
+        raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
+    h, ttype = model.hidden_size, dt.name
+
+    def call(name: str, *args: _Arg) -> _Call:
+        return _Call(name, list(args), "causal", "all", None)
+
+    def act(rows: int, inter: int) -> list[Cost]:
+        x = _Arg([rows, inter], ttype, "")
+        return [_pointwise(call("aten::silu", x)), _pointwise(call("aten::mul", x, x))]
+
+    def swiglu(prefix: str, rows: int, inter: int, act_name: str) -> list[tuple[str, Cost]]:
+        x = _Arg([rows, h], ttype, "")
+        return [(f"{prefix}gate_proj", _gemm(rows, h, inter, x)),
+                (f"{prefix}up_proj", _gemm(rows, h, inter, x)),
+                *[(act_name, c) for c in act(rows, inter)],
+                (f"{prefix}down_proj", _gemm(rows, inter, h, _Arg([rows, inter], ttype, "")))]
+
+    e = model.experts
+    if not sparse or e is None:
+        return _cost_frame(swiglu("", tokens, model.intermediate_size, "act"))
+    rows = moe.routed_rows(tokens, e.top_k)
+    i, b = e.intermediate_size, dt.bytes
+    active = moe.expected_active_experts(e.num_experts, e.top_k, tokens)
+    out = [("router", _gemm(tokens, h, e.num_experts, _Arg([tokens, h], ttype, ""))),
+           ("experts_gate_up", Cost("gemm", moe.gate_up_flops(rows, h, i),
+                                    moe.gate_up_bytes(rows, h, i, active, b), dt.short,
+                                    f"{e.num_experts} experts [{rows},{h}]x[{h},{2 * i}]")),
+           *[("experts_act", c) for c in act(rows, i)],
+           ("experts_down", Cost("gemm", moe.down_flops(rows, h, i),
+                                 moe.down_bytes(rows, h, i, active, b), dt.short,
+                                 f"{e.num_experts} experts [{rows},{i}]x[{i},{h}]"))]
+    if e.shared_intermediate_size:
+        out += swiglu("shared_", tokens, e.shared_intermediate_size, "act")
+    if e.shared_gate:
+        out.append(("router", _gemm(tokens, h, 1, _Arg([tokens, h], ttype, ""))))
+    return _cost_frame(out)
