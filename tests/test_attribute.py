@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import re
 from contextlib import contextmanager
 from dataclasses import replace
@@ -23,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.builders import Kineto
 from trace_roofline._nest import Nest
 from trace_roofline.attribute import (
     ATTRIBUTED_COLUMNS,
@@ -45,97 +45,6 @@ FUSED = {"qkv_proj", "o_proj", "attention", "gate_up_proj", "down_proj"}
 # ----------------------------------------------------------------------------------------------
 # A tiny Kineto trace writer
 # ----------------------------------------------------------------------------------------------
-class Kineto:
-    """Builds a Chrome trace: ranges nest by time on one CPU thread, kernels run on a GPU."""
-
-    def __init__(self, pid: int = 4242, tid: int = 4242):
-        self.events: list[dict] = []
-        self.pid, self.tid = pid, tid
-        self.t = 1_000_000.0  # CPU cursor, µs
-        self.gpu_t = {7: 1_000_000.0}  # per-stream GPU cursor
-        self.ext = 0
-        self.corr = 100
-        self.ops: list[int] = []  # External ids of the open cpu ops
-        self.pyid = 0
-        self.frames: list[int] = []
-
-    def _tick(self, dt: float = 1.0) -> float:
-        self.t = round(self.t + dt, 3)
-        return self.t
-
-    @contextmanager
-    def _range(self, ev: dict):
-        ev["ts"] = self._tick()
-        self.events.append(ev)
-        yield ev
-        ev["dur"] = round(self._tick() - ev["ts"], 3)
-
-    @contextmanager
-    def op(self, name: str, dims: list | None = None, types: list | None = None, tid=None):
-        self.ext += 1
-        args = {"External id": self.ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-            args["Input type"] = types or [BF if d else "" for d in dims]
-        ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": self.pid,
-              "tid": tid or self.tid, "args": args}
-        self.ops.append(self.ext)
-        with self._range(ev):
-            yield self.ext
-        self.ops.pop()
-
-    @contextmanager
-    def ann(self, name: str):
-        self.ext += 1
-        ev = {"ph": "X", "cat": "user_annotation", "name": name, "pid": self.pid,
-              "tid": self.tid, "args": {"External id": self.ext}}
-        with self._range(ev):
-            yield
-
-    @contextmanager
-    def module(self, cls: str, idx: int):
-        self.pyid += 1
-        ev = {"ph": "X", "cat": "python_function", "name": f"nn.Module: {cls}_{idx}",
-              "pid": self.pid, "tid": self.tid,
-              "args": {"Python id": self.pyid,
-                       "Python parent id": self.frames[-1] if self.frames else None}}
-        self.frames.append(self.pyid)
-        with self._range(ev):
-            yield
-        self.frames.pop()
-
-    def kernel(self, name: str, dur: float = 2.0, *, ext: bool = True, runtime: bool = True,
-               flow: bool = True, stream: int = 7, kind: str = "kernel", gpu_ts=None) -> int:
-        """Launch a kernel from the innermost open cpu op (cudaLaunchKernel + flow)."""
-        self.corr += 1
-        launch = self._tick(0.5)
-        if runtime:
-            self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
-                                "pid": self.pid, "tid": self.tid, "ts": launch, "dur": 0.4,
-                                "args": {"correlation": self.corr,
-                                         "External id": self.ops[-1] if self.ops else 0}})
-        if flow:
-            self.events.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "id": self.corr,
-                                "pid": self.pid, "tid": self.tid, "ts": launch})
-        cursor = self.gpu_t.setdefault(stream, launch)
-        ts = round(max(cursor, launch + 3.0), 3) if gpu_ts is None else gpu_ts
-        self.gpu_t[stream] = round(ts + dur + 0.5, 3)
-        cat = {"kernel": "kernel", "memset": "gpu_memset", "memcpy": "gpu_memcpy"}[kind]
-        args = {"device": 0, "stream": stream, "correlation": self.corr}
-        if ext and self.ops:
-            args["External id"] = self.ops[-1]
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream,
-                            "ts": ts, "dur": dur, "args": args})
-        self._tick(0.5)
-        return self.corr
-
-    def write(self, path: Path) -> Path:
-        doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
-               "traceEvents": self.events}
-        path.write_text(json.dumps(doc))
-        return path
-
-
 def linear(k: Kineto, m: int, kk: int, n: int, bias: bool, kernels=("nvjet_gemm",), **kw):
     """aten::linear > addmm (bias) or > matmul > mm, as HF's nn.Linear records on CUDA."""
     w = [n, kk]
