@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from trace_roofline.models import ModelSpec
+from workloads import hf_capture
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
 __all__ = ["DTYPES", "GENERATE_KW", "NCCL_SAFE_ENV", "Profiled", "device_tag", "free_port",
@@ -80,20 +81,11 @@ def versions(device: torch.device) -> dict[str, Any]:
 
 
 def qwen2_config(spec: ModelSpec, layers: int, dtype: torch.dtype, attn: str = "sdpa"):
-    """Qwen2Config with `spec`'s shapes, `layers` decoder layers and attention implementation
-    `attn` (sdpa | eager); max_position_embeddings 32768 (Qwen2.5's)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_hidden_layers=layers,
-        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
-        max_position_embeddings=32768, tie_word_embeddings=spec.tie_word_embeddings,
-        use_cache=True, attn_implementation=attn, dtype=dtype,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
+    """hf_capture.qwen2_config without bos/eos/pad token ids, so generate() runs exactly
+    max_new_tokens steps."""
+    config = hf_capture.qwen2_config(spec, layers, dtype, attn)
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = None
+    return config
 
 
 def random_lm(config: Any, dtype: torch.dtype, device: torch.device, seed: int = 0,

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from trace_roofline.cli import int_list
 from trace_roofline.models import get_model
 from workloads.capture_common import (
     DTYPES,
@@ -255,16 +256,6 @@ def _generate_static(args: argparse.Namespace) -> list[Path]:
                              warmup_tokens=n, **kw)]
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,4; got {text!r}") from None
-    if min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
-
 def _modes(text: str) -> tuple[str, ...]:
     modes = tuple(text.split(","))
     bad = [m for m in modes if m not in MODE_TAG]
@@ -287,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", default="traces")
     p.add_argument("--model", default="qwen2.5-7b", help="preset or HF config.json (shapes)")
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch", "-b", type=_ints, default=(1,),
+    p.add_argument("--batch", "-b", type=int_list, default=[1],
                    help="comma-separated batch sizes, one model build and trace set each")
     p.add_argument("--tokens", "-t", type=int, default=512, help="prompt tokens T")
     p.add_argument("--cache-len", type=int, default=1024, help="StaticCache slots")

@@ -33,7 +33,9 @@ from trace_roofline.models import ModelSpec, get_model
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
 
-def qwen2_config(spec: ModelSpec, layers: int, dtype: torch.dtype):  # -> Qwen2Config
+def qwen2_config(spec: ModelSpec, layers: int, dtype: torch.dtype, attn: str = "sdpa"):
+    """Qwen2Config with `spec`'s shapes, `layers` decoder layers and attention implementation
+    `attn` (sdpa | eager); max_position_embeddings 32768 (Qwen2.5's)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -43,7 +45,7 @@ def qwen2_config(spec: ModelSpec, layers: int, dtype: torch.dtype):  # -> Qwen2C
         head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         max_position_embeddings=32768, tie_word_embeddings=spec.tie_word_embeddings,
-        use_cache=True, attn_implementation="sdpa", dtype=dtype,
+        use_cache=True, attn_implementation=attn, dtype=dtype,
     )
 
 
