@@ -57,8 +57,10 @@ MOSTLY = 0.5
 def is_collective(operator: pd.Series) -> np.ndarray:
     """Whether each operator name is a collective (operators.COMMUNICATION), also as the first
     word of a by-shape row name ('all_reduce 28672xbf16 ...')."""
-    first = operator.astype("string").str.split(" ", n=1).str[0]
-    return first.isin(operators.COMMUNICATION).fillna(False).to_numpy(dtype=bool)
+    codes, names = pd.factorize(operator, use_na_sentinel=True)  # a few distinct names
+    first = pd.Series(names, dtype="object").str.split(" ", n=1).str[0]
+    hit = first.isin(operators.COMMUNICATION).to_numpy(dtype=bool)
+    return np.append(hit, False)[codes]  # a missing name (code -1) is not a collective
 
 
 def exposed_us(ts_us: np.ndarray, dur_us: np.ndarray, collective: np.ndarray,

@@ -52,6 +52,19 @@ def _int(col: pd.Series) -> np.ndarray:
     return col.astype("Int64").to_numpy(np.int64, na_value=-1)
 
 
+# The columns the checks read: a trace repeats a few dozen distinct combinations of them over
+# hundreds of thousands of instances, so the checks run on the distinct rows only.
+_CHECKED = ["operator", "cost_kind", "K", "N", "n_q", "n_kv", "head_dim"]
+
+
+def _distinct(costed: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """The distinct rows of `costed[_CHECKED]` and, per instance, the index of its row."""
+    cols = costed[_CHECKED]
+    codes = cols.groupby(_CHECKED, dropna=False, sort=False, observed=True).ngroup().to_numpy()
+    first = np.unique(codes, return_index=True)[1]  # groups are numbered by first appearance
+    return cols.iloc[first].reset_index(drop=True), codes
+
+
 def _linear_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
     """(checked, t) per instance for GEMMs named as one of the model's linears."""
     expect = expected_linears(model)
@@ -82,9 +95,16 @@ def instance_checks(costed: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
     """Per instance, the contradiction with `model` (missing where consistent, up to a TP
     shard, or not checked): 'q_proj: K,N=3584,3584 but llama-3-8b has 4096,4096',
     'attention: n_q,n_kv,d=28,4,128 but llama-3-8b has 32,8,128'."""
-    out = pd.Series(None, index=costed.index, dtype="str")
     if model is None or costed.empty:
-        return out
+        return pd.Series(None, index=costed.index, dtype="str")
+    distinct, codes = _distinct(costed)
+    msg = _checks(distinct, model).to_numpy(object)
+    return pd.Series(msg[codes], index=costed.index, dtype="str")
+
+
+def _checks(costed: pd.DataFrame, model: ModelSpec) -> pd.Series:
+    """instance_checks on rows of `costed[_CHECKED]`."""
+    out = pd.Series(None, index=costed.index, dtype="object")
     lin, t_lin = _linear_degrees(costed, model)
     att, t_att = _attention_degrees(costed, model)
     expect = expected_linears(model)
@@ -107,6 +127,11 @@ def instance_checks(costed: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
 def tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
     """The TP degrees the consistent checked instances show ({1}: unsharded; empty: none
     checked). More than one degree means the shapes agree with no single layout."""
+    return _tp_degrees(_distinct(costed)[0], model)
+
+
+def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
+    """tp_degrees on rows of `costed[_CHECKED]`."""
     lin, t_lin = _linear_degrees(costed, model)
     att, t_att = _attention_degrees(costed, model)
     t = np.concatenate([t_lin[lin], t_att[att]])
@@ -116,10 +141,11 @@ def tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
 def fitting_presets(costed: pd.DataFrame) -> list[str]:
     """Each preset no instance contradicts and one at least is checked against, with its TP
     degree when sharded: ['qwen2.5-7b'], ['llama-3-8b (TP=4)']."""
+    distinct = _distinct(costed)[0]
     out = []
     for name, spec in PRESETS.items():
-        degrees = tp_degrees(costed, spec)
-        if len(degrees) == 1 and instance_checks(costed, spec).isna().all():
+        degrees = _tp_degrees(distinct, spec)
+        if len(degrees) == 1 and _checks(distinct, spec).isna().all():
             t = degrees.pop()
             out.append(name if t == 1 else f"{name} (TP={t})")
     return out

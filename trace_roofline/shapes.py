@@ -289,7 +289,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     inst["_part"] = inst["operator"].where(fused, None)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
             "_kernel", "_part"]
-    codes = inst.groupby(text, dropna=False, sort=False).ngroup().to_numpy()
+    codes = _combinations(inst, text)
     _, first = np.unique(codes, return_index=True)  # first instance of each combination
     combos = inst.iloc[first]
     fallback = _fallback_dtype(model, inst["input_types"])
@@ -299,7 +299,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
               if isinstance(op, str) else None, part if isinstance(part, str) else None,
               model.experts if model is not None else None)
         for name, dims, types, conc, strides, op, kernel, part in zip(
-            *(combos[c].tolist() for c in text), strict=True)
+            *(_python(combos[c]) for c in text), strict=True)
     ]
     out = inst[["op_id", "op_name", "operator", "evidence", "layer", "step", "kernels", "ts_us",
                 "time_us"]]
@@ -328,48 +328,56 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
 
 
 def _instances(att: pd.DataFrame) -> pd.DataFrame:
-    """The op instances attribute() built (its `instance` column), in order of first start."""
+    """The op instances attribute() built (its `instance` column), in order of first start:
+    each instance's first row's columns, its kernel count, first start and Σ duration."""
     need = ["instance", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
             "operator", "layer", "step"]
     missing = [c for c in need if c not in att.columns]
     if missing:
         raise InputError(f"attributed lacks columns {', '.join(missing)}")
-
-    def optional(col: str) -> np.ndarray:
-        return (att[col] if col in att
-                else pd.Series(None, index=att.index, dtype="object")).to_numpy()
-
-    work = pd.DataFrame({
-        "instance": att["instance"].to_numpy(),
-        "op_id": att["op_id"].astype("Int64").to_numpy(),
-        "operator": att["operator"].to_numpy(),
+    agg = pd.DataFrame({"instance": att["instance"].to_numpy(),
+                        "row": np.arange(len(att)),
+                        "ts_us": att["ts_us"].to_numpy(np.float64),
+                        "dur_us": att["dur_us"].to_numpy(np.float64)})
+    agg = agg.groupby("instance", sort=False).agg(
+        row=("row", "first"), kernels=("dur_us", "size"), ts_us=("ts_us", "min"),
+        time_us=("dur_us", "sum"))
+    agg = agg.sort_values("ts_us", kind="stable")
+    rows = agg["row"].to_numpy()
+    absent = pd.Series(pd.NA, index=att.index, dtype="str")
+    inst = pd.DataFrame({
+        "op_id": att["op_id"].astype("Int64").take(rows).to_numpy(),
+        "operator": att["operator"].take(rows).array,
         "evidence": (att["evidence"] if "evidence" in att
-                     else pd.Series(operators.FALLBACK, index=att.index)).to_numpy(),
-        "layer": att["layer"].astype("Int64").to_numpy(),
-        "step": att["step"].astype("Int64").to_numpy(),
-        "op_name": att["op_name"].to_numpy(),
-        "input_dims": att["input_dims"].to_numpy(),
-        "input_types": att["input_types"].to_numpy(),
-        "concrete_inputs": optional("concrete_inputs"),
-        "input_strides": optional("input_strides"),
-        "kernel": optional("name"),
-        "ts_us": att["ts_us"].astype("float64").to_numpy(),
-        "dur_us": att["dur_us"].astype("float64").to_numpy(),
+                     else pd.Series(operators.FALLBACK, index=att.index)).take(rows).array,
+        "layer": att["layer"].astype("Int64").take(rows).to_numpy(),
+        "step": att["step"].astype("Int64").take(rows).to_numpy(),
+        **{c: att.get(c, absent).take(rows).array
+           for c in ("op_name", "input_dims", "input_types", "concrete_inputs",
+                     "input_strides")},
+        "kernel": att.get("name", absent).take(rows).array,
+        "kernels": agg["kernels"].to_numpy(),
+        "ts_us": agg["ts_us"].to_numpy(),
+        "time_us": agg["time_us"].to_numpy(),
     })
-    first = ["op_id", "operator", "evidence", "layer", "step", "op_name", "input_dims",
-             "input_types", "concrete_inputs", "input_strides", "kernel"]
     if "phase" in att:  # the forward pass's phase (passes.annotate)
-        work["phase"] = att["phase"].to_numpy()
-        first.append("phase")
-    inst = work.groupby("instance", sort=False).agg(
-        **{c: (c, "first") for c in first}, kernels=("dur_us", "size"),
-        ts_us=("ts_us", "min"), time_us=("dur_us", "sum"),
-    ).reset_index(drop=True)
-    inst = inst.sort_values("ts_us", kind="stable").reset_index(drop=True)
-    for col in ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides",
-                "kernel"]:
-        inst[col] = inst[col].astype("object").where(inst[col].notna(), None)
+        inst["phase"] = att["phase"].take(rows).array
     return inst
+
+
+def _combinations(inst: pd.DataFrame, cols: list[str]) -> np.ndarray:
+    """Per row, the index of its distinct combination of `cols` (missing values included),
+    numbered in order of first appearance."""
+    key = np.zeros(len(inst), dtype=np.int64)
+    for c in cols:
+        codes, uniques = pd.factorize(inst[c], use_na_sentinel=True)
+        key = pd.factorize(key * (len(uniques) + 1) + codes + 1)[0]
+    return key
+
+
+def _python(values: pd.Series) -> list:
+    """A column's values as Python objects, None where missing."""
+    return values.astype("object").where(values.notna(), None).tolist()
 
 
 def _fallback_dtype(model: ModelSpec | None, types: pd.Series) -> str | None:
@@ -1149,8 +1157,8 @@ def _dims_at(raw: object, arg: int, dim: int | None) -> float:
 
 def _each_distinct(values: pd.Series, fn) -> np.ndarray:
     """fn of each row's value, evaluated once per distinct value (an object array)."""
-    codes, uniques = pd.factorize(values.astype("object"), use_na_sentinel=False)
-    return np.asarray([fn(u) for u in uniques] + [None], dtype=object)[codes]
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    return np.asarray([fn(u) for u in uniques] + [fn(None)], dtype=object)[codes]
 
 
 def _num(text: object) -> float:
