@@ -7,17 +7,12 @@ into the test's temporary directory.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.builders import Kineto, write
-
-# Modules not yet moved to `tests.builders` import the re-exports trace_factory and
-# roofline_fixtures by bare name: keep this directory importable until they are.
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trace_factory import gpu_trace, legacy_trace
 
+from tests.builders import gpu_trace, legacy_trace
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import replay_factory as rf
 
 import trace_roofline as tr
+from tests import replay_factory as rf
 from trace_roofline import graphs
 from trace_roofline.passes import forward_passes
 from trace_roofline.shapes import attach_costs

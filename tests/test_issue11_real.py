@@ -174,7 +174,7 @@ def test_capture_in_the_trace():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_shuffled_real_replay_is_not_named(tmp_path, seed):
     """The real replays' kernels in a shuffled order: no layer pattern, nothing named."""
-    import replay_factory as rf
+    from tests import replay_factory as rf
 
     doc = rf.load(Path(str(CG).format("decode_b1_s512_static1024_graph")))
     by_corr: dict = {}

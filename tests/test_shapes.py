@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from roofline_fixtures import BF, F32, Op, attributed, concat, qwen_layer
 
+from tests.builders import BF, F32, Op, attributed, concat, qwen_layer
 from trace_roofline import shapes
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from trace_factory import cpu_trace, gpu_trace, legacy_trace, write
 
+from tests.builders import cpu_trace, gpu_trace, legacy_trace, write
+from tests.test_robustness import FILE_CASES
 from trace_roofline.errors import InputError
 from trace_roofline.trace import (
     SCHEMAS,
@@ -611,8 +612,6 @@ def test_unproven_splits_fall_back_to_one_process(tmp_path, both, case):
 
 @needs_fork
 def test_every_malformed_file_case_gives_the_same_error_in_parallel(tmp_path, both):
-    from test_robustness import FILE_CASES
-
     for case, (data, _) in FILE_CASES.items():
         path = tmp_path / f"{case}.json"
         path.write_bytes(data)
