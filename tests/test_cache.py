@@ -200,15 +200,30 @@ def test_cli_cache_use_no_cache_info_and_clear(trace_file, tmp_path, capsys, mon
         assert main(["analyze", str(trace_file)]) == 0
         assert capsys.readouterr().out == uncached
     assert sorted(trace_file.parent.iterdir()) == before  # nothing next to the user's file
+    assert main(["analyze", str(trace_file), "--causal", "full"]) == 0  # another argument set
+    capsys.readouterr()
     assert main(["cache", "info"]) == 0
     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-    # parts: the trace, its attribution and the analysis
-    assert capsys.readouterr().out == f"cache {d}\n1 trace(s), 3 part(s), {size / 1e6:.1f} MB\n"
+    # the one trace's tables and attribution (same model), and one analysis per argument set
+    assert capsys.readouterr().out == (
+        f"cache {d}: 1 trace file(s), {size / 1e6:.1f} MB\n"
+        "  parsed trace tables     1  (one per trace file)\n"
+        "  attributions            1  (one per trace file and model)\n"
+        "  finished analyses       2  (one per trace file and argument set)\n")
     (d / "mine.txt").write_text("not the cache's")  # clear removes only what the cache made
     assert main(["cache", "clear"]) == 0
     assert capsys.readouterr().out == f"cleared {d}: {size / 1e6:.1f} MB freed\n"
     assert sorted(p.name for p in d.iterdir()) == ["mine.txt"]
     assert TraceCache(d).info().entries == 0
+
+
+def test_cli_cache_help_names_the_three_kinds_of_entries(capsys):
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for kind in ("parsed trace tables", "attribution", "finished analysis", "one per model",
+                 "one per argument set"):
+        assert kind in text, kind
 
 
 def test_analyze_trace_with_cache_equals_without(tmp_path):
@@ -307,4 +322,5 @@ def test_cached_cli_run_in_a_fresh_process(trace_file, tmp_path):
     runs = [subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
-    assert TraceCache(tmp_path / "c").info().parts == 3
+    info = TraceCache(tmp_path / "c").info()
+    assert (info.entries, info.traces, info.attributions, info.analyses) == (1, 1, 1, 1)
