@@ -28,8 +28,8 @@ def trace_file(tmp_path: Path) -> Callable[..., Path]:
     def make(doc: dict | Kineto, name: str = "t.json", device: str | None = "NVIDIA H200") -> Path:
         path = tmp_path / name
         if isinstance(doc, Kineto):
-            return doc.write(path, device=device, gz=name.endswith(".gz"))
-        return write(doc, path, gz=name.endswith(".gz"))
+            return doc.write(path, device=device)  # gzipped when the name ends in .gz
+        return write(doc, path)
 
     return make
 

@@ -2,13 +2,12 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.builders import BF, F32, Op, attributed, concat, gpu_trace, qwen_layer, write
+from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, gpu_trace, qwen_layer, write
 from trace_roofline import costs, roofline
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, get_hardware
@@ -219,7 +218,6 @@ def test_reconcile_is_per_phase():
 
 
 # ------------------------------------------------ end to end on the committed H200 traces
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
