@@ -10,6 +10,8 @@ Three levels, one vocabulary:
 - `Op`, `qwen_layer`, `attributed`: a decoder layer as a list of ops (operator, aten op, `Input
   Dims`, `Input type`, `Concrete Inputs`, kernel durations) and attribute.attribute()'s table of
   it, for tests of the costing and roofline stages without a trace file.
+- `ROOT`, `SAMPLES` (the committed real traces), `read` (a trace file's JSON document), `write`
+  and `run_cli` (the CLI in a fresh interpreter): the file helpers every test module shares.
 
 Field names and layout follow pytorch/kineto libkineto/src/output_json.cpp: cpu_op args carry
 "External id", "Input Dims", "Input type", "Concrete Inputs"; kernels carry "device", "stream",
@@ -25,6 +27,8 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +38,8 @@ import pandas as pd
 
 from trace_roofline.models import ModelSpec
 
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
 BF, F32 = "c10::BFloat16", "float"
 H200 = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150754820096, "computeMajor": 9,
         "computeMinor": 0, "numSms": 132, "warpSize": 32}
@@ -291,8 +297,8 @@ class Kineto:
         props = [{"id": 0, "name": device}] if device else []
         return {"schemaVersion": 1, "deviceProperties": props, "traceEvents": self.events}
 
-    def write(self, path: Path, device: str | None = "NVIDIA H200", gz: bool = False) -> Path:
-        """`document(device)` written to `path` (gzipped with `gz`)."""
+    def write(self, path: Path, device: str | None = "NVIDIA H200", gz: bool | None = None) -> Path:
+        """`document(device)` written to `path` (gzipped with `gz`; None: when the name ends in .gz)."""
         return write(self.document(device), path, gz=gz, indent=None)
 
 
@@ -430,8 +436,22 @@ def cpu_trace() -> dict:
     return doc
 
 
-def write(doc: dict, path: Path, gz: bool = False, indent: int | None = 1) -> Path:
-    """`doc` as JSON at `path` (gzipped with `gz`)."""
+# ----------------------------------------------------------------------------- files, CLI
+def write(doc: dict, path: Path, gz: bool | None = None, indent: int | None = 1) -> Path:
+    """`doc` as JSON at `path`, gzipped with `gz` (None: when the name ends in .gz)."""
     data = json.dumps(doc, indent=indent).encode()
-    path.write_bytes(gzip.compress(data) if gz else data)
+    path.write_bytes(gzip.compress(data) if (path.name.endswith(".gz") if gz is None else gz) else data)
     return path
+
+
+def read(path: Path) -> dict:
+    """The JSON document of a trace file, gzipped or not."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m trace_roofline.cli ARGS` in a fresh interpreter at the repository root (so this
+    checkout's package), output captured as text; `kwargs` go to subprocess.run (env, ...)."""
+    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, **kwargs)

@@ -7,17 +7,12 @@ into the test's temporary directory.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.builders import Kineto, write
-
-# Modules not yet moved to `tests.builders` import the re-exports trace_factory and
-# roofline_fixtures by bare name: keep this directory importable until they are.
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture
@@ -33,8 +28,8 @@ def trace_file(tmp_path: Path) -> Callable[..., Path]:
     def make(doc: dict | Kineto, name: str = "t.json", device: str | None = "NVIDIA H200") -> Path:
         path = tmp_path / name
         if isinstance(doc, Kineto):
-            return doc.write(path, device=device, gz=name.endswith(".gz"))
-        return write(doc, path, gz=name.endswith(".gz"))
+            return doc.write(path, device=device)  # gzipped when the name ends in .gz
+        return write(doc, path)
 
     return make
 

@@ -15,18 +15,10 @@ different capture would: drop memsets, reorder the kernels, change grids.
 from __future__ import annotations
 
 import copy
-import gzip
-import json
 import random
-from pathlib import Path
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _STEP = "ProfilerStep#"
-
-
-def load(path: Path) -> dict:
-    data = path.read_bytes()
-    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
 
 
 def as_replays(doc: dict, *, drop_memsets: bool = False, shuffle_seed: int | None = None,
@@ -80,8 +72,3 @@ def as_replays(doc: dict, *, drop_memsets: bool = False, shuffle_seed: int | Non
             keep.append(e)
     doc["traceEvents"] = keep
     return doc
-
-
-def write(doc: dict, path: Path) -> Path:
-    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
-    return path

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import Kineto
+from tests.builders import SAMPLES, Kineto
 from trace_roofline._nest import Nest
 from trace_roofline.attribute import (
     ATTRIBUTED_COLUMNS,
@@ -36,7 +36,6 @@ from trace_roofline.trace import load_trace
 
 BF = "c10::BFloat16"
 TINY = get_model("qwen-tiny")  # H 256, q 256, kv 64, I 768, vocab 1024
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 SEPARATE = {"q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj",
             "down_proj"}
 FUSED = {"qkv_proj", "o_proj", "attention", "gate_up_proj", "down_proj"}

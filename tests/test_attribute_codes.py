@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.builders import ROOT
 from trace_roofline import _naming
 from trace_roofline._nest import KeySpace, Nest
 from trace_roofline.attribute import (
@@ -35,7 +36,6 @@ from trace_roofline.models import get_model
 from trace_roofline.operators import MODEL_LEVEL, STAGES
 from trace_roofline.trace import load_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "attributed.parquet"
 TRACES = sorted((ROOT / "sample_traces").glob("*.json.gz"))
 

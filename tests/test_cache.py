@@ -4,8 +4,6 @@ import dataclasses
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pandas as pd
 import pytest
 
 import trace_roofline.cache as cache_mod
+from tests.builders import SAMPLES, run_cli
 from trace_roofline import pipeline
 from trace_roofline.attribute import attribute
 from trace_roofline.cache import TraceCache, cache_dir
@@ -20,21 +19,21 @@ from trace_roofline.cli import main
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.pipeline import analyze_trace
-from trace_roofline.trace import Trace, load_trace
+from trace_roofline.trace import load_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 HF = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz"
 
 
-def assert_same_trace(a: Trace, b: Trace) -> None:
-    for f in dataclasses.fields(Trace):
+def assert_same(a, b) -> None:
+    """Every field of two dataclasses (a Trace, an Analysis) equal: DataFrames exactly, dtypes
+    and categories included; anything else by == (a NaN equals a NaN)."""
+    for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, pd.DataFrame):
             pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f.name)
         else:
-            assert x == y, f.name
+            assert x == y or (x != x and y != y), f.name
 
 
 @pytest.fixture
@@ -72,7 +71,7 @@ def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
     assert (s1.trace_hit, s1.attribution_hit, s1.write_error) == (False, False, None)
     assert (s2.trace_hit, s2.attribution_hit, s2.write_error) == (True, True, None)
     for t, a in ((t1, a1), (t2, a2)):
-        assert_same_trace(t, fresh)  # every table, categories and dtypes included; meta too
+        assert_same(t, fresh)  # every table, categories and dtypes included; meta too
         pd.testing.assert_frame_equal(a, expected, check_exact=True)
 
 
@@ -96,7 +95,7 @@ def test_same_file_by_another_spelling_keeps_the_callers_path(trace_file, tmp_pa
     monkeypatch.chdir(trace_file.parent)
     t, _, s = c.load(trace_file.name)
     assert s.trace_hit and t.path == trace_file.name and t.meta["path"] == trace_file.name
-    assert_same_trace(t, load_trace(trace_file.name))
+    assert_same(t, load_trace(trace_file.name))
 
 
 def _corrupt_truncate(c: TraceCache) -> None:
@@ -133,12 +132,12 @@ def test_corrupt_entry_is_ignored_and_rewritten(corrupt, trace_file, tmp_path, n
     corrupt(c)
     t, a, s = c.load(trace_file)
     assert not (s.trace_hit and s.attribution_hit) and s.write_error is None
-    assert_same_trace(t, fresh)
+    assert_same(t, fresh)
     pd.testing.assert_frame_equal(a, expected, check_exact=True)
     no_parse()  # rewritten: the next load is a full hit again
     t, a, s = c.load(trace_file)
     assert s.trace_hit and s.attribution_hit
-    assert_same_trace(t, fresh)
+    assert_same(t, fresh)
 
 
 def test_changed_file_is_stale(trace_file, tmp_path):
@@ -155,7 +154,7 @@ def test_changed_file_is_stale(trace_file, tmp_path):
     os.utime(trace_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     t, _, s = c.load(trace_file)
     assert not s.trace_hit
-    assert_same_trace(t, load_trace(trace_file))
+    assert_same(t, load_trace(trace_file))
 
 
 def test_schema_version_or_code_change_misses(trace_file, tmp_path, monkeypatch):
@@ -180,7 +179,7 @@ def test_write_failure_never_fails_the_analysis(trace_file, tmp_path, capsys, mo
     c = TraceCache(blocker / "cache")  # its parent is a file: mkdir fails with ENOTDIR
     t, a, s = c.load(trace_file)
     assert not s.trace_hit and "cannot write trace" in s.write_error and c.log == [s]
-    assert_same_trace(t, load_trace(trace_file))
+    assert_same(t, load_trace(trace_file))
     monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(blocker / "cache"))
     assert main(["analyze", str(trace_file), "--json", str(tmp_path / "r.json")]) == 0
     out, err = capsys.readouterr()
@@ -200,15 +199,30 @@ def test_cli_cache_use_no_cache_info_and_clear(trace_file, tmp_path, capsys, mon
         assert main(["analyze", str(trace_file)]) == 0
         assert capsys.readouterr().out == uncached
     assert sorted(trace_file.parent.iterdir()) == before  # nothing next to the user's file
+    assert main(["analyze", str(trace_file), "--causal", "full"]) == 0  # another argument set
+    capsys.readouterr()
     assert main(["cache", "info"]) == 0
     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-    # parts: the trace, its attribution and the analysis
-    assert capsys.readouterr().out == f"cache {d}\n1 trace(s), 3 part(s), {size / 1e6:.1f} MB\n"
+    # the one trace's tables and attribution (same model), and one analysis per argument set
+    assert capsys.readouterr().out == (
+        f"cache {d}: 1 trace file(s), {size / 1e6:.1f} MB\n"
+        "  parsed trace tables     1  (one per trace file)\n"
+        "  attributions            1  (one per trace file and model)\n"
+        "  finished analyses       2  (one per trace file and argument set)\n")
     (d / "mine.txt").write_text("not the cache's")  # clear removes only what the cache made
     assert main(["cache", "clear"]) == 0
     assert capsys.readouterr().out == f"cleared {d}: {size / 1e6:.1f} MB freed\n"
     assert sorted(p.name for p in d.iterdir()) == ["mine.txt"]
     assert TraceCache(d).info().entries == 0
+
+
+def test_cli_cache_help_names_the_three_kinds_of_entries(capsys):
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for kind in ("parsed trace tables", "attribution", "finished analysis", "one per model",
+                 "one per argument set"):
+        assert kind in text, kind
 
 
 def test_analyze_trace_with_cache_equals_without(tmp_path):
@@ -221,15 +235,6 @@ def test_analyze_trace_with_cache_equals_without(tmp_path):
         assert cached.whole == plain.whole and cached.coverage == plain.coverage
     assert [(s.trace_hit, s.attribution_hit, s.analysis_hit) for s in c.log] == [
         (False, False, False), (True, True, True)]
-
-
-def assert_same_analysis(a, b) -> None:
-    for f in dataclasses.fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, pd.DataFrame):
-            pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f.name)
-        else:
-            assert x == y or (x != x and y != y), f.name
 
 
 @pytest.fixture
@@ -262,7 +267,7 @@ def test_analysis_hit_per_argument_set(trace_file, tmp_path, no_analysis):
     assert len(_files(c, "analysis-*/manifest.json")) == len(runs)
     no_analysis()
     for kw, expected in zip(runs, fresh, strict=True):
-        assert_same_analysis(analyze_trace(trace_file, cache=c, **kw), expected)
+        assert_same(analyze_trace(trace_file, cache=c, **kw), expected)
         assert c.log[-1].analysis_hit
     with pytest.raises(AssertionError, match="despite"):  # another argument: a miss
         analyze_trace(trace_file, model, cache=c, attention_bytes="kv")
@@ -281,7 +286,7 @@ def test_corrupt_or_stale_analysis_is_recomputed(trace_file, tmp_path, no_analys
     st = ncu.stat()
     os.utime(ncu, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed ncu CSV: another key
     for kw in ({}, {"ncu": ncu}):
-        assert_same_analysis(analyze_trace(trace_file, cache=c, **kw), analyze_trace(trace_file, **kw))
+        assert_same(analyze_trace(trace_file, cache=c, **kw), analyze_trace(trace_file, **kw))
         assert not c.log[-1].analysis_hit
     no_analysis()  # both rewritten
     analyze_trace(trace_file, cache=c)
@@ -303,8 +308,7 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 def test_cached_cli_run_in_a_fresh_process(trace_file, tmp_path):
     """End to end as a user runs it: the second process reads the first one's entry."""
     env = {**os.environ, "TRACE_ROOFLINE_CACHE_DIR": str(tmp_path / "c")}
-    cmd = [sys.executable, "-m", "trace_roofline.cli", "analyze", str(trace_file)]
-    runs = [subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-            for _ in range(2)]
+    runs = [run_cli("analyze", str(trace_file), env=env) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
-    assert TraceCache(tmp_path / "c").info().parts == 3
+    info = TraceCache(tmp_path / "c").info()
+    assert (info.entries, info.traces, info.attributions, info.analyses) == (1, 1, 1, 1)

@@ -3,14 +3,12 @@
 import gzip
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.builders import attributed, qwen_layer
+from tests.builders import SAMPLES, attributed, qwen_layer, run_cli
 from trace_roofline._files import write_files
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
@@ -19,7 +17,6 @@ from trace_roofline.models import get_model
 from trace_roofline.report import report_dict
 from trace_roofline.roofline import analyze
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 NCU = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
@@ -31,11 +28,6 @@ def entry(path: Path) -> dict:
     """The one trace's entry of a report.json."""
     (only,) = json.loads(path.read_text())["traces"]
     return only
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args],
-                          capture_output=True, text=True)
 
 
 def test_decode_and_prefill_side_by_side(tmp_path, capsys):
@@ -115,7 +107,7 @@ def test_ncu_measured_bytes(tmp_path, capsys):
 def test_bad_trace_is_one_line_exit_2_no_outputs(tmp_path, make, msg):
     bad = make(tmp_path)
     out = tmp_path / "out"
-    r = _cli("analyze", str(DECODE), str(bad), "--out", str(out))
+    r = run_cli("analyze", str(DECODE), str(bad), "--out", str(out))
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr
     assert not out.exists()
@@ -127,7 +119,7 @@ def test_bad_arguments(tmp_path):
                  ["analyze", str(DECODE), "--ncu", str(DECODE)],
                  ["analyze", str(DECODE), "--causal", "half"],
                  ["analyze"]):
-        r = _cli(*args)
+        r = run_cli(*args)
         assert r.returncode == 2, args
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -160,11 +152,11 @@ def test_outputs_are_all_or_nothing(tmp_path):
     blocked = tmp_path / "r"
     blocked.mkdir()
     (blocked / "report.json").mkdir()  # one output path is taken by a directory
-    r = _cli("analyze", str(DECODE), "--out", str(blocked), "--json", str(tmp_path / "j.json"))
+    r = run_cli("analyze", str(DECODE), "--out", str(blocked), "--json", str(tmp_path / "j.json"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["r", "report.json"]
     for args in (["--json", str(tmp_path)], ["--out", str(DECODE)]):
-        r = _cli("analyze", str(DECODE), *args)
+        r = run_cli("analyze", str(DECODE), *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["r", "report.json"]
 
@@ -209,7 +201,7 @@ def test_directory_of_traces(tmp_path, capsys):
     path = tmp_path / "r.json"
     assert main(["analyze", str(d), "--json", str(path)]) == 0
     assert len(json.loads(path.read_text())["traces"]) == 2
-    r = _cli("analyze", str(DECODE), "--ncu", str(tmp_path))
+    r = run_cli("analyze", str(DECODE), "--ncu", str(tmp_path))
     assert r.returncode == 2 and "is a directory" in r.stderr
 
 
@@ -247,14 +239,14 @@ def test_a_sweep_output_directory_analyses(tmp_path):
     sweep = "qwen2.5-7b_msweep_q_proj_bf16_h200"
     for suffix in (".json.gz", ".results.json"):
         (tmp_path / f"{sweep}{suffix}").write_bytes((SAMPLES / f"{sweep}{suffix}").read_bytes())
-    r = _cli("analyze", str(tmp_path), "--by-shape")
+    r = run_cli("analyze", str(tmp_path), "--by-shape")
     assert r.returncode == 0, r.stderr
     assert "q_proj [1024,3584]x[3584,3584]" in r.stdout and ".results.json" in r.stderr
 
 
 def test_a_directory_without_traces_is_one_line(tmp_path):
     (tmp_path / "notes.json").write_text('{"a": 1}')
-    r = _cli("analyze", str(tmp_path))
+    r = run_cli("analyze", str(tmp_path))
     assert r.returncode == 2 and "directory holds no trace files" in r.stderr
 
 
@@ -275,7 +267,7 @@ def test_model_may_be_a_hugging_face_model_directory(tmp_path):
     g, w = entry(got), entry(want)
     assert g["extrapolated"]["whole_model"] == w["extrapolated"]["whole_model"]
     assert g["operators"] == w["operators"]
-    r = _cli("analyze", str(DECODE), "--model", str(tmp_path))
+    r = run_cli("analyze", str(DECODE), "--model", str(tmp_path))
     assert r.returncode == 2 and f"{tmp_path}: directory holds no config.json" in r.stderr
 
 

@@ -3,13 +3,12 @@ ignored, library parameters spelled as flags, and help that states every default
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.builders import SAMPLES
 from trace_roofline.cli import build_parser, flag_message, main
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 NCU = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"

@@ -1,9 +1,8 @@
 """`trace-roofline intensity` reproduces the lesson's table and reports errors in one line."""
 
 import json
-import subprocess
-import sys
 
+from tests.builders import run_cli
 from trace_roofline.cli import main
 
 LESSON_GEMM = {
@@ -53,16 +52,11 @@ def test_fused_layout(capsys):
     assert "qkv_proj      [3584x4608]" in out and "gate_up_proj  [3584x37888]" in out
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args],
-                          capture_output=True, text=True)
-
-
 def test_errors_are_one_line_exit_2(tmp_path):
     bad = tmp_path / "hw.json"
     bad.write_text("{")
     for args in (["intensity", "--model", "nope"], ["intensity", "--hardware", str(bad)],
                  ["intensity", "--m", "0"], ["intensity", "--causal", "maybe"]):
-        r = _cli(*args)
+        r = run_cli(*args)
         assert r.returncode == 2, args
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.builders import BF, Kineto, Op, attributed, concat, qwen_layer
+from tests.builders import BF, SAMPLES, Kineto, Op, attributed, concat, qwen_layer
 from trace_roofline import comms, operators
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
@@ -265,7 +264,7 @@ def test_link_bandwidth_presets_and_files(tmp_path) -> None:
     assert PRESETS["h100-sxm"].link_bandwidth == 450e9
     assert PRESETS["a100-sxm"].link_bandwidth == 300e9
     assert PRESETS["rtx4090"].link_bandwidth == 31.5e9
-    measured = json.loads(Path("sample_traces/h200x2_allreduce_busbw.json").read_text())
+    measured = json.loads((SAMPLES / "h200x2_allreduce_busbw.json").read_text())
     assert get_hardware("h200-measured").link_bandwidth == measured["link_bandwidth"]
     base = {"name": "x", "peak_flops": {"bf16": 1e15}, "mem_bandwidth": 4e12}
     p = tmp_path / "hw.json"

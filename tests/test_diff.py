@@ -1,18 +1,17 @@
 """`diff`: two analyses (or report.json files) of one model compared per (phase, operator)."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES
 from trace_roofline import diff
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
 from trace_roofline.report import report_dict
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 EAGER = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 COMPILED = SAMPLES / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz"
 B64 = SAMPLES / "qwen2.5-7b_decode_b64_s2048_h200.json.gz"

@@ -3,9 +3,9 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.builders import ROOT
+
 README = (ROOT / "README.md").read_text()
 
 

@@ -6,35 +6,25 @@ time and a withheld whole model, an irregular operator order."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import trace_roofline as tr
-from tests.builders import Kineto, attributed, qwen_layer
+from tests.builders import SAMPLES, Kineto, attributed, qwen_layer, read, run_cli
 from trace_roofline import crosscheck, roofline
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.operators import EVIDENCE
 from trace_roofline.report import report_dict, terminal_table
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 CNN = SAMPLES / "cnn_b8_cpu.json.gz"  # real: workloads/non_llm.py on this machine's CPU
 MATMUL = SAMPLES / "matmul_loop_cpu.json.gz"
 HF = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz"  # unannotated HF generate
 QWEN = tr.get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args],
-                          capture_output=True, text=True)
 
 
 # ------------------------------------------------------------------------------ evidence
@@ -94,7 +84,7 @@ def test_generic_gemm_names_are_fallbacks():
 def test_cnn_says_no_decoder_names_uncosted_convolutions_and_withholds_the_whole_model(tmp_path):
     """A real CPU trace of Conv2d → ReLU → MaxPool2d ×2 → Linear: rows are the aten ops (fallback),
     conv2d and max_pool2d have no cost rule, and 6.9% costed is no whole model."""
-    r = _cli("analyze", str(CNN), "--out", str(tmp_path / "r"))
+    r = run_cli("analyze", str(CNN), "--out", str(tmp_path / "r"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("operator "))
@@ -128,7 +118,7 @@ def test_cnn_with_a_model_is_not_extrapolated():
 # -------------------------------------------------------------------- --model cross-check
 def test_wrong_model_is_an_error_naming_the_operator_shape_and_the_fitting_preset(tmp_path):
     """`--model llama-3-8b --layers 32` on a Qwen trace: exit 2, one line, no output files."""
-    r = _cli("analyze", str(HF), "--model", "llama-3-8b", "--layers", "32", "--out",
+    r = run_cli("analyze", str(HF), "--model", "llama-3-8b", "--layers", "32", "--out",
              str(tmp_path / "r"))
     assert r.returncode == 2 and r.stdout == ""
     err = r.stderr.strip()
@@ -140,7 +130,7 @@ def test_wrong_model_is_an_error_naming_the_operator_shape_and_the_fitting_prese
 
 
 def test_force_warns_and_never_extrapolates(tmp_path):
-    r = _cli("analyze", str(HF), "--model", "llama-3-8b", "--layers", "32", "--force",
+    r = run_cli("analyze", str(HF), "--model", "llama-3-8b", "--layers", "32", "--force",
              "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stderr
     assert "extrapolated to 32 layers + embedding" not in r.stdout
@@ -216,7 +206,7 @@ def test_expected_linears_and_degrees():
 def test_shuffled_event_order_in_the_file_changes_nothing(tmp_path):
     """Kineto writes events in no guaranteed order: permuting them gives the same names,
     evidence, layers and analysis."""
-    doc = json.loads(gzip.decompress(HF.read_bytes()))
+    doc = read(HF)
     random.Random(7).shuffle(doc["traceEvents"])
     shuffled = tmp_path / "shuffled.json"
     shuffled.write_text(json.dumps(doc))

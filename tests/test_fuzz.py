@@ -18,15 +18,14 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trace_factory import gpu_trace, legacy_trace
 
+from tests.builders import SAMPLES, gpu_trace, legacy_trace, read
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, SCHEMAS, decode, load_trace
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
 FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args"]
 ARGS = ["External id", "external id", "correlation", "device", "stream", "grid", "block",
@@ -44,7 +43,7 @@ def _committed() -> list[dict]:
     gpu = [p for p in by_size if not p.name.endswith("_cpu.json.gz")]
     docs = []
     for p in gpu[:2] + llm_cpu[:1]:
-        doc = json.loads(gzip.decompress(p.read_bytes()))
+        doc = read(p)
         docs.append(doc if isinstance(doc, dict) else {"traceEvents": doc})
     return docs
 

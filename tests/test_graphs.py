@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import replay_factory as rf
 
 import trace_roofline as tr
+from tests import replay_factory as rf
+from tests.builders import SAMPLES, read, write
 from trace_roofline import graphs
 from trace_roofline.passes import forward_passes
 from trace_roofline.shapes import attach_costs
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 STATIC = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_static_h200.json.gz"
 QWEN = tr.get_model("qwen2.5-7b")
 CORE = {"q_proj", "k_proj", "v_proj", "o_proj", "attention", "gate_proj", "up_proj",
@@ -36,7 +36,7 @@ def mapping(eager):
 
 @pytest.fixture(scope="module")
 def doc():
-    return rf.load(STATIC)
+    return read(STATIC)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def replay(tmp_path_factory, doc):
 
 
 def _replay(tmp_path: Path, doc: dict, **kw):
-    t = tr.load_trace(rf.write(rf.as_replays(doc, **kw), tmp_path / "replay.json.gz"))
+    t = tr.load_trace(write(rf.as_replays(doc, **kw), tmp_path / "replay.json.gz"))
     return t, tr.attribute(t, QWEN)
 
 
@@ -98,7 +98,7 @@ def test_missing_and_extra_memsets_are_tolerated(tmp_path, doc, eager, replay):
     assert rep.named_fraction == 1.0
     assert _flops(out)["lm_head"] == _flops(eager[1])["lm_head"]
     (tmp_path / "m").mkdir()
-    no_memset = rf.write({**doc, "traceEvents": [e for e in doc["traceEvents"]
+    no_memset = write({**doc, "traceEvents": [e for e in doc["traceEvents"]
                                                  if e.get("cat") != "gpu_memset"]},
                          tmp_path / "m" / "eager.json.gz")
     m_t = tr.load_trace(no_memset)
@@ -145,7 +145,7 @@ def test_own_eager_passes_are_the_mapping(tmp_path, doc):
 
     first = [e for e in doc["traceEvents"] if e.get("ph") != "M" and in_step1(e)]
     second = [e for e in d["traceEvents"] if e.get("ph") == "M" or not in_step1(e)]
-    path = rf.write({**doc, "traceEvents": first + second}, tmp_path / "mixed.json.gz")
+    path = write({**doc, "traceEvents": first + second}, tmp_path / "mixed.json.gz")
     t = tr.load_trace(path)
     att = tr.attribute(t, QWEN)
     out, rep = graphs.name_replays(t, att, QWEN)
@@ -258,7 +258,7 @@ def test_real_replay_named_by_its_capture():
 def test_cli_graph_map_and_user_shapes(tmp_path, doc, capsys):
     from trace_roofline.cli import main
 
-    path = rf.write(rf.as_replays(doc), tmp_path / "replay.json.gz")
+    path = write(rf.as_replays(doc), tmp_path / "replay.json.gz")
     assert main(["analyze", str(path), "--model", "qwen2.5-7b", "--graph-map", str(STATIC),
                  "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out

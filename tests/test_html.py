@@ -4,17 +4,16 @@ import html
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES
 
 pytest.importorskip("bokeh", reason="report.html needs the html extra: pip install '.[html]'")
 from trace_roofline.html_report import operator_rows, report_html, warnings  # noqa: E402
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
 HF = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_compiled_h200.json.gz"

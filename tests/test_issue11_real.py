@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES, read, write
 from trace_roofline import graphs
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 GEN = SAMPLES / "hf_generate" / "hf-qwen2-qwen2.5-7b-2l_{}_h200.json.gz"
 CG = SAMPLES / "cuda_graphs" / "hf-qwen2-qwen2.5-7b-2l_{}_h200.json.gz"
 QWEN = tr.get_model("qwen2.5-7b")
@@ -174,9 +174,9 @@ def test_capture_in_the_trace():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_shuffled_real_replay_is_not_named(tmp_path, seed):
     """The real replays' kernels in a shuffled order: no layer pattern, nothing named."""
-    import replay_factory as rf
+    from tests import replay_factory as rf
 
-    doc = rf.load(Path(str(CG).format("decode_b1_s512_static1024_graph")))
+    doc = read(Path(str(CG).format("decode_b1_s512_static1024_graph")))
     by_corr: dict = {}
     for e in doc["traceEvents"]:
         if e.get("cat") in rf.DEVICE_CATS and "External id" not in e.get("args", {}):
@@ -186,7 +186,7 @@ def test_shuffled_real_replay_is_not_named(tmp_path, seed):
         ts = sorted(e["ts"] for e in kernels)
         for e, t in zip(rng.permutation(kernels), ts, strict=True):
             e["ts"] = t
-    t = tr.load_trace(rf.write(doc, tmp_path / "shuffled.json.gz"))
+    t = tr.load_trace(write(doc, tmp_path / "shuffled.json.gz"))
     out, rep = graphs.name_replays(t, tr.attribute(t, QWEN), QWEN,
                                    shapes=graphs.DecodeShapes(1, 1024))
     assert rep.named_kernels == 0

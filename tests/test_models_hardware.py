@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tests.builders import SAMPLES
 from trace_roofline import hardware
 from trace_roofline.errors import InputError
 from trace_roofline.models import PRESETS, dtype_bytes, from_hf_config, get_model
@@ -119,7 +120,6 @@ FP8_TINY = {  # qwen-tiny's shapes, stored in fp8
 def test_fp8_config_extrapolates(tmp_path, dtype_fields):
     """An fp8 model loads with 1-byte elements and the fp8 peak, and --layers extrapolation adds
     its embedding and lm_head at 1 byte per element (hand-computed below)."""
-    from pathlib import Path
 
     from trace_roofline.pipeline import analyze_trace
 
@@ -128,7 +128,7 @@ def test_fp8_config_extrapolates(tmp_path, dtype_fields):
     m = get_model(str(p))
     assert m.dtype == "float8_e4m3fn" and m.bytes_per_element == 1
     assert hardware.get_hardware("h200-sxm").peak(m.dtype) == 1978.9e12
-    trace = Path(__file__).parent.parent / "sample_traces/qwen-tiny_decode_b2_s64_l2_cpu.json.gz"
+    trace = SAMPLES / "qwen-tiny_decode_b2_s64_l2_cpu.json.gz"
     a = analyze_trace(trace, m, layers=4)
     ext = a.extrapolated.set_index("operator")
     # decode, B=2: 2 tokens gather 2 rows of [1024, 256] (read + write) plus 2 int64 ids

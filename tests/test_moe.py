@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import io
 import itertools
 import json
@@ -14,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.builders import BF, F32, Op, attributed, concat
+from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, read
 from trace_roofline import calculator, moe, report, shapes
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
@@ -329,8 +328,8 @@ def test_mlp_costs_from_the_model_by_hand():
 
 
 # ----------------------------------------------------------------------------- real traces
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces" / "moe"
-TRACES = sorted(SAMPLES.glob("*.json.gz"))
+MOE = SAMPLES / "moe"
+TRACES = sorted(MOE.glob("*.json.gz"))
 ROUTED = {"router", "moe_dispatch", "experts_gate_up", "experts_act", "experts_down",
           "moe_combine"}
 
@@ -425,7 +424,7 @@ def test_report_prints_the_assumption_and_the_dense_equivalent(analysed):
 
 
 def test_layers_extrapolate_sparse_and_dense_layers():
-    path = SAMPLES / "hf-moe-qwen1.5-moe-a2.7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
+    path = MOE / "hf-moe-qwen1.5-moe-a2.7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
     model = get_model("qwen1.5-moe-a2.7b")
     att = attribute(load_trace(path), model)
     every = analyze(att, model, None, layers=24).extrapolated.set_index("operator")
@@ -494,10 +493,10 @@ def test_synthetic_vllm_traces_are_what_their_generator_writes(tmp_path):
 
     assert synth_fused_moe.main(["--out", str(tmp_path)]) == 0
     written = sorted(tmp_path.glob("*.json.gz"))
-    assert [p.name for p in written] == sorted(p.name for p in SAMPLES.glob("synthetic_*"))
+    assert [p.name for p in written] == sorted(p.name for p in MOE.glob("synthetic_*"))
     for p in written:
-        assert p.read_bytes() == (SAMPLES / p.name).read_bytes(), p.name
-        doc = json.loads(gzip.decompress(p.read_bytes()))
+        assert p.read_bytes() == (MOE / p.name).read_bytes(), p.name
+        doc = read(p)
         assert doc["trace_roofline_workload"]["synthetic"] is True
 
 
@@ -515,7 +514,7 @@ def test_tensor_parallel_shard_splits_every_expert():
 def test_grouped_mm_reads_only_active_experts_weights_on_the_h200():
     """Measured (Nsight Compute, H200, workloads/moe_grouped_ncu.py): torch's grouped GEMM at
     Mixtral's shapes reads A x one expert's weights when A of the 8 experts have rows."""
-    lines = (SAMPLES.parent / "provenance" / "moe_grouped_mm_ncu_h200.csv").read_text().splitlines()
+    lines = (SAMPLES / "provenance" / "moe_grouped_mm_ncu_h200.csv").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     ncu = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1], thousands=",")
     grouped = ncu[ncu["Kernel Name"].str.startswith("void cutlass::device_kernel")]
@@ -529,7 +528,7 @@ def test_grouped_mm_reads_only_active_experts_weights_on_the_h200():
 def test_grouped_mm_trace_without_a_model():
     """No --model: the experts from _grouped_mm's [E, K, N] weights, the router (H, E) and
     top-k from the trace's own topk call."""
-    path = SAMPLES / "hf-moe-mixtral-8x7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
+    path = MOE / "hf-moe-mixtral-8x7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
     a = analyze(attribute(load_trace(path)), None, None)
     layers = a.costed[a.costed["layer"].notna()].groupby(["step", "layer"])["operator"]
     assert all(set(ops) >= ROUTED for _, ops in layers)
@@ -541,7 +540,7 @@ def test_grouped_mm_trace_without_a_model():
 def test_fused_moe_trace_without_a_model():
     """No --model: the experts from the fused op's w13 [E, 2I, H], the router (H, E), top-k from
     its top-k ids."""
-    path = SAMPLES / "synthetic_vllm_fused_moe_mixtral-8x7b-2l_decode_b8_s512.json.gz"
+    path = MOE / "synthetic_vllm_fused_moe_mixtral-8x7b-2l_decode_b8_s512.json.gz"
     s = next(iter(analyze(attribute(load_trace(path)), None, None).moe.values()))
     assert (s["top_k"], s["experts"], s["tokens"]) == (2, 8.0, 8.0)
     assert s["experts_active"] == pytest.approx(8 * (1 - 0.75 ** 8))

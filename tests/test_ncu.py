@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.builders import SAMPLES
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
 from trace_roofline.ncu import (
@@ -458,7 +459,6 @@ def test_measured_by_operator_other_groupings():
 
 
 # ------------------------------------------------------------------------ the committed H200 file
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 DECODE_TRACE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 DECODE_CSV = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.ncu.csv"
 PAIRS = sorted(SAMPLES.glob("*.ncu.csv"))

@@ -2,8 +2,6 @@
 the serial run's tables; workers parse, the client does not; at most `jobs` traces in flight;
 worker errors reach the caller as the one-line InputError; results are small."""
 
-import gzip
-import importlib.util
 import json
 import pickle
 import shutil
@@ -17,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from benchmarks.tile import tile
+from tests.builders import ROOT, SAMPLES, read, run_cli
 from trace_roofline import report
 from trace_roofline.errors import InputError
 from trace_roofline.models import get_model
@@ -24,8 +24,6 @@ from trace_roofline.parallel import analyze_many, bounded_map, compact
 from trace_roofline.pipeline import analyze_trace, operators_frame
 from trace_roofline.roofline import coverage
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_traces"
 # Real traces of every kind: annotated H200, HF eager and compiled, fused, a TP=2 rank.
 TRACES = [SAMPLES / n for n in (
     "qwen2.5-7b_decode_b1_s2048_h200.json.gz",
@@ -93,11 +91,6 @@ def isolated(tmp_path, paths, model=None, timeout_s=10, **kwargs):
     return result
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True)
-
-
 @pytest.mark.parametrize("mode", [{"jobs": 1}, {"jobs": 2}, {"jobs": 2, "dask": "local"}],
                          ids=["serial", "jobs2", "dask-local"])
 def test_same_tables_as_serial(serial, mode, tmp_path):
@@ -123,7 +116,7 @@ def test_cli_jobs_and_dask_print_and_write_the_serial_outputs(tmp_path):
     texts, docs = {}, {}
     for name, flags in {"serial": [], "jobs": ["--jobs", "2"], "dask": ["--dask", "local"]}.items():
         out = tmp_path / f"{name}.json"
-        r = _cli("analyze", str(d), "--model", "qwen2.5-7b", "--json", str(out), *flags)
+        r = run_cli("analyze", str(d), "--model", "qwen2.5-7b", "--json", str(out), *flags)
         assert r.returncode == 0, r.stderr
         texts[name] = r.stdout.replace(str(out), "OUT")
         docs[name] = out.read_bytes()
@@ -182,10 +175,10 @@ def test_worker_input_error_names_the_file(tmp_path, mode):
 
 
 def test_cli_jobs_errors_exit_2(tmp_path):
-    r = _cli("analyze", str(TRACES[0]), str(tmp_path / "missing.json"), "--jobs", "2")
+    r = run_cli("analyze", str(TRACES[0]), str(tmp_path / "missing.json"), "--jobs", "2")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "missing.json" in r.stderr
-    r = _cli("analyze", str(TRACES[0]), "--jobs", "0")
+    r = run_cli("analyze", str(TRACES[0]), "--jobs", "0")
     assert r.returncode == 2 and "--jobs: expected a positive integer" in r.stderr
     with pytest.raises(InputError, match="jobs must be at least 1"):
         analyze_many(TRACES[:1], jobs=0)
@@ -201,7 +194,7 @@ def test_dask_unreachable_and_missing(tmp_path, monkeypatch):
 
 def _uncosted_trace(tmp_path) -> Path:
     """A real CPU trace whose aten::mul ops get a name with no cost rule (uncosted instances)."""
-    doc = json.loads(gzip.decompress((SAMPLES / "qwen-tiny_decode_b2_s64_l2_cpu.json.gz").read_bytes()))
+    doc = read(SAMPLES / "qwen-tiny_decode_b2_s64_l2_cpu.json.gz")
     for e in doc["traceEvents"]:
         if e.get("name") == "aten::mul":
             e["name"] = "aten::frobnicate"
@@ -234,18 +227,11 @@ def test_compact_keeps_every_sum_and_remark(tmp_path):
     assert (a.costed["uncosted"].isna() & a.costed["check"].isna()).all()  # TRACES[0]: all merge
 
 
-def _tile(src: Path, dst: Path, target_bytes: int) -> Path:
-    spec = importlib.util.spec_from_file_location("tile", ROOT / "benchmarks" / "tile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.tile(src, dst, target_bytes)
-    return dst
-
-
 def test_results_do_not_grow_with_the_trace(tmp_path):
     """A worker's answer is the operator tables and summaries: a trace tiled 10x in time (10x
     the steps and kernels) gives an answer of the same size, while the full Analysis grows."""
-    tiled = _tile(TRACES[0], tmp_path / "tiled.json", 10 * 400_000)
+    tiled = tmp_path / "tiled.json"
+    tile(TRACES[0], tiled, 10 * 400_000)
     small, big = analyze_many([TRACES[0], tiled], QWEN, **OPTIONS)
     assert len(analyze_trace(tiled, QWEN).costed) >= 9 * len(analyze_trace(TRACES[0], QWEN).costed)
     assert len(big.analysis.costed) == len(small.analysis.costed)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES
 from trace_roofline.passes import PASS_COLUMNS, forward_passes
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 QWEN = tr.get_model("qwen2.5-7b")
 
 

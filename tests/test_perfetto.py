@@ -1,6 +1,5 @@
 """`analyze --perfetto`: the trace enriched for Perfetto, read back by our own loader."""
 
-import gzip
 import json
 from pathlib import Path
 
@@ -9,11 +8,11 @@ import pandas as pd
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES, read
 from trace_roofline import perfetto
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 EAGER = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 COMPILED = SAMPLES / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz"
 CPU = SAMPLES / "qwen-tiny_decode_b2_s64_l2_noannot_cpu.json.gz"
@@ -28,18 +27,12 @@ def _enrich(path: Path, model: str, out: Path):
     return t, att, a, json.loads(out.read_bytes())
 
 
-def _events(path: Path) -> list:
-    with gzip.open(path) as f:
-        doc = json.load(f)
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
-
-
 @pytest.mark.parametrize(("path", "model"), [(EAGER, "qwen2.5-7b"), (COMPILED, "qwen2.5-7b"),
                                              (CPU, "qwen-tiny")])
 def test_enriched_trace(tmp_path, path, model):
     out = tmp_path / "e.json"
     t, att, a, doc = _enrich(path, model, out)
-    before, after = _events(path), doc["traceEvents"]
+    before, after = read(path)["traceEvents"], doc["traceEvents"]
     n = len(before)
     # Original events unchanged, except the analysed units' args.roofline; order kept.
     units = set(att["event_id"].tolist())
@@ -48,8 +41,7 @@ def test_enriched_trace(tmp_path, path, model):
             extra = e1["args"].pop("roofline")
             assert extra["operator"] == att.loc[att["event_id"] == i, "operator"].iloc[0]
         assert e0 == e1
-    with gzip.open(path) as f:  # the other top-level keys too
-        top = json.load(f)
+    top = read(path)  # the other top-level keys too
     assert {k: v for k, v in doc.items() if k != "traceEvents"} == {
         k: v for k, v in top.items() if k != "traceEvents"}
     # Our loader reads the same tables back, and the analysis is the same.
@@ -98,7 +90,7 @@ def test_kernel_shares_sum_to_their_instance():
 
 
 def test_array_format_and_changed_file(tmp_path):
-    events = _events(EAGER)
+    events = read(EAGER)["traceEvents"]
     src = tmp_path / "array.json"
     src.write_text(json.dumps(events))
     out = tmp_path / "out.json"
@@ -127,7 +119,7 @@ def test_small_chunks_split_events_exactly(tmp_path, monkeypatch, array):
     src = EAGER
     if array:
         src = tmp_path / "array.json"
-        src.write_text(json.dumps(_events(EAGER), indent=1))
+        src.write_text(json.dumps(read(EAGER)["traceEvents"], indent=1))
     t = tr.load_trace(src)
     att, a = tr.attribute_trace(t)[0], tr.analyze_trace(t)
     whole = b"".join(perfetto.enriched_trace(t, att, a))

@@ -1,7 +1,6 @@
 """Rank discovery (distributedInfo, file names), duplicate ranks, the cross-rank summary, and the
 CLI's rank output, on real sample traces copied under rank-style names."""
 
-import gzip
 import json
 import math
 import shutil
@@ -10,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.builders import SAMPLES, read
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
 from trace_roofline.parallel import analyze_many
@@ -23,7 +23,6 @@ from trace_roofline.ranks import (
     unranked_note,
 )
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 B1 = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 B64 = SAMPLES / "qwen2.5-7b_decode_b64_s2048_h200.json.gz"
 TINY = SAMPLES / "qwen-tiny_decode_b2_s64_l2_cpu.json.gz"
@@ -71,7 +70,7 @@ def test_bad_distributed_rank_is_an_input_error(bad):
 
 
 def _with_distributed_info(src: Path, dst: Path, **info) -> Path:
-    doc = json.loads(gzip.decompress(src.read_bytes()))
+    doc = read(src)
     doc["distributedInfo"] = {"backend": "nccl", "pg_count": 1, **info}
     dst.write_text(json.dumps(doc))
     return dst

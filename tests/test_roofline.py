@@ -2,13 +2,12 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from roofline_fixtures import BF, F32, Op, attributed, concat, qwen_layer
 
+from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, gpu_trace, qwen_layer, write
 from trace_roofline import costs, roofline
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware, get_hardware
@@ -219,7 +218,6 @@ def test_reconcile_is_per_phase():
 
 
 # ------------------------------------------------ end to end on the committed H200 traces
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -415,8 +413,6 @@ def test_malformed_and_implausible_shapes_are_warnings_not_placements(tmp_path):
     """A trace whose Input Dims hold -4 (malformed: uncosted, counted, warned) and 10**15 rows
     (a q_proj GEMM of 2·10^15·3584² FLOPs in 3.5 µs, ~10^13x the H200's roof: warned, never
     placed); the attention op stays costed and placed."""
-    from trace_factory import gpu_trace, write
-
     from trace_roofline.pipeline import analyze_trace
 
     doc = gpu_trace(steps=1)

@@ -2,12 +2,11 @@
 
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from roofline_fixtures import BF, F32, Op, attributed, concat, qwen_layer
 
+from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, qwen_layer
 from trace_roofline import shapes
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
@@ -253,7 +252,6 @@ def test_triton_kernel_fusing_an_embedding_reads_only_the_gathered_rows():
 
 
 # ------------------------------------------------------------- Triton work size, broadcasts
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
 
 def strided(ops: list[Op], strides: list) -> pd.DataFrame:

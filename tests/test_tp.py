@@ -10,14 +10,12 @@ against the NCCL kernels read straight from the JSON.
 
 from __future__ import annotations
 
-import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.builders import SAMPLES, read, run_cli
 from trace_roofline import comms
 from trace_roofline.errors import InputError
 from trace_roofline.models import get_model
@@ -26,7 +24,7 @@ from trace_roofline.tp import infer_tp
 
 QWEN = get_model("qwen2.5-7b")
 H, NQ, NKV, D, INTER, T = 3584, 28, 4, 128, 18944, 2
-TP2 = Path("sample_traces/tp2")
+TP2 = SAMPLES / "tp2"
 FOLDERS = {  # folder -> (phase, M tokens, rank files in rank order)
     "tp2-qwen2.5-7b-2l_decode_b8_s2048_h200": ("decode", 8, ["rank0.json.gz", "rank1.json.gz"]),
     "tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200": (
@@ -48,8 +46,7 @@ def analyses() -> dict[tuple[str, int], object]:
 
 def nccl_kernel_us(path: Path) -> float:
     """Σ duration of the ncclDevKernel_* kernels, read straight from the trace file."""
-    with gzip.open(path) as f:
-        events = json.load(f)["traceEvents"]
+    events = read(path)["traceEvents"]
     return sum(e["dur"] for e in events
                if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_"))
 
@@ -172,15 +169,13 @@ def test_report_flags_slow_communication(analyses) -> None:
 
 def test_cli_tp_flag_and_report(tmp_path: Path) -> None:
     trace = TP2 / "tp2-qwen2.5-7b-2l_decode_b8_s2048_h200" / "rank1.json.gz"
-    run = subprocess.run([sys.executable, "-m", "trace_roofline.cli", "analyze", str(trace),
-                          "--model", "qwen2.5-7b", "--tp", "2", "--json", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, check=True)
+    run = run_cli("analyze", str(trace), "--model", "qwen2.5-7b", "--tp", "2", "--json",
+                  str(tmp_path / "r.json"), check=True)
     assert "tp 2" in run.stdout and "communication (decode): 12 collective kernel(s)" in run.stdout
     assert "link 331.7 GB/s per direction" in run.stdout
     entry = json.loads((tmp_path / "r.json").read_text())["traces"][0]
     assert entry["tp"] == 2 and entry["communication"]["decode"]["kernels"] == 12
     assert entry["hardware"]["link_bandwidth_bytes_per_s"] == 331662864726.8528
-    bad = subprocess.run([sys.executable, "-m", "trace_roofline.cli", "analyze", str(trace),
-                          "--model", "qwen2.5-7b", "--tp", "3"], capture_output=True, text=True)
+    bad = run_cli("analyze", str(trace), "--model", "qwen2.5-7b", "--tp", "3")
     assert bad.returncode == 2 and "--tp=3 does not divide" in bad.stderr
     assert bad.stdout == ""

@@ -2,7 +2,6 @@
 real trace."""
 
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -11,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from trace_factory import cpu_trace, gpu_trace, legacy_trace, write
 
+from benchmarks.tile import tile
+from tests.builders import SAMPLES, cpu_trace, gpu_trace, legacy_trace, read, write
+from tests.test_robustness import FILE_CASES
 from trace_roofline.errors import InputError
 from trace_roofline.trace import (
     SCHEMAS,
@@ -324,13 +325,13 @@ def test_progress_bar_is_silent_off_a_tty(tmp_path):
     assert small.getvalue() == ""  # below min_bytes nothing is drawn
 
 
-SAMPLES = sorted((Path(__file__).resolve().parent.parent / "sample_traces").glob("*.json.gz"))
+COMMITTED = sorted(SAMPLES.glob("*.json.gz"))
 
 
-@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
 def test_committed_traces_match_a_stdlib_reading(path):
     """Every committed real trace: each table holds exactly its events, timings bit for bit."""
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read(path)
     events = doc["traceEvents"]
     tr = load_trace(path)
     assert_schema(tr)
@@ -365,16 +366,6 @@ def test_committed_traces_match_a_stdlib_reading(path):
 # ----------------------------------------------------------------------------------------------
 # Two processes: big files fork a worker for the later events; the tables must not change
 # ----------------------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _tile():
-    spec = importlib.util.spec_from_file_location("tile", ROOT / "benchmarks" / "tile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.tile
-
-
 def column_bits(s: pd.Series):
     """Everything that defines a column: categories in order and codes, mask and values, bytes."""
     if isinstance(s.dtype, pd.CategoricalDtype):
@@ -449,8 +440,8 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork") or parallel.usable_cores
 
 def _tiled(tmp_path, source: str, copies: int = 3) -> Path:
     path = tmp_path / f"tiled_{source}.json"
-    src = ROOT / "sample_traces" / source
-    _tile()(src, path, copies * len(gzip.decompress(src.read_bytes())))
+    src = SAMPLES / source
+    tile(src, path, copies * len(gzip.decompress(src.read_bytes())))
     return path
 
 
@@ -611,8 +602,6 @@ def test_unproven_splits_fall_back_to_one_process(tmp_path, both, case):
 
 @needs_fork
 def test_every_malformed_file_case_gives_the_same_error_in_parallel(tmp_path, both):
-    from test_robustness import FILE_CASES
-
     for case, (data, _) in FILE_CASES.items():
         path = tmp_path / f"{case}.json"
         path.write_bytes(data)

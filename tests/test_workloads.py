@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.builders import ROOT, read
 
 torch = pytest.importorskip("torch")
 
@@ -17,16 +18,10 @@ from workloads.layer import OPERATORS, DecoderStack  # noqa: E402
 from workloads.runner import RunConfig, build, check_correctness, gpu_tag, run, trace_stem  # noqa: E402,E501
 
 TINY = get_model("qwen-tiny")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def quiet(msg: str) -> None:
     pass
-
-
-def load_events(path: str | Path) -> list[dict]:
-    with gzip.open(path) as f:
-        return json.load(f)["traceEvents"]
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
@@ -117,8 +112,7 @@ def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
     assert main(args) == 0
     path = tmp_path / "hf-qwen2-qwen-tiny-2l_decode_b1_s8_static_cpu.json.gz"
     assert capsys.readouterr().out.strip() == str(path)
-    with gzip.open(path) as f:
-        trace = json.load(f)
+    trace = read(path)
     meta = trace["trace_roofline_workload"]
     assert (meta["cache"], meta["max_cache_len"], meta["compile"]) == ("StaticCache", 16, False)
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
@@ -161,7 +155,7 @@ def cpu_decode_trace(tmp_path_factory) -> dict:
 def test_profiled_cpu_run_has_every_range_with_shapes(cpu_decode_trace: dict) -> None:
     path = Path(cpu_decode_trace["trace"])
     assert path.name == "qwen-tiny_decode_b2_s48_cpu.json.gz"
-    events = load_events(path)
+    events = read(path)["traceEvents"]
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     assert len(steps) == 2
     for op in OPERATORS["separate"]:
@@ -181,8 +175,7 @@ def test_profiled_cpu_run_has_every_range_with_shapes(cpu_decode_trace: dict) ->
 
 
 def test_trace_carries_workload_metadata(cpu_decode_trace: dict) -> None:
-    with gzip.open(cpu_decode_trace["trace"]) as f:
-        meta = json.load(f)["trace_roofline_workload"]  # a JSON object at the top level
+    meta = read(cpu_decode_trace["trace"])["trace_roofline_workload"]  # a JSON object at the top level
     assert meta["phase"] == "decode" and meta["batch"] == 2 and meta["context"] == 48
 
 
@@ -190,7 +183,7 @@ def test_unannotated_run_has_no_operator_ranges(tmp_path: Path) -> None:
     summary = run(RunConfig(model="qwen-tiny", phase="prefill", tokens=16, device="cpu",
                             annotate="none", warmup=1, steps=1, out=str(tmp_path)),
                   progress=quiet)
-    events = load_events(summary["trace"])
+    events = read(summary["trace"])["traceEvents"]
     names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
     assert names == {"ProfilerStep#1"}
     assert any(e["name"] == "aten::scaled_dot_product_attention" for e in events)
@@ -216,7 +209,7 @@ def test_bad_shapes_are_rejected() -> None:
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "workloads", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
 def test_cli_run_writes_what_it_promises(tmp_path: Path) -> None:
@@ -232,7 +225,7 @@ def test_cli_run_writes_what_it_promises(tmp_path: Path) -> None:
     assert f"wrote {want}" in r.stderr  # progress ends saying where the file is
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["trace"] == str(want) and summary["check"][0]["out"] < 1e-5
-    assert any(e["name"] == "q_proj" for e in load_events(want))
+    assert any(e["name"] == "q_proj" for e in read(want)["traceEvents"])
 
 
 def test_cli_run_rejects_bad_arguments(tmp_path: Path) -> None:
@@ -258,7 +251,7 @@ def test_cli_sweep_cpu(tmp_path: Path) -> None:
     # M=64: I = 2*64*256*256 / ((64*256 + 256*256 + 64*256) * 4) = 21.33 > ridge 1e11/1e10 = 10
     assert rows[64]["intensity"] == pytest.approx(21.333, rel=1e-4)
     assert rows[1]["bound"] == "memory" and rows[64]["bound"] == "compute"
-    events = load_events(res["trace"])
+    events = read(res["trace"])["traceEvents"]
     assert {"m_sweep.M1", "m_sweep.M64"} <= {e["name"] for e in events}
     mm = [e["args"]["Input Dims"] for e in events if e.get("name") == "aten::mm"]
     assert [[64, k], [k, n]] in mm and [[1, k], [k, n]] in mm
@@ -331,7 +324,7 @@ def test_calibration_catches_wrong_output(monkeypatch) -> None:
 
 
 def test_committed_h200_calibration_is_auditable() -> None:
-    hw = json.loads((REPO / "trace_roofline" / "data" / "h200_measured.json").read_text())
+    hw = json.loads((ROOT / "trace_roofline" / "data" / "h200_measured.json").read_text())
     assert hw["name"] == "h200-measured" and hw["device_names"] == ["NVIDIA H200"]
     mm = [m for m in hw["measurements"] if m["kind"] == "matmul"]
     for key, peak in hw["peak_flops"].items():
@@ -358,12 +351,12 @@ def test_trace_roofline_cli_has_workload_commands(tmp_path: Path, capsys) -> Non
 
 
 # ------------------------------------------------------------------------ capture_all.sh
-CAPTURE_ALL = REPO / "workloads" / "capture_all.sh"
+CAPTURE_ALL = ROOT / "workloads" / "capture_all.sh"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_capture_all_refuses_without_a_gpu(tmp_path: Path) -> None:
-    r = subprocess.run(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=REPO,
+    r = subprocess.run(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "CAPTURE_WORK": str(tmp_path / "w")})
     assert r.returncode == 2 and "torch sees no CUDA GPU" in r.stderr
@@ -387,7 +380,7 @@ def test_capture_all_stops_its_children_when_interrupted(tmp_path: Path) -> None
     (fake / "python3").chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "CAPTURE_WORK": str(tmp_path / "w"),
            "PIDFILE": str(pidfile)}
-    script = subprocess.Popen(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=REPO,
+    script = subprocess.Popen(["bash", str(CAPTURE_ALL), str(tmp_path / "out")], cwd=ROOT,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               start_new_session=True)
     try:

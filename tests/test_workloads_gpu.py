@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
+
+from tests.builders import read
 
 torch = pytest.importorskip("torch")
 
@@ -46,8 +45,7 @@ def test_compiled_layer_matches_eager() -> None:
 def test_profiled_cuda_run_has_kernels_in_every_range(tmp_path) -> None:
     summary = run(RunConfig(model="qwen2.5-7b", phase="decode", batch=2, context=256,
                             device="cuda", steps=2, out=str(tmp_path)), progress=lambda m: None)
-    with gzip.open(summary["trace"]) as f:
-        events = json.load(f)["traceEvents"]
+    events = read(summary["trace"])["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     gpu_ranges = [e for e in events if e.get("cat") == "gpu_user_annotation"]
     assert kernels

@@ -91,11 +91,15 @@ class CacheStatus:
 
 @dataclasses.dataclass(frozen=True)
 class CacheInfo:
-    """The cache directory and what it holds (entries = cached source files)."""
+    """The cache directory and what it holds: entries (cached source files) and the complete
+    parts of each kind, parsed trace tables (one per file), attributions (one per file and
+    model) and finished analyses (one per file and argument set)."""
 
     directory: Path
     entries: int
-    parts: int
+    traces: int
+    attributions: int
+    analyses: int
     total_bytes: int
 
 
@@ -237,15 +241,18 @@ class TraceCache:
         return result
 
     def info(self) -> CacheInfo:
-        """Entries, complete parts and bytes on disk (temporary leftovers included)."""
-        entries = parts = size = 0
+        """Entries, complete parts of each kind and bytes on disk (temporary leftovers
+        included)."""
+        entries = size = 0
+        kinds: list[str] = []  # one per complete part: "trace", "attributed" or "analysis"
         for version in self._version_dirs():
             for entry in version.iterdir():
                 found = list(entry.glob(f"*/{_MANIFEST}")) if entry.is_dir() else []
                 entries += bool(found)
-                parts += len(found)
+                kinds += (m.parent.name.partition("-")[0] for m in found)
             size += sum(f.stat().st_size for f in version.rglob("*") if f.is_file())
-        return CacheInfo(self.directory, entries, parts, size)
+        return CacheInfo(self.directory, entries, kinds.count(_TRACE_PART),
+                         kinds.count(_ATTRIBUTED), kinds.count(_ANALYSIS), size)
 
     def clear(self) -> int:
         """Remove every cached part (only the `v<N>` directories this module creates); return

@@ -189,8 +189,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         print(f"cleared {cache.directory}: {cache.clear() / 1e6:.1f} MB freed")
         return 0
     info = cache.info()
-    print(f"cache {info.directory}\n{info.entries} trace(s), {info.parts} part(s), "
-          f"{info.total_bytes / 1e6:.1f} MB")
+    print(f"cache {info.directory}: {info.entries} trace file(s), {info.total_bytes / 1e6:.1f} MB\n"
+          f"  parsed trace tables {info.traces:>5}  (one per trace file)\n"
+          f"  attributions        {info.attributions:>5}  (one per trace file and model)\n"
+          f"  finished analyses   {info.analyses:>5}  (one per trace file and argument set)")
     return 0
 
 
@@ -451,13 +453,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
 
-    p = sub.add_parser("cache", help="the parsed-trace cache: where it is and its size, or clear it",
-                       description="Parsed trace tables and attributions are cached as Arrow files in "
+    p = sub.add_parser("cache", help="the cache of parsed trace tables, attributions and finished "
+                                     "analyses: where it is, what it holds, or clear it",
+                       description="analyze caches three kinds of entries per trace file in "
                                    "$TRACE_ROOFLINE_CACHE_DIR, else $XDG_CACHE_HOME/trace-roofline, "
-                                   "else ~/.cache/trace-roofline; a re-run of analyze reads them back.",
+                                   "else ~/.cache/trace-roofline: the parsed trace tables (Arrow), "
+                                   "the attribution of kernels to operators, one per model (Arrow), "
+                                   "and the finished analysis, one per argument set (model, hardware, "
+                                   "conventions, ...). A re-run with the same arguments reads the "
+                                   "analysis back whole; other arguments reuse the tables and the "
+                                   "attribution. Nothing is written next to your trace.",
                        epilog="examples:\n  trace-roofline cache info\n  trace-roofline cache clear")
     p.add_argument("action", choices=["info", "clear"],
-                   help="info: location, entries and size; clear: delete every entry (default: none)")
+                   help="info: location, size and the count of each kind of entry; clear: delete "
+                        "every entry (default: none)")
     p.set_defaults(func=_cmd_cache)
     from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
 
