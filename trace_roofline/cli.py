@@ -423,8 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the trace enriched for ui.perfetto.dev: kernel args, operator "
                         "slices, TFLOP/s and GB/s counters (one trace; .gz compresses) (default: none)")
     p.add_argument("--no-cache", action="store_true",
-                   help="neither read nor write the parsed-trace cache (see `cache info`; default: "
-                        "use it)")
+                   help="neither read nor write the cache of parsed trace tables, attributions "
+                        "and finished analyses (see `cache info`; default: use it)")
     add_force_arg(p)
     p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                    help="analyse N traces at a time in local processes (default: 1, in this process)")
