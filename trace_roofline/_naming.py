@@ -23,6 +23,13 @@ Evidence, strongest first inside this module:
   - attention: every tensor argument 4-D (or 0-d), so no projection output is read: K/V
     expanded to every query head, or SDPA's mask (eager HF's repeat_kv copies are attention).
   - RoPE otherwise (Q's rotation, always a kernel of its own).
+- q/k norms (`_qk_norms`: HF Qwen3's q_norm / k_norm, an RMSNorm of each head before RoPE):
+  the norm ops (pow / mean / rsqrt ..., or a fused rms_norm, with their casts and multiplies)
+  right after q_proj are q_norm, after k_proj k_norm (after a fused qkv_proj: the first norm
+  q's, the second k's), up to the first RoPE op. Only where the norm is per head: its input's
+  last dim is below the projection's N (eager shapes), or, naming a CUDA graph from kernel
+  names (no shapes), where the model says it has them (ModelSpec.qk_norm). Evidence
+  `position`.
 - Mixture-of-experts layers (operators.MOE), anchored by the expert GEMMs the model's shapes
   name (the router H -> E, the routed experts' gate_up H -> 2I (or gate and up, H -> I) and
   down I -> H, the shared expert's projections and its sigmoid gate H -> 1), whatever form
@@ -63,6 +70,12 @@ MLP_IN = operators.at_stage(Stage.MLP_IN)
 BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
 NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
                  "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_"}
+# an engine's norm that adds the residual itself (vLLM, SGLang): no residual add kernel before it
+ADD_NORM_OPS = {"fused_add_rms_norm"}
+# the op that opens a norm: RMSNorm as HF writes it (x.pow(2).mean(-1)...), or a fused norm op
+NORM_OPEN_OPS = NORM_CORE_OPS - {"mean", "rsqrt", "var"}
+# ops only RoPE runs (rotate_half's neg, the cos/sin tables, an engine's rotary op)
+ROTARY_OPS = {"neg", "cos", "sin", "rotary_embedding", "apply_rotary_emb", "_apply_rotary_emb"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
 ROPE_CORE_OPS = {"neg", "cos", "sin", "mul", "add", "rotary_embedding", "apply_rotary_emb",
                  "_apply_rotary_emb"}
@@ -74,10 +87,11 @@ ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_an
            "gelu_tanh_and_mul", "swiglu", "relu", "relu_"}
 SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
 # MoE: token permutation ops that open the dispatch after the router's top-k (as the op or the
-# outermost op around it: sort's own copies), the router's top-k, and the ops that accumulate
+# outermost op around it: sort's own copies; its arange, which opens it in a kernel sequence),
+# the router's top-k, and the ops that accumulate
 # the experts' outputs back into tokens
 DISPATCH_OPS = {"sort", "argsort", "histc", "bincount", "one_hot", "repeat_interleave",
-                "nonzero", "where", "zeros_like", "moe_align_block_size",
+                "nonzero", "where", "zeros_like", "arange", "moe_align_block_size",
                 "sgl_moe_align_block_size"}
 SYNC_OPS = {"_local_scalar_dense", "item"}  # a loop's expert index read back to the host
 TOPK_OPS = {"topk", "topk_softmax", "topk_sigmoid", "fused_topk", "grouped_topk"}
@@ -138,6 +152,10 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "attn": operators.recognise(operators.ATTENTION, base),
         "emb": operators.recognise(operators.EMBEDDING, base),
         "normcore": base.isin(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
+        "normopen": base.isin(NORM_OPEN_OPS) | tri.str.contains(_TOK_NORM),
+        "rotary": base.isin(ROTARY_OPS) | tri.str.contains(_TOK_ROPE),
+        "mul": base == "mul",
+        "addnorm": base.isin(ADD_NORM_OPS),
         "cast": base.isin(CAST_OPS),
         "ropecore": base.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
         "cossin": base.isin({"cos", "sin"}),
@@ -178,6 +196,8 @@ def classify(inst: pd.DataFrame) -> pd.DataFrame:
     out["kvonly"] |= (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & dims["only4d"].to_numpy(dtype=bool)
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
+    out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
+    out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
     return out.drop(columns=["tristore", "tricat"])
 
 
@@ -185,7 +205,8 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
     """Per distinct Input Dims text: has4d (some argument is 4-D), only4d (the others are 0-d
     or no tensor), grows (a 4-D argument equals another but for a longer dim 2: a cache
     [B, h, S, d] and the same cache with the new tokens appended), rank3 (the first argument
-    is 3-D: a sum over top-k of [tokens, k, H], not a renormalisation over [tokens, k])."""
+    is 3-D: a sum over top-k of [tokens, k, H], not a renormalisation over [tokens, k]),
+    rank0 and last0 (the first argument's rank and last dim; 0 and -1 when it is no tensor)."""
     text = dims.fillna("")
     has4d = text.str.contains(_DIMS_4D)
     rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
@@ -197,9 +218,13 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
                    for a in shapes for b in shapes)
 
     grows = [appended(f) if isinstance(f, list) and len(f) > 1 else False for f in four]
+    first = text.str.extract(r"^\[\s*\[([\d\s,]*)\]")[0].fillna("").str.findall(r"\d+")
     return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(r"\d"),
                          "grows": pd.Series(grows, index=text.index, dtype=bool),
-                         "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")})
+                         "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"),
+                         "rank0": first.str.len().astype("int64"),
+                         "last0": pd.to_numeric(first.str[-1], errors="coerce")
+                         .fillna(-1).astype("int64")})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,11 +451,14 @@ def _region_max(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: 
     return np.where(np.isinf(s), default, s)
 
 
-def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.Series]:
+def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
+                   ) -> tuple[pd.Series, pd.Series]:
     """Name every instance from anchors and op names. Returns (operator, evidence): `shape`
     for GEMMs matched to a linear, `kernel_name` for ops recognised by their name (attention,
     embedding), `position` for the rest (attribute.py turns names outside the vocabulary, such as
-    `other` and `linear[K×N]`, into `fallback`)."""
+    `other` and `linear[K×N]`, into `fallback`). `qk_norm`: whether the model normalises q and
+    k per head (graphs.py's kernel-name naming, which has no shapes); None: the shapes say,
+    per projection (`_qk_norms`)."""
     f = classify(inst)
     n = len(inst)
     grp = inst["grp"].to_numpy()
@@ -475,6 +503,14 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     Pa, Na = P.to_numpy(), N.to_numpy()
     # a layer opens with its input projections (torch.compile may schedule k_proj before q_proj)
     p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(PROJ_IN))
+    if qk_norm is None:  # a norm over a per-head view: its last dim below the projection's N
+        anchor_n = (inst["N"].to_numpy() if "N" in inst else np.full(n, -1))
+        region_n = pd.Series(anchor_n).groupby(region).transform("first").to_numpy()
+        per_head = F["normopen"] & (F["rank0"] >= 3) & (F["last0"] > 0) & (F["last0"] < region_n)
+        per_head = pd.Series(per_head).groupby(region).transform("any").to_numpy()
+    else:
+        per_head = np.full(n, qk_norm)
+    qk_name = _qk_norms(region, pos, F, Pa, p_in & per_head, norm_start, attn_core)
     # before the first layer: at the start, after the embedding, or after the last pass's
     # lm_head when the embedding is fused away (torch.compile) and no ProfilerStep separates
     # the passes
@@ -490,6 +526,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
     dispatch_start = _region_min(region, pos, F["dispatch"], inf)
     last_acc = _region_max(region, pos, F["acc"], -1)  # the last accumulation into tokens
     last_add = _region_max(region, pos, F["add"] & before_norm, -1)  # the residual add
+    add_norm = _region_min(region, pos, F["addnorm"], inf) < inf  # ... unless the norm adds it
     in_fused = F["fused_moe"]  # an engine's fused MoE op, or an op inside one
     rules: list[Rule] = [  # P: the anchor before, N: the anchor after; first match wins
         (is_anchor, anchor.fillna("").to_numpy()),  # a matched GEMM, attention, embedding
@@ -510,7 +547,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         (p_tail & n_expert & (pos <= last_acc), "moe_combine"),
         (p_tail & n_expert, "moe_dispatch"),
         (p_tail & F["sigmoid"], "router"),  # the shared expert's gate
-        (p_tail & n_next & before_norm & (pos == last_add), "residual"),
+        (p_tail & n_next & before_norm & (pos == last_add) & ~add_norm, "residual"),
         (p_tail & before_norm, "moe_combine"),
         (p_tail & n_start, "input_norm"),
         (p_tail, "final_norm"),
@@ -521,6 +558,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
         (p_router, "final_norm"),
         (np.isin(Pa, list(SHARED_IN)), "act"),  # the shared expert's activation
         # between the input projections and attention (or o_proj)
+        (qk_name != "", qk_name),  # q/k RMSNorms over the head dim, before RoPE
         (after_proj & (pos >= attn_core), "attention"),  # from the first softmax / bmm on
         (after_proj & kv, "kv_cache"),  # cache writes (after the last RoPE op)
         (after_proj & F["attnprep"], "attention"),  # Triton kernels on 4-D buffers only
@@ -551,6 +589,36 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series) -> tuple[pd.Series, pd.S
                             (is_anchor | F["emb"] | by_name, "kernel_name")],  # op names
                            "position")
     return name, pd.Series(evidence, index=inst.index, dtype="string")
+
+
+def _qk_norms(region: np.ndarray, pos: np.ndarray, F: dict[str, np.ndarray], Pa: np.ndarray,
+              p_in: np.ndarray, norm_start: np.ndarray, attn_core: np.ndarray) -> np.ndarray:
+    """Per instance "q_norm", "k_norm" or "": the RMSNorm of q and of k over the head dim
+    (HF Qwen3 / Qwen3-MoE `q_norm`, `k_norm`; vLLM's Qwen3 after its fused qkv_proj alike), by
+    its op pattern and place. `p_in`: regions opened by an input projection whose norm is per
+    head (a norm over the projection's whole output, e.g. the norm after an o_proj misnamed as
+    a projection of q, k or v, is not). In such a region, the ops from its first norm op (and
+    the cast before it) up to RoPE (its first neg / cos / sin / rotary op, and the q·cos mul
+    right before it), the first attention op or the region's end. After q_proj it is q's norm,
+    after k_proj k's (HF: q_proj, q_norm, k_proj, k_norm, v_proj, RoPE); after a fused qkv_proj
+    (or v_proj) the first norm is q's, the next k's, each opened by its first op (pow, a fused
+    rms_norm) or the cast before it. Dense Llama/Qwen2 layers have no norm op there, so nothing
+    is named."""
+    inf = float(len(pos) + 1)
+    last_norm = _region_max(region, pos, F["normcore"], -1)
+    rot = _region_min(region, pos, F["rotary"] & (pos > last_norm), inf)
+    q_cos = pd.Series((pos == rot - 1) & F["mul"]).groupby(region).transform("any").to_numpy()
+    span = (p_in & (last_norm >= 0) & (pos >= norm_start) & (pos < rot - q_cos)
+            & (pos < attn_core))
+    same_prev = np.r_[False, region[1:] == region[:-1]]
+    same_next = np.r_[region[:-1] == region[1:], False]
+    prev_cast = np.r_[False, F["cast"][:-1]] & same_prev
+    next_open = np.r_[F["normopen"][1:], False] & same_next
+    opens = span & ((F["cast"] & next_open) | (F["normopen"] & ~prev_cast))
+    nth = pd.Series(opens.astype(np.int64)).groupby(region).cumsum().to_numpy()
+    rules: list[Rule] = [(~span, ""), (Pa == "q_proj", "q_norm"), (Pa == "k_proj", "k_norm"),
+                         (nth <= 1, "q_norm")]
+    return first_match(rules, "k_norm")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -594,8 +662,9 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     HF class when it says (QKVParallelLinear) or else by call order inside their parent:
     attention q,k,v,o (or qkv,o), MLP gate,up,down (or gate_up,down); a Linear outside every
     decoder layer is lm_head. Norms: 1st in a layer input_norm, 2nd post_attention_norm,
-    outside layers final_norm. Inside attention but no submodule: RoPE / KV cache / attention
-    from `position`; inside the MLP: act; inside the layer only: residual.
+    outside layers final_norm; inside attention the 1st q_norm, the 2nd k_norm. Inside
+    attention but no submodule: q/k norm / RoPE / KV cache / attention from `position`; inside
+    the MLP: act; inside the layer only: residual.
     Layer = the instance suffix of the enclosing decoder-layer frame (Qwen2DecoderLayer_3 -> 3).
     """
     n = len(inst_t)
@@ -648,9 +717,15 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     nrm_name = pd.Series("", index=nrm.index, dtype="string")
     if len(nrm):
         pl, pa = parent_of(nrm, "layer"), parent_of(nrm, "attn")
-        rank = pd.Series(nrm["s"].to_numpy()).groupby(pl).rank(method="first").to_numpy() - 1
+        start = pd.Series(nrm["s"].to_numpy())
+        # the layer's own norms rank among themselves, q/k norms inside attention apart
+        rank = start.where(pa < 0).groupby(pl).rank(method="first").to_numpy() - 1
+        in_attn = start.groupby(pa).rank(method="first").to_numpy() - 1
         rules = [
-            (pa >= 0, ""),  # inside attention (a q/k norm): not one of the layer's norms
+            # inside attention: q's norm, then k's (HF Qwen3 q_norm, k_norm), not layer norms
+            ((pa >= 0) & (in_attn == 0), "q_norm"),
+            ((pa >= 0) & (in_attn == 1), "k_norm"),
+            (pa >= 0, ""),
             (pl < 0, "final_norm"),  # outside every decoder layer
             (rank == 0, "input_norm"),  # a layer's 1st norm
             (rank == 1, "post_attention_norm"),  # its 2nd
@@ -665,7 +740,8 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
         return np.where(idx >= 0, arr[np.maximum(idx, 0)] if len(arr) else "", "")
 
     pos = position.fillna("").to_numpy(dtype=object)
-    in_attn = np.where(np.isin(pos, ["rope", "kv_cache", "attention"]), pos, "attention")
+    in_attn = np.where(np.isin(pos, ["q_norm", "k_norm", "rope", "kv_cache", "attention"]), pos,
+                       "attention")
     # the innermost module of each kind around the instance that names it, most specific first
     candidates = [
         pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),

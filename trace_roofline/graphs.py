@@ -41,14 +41,23 @@ its replays, so the cost is linear in kernels. Evidence, best first (`evidence` 
    after it) and be named in that order, the GEMM after the last layer is lm_head; every layer
    (first projection .. down_proj) must repeat the same GEMM and attention kernels in the same
    order, and share >= LAYER_MATCH of its kernels with the last layer in order (Triton kernels
-   compared without their numeric suffix). At least two layers are required.
+   compared without their numeric suffix). At least two layers are required. A sparse layer
+   of a mixture-of-experts model (every traced layer sparse) has o, router, experts_gate_up,
+   experts_down after attention (Qwen2-MoE: o, the shared expert's gate, up, down, router,
+   experts_gate_up, experts_down, the shared expert's sigmoid gate), one GEMM each for all
+   experts: torch's grouped GEMM (its `prepare_grouped_gemm_data` kernel joins it), batched_mm's
+   bmm, vLLM's `fused_moe_kernel` (w13, then w2). The router's top-k (gatherTopK and its own
+   sort), the dispatch's sort / histc / cumsum / gathers, vLLM's topk_softmax, moe_align,
+   silu_and_mul and moe_sum kernels are recognised by name, and named by their place as in
+   eager traces (router, moe_dispatch, experts_act, moe_combine).
    The rest is named as in eager traces from its place between these anchors and its kernel's
    op (`_naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
    sequence is never named.
 Costs for `kernel_name` graphs (and for graph_map graphs whose shapes were refused) come only
 from `shapes` (--batch B --context S, decode: T = 1): the projections as [B, K] x [K, N], lm_head
-[B, H] x [H, V], attention Q [B, n_q, 1, d] over K, V [B, n_kv, S, d]; the other operators stay
-named but uncosted.
+[B, H] x [H, V], attention Q [B, n_q, 1, d] over K, V [B, n_kv, S, d], the router and the routed
+experts (one grouped GEMM each over B·k rows) of a MoE model, q/k norms as RMSNorms over
+[B, heads, d] (`user_shapes`); the other operators stay named but uncosted.
 """
 
 from __future__ import annotations
@@ -62,7 +71,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming, dtypes, operators
+from trace_roofline import _naming, dtypes, moe, operators
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
 from trace_roofline.models import ModelSpec
@@ -79,22 +88,43 @@ CARRIED = ("operator", "op_name", "input_dims", "input_types", "concrete_inputs"
 _REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk")
 _TRITON_SUFFIX = re.compile(r"_\d+$")
 
-# Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order.
+# Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order;
+# PREPARE sets up the grouped GEMM after it (its part, like a memset before a kernel).
+PREPARE = "grouped_gemm_prepare"
 KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
     (r"simt_sgemm|_sgemm_", "fp32_gemm"),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
     (r"^triton_tem_fused_(?:addmm|mm)", "gemm"),
-    (r"flash_fwd|flash_fprop|fmha|_sdpa_|attention|attn_fwd|flashinfer|lean_reduction",
-     "aten::scaled_dot_product_attention"),
+    (r"flash_fwd|flash_fprop|FlashAttnFwd|fmha|_sdpa_|attention|attn_fwd|flashinfer|"
+     r"lean_reduction", "aten::scaled_dot_product_attention"),
     (r"^triton_", ""),  # the Triton kernel's own name (its fused ops)
+    # mixture of experts: torch's grouped GEMM (HF grouped_mm) and vLLM / SGLang's kernels
+    (r"prepare_grouped_gemm", PREPARE),
+    (r"^fused_moe_kernel", "gemm"),  # Triton, launched on w13 then on w2
+    (r"topkGatingSoftmax|moeTopK|moeSoftmax", "_moe_C::topk_softmax"),
+    (r"moe_align_block_size|count_and_sort_expert_tokens", "_moe_C::moe_align_block_size"),
+    (r"moe_sum_kernel", "_moe_C::moe_sum"),
+    (r"act_and_mul_kernel", "_C::silu_and_mul"),
+    # vLLM's own kernels of a decoder layer
+    (r"rotary_embedding_kernel", "_C::rotary_embedding"),
+    (r"fused_add_rms_norm_kernel", "_C::fused_add_rms_norm"),
+    (r"rms_norm_kernel", "_C::rms_norm"),
+    (r"reshape_and_cache", "_C_cache_ops::reshape_and_cache_flash"),
     (r"nvjet|gemm|cutlass|xmma|cublas|wgmma", "gemm"),
+    (r"gatherTopK|sbtopk|mbtopk", "aten::topk"),
+    (r"bitonicSort|radixSort|RadixSort|segmented_sort", "aten::sort"),
+    (r"kernelHistogram1D", "aten::histc"),
+    (r"DeviceScan|tensor_kernel_scan", "aten::cumsum"),
+    (r"arange_cuda_out", "aten::arange"),
     (r"indexSelect|embedding", "aten::embedding"),
     (r"index_copy_kernel", "aten::index_copy_"),
     (r"index_put_kernel", "aten::index_put_"),
+    (r"index_kernel_impl|vectorized_gather_kernel", "aten::index"),
     (r"CatArrayBatchedCopy", "aten::cat"),
     (r"MeanOps", "aten::mean"),
     (r"pow_tensor_scalar|pow_kernel", "aten::pow"),
     (r"rsqrt_kernel", "aten::rsqrt"),
     (r"silu_kernel", "aten::silu"),
+    (r"sigmoid_kernel", "aten::sigmoid"),
     (r"gelu_kernel", "aten::gelu"),
     (r"neg_kernel", "aten::neg"),
     (r"cos_kernel", "aten::cos"),
@@ -104,12 +134,22 @@ KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for 
     (r"copy_kernel", "aten::_to_copy"),
     (r"ArgMaxOps", "aten::argmax"),
     (r"softmax", "aten::_softmax"),
+    (r"sum_functor", "aten::sum"),
 ))
 _GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
              "_scaled_mm"}
 _PRE = {3: ("q_proj", "k_proj", "v_proj"), 1: ("qkv_proj",)}
 _POST = {4: ("o_proj", "gate_proj", "up_proj", "down_proj"), 3: ("o_proj", "gate_up_proj",
                                                                   "down_proj")}
+# A sparse layer's GEMMs after attention, as HF transformers 5.x runs them (grouped_mm or
+# batched_mm: one GEMM for all experts' gate_up, one for down; vLLM's two fused_moe_kernel
+# launches alike). With a shared expert and its sigmoid gate (Qwen2-MoE), HF runs the shared
+# expert first and the gate last; vLLM the shared expert (gate_up fused) and its gate first.
+_POST_MOE = {4: ("o_proj", "router", "experts_gate_up", "experts_down")}
+_POST_SHARED = {8: ("o_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj", "router",
+                    "experts_gate_up", "experts_down", "shared_expert_gate"),
+                7: ("o_proj", "shared_gate_up_proj", "shared_down_proj", "shared_expert_gate",
+                    "router", "experts_gate_up", "experts_down")}
 
 
 @dataclass(frozen=True)
@@ -602,13 +642,29 @@ def kernel_ops(names: pd.Series) -> pd.Series:
     return _naming.per_value(names, per)
 
 
+def _post_layouts(model: ModelSpec, layers: int) -> dict[int, tuple[str, ...]] | str:
+    """The GEMMs after attention by their count, for `layers` traced layers of `model` (its
+    first ones): the dense MLP's, or a sparse layer's (_POST_MOE, _POST_SHARED); a note when
+    the traced layers mix dense and sparse ones."""
+    sparse = len(model.sparse_among(layers))
+    if sparse == 0:
+        return _POST
+    if sparse < layers:
+        return f"{sparse} of {layers} layers sparse: dense and sparse layers mixed"
+    e = model.experts
+    return _POST_SHARED if e.shared_intermediate_size and e.shared_gate else _POST_MOE
+
+
 def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     """Layers from fused-attention runs and GEMM counts, checked to repeat; None (with a note)
     when the sequence does not support naming."""
     n = len(names)
-    op = kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object)
+    op = _topk_sorts(kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object))
+    # a row gather after the first GEMM is no embedding (vLLM's pick of the logits' rows)
+    op = np.where((op == "aten::embedding") & (np.cumsum(op == "gemm") > 0),
+                  "aten::index_select", op)
     reduce_ = pd.Series(names, dtype=object).str.contains(_REDUCE).to_numpy()
-    copy_ = np.isin(kinds, ["memset", "memcpy"])
+    copy_ = np.isin(kinds, ["memset", "memcpy"]) | (op == PREPARE)  # join the kernel after
     core = ~reduce_ & ~copy_
     gemm = core & (op == "gemm")
     # attention library kernels mark the layers; Inductor's Triton kernels that prepare SDPA's
@@ -626,10 +682,15 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     if not (per_gap == per_gap[0]).all():
         info["note"] = f"GEMMs between attention runs differ ({sorted(set(per_gap.tolist()))})"
         return None
-    layout = [(pre, post) for pre in _PRE for post in _POST if pre + post == per_gap[0]]
+    posts = _post_layouts(model, layers)
+    if isinstance(posts, str):
+        info["note"] = posts
+        return None
+    layout = [(pre, post) for pre in _PRE for post in posts if pre + post == per_gap[0]]
     total = int(gemm.sum())
     if len(layout) != 1 or clusters[0] < layout[0][0] or total - clusters[-1] < layout[0][1]:
-        info["note"] = f"{per_gap[0]} GEMMs per layer fit no q/k/v/o/gate/up/down layout"
+        info["note"] = (f"{per_gap[0]} GEMMs per layer fit no layout of {model.name}'s layers "
+                        f"({' / '.join(', '.join(p) for p in posts.values())} after attention)")
         return None
     pre, post = layout[0]
     g_pos = np.flatnonzero(gemm)
@@ -638,7 +699,7 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     for c in clusters:
         for i, nm in enumerate(_PRE[pre]):
             gemm_name[g_pos[c - pre + i]] = nm
-        for i, nm in enumerate(_POST[post]):
+        for i, nm in enumerate(posts[post]):
             gemm_name[g_pos[c + i]] = nm
         first_q.append(g_pos[c - pre])
     rest = g_pos[clusters[-1] + post:]
@@ -651,6 +712,13 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
         return None
     return _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes,
                            info)
+
+
+def _topk_sorts(op: np.ndarray) -> np.ndarray:
+    """torch.topk's own sort: a sort kernel right after a top-k kernel is part of the top-k
+    (the router's), not the token sort of the dispatch."""
+    after_topk = np.r_[False, op[:-1] == "aten::topk"]
+    return np.where((op == "aten::sort") & after_topk, "aten::topk", op)
 
 
 def _layers_differ(names: np.ndarray, anchor: np.ndarray, first_q: list[int],
@@ -692,7 +760,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     # as an unmatched `linear[K×N]` GEMM of an eager trace is
     gemm = pd.Series(np.where((op[idx] == "fp32_gemm"), "linear[fp32]", gemm_name[idx]),
                      dtype="string")
-    named, _ = _naming.position_names(inst, gemm)
+    named, _ = _naming.position_names(inst, gemm, qk_norm=model.qk_norm)
     name = np.full(n, None, dtype=object)
     name[idx] = named.to_numpy(dtype=object)
     src = np.where(core, np.arange(n), -1)
@@ -733,15 +801,25 @@ def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
 
 def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> None:
     """Write decode shapes from --batch/--context into a position table's named projections,
-    lm_head and attention (in place); other operators stay without shapes."""
+    lm_head and attention (in place); for a model with experts the router's logits GEMM
+    [B, H] x [H, E] (not when a shared expert's sigmoid gate is also named router), the routed
+    experts' gate_up and down as one grouped GEMM over the B·k routed rows
+    ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H]: their weights are charged per expected
+    active expert, shapes.py) and the shared expert's projections; for a model with q/k norms
+    each as one RMSNorm over [B, heads, d]. Other operators stay without shapes."""
     d = dtypes.lookup(model.dtype)
     if d is None:
         raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
     ttype = next((sp for sp in d.spellings if sp.startswith("c10::")),
                  d.spellings[0] if d.spellings else d.name)
     b, s = shapes.batch, shapes.context
-    lin = {k: v for k, v in {**model.linears(), **model.fused_linears()}.items()}
-    lin["lm_head"] = (model.hidden_size, model.vocab_size, False)
+    h = model.hidden_size
+    lin = {**model.linears(), **model.fused_linears(), "lm_head": (h, model.vocab_size, False)}
+    e = model.experts
+    if e is not None:  # the shared expert's sigmoid gate (H -> 1) is named router too: neither
+        lin |= {k: v for k, v in model.moe_linears().items()  # is given the logits' shape
+                if (k.startswith("shared_") and k != "shared_expert_gate")
+                or (k == "router" and not e.shared_gate)}
     table = {}
     for name, (k, n, bias) in lin.items():
         if bias:
@@ -751,6 +829,13 @@ def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> No
     nq, nkv, d = model.num_heads, model.num_kv_heads, model.head_dim
     table["attention"] = ("aten::scaled_dot_product_attention",
                           [[b, nq, 1, d], [b, nkv, s, d], [b, nkv, s, d]])
+    if e is not None:
+        rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
+        table["experts_gate_up"] = ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])
+        table["experts_down"] = ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]])
+    if model.qk_norm:
+        table["q_norm"] = ("aten::rms_norm", [[b, nq, d], [d]])
+        table["k_norm"] = ("aten::rms_norm", [[b, nkv, d], [d]])
     op = res["operator"].to_numpy(dtype=object)
     for name, (op_name, dims) in table.items():
         hit = op == name

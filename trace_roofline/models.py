@@ -48,6 +48,7 @@ class ModelSpec:
     experts: Experts | None = None
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    qk_norm: bool = False  # q and k RMSNorm-ed per head before RoPE (Qwen3's q_norm, k_norm)
 
     @property
     def sparse_layers(self) -> tuple[int, ...]:
@@ -177,7 +178,7 @@ PRESETS: dict[str, ModelSpec] = {
     ),
     "qwen3-30b-a3b": ModelSpec(  # Qwen/Qwen3-30B-A3B: 128 experts top-8
         "qwen3-30b-a3b", 2048, 32, 4, 128, 6144, 48, 151936, False, rope_theta=1e6,
-        experts=Experts(128, 8, 768),
+        experts=Experts(128, 8, 768), qk_norm=True,
     ),
     # Reduced-size Qwen-shaped model for fast CPU traces and tests (not a real checkpoint).
     "qwen-tiny": ModelSpec(
@@ -218,6 +219,7 @@ def from_hf_config(path: str | Path) -> ModelSpec:
             experts=_config_experts(cfg),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(int(v) for v in cfg.get("mlp_only_layers") or ()),
+            qk_norm=_config_qk_norm(cfg),
         )
     except (TypeError, ValueError) as e:
         raise InputError(f"{p}: bad value in config.json ({e})") from None
@@ -240,6 +242,18 @@ def _config_experts(cfg: dict) -> Experts | None:
         # Mixtral renormalises always; Qwen's configs say so (Qwen2-MoE's default: not)
         norm_topk_prob=bool(cfg.get("norm_topk_prob", "num_local_experts" in cfg)),
     )
+
+
+# HF model types whose attention always RMSNorms q and k per head (no config field says so)
+QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
+
+
+def _config_qk_norm(cfg: dict) -> bool:
+    """Whether q and k are normalised before RoPE: the model type always does it (Qwen3,
+    Qwen3-MoE), or the config says so (`use_qk_norm`: Cohere, Llama 4, GLM-4-MoE;
+    `qk_layernorm`: Persimmon, Phi, StableLM)."""
+    return (str(cfg.get("model_type", "")) in QK_NORM_MODEL_TYPES
+            or bool(cfg.get("use_qk_norm") or cfg.get("qk_layernorm")))
 
 
 def _config_dtype(cfg: dict) -> str:

@@ -107,6 +107,10 @@ OPERATORS: tuple[Operator, ...] = (
     _linear("k_proj", Stage.QKV),
     _linear("v_proj", Stage.QKV),
     _linear("qkv_proj", Stage.QKV),
+    # RMSNorm of each head of q and of k, before RoPE (HF Qwen3 / Qwen3-MoE `q_norm`, `k_norm`;
+    # LFM2's q_layernorm, k_layernorm): no stage, HF runs them between the projections
+    Operator("q_norm", "memory", aliases=("q_layernorm",)),
+    Operator("k_norm", "memory", aliases=("k_layernorm",)),
     Operator("rope", "memory", aliases=("rotary_emb",)),
     Operator("kv_cache", "memory"),
     Operator("attention", "compute", Stage.ATTENTION, ops=re.compile(

@@ -92,6 +92,8 @@ def captures(out: Path) -> list[tuple[str, Callable[[], object]]]:
                                                     annotate="none", compile=True)),
         ("hf_decode_b1_s512_stack", hf("decode", with_stack=True)),
         ("decode_b8_s2048_l2", runner(phase="decode", batch=8, context=2048, layers=2)),
+        # the bf16 decode_b1_s2048 workload in fp16 (trace ..._decode_b1_s2048_fp16_<dev>)
+        ("decode_b1_s2048_fp16", runner(phase="decode", batch=1, context=2048, dtype="float16")),
     ]
 
 

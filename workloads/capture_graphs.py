@@ -67,21 +67,23 @@ MODE_TAG = {"reduce-overhead": "compiled-ro", "default": "compiled",
 
 
 class StaticDecode:
-    """The model, its StaticCache and the prompt, prefilled; `step` runs one eager decode step."""
+    """The model, its StaticCache and the prompt, prefilled; `step` runs one eager decode step.
+    `lm`: a model built elsewhere on the device (capture_moe's), else a Qwen2ForCausalLM of
+    `args.model`'s shapes."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, lm: torch.nn.Module | None = None) -> None:
         from transformers import StaticCache
 
         self.dev = resolve_device(args.device)
         self.spec = get_model(args.model)
         dtype = DTYPES[args.dtype]
         self.args = args
-        self.lm = random_lm(qwen2_config(self.spec, args.layers, dtype, "sdpa"), dtype, self.dev,
-                            args.seed)
+        self.lm = lm if lm is not None else random_lm(
+            qwen2_config(self.spec, args.layers, dtype, "sdpa"), dtype, self.dev, args.seed)
         self.kv = StaticCache(config=self.lm.config, max_cache_len=args.cache_len)
         gen = torch.Generator(device=self.dev).manual_seed(args.seed + 3000)
-        prompt = torch.randint(0, self.spec.vocab_size, (args.batch, args.tokens), generator=gen,
-                               device=self.dev)  # [B, T]
+        prompt = torch.randint(0, self.lm.config.vocab_size, (args.batch, args.tokens),
+                               generator=gen, device=self.dev)  # [B, T]
         with torch.inference_mode():
             logits = self.lm(input_ids=prompt, past_key_values=self.kv, use_cache=True).logits
             self.ids = logits[:, -1:].argmax(-1)  # [B, 1] the step's static input
@@ -145,12 +147,14 @@ def _per_batch(args: argparse.Namespace) -> list[argparse.Namespace]:
 
 
 def capture_cudagraph(args: argparse.Namespace) -> list[Path]:
-    return [p for a in _per_batch(args) for p in _cudagraph(a)]
+    return [p for a in _per_batch(args) for p in cudagraph_traces(a)]
 
 
 @torch.inference_mode()
-def _cudagraph(args: argparse.Namespace) -> list[Path]:
-    sd = StaticDecode(args)
+def cudagraph_traces(args: argparse.Namespace, sd: StaticDecode | None = None) -> list[Path]:
+    """The `--traces` of one batch size (module docstring), of `sd` (default: a fresh
+    StaticDecode of `args`)."""
+    sd = sd or StaticDecode(args)
     if sd.dev.type != "cuda" and set(args.traces) - {"mapping"}:
         raise ValueError("CUDA graphs need a CUDA device (only --traces mapping runs on CPU)")
     out = Path(args.out)

@@ -19,8 +19,18 @@ Qwen1.5-MoE); Qwen1.5-MoE adds a shared expert (gate/up/down 5632) with a sigmoi
     python3 -m workloads.capture_moe --out DIR --model qwen3-30b-a3b generate
     python3 -m workloads.capture_moe --out DIR --model mixtral-8x7b all   # one model build:
         prefill x {grouped_mm, eager}, decode x {grouped_mm, eager, batched_mm}, generate
+    python3 -m workloads.capture_moe --out DIR --model mixtral-8x7b graph --experts grouped_mm
 Defaults: prefill B=1, T=512, warm-up 1 + 1 active step; decode B=4 after a 512-token prompt,
 warm-up 1 + 3 active steps; generate B=1, T=512, 4 new tokens (transformers' default experts).
+
+`graph`: the decode step in a `torch.cuda.CUDAGraph`, as capture_graphs' `cudagraph` does for
+Qwen2 (same code: capture_graphs.StaticDecode over this model, capture_graphs.cudagraph_traces):
+a transformers StaticCache of `--cache-len` slots filled by an eager B x T prompt prefill (under
+the default experts form; the named `--experts` form from the decode steps on), then `--traces`
+`mapping` (the step eager, graphs off, ProfilerStep#1..N after 1 warm-up) and `graph` (`--replays`
+replays under a bare profiler, the eager argmax + copy_ of the next token between them). The
+grouped_mm form has no host sync (histc offsets, sorted on the device), so it captures; the
+CPU runs the mapping only (`--tiny --device cpu graph --traces mapping`).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from workloads.capture_common import (
     random_lm,
     resolve_device,
 )
+from workloads.capture_graphs import StaticDecode, _traces, cudagraph_traces
 
 # Real checkpoints' config.json values (Hub), num_hidden_layers overridden by --layers.
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -160,8 +171,45 @@ def _capture(args: argparse.Namespace, dev: torch.device, cfg, lm, command: str,
             lm.set_experts_implementation(default)
 
 
+class MoeStaticDecode(StaticDecode):
+    """capture_graphs.StaticDecode over a MoE model: its files are named and described as
+    capture_moe's (hf-moe-<model>-<L>l_decode_b<B>_s<T>_static<N>_<form>_<trace>_<device>)."""
+
+    def __init__(self, args: argparse.Namespace, lm: torch.nn.Module, prompt_form: str) -> None:
+        super().__init__(args, lm)
+        self.prompt_form = prompt_form
+
+    def stem(self, *parts: str) -> str:
+        a = self.args
+        form = self.lm.config._experts_implementation.replace("_", "")
+        return hf_stem("moe", a.model + ("-tiny" if a.tiny else ""), a.layers, "decode",
+                       f"b{a.batch}", f"s{a.tokens}", f"static{a.cache_len}", form, *parts,
+                       device=self.dev)
+
+    def workload(self, kind: str, **extra: object) -> dict:
+        cfg = self.lm.config
+        return super().workload(
+            kind, hf_class=type(self.lm).__name__, tiny=self.args.tiny,
+            experts_implementation=cfg._experts_implementation,
+            prompt_experts_implementation=self.prompt_form,
+            num_experts=getattr(cfg, "num_local_experts", getattr(cfg, "num_experts", None)),
+            top_k=cfg.num_experts_per_tok, script="workloads.capture_moe graph", **extra)
+
+
+def capture_graph(args: argparse.Namespace, lm: torch.nn.Module) -> list[Path]:
+    """`graph`: the decode step's mapping and CUDA-graph replay traces (module docstring)."""
+    args = argparse.Namespace(**{**vars(args), "batch": args.batch or BATCH["decode"]})
+    default = lm.config._experts_implementation
+    sd = MoeStaticDecode(args, lm, default)  # prefills the prompt under the default form
+    if args.experts and args.experts != default:
+        lm.set_experts_implementation(args.experts)
+    return cudagraph_traces(args, sd)
+
+
 def run(args: argparse.Namespace) -> list[Path]:
     dev, cfg, lm = _build(args)
+    if args.command == "graph":
+        return capture_graph(args, lm)
     if args.command != "all":
         return [_capture(args, dev, cfg, lm, args.command, args.experts)]
     paths = []
@@ -197,12 +245,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None,
                    help="active steps (default: prefill 1, decode 3)")
     p.add_argument("--new-tokens", type=int, default=4, help="generate: max_new_tokens")
-    p.add_argument("command", choices=("prefill", "decode", "generate", "all"))
+    p.add_argument("--cache-len", type=int, default=1024, help="graph: StaticCache slots")
+    p.add_argument("--replays", type=int, default=4,
+                   help="graph: replays profiled, and steps of the mapping trace")
+    p.add_argument("--traces", type=_traces, default=("mapping", "graph"),
+                   help="graph: comma-separated, of mapping (eager, graphs off), graph (replays "
+                        "only), capture (warm-up + capture + 2 replays in one trace)")
+    p.add_argument("--no-cudnn-sdpa", action="store_true",
+                   help="graph: disable cuDNN SDPA for the run (if its capture fails)")
+    p.add_argument("command", choices=("prefill", "decode", "generate", "graph", "all"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     t0 = time.perf_counter()
     paths = run(args)
     log(f"[capture_moe] {args.command}: {len(paths)} trace(s) in "

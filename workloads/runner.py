@@ -25,6 +25,7 @@ from workloads.reference import TOLERANCE, reference_layer, rel_error
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # file names
 
 
 @dataclass
@@ -89,11 +90,16 @@ def gpu_tag(name: str) -> str:
 
 
 def trace_stem(cfg: RunConfig, tag: str) -> str:
-    """E.g. qwen2.5-7b_decode_b8_s2048_h200 or qwen2.5-7b_prefill_b1_t512_fused_noannot_cpu."""
+    """E.g. qwen2.5-7b_decode_b8_s2048_h200, qwen2.5-7b_decode_b1_s2048_fp16_h200 (a dtype
+    other than the model's) or qwen2.5-7b_prefill_b1_t512_fused_noannot_cpu."""
     if cfg.name:
         return cfg.name
     shape = f"s{cfg.context}" if cfg.phase == "decode" else f"t{cfg.tokens}"
-    parts = [get_model(cfg.model).name.lower(), cfg.phase, f"b{cfg.batch}", shape]
+    spec = get_model(cfg.model)
+    parts = [spec.name.lower(), cfg.phase, f"b{cfg.batch}", shape]
+    dtype = DTYPES.get((cfg.dtype or spec.dtype).lower())
+    if dtype is not None and dtype != DTYPES.get(spec.dtype.lower()):  # not the model's own
+        parts.append(DTYPE_TAG[dtype])
     if cfg.layers != 1:
         parts.append(f"l{cfg.layers}")
     if cfg.layout == "fused":
