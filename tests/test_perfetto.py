@@ -19,6 +19,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 EAGER = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 COMPILED = SAMPLES / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz"
 CPU = SAMPLES / "qwen-tiny_decode_b2_s64_l2_noannot_cpu.json.gz"
+TP = SAMPLES / "tp2" / "tp2-qwen2.5-7b-2l_prefill_b1_t512_h200" / "rank1.json.gz"
 TABLES = ("device", "cpu_ops", "runtime", "annotations", "python_frames", "flows")
 
 
@@ -183,7 +184,7 @@ def test_splice_layouts(monkeypatch):
     encoded = [msgspec.json.encode(perfetto.KernelArgs(
         **{f: None if pd.isna(v) else v for f, v in r.items()}))
         for r in rows.astype(object).to_dict("records")]
-    assert perfetto._kernel_json(rows).to_pylist() == encoded
+    assert perfetto._rows_json(perfetto.KernelArgs, rows).to_pylist() == encoded
     decoded: list[bytes] = []
     real = perfetto._with_args
     monkeypatch.setattr(perfetto, "_with_args",
@@ -200,3 +201,20 @@ def test_splice_layouts(monkeypatch):
             head = next(i for i, (x, y) in enumerate(zip(raw, bytes(got), strict=False)) if x != y)
             assert bytes(got).startswith(raw[:head]) and bytes(got).endswith(raw[head:])
             assert extra in bytes(got)
+
+
+def test_added_events_are_msgspecs_encoding():
+    """The slices and counters, written column by column, are byte for byte what msgspec
+    writes for each event's struct (a float written as an int, a missing quote: not so)."""
+    a, kept = analyze_trace_kernels(TP, tr.get_model("qwen2.5-7b"))
+    b = perfetto.bands(perfetto.kernel_figures(kept.trace, kept.kernels, a), a)
+    assert b["intensity"].isna().any()  # (all_reduce: null among the values)
+    text = b",".join(perfetto._added_events(b, 99))
+    events = msgspec.json.decode(b"[" + text + b"]", type=list[msgspec.Raw])
+    kinds = {"M": perfetto._Meta, "X": perfetto._Slice, "C": perfetto._Counter}
+    count = dict.fromkeys(kinds, 0)
+    for raw in events:
+        ph = msgspec.json.decode(raw, type=dict)["ph"]
+        count[ph] += 1
+        assert msgspec.json.encode(msgspec.json.decode(raw, type=kinds[ph])) == bytes(raw)
+    assert count["X"] == len(b) and count["C"] >= 2 * len(b) and count["M"] == 2 + b["lane"].nunique()

@@ -41,7 +41,7 @@ from __future__ import annotations
 import gzip
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -63,8 +63,8 @@ CHUNK = 16 << 20  # bytes of the input read (and events decoded) at a time
 
 
 class KernelArgs(msgspec.Struct):
-    """args.roofline of a kernel event (the schema `_kernel_json` writes, column by column,
-    from `kernel_figures`' columns of the same names)."""
+    """args.roofline of a kernel event (written by `_rows_json` from `kernel_figures`' columns
+    of the same names)."""
 
     operator: str
     layer: int | None
@@ -82,7 +82,8 @@ class KernelArgs(msgspec.Struct):
 
 
 class BandArgs(msgspec.Struct):
-    """args of an operator-instance slice."""
+    """args of an operator-instance slice (written by `_rows_json` from the columns of the
+    same names)."""
 
     operator: str
     layer: int | None
@@ -98,7 +99,7 @@ class BandArgs(msgspec.Struct):
     achieved_gbs: float | None = msgspec.field(name="achieved GB/s")
     pct_of_roof: float | None = msgspec.field(name="% of roof")
     bound: str | None
-    uncosted_kernels: int = msgspec.field(name="uncosted kernels")
+    uncosted: int = msgspec.field(name="uncosted kernels")
 
 
 class _Slice(msgspec.Struct):
@@ -240,23 +241,21 @@ def _placed(rows: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     return place_rows(ops, analysis.hardware, main_dtype(analysis.costed))
 
 
-def _none(values: pd.Series) -> list:
-    """A column as a list with missing values as None (msgspec writes null)."""
-    return values.astype(object).where(values.notna(), None).tolist()
-
-
-def _added_events(b: pd.DataFrame, pid: int) -> Iterator[list]:
-    """Metadata, then slices and counters of the added process, in batches of bands."""
-    lanes = list(dict.fromkeys(b["lane"]))
+def _added_events(b: pd.DataFrame, pid: int) -> Iterator[bytes]:
+    """The added process's events as JSON text (comma-separated, no brackets): metadata, then
+    slices and counters in batches of bands."""
+    lanes = pd.unique(b["lane"]).tolist()
     tid = {lane: i + 1 for i, lane in enumerate(lanes)}
-    yield [_Meta("M", "process_name", pid, 0, {"name": "trace_roofline"}),
-           _Meta("M", "process_sort_index", pid, 0, {"sort_index": -1}),
-           *(_Meta("M", "thread_name", pid, tid[lane], {"name": f"operators · {lane}"})
-             for lane in lanes)]
+    yield msgspec.json.encode([
+        _Meta("M", "process_name", pid, 0, {"name": "trace_roofline"}),
+        _Meta("M", "process_sort_index", pid, 0, {"sort_index": -1}),
+        *(_Meta("M", "thread_name", pid, tid[lane], {"name": f"operators · {lane}"})
+          for lane in lanes)])[1:-1]
     b = b.assign(
         tid=b["lane"].map(tid),
-        tflops=(b["achieved_flops_per_s"] * 1e-12).where(b["flops"].notna()),
-        gbs=(b["achieved_bytes_per_s"] * 1e-9).where(b["bytes"].notna()),
+        achieved_tflops=(b["achieved_flops_per_s"] * 1e-12).where(b["flops"].notna()),
+        achieved_gbs=(b["achieved_bytes_per_s"] * 1e-9).where(b["bytes"].notna()),
+        uncosted=b["uncosted"].astype(np.int64),
         # Counters: the band's FLOPs (bytes) over its span from its start, 0 where a gap follows.
         rate_f=(b["flops"].fillna(0.0) / b["dur_us"].where(b["dur_us"] > 0) * 1e-6).fillna(0.0),
         rate_b=(b["bytes"].fillna(0.0) / b["dur_us"].where(b["dur_us"] > 0) * 1e-3).fillna(0.0),
@@ -267,26 +266,23 @@ def _added_events(b: pd.DataFrame, pid: int) -> Iterator[list]:
         yield _band_events(b.iloc[at:at + BATCH], pid)
 
 
-def _band_events(b: pd.DataFrame, pid: int) -> list:
-    """The slices and counter values of some bands (`_added_events`' columns)."""
-    n = len(b)
-    args = map(BandArgs, *(_none(b[c]) for c in (
-        "operator", "layer", "step", "phase", "evidence", "kernels", "kernel_time_us", "flops",
-        "bytes", "intensity", "tflops", "gbs", "pct_of_roof", "bound")),
-        b["uncosted"].astype(int).tolist())
-    events: list = list(map(_Slice, ["X"] * n, [CATEGORY] * n, b["operator"].tolist(), [pid] * n,
-                            b["tid"].tolist(), b["ts_us"].tolist(), b["dur_us"].tolist(), args))
+def _band_events(b: pd.DataFrame, pid: int) -> bytes:
+    """The slices, then the TFLOP/s and GB/s counter values, of some bands (`_added_events`'
+    columns), as JSON text built column by column."""
+    slices = _rows_json(_Slice, {"ph": "X", "cat": CATEGORY, "name": b["operator"], "pid": pid,
+                                 "tid": b["tid"], "ts": b["ts_us"], "dur": b["dur_us"],
+                                 "args": _rows_json(BandArgs, b)})
     gap = b[b["gap"]]
     rows = pd.concat([
         pd.DataFrame({"ts": b["ts_us"], "lane": b["lane"], "f": b["rate_f"], "b": b["rate_b"]}),
         pd.DataFrame({"ts": gap["end"], "lane": gap["lane"], "f": 0.0, "b": 0.0}),
     ]).sort_values(["lane", "ts"], kind="stable")
-    for name, col in (("TFLOP/s", "f"), ("GB/s", "b")):
-        m = len(rows)
-        events += map(_Counter, ["C"] * m, [CATEGORY] * m, [name] * m, [pid] * m,
-                      rows["ts"].tolist(),
-                      [{lane: v} for lane, v in zip(rows["lane"], rows[col], strict=True)])
-    return events
+    lane = _json_column(rows["lane"])
+    counters = [_rows_json(_Counter, {
+        "ph": "C", "cat": CATEGORY, "name": name, "pid": pid, "ts": rows["ts"],
+        "args": pc.binary_join_element_wise(b"{", lane, b":", _json_column(rows[col]), b"}", b""),
+    }) for name, col in (("TFLOP/s", "f"), ("GB/s", "b"))]
+    return b",".join(_joined(part) for part in (slices, *counters))
 
 
 @contextmanager
@@ -418,8 +414,8 @@ def enriched_trace(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -
             raise InputError(f"{trace.path}: has {start} events, the analysis refers to event "
                              f"{ids[-1]}: the file changed since it was analysed")
         for part in _added_events(bands(kernels, analysis), _next_pid(trace)):
-            yield (b"," if start else b"") + msgspec.json.encode(part)[1:-1]
-            start += len(part)
+            yield (b"," if start else b"") + part
+            start += 1
         yield b"]" if events.array else b"]" + b"".join(
             b"," + msgspec.json.encode(k) + b":" + bytes(v) for k, v in events.tail.items()
         ) + b"}"
@@ -461,7 +457,7 @@ def _enriched(batch: list[msgspec.Raw], local: np.ndarray, kernels: pd.DataFrame
         ev = np.searchsorted(starts[local], found, side="right") - 1
         inside = (ev >= 0) & (found < (starts + lens)[local][np.maximum(ev, 0)])
         around[ev[inside]] = -1
-    texts = _kernel_json(kernels)
+    texts = _rows_json(KernelArgs, kernels)
     odd = np.flatnonzero(around < 0)
     if len(odd):  # a layout the splice does not handle: decode and re-encode those alone
         batch = list(batch)
@@ -524,32 +520,57 @@ def _same(buf: np.ndarray, first: np.ndarray, texts: list[msgspec.Raw]) -> np.nd
     return ok
 
 
-def _kernel_json(k: pd.DataFrame) -> pa.BinaryArray:
-    """Each row's `KernelArgs` as JSON text, built column by column: numbers encoded by
-    msgspec as one list, strings once per distinct value; the same bytes as
-    `msgspec.json.encode(KernelArgs(...))` of the row."""
-    parts: list = []
-    for i, f in enumerate(msgspec.structs.fields(KernelArgs)):
-        parts += [(b"{" if i == 0 else b",") + msgspec.json.encode(f.encode_name) + b":",
-                  _json_column(k[f.name])]
-    return pc.binary_join_element_wise(*parts, b"}", b"")
+def _rows_json(struct: type[msgspec.Struct], columns: Mapping[str, object]) -> pa.BinaryArray:
+    """Each row as `struct`'s JSON text, built column by column from `columns` (by field
+    name; a DataFrame will do): a Series is encoded per row (`_json_column`), a pyarrow binary
+    array is JSON text already, any other value is every row's. The same bytes as
+    `msgspec.json.encode(struct(...))` of the row."""
+    pieces: list = []
+    text = b"{"
+    for i, f in enumerate(msgspec.structs.fields(struct)):
+        text += (b"," if i else b"") + msgspec.json.encode(f.encode_name) + b":"
+        value = columns[f.name]
+        if isinstance(value, pd.Series):
+            value = _json_column(value)
+        if isinstance(value, pa.Array):
+            pieces += [text, value]
+            text = b""
+        else:
+            text += msgspec.json.encode(value)
+    return pc.binary_join_element_wise(*pieces, text + b"}", b"")
+
+
+def _joined(texts: pa.BinaryArray) -> bytes:
+    """The texts joined by commas."""
+    _, data = _buffers(pc.binary_join_element_wise(texts, b",", b""))
+    return data[:-1].tobytes()
+
+
+def _buffers(texts: pa.BinaryArray) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's offsets and its bytes (numpy views of its buffers)."""
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:
+                                                         texts.offset + len(texts) + 1]
+    return offsets, np.frombuffer(texts.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
 
 
 def _json_column(values: pd.Series) -> pa.BinaryArray:
     """The JSON text of each value (null where missing)."""
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
-        listed = values.astype(object).where(values.notna(), None).tolist()
-        return pa.array(msgspec.json.encode(listed)[1:-1].split(b","), pa.binary())
-    code, uniques = pd.factorize(values)
-    texts = pa.array([*map(msgspec.json.encode, uniques.tolist()), b"null"], pa.binary())
-    return texts.take(np.where(code < 0, len(uniques), code))
+    if pd.api.types.is_float_dtype(values):  # (msgspec writes NaN as null)
+        listed = values.to_numpy(np.float64, na_value=np.nan).tolist()
+    elif pd.api.types.is_integer_dtype(values):
+        listed = values.to_numpy(object, na_value=None).tolist()
+    else:  # strings: each distinct one encoded once
+        code, uniques = pd.factorize(values)
+        texts = pa.array([*map(msgspec.json.encode, uniques.tolist()), b"null"], pa.binary())
+        return texts.take(np.where(code < 0, len(uniques), code))
+    numbers = msgspec.json.encode(listed)[1:-1]  # no commas inside a number
+    return pc.split_pattern(pa.array([numbers] if listed else [], pa.large_binary()),
+                            b",").flatten().cast(pa.binary())
 
 
 def _splice(buf: np.ndarray, at: np.ndarray, inserts: pa.BinaryArray) -> bytes:
     """`buf` with inserts[i] placed before byte at[i] (`at` ascending)."""
-    offsets = np.frombuffer(inserts.buffers()[1], np.int32)[
-        inserts.offset:inserts.offset + len(inserts) + 1]
-    data = np.frombuffer(inserts.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    offsets, data = _buffers(inserts)
     out = np.empty(len(buf) + len(data), np.uint8)
     placed = np.repeat(at, np.diff(offsets)) + np.arange(len(data))
     keep = np.ones(len(out), dtype=bool)
