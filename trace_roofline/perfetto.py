@@ -203,18 +203,17 @@ def bands(kernels: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     out = k.iloc[first][["band", "lane", "ts_us", "operator", "layer", "step", "phase",
                          "evidence"]].reset_index(drop=True)
     out["kernels"] = np.diff(np.append(first, len(k)))
-    out["kernel_time_us"] = np.add.reduceat(k["dur_us"].to_numpy(), first) if len(k) else 0.0
-    end = np.maximum.reduceat((k["ts_us"] + k["dur_us"]).to_numpy(), first) if len(k) else 0.0
+    out["kernel_time_us"] = np.add.reduceat(k["dur_us"].to_numpy(), first)
+    end = np.maximum.reduceat((k["ts_us"] + k["dur_us"]).to_numpy(), first)
     nxt = out["ts_us"].shift(-1).where(out["lane"].eq(out["lane"].shift(-1)))
     out["dur_us"] = np.minimum(end, nxt.fillna(np.inf)) - out["ts_us"]
     costed = k["flops"].notna().to_numpy()
-    n = np.add.reduceat(costed.astype(np.int64), first) if len(k) else 0
+    n = np.add.reduceat(costed.astype(np.int64), first)
     out["uncosted"] = out["kernels"] - n
     for col in ("flops", "bytes"):  # NaN without a costed kernel, as roofline.place sums
-        total = np.add.reduceat(np.nan_to_num(k[col].to_numpy(np.float64)), first) if len(k) else 0.0
+        total = np.add.reduceat(np.nan_to_num(k[col].to_numpy(np.float64)), first)
         out[col] = np.where(n > 0, total, np.nan)
-    out["costed_time_us"] = (np.add.reduceat(np.where(costed, k["dur_us"], 0.0), first)
-                             if len(k) else 0.0)
+    out["costed_time_us"] = np.add.reduceat(np.where(costed, k["dur_us"], 0.0), first)
     lead = k[costed].sort_values(["band", "flops", "bytes"], ascending=[True, False, False],
                                  kind="stable").drop_duplicates("band")  # most FLOPs: its dtype
     out["dtype"] = out["band"].map(lead.set_index("band")["dtype"])
