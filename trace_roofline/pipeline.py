@@ -118,7 +118,7 @@ def _run(trace: Trace | str | os.PathLike, model: ModelSpec | None, hardware: Ha
         att = attributed()
         if kept is not None:
             kept.append(att)
-        return _analysis(att, hardware, causal=causal, attention_bytes=attention_bytes,
+        return _analyze(att, hardware, causal=causal, attention_bytes=attention_bytes,
                          layers=layers, ncu=ncu, by_shape=by_shape, force=force)
 
     cached = (cache is not None and not isinstance(trace, Trace)
@@ -159,7 +159,7 @@ def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None, *, tp
     return Attributed(trace, kernels, model, tp, replays, found)
 
 
-def _analysis(att: Attributed, hardware: Hardware | None, *, causal: str, attention_bytes: str,
+def _analyze(att: Attributed, hardware: Hardware | None, *, causal: str, attention_bytes: str,
               layers: int | None, ncu: str | os.PathLike | None, by_shape: bool,
               force: bool) -> Analysis:
     """Cost and place the attributed kernels (roofline.analyze), with ncu's measured bytes."""
