@@ -200,8 +200,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline import ranks, report
     from trace_roofline.cache import TraceCache
     from trace_roofline.parallel import analyze_many
-    from trace_roofline.pipeline import analyze_trace
-    from trace_roofline.trace import load_trace, progress_bar
+    from trace_roofline.pipeline import analyze_trace_kernels
+    from trace_roofline.trace import progress_bar
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
@@ -227,13 +227,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     options = dict(causal=args.causal, attention_bytes=args.attention_bytes, layers=args.layers,
                    by_shape=args.by_shape, force=args.force, tp=args.tp,
                    graph_map=args.graph_map, decode_shapes=shapes)
-    if args.perfetto:  # the Trace is kept here: the enriched file needs its tables and attribution
+    if args.perfetto:  # the enriched file needs the trace and the kernels the analysis named
         if len(traces) != 1:
             raise InputError(f"--perfetto takes one trace, got {len(traces)}")
-        traces = [load_trace(traces[0], progress_bar())]
-        analyses = [analyze_trace(traces[0], model, hw, ncu=ncu[0], progress=progress_bar(),
-                                  **options)]
-        infos = []
+        analysis, kernels = analyze_trace_kernels(traces[0], model, hw, ncu=ncu[0],
+                                                  progress=progress_bar(), cache=cache, **options)
+        analyses, infos = [analysis], []
     else:
         results = analyze_many(traces, model, hw, ncu=ncu, jobs=args.jobs, dask=args.dask,
                                progress=progress_bar(), cache=cache, **options)
@@ -260,8 +259,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         outputs |= _html_report(out, analyses)
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
         if args.perfetto:
-            _write_perfetto(stack, Path(args.perfetto), traces[0], model, analyses[0],
-                            args.graph_map, shapes)
+            _write_perfetto(stack, Path(args.perfetto), kernels, analyses[0])
             text += f"\n\nwrote {args.perfetto} (open it in ui.perfetto.dev)"
         if outputs:
             written = write_files(outputs)
@@ -284,16 +282,14 @@ def _html_report(out: Path, analyses) -> dict[Path, bytes]:
         return {}
 
 
-def _write_perfetto(stack: contextlib.ExitStack, path: Path, trace, model, analysis,
-                    graph_map=None, shapes=None) -> None:
-    """Stream the enriched trace into a staged file (gzip when the name ends in .gz)."""
+def _write_perfetto(stack: contextlib.ExitStack, path: Path, kernels, analysis) -> None:
+    """Stream the enriched trace into a staged file (gzip when the name ends in .gz), from
+    the kernels (pipeline.Attributed) the analysis was computed from."""
     from trace_roofline.perfetto import enriched_trace
-    from trace_roofline.pipeline import attribute_trace
 
-    attributed = attribute_trace(trace, model, graph_map=graph_map, decode_shapes=shapes)[0]
     f = stack.enter_context(staged_file(path))
     out = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) if path.suffix == ".gz" else f
-    for chunk in enriched_trace(trace, attributed, analysis):
+    for chunk in enriched_trace(kernels.trace, kernels.kernels, analysis):
         out.write(chunk)
     if out is not f:
         out.close()

@@ -15,23 +15,33 @@ other top-level keys are kept as they are. Appended to traceEvents:
   area under a counter is the lane's analytical FLOPs (bytes); uncosted kernels count 0.
 
 A kernel's `args.roofline` (`KernelArgs`): operator, layer, step, phase, evidence (how the name
-was found: annotation, module, shape, compile, position, unattributed), its op instance (the
-launching cpu op's event index), the instance's shape, and `flops` / `bytes` = the kernel's
-share of its op instance's analytical costs, by device time (a split-K GEMM's two kernels share
-the GEMM's FLOPs in proportion to their durations; they sum to the instance's). Intensity,
-% of roof and bound are therefore the op instance's, which every share has alike.
+was found: annotation, module, shape, compile, position, graph_map, unattributed), its op
+instance (attribute's `instance`: the unit costs are computed for; a CUDA-graph replay's
+kernels have one per replayed eager op), its cpu op (the launching op's event index; null for
+replayed kernels), the instance's shape, and `flops` / `bytes` = the kernel's share of its op
+instance's analytical costs, by device time (a split-K GEMM's two kernels share the GEMM's
+FLOPs in proportion to their durations; they sum to the instance's). Names, phase and costs
+are the instance's row of `analysis.costed`, so the file says what the operator tables say.
+Intensity, % of roof and bound are the op instance's, which every share has alike.
 
-Memory: the file is streamed (gunzipped on the fly) in CHUNK-sized pieces, each cut at an event
-boundary and split into zero-copy msgspec `Raw` events that are written out as they are; only
-the analysed kernels are decoded and re-encoded. Peak memory beyond the analysis itself is a few
-chunks plus the per-kernel and per-slice figures (figures in README.md).
+Memory and speed: the file is streamed (gunzipped on the fly) in CHUNK-sized pieces, each cut
+at an event boundary and split into zero-copy msgspec `Raw` events that are written out as
+they are. The analysed kernels are enriched a chunk at a time, column by column: each
+`args.roofline` is JSON text built per column (msgspec encodes a whole column of numbers at
+once, each distinct string once) and spliced into the event's text right before the closing
+brace of its `args` (numpy finds where, and checks that `args` is the event's last member and
+holds no `roofline` yet); the rest of the event keeps its bytes. An event that does not have
+that layout (args elsewhere, null, not an object...) is decoded and re-encoded instead, alone.
+Peak memory beyond the analysis itself is a few chunks plus the per-kernel and per-slice
+figures (figures in README.md).
 """
 
 from __future__ import annotations
 
 import gzip
+import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -39,9 +49,11 @@ from typing import BinaryIO
 import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from trace_roofline.errors import InputError
-from trace_roofline.roofline import Analysis, place
+from trace_roofline.roofline import Analysis, main_dtype, place_rows
 from trace_roofline.trace import Trace
 
 CATEGORY = "trace_roofline"
@@ -50,14 +62,16 @@ CHUNK = 16 << 20  # bytes of the input read (and events decoded) at a time
 
 
 class KernelArgs(msgspec.Struct):
-    """args.roofline of a kernel event."""
+    """args.roofline of a kernel event (written by `_rows_json` from `kernel_figures`' columns
+    of the same names)."""
 
     operator: str
     layer: int | None
     step: int | None
     phase: str | None
     evidence: str | None
-    op_instance: int | None = msgspec.field(name="op instance")
+    instance: int = msgspec.field(name="op instance")
+    op_id: int | None = msgspec.field(name="cpu op")
     shape: str | None
     flops: float | None = msgspec.field(name="flops (time share)")
     bytes: float | None = msgspec.field(name="bytes (time share)")
@@ -67,7 +81,8 @@ class KernelArgs(msgspec.Struct):
 
 
 class BandArgs(msgspec.Struct):
-    """args of an operator-instance slice."""
+    """args of an operator-instance slice (written by `_rows_json` from the columns of the
+    same names)."""
 
     operator: str
     layer: int | None
@@ -83,7 +98,7 @@ class BandArgs(msgspec.Struct):
     achieved_gbs: float | None = msgspec.field(name="achieved GB/s")
     pct_of_roof: float | None = msgspec.field(name="% of roof")
     bound: str | None
-    uncosted_kernels: int = msgspec.field(name="uncosted kernels")
+    uncosted: int = msgspec.field(name="uncosted kernels")
 
 
 class _Slice(msgspec.Struct):
@@ -115,47 +130,54 @@ class _Meta(msgspec.Struct):
 
 
 def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
-    """One row per analysed kernel, in (lane, start) order: its lane, names, phase, evidence,
-    op instance, cost shares and its instance's intensity, % of roof and bound, and `band`,
-    the operator instance (slice) it belongs to."""
-    k = attributed.reset_index(drop=True)
-    lane = _lanes(trace, k["event_id"].to_numpy())
+    """One row per analysed kernel, in (lane, start) order: its lane, its op instance's row
+    of `analysis.costed` (names, phase, evidence, cpu op, shape), its cost shares and its
+    instance's intensity, % of roof and bound, and `band`, the operator instance (slice) it
+    belongs to. ValueError when `analysis` was not computed from `attributed`."""
     c = analysis.costed.reset_index(drop=True)
-    key = ["op_id", "operator", "layer", "step"]
-    inst = c[c["op_id"].notna()].assign(_inst=lambda d: d.index)
-    roofs = place(c.assign(operator=c.index.astype(str), layer=pd.NA), analysis.hardware)
-    roofs.index = roofs["operator"].astype(int)
+    row = _costed_rows(attributed, c)
+    roofs = _placed(c.assign(costed_time_us=c["time_us"].where(c["flops"].notna(), 0.0)),
+                    analysis)
+    dur = attributed["dur_us"].to_numpy(np.float64)
+    t, n = c["time_us"].to_numpy(np.float64)[row], c["kernels"].to_numpy(np.float64)[row]
+    share = np.divide(dur, t, out=1.0 / n, where=t > 0)
     out = pd.DataFrame({
-        "event_id": k["event_id"].to_numpy(), "lane": lane, "ts_us": k["ts_us"].to_numpy(),
-        "dur_us": k["dur_us"].to_numpy(), "operator": k["operator"].astype(object).to_numpy(),
-        "layer": k["layer"].astype("Int64").to_numpy(), "step": k["step"].astype("Int64").to_numpy(),
-        "op_id": k["op_id"].astype("Int64").to_numpy(), "evidence": k["evidence"].astype(object).to_numpy(),
+        "event_id": attributed["event_id"].to_numpy(),
+        "lane": _lanes(trace, attributed["event_id"].to_numpy()),
+        "ts_us": attributed["ts_us"].to_numpy(np.float64), "dur_us": dur,
+        "instance": attributed["instance"].to_numpy(np.int64),
+        **{col: c[col].array.take(row) for col in (
+            "operator", "layer", "step", "phase", "evidence", "op_id", "shape", "dtype")},
+        "flops": c["flops"].to_numpy(np.float64)[row] * share,
+        "bytes": c["bytes"].to_numpy(np.float64)[row] * share,
+        **{col: roofs[col].array.take(row) for col in ("intensity", "pct_of_roof", "bound")},
     })
-    out = out.merge(inst[[*key, "_inst"]], on=key, how="left")
-    i = out["_inst"].to_numpy(dtype="float64")
-    has = ~np.isnan(i)
-    at = np.where(has, i, 0).astype(np.int64)
-
-    def take(frame: pd.DataFrame, col: str) -> pd.Series:
-        values = frame[col].reindex(at).to_numpy()
-        return pd.Series(values, index=out.index).where(has)
-
-    phase_of_step = c.dropna(subset=["step"]).groupby("step")["phase"].first()
-    out["phase"] = take(c, "phase").fillna(out["step"].map(phase_of_step)).fillna(
-        c["phase"].iloc[0] if len(c) else None)
-    t, n = take(c, "time_us").astype("float64"), take(c, "kernels").astype("float64")
-    share = (out["dur_us"] / t.where(t > 0)).fillna(1.0 / n)
-    out["flops"] = take(c, "flops").astype("float64") * share
-    out["bytes"] = take(c, "bytes").astype("float64") * share
-    out["dtype"], out["shape"] = take(c, "dtype"), take(c, "shape")
-    for col in ("intensity", "pct_of_roof", "bound"):
-        out[col] = take(roofs, col)
     out = out.sort_values(["lane", "ts_us"], kind="stable").reset_index(drop=True)
     same = (out[["lane", "operator"]].eq(out[["lane", "operator"]].shift())).all(axis=1)
     for col in ("layer", "step"):
         same &= out[col].eq(out[col].shift()).fillna(out[col].isna() & out[col].shift().isna())
     out["band"] = np.cumsum(~same.to_numpy()) - 1
-    return out.drop(columns="_inst")
+    return out
+
+
+def _costed_rows(attributed: pd.DataFrame, costed: pd.DataFrame) -> np.ndarray:
+    """Each attributed row's op instance (`instance`) as its row of `costed`, which
+    shapes.attach_costs built one per instance, in order of first start (ties: of first row).
+    The instances' kernel counts and first starts must be costed's (else ValueError)."""
+    code = pd.factorize(attributed["instance"].to_numpy())[0]  # in order of first row
+    first = (pd.Series(attributed["ts_us"].to_numpy(np.float64)).groupby(code, sort=True)
+             .min().to_numpy())
+    kernels = np.bincount(code, minlength=len(first))
+    order = np.argsort(first, kind="stable")  # costed row -> code
+    if not (len(order) == len(costed)
+            and np.array_equal(kernels[order], costed["kernels"].to_numpy())
+            and np.array_equal(first[order], costed["ts_us"].to_numpy(np.float64),
+                               equal_nan=True)):
+        raise ValueError("`analysis` was not computed from `attributed`: their op instances "
+                         "differ")
+    at = np.empty(len(order), np.int64)
+    at[order] = np.arange(len(order))
+    return at[code]
 
 
 def _lanes(trace: Trace, event_ids: np.ndarray) -> np.ndarray:
@@ -172,52 +194,66 @@ def _lanes(trace: Trace, event_ids: np.ndarray) -> np.ndarray:
 
 
 def bands(kernels: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
-    """One row per operator instance (`kernel_figures`' band): lane, start, span (cut at the next
-    band's start), names, kernel count and time, summed cost shares and the roofline figures."""
+    """One row per operator instance (`kernel_figures`' band, a run of its rows in its order):
+    lane, start, span (cut at the next band's start), names, kernel count and time, summed
+    cost shares and the roofline figures."""
     k = kernels
-    g = k.groupby("band", sort=True)
-    out = g.agg(lane=("lane", "first"), ts_us=("ts_us", "min"), operator=("operator", "first"),
-                layer=("layer", "first"), step=("step", "first"), phase=("phase", "first"),
-                evidence=("evidence", "first"), kernels=("ts_us", "size"),
-                kernel_time_us=("dur_us", "sum"))
-    end = (k["ts_us"] + k["dur_us"]).groupby(k["band"]).max()
+    first = np.flatnonzero(k["band"].diff().ne(0).to_numpy())  # each band's first kernel
+    out = k.iloc[first][["band", "lane", "ts_us", "operator", "layer", "step", "phase",
+                         "evidence"]].reset_index(drop=True)
+    out["kernels"] = np.diff(np.append(first, len(k)))
+    out["kernel_time_us"] = np.add.reduceat(k["dur_us"].to_numpy(), first)
+    end = np.maximum.reduceat((k["ts_us"] + k["dur_us"]).to_numpy(), first)
     nxt = out["ts_us"].shift(-1).where(out["lane"].eq(out["lane"].shift(-1)))
     out["dur_us"] = np.minimum(end, nxt.fillna(np.inf)) - out["ts_us"]
-    costed = pd.DataFrame({"operator": k["band"].astype(str), "layer": pd.NA, "phase": k["phase"],
-                           "kernels": 1, "time_us": k["dur_us"], "flops": k["flops"],
-                           "bytes": k["bytes"], "dtype": k["dtype"]})
-    roofs = place(costed, analysis.hardware)
-    roofs.index = roofs["operator"].astype(int)
-    roofs = roofs.reindex(out.index)
-    for col in ("flops", "bytes", "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
-                "pct_of_roof", "bound", "uncosted"):
+    costed = k["flops"].notna().to_numpy()
+    n = np.add.reduceat(costed.astype(np.int64), first)
+    out["uncosted"] = out["kernels"] - n
+    for col in ("flops", "bytes"):  # NaN without a costed kernel, as roofline.place sums
+        total = np.add.reduceat(np.nan_to_num(k[col].to_numpy(np.float64)), first)
+        out[col] = np.where(n > 0, total, np.nan)
+    out["costed_time_us"] = np.add.reduceat(np.where(costed, k["dur_us"], 0.0), first)
+    lead = k[costed].sort_values(["band", "flops", "bytes"], ascending=[True, False, False],
+                                 kind="stable").drop_duplicates("band")  # most FLOPs: its dtype
+    out["dtype"] = out["band"].map(lead.set_index("band")["dtype"])
+    roofs = _placed(out, analysis)
+    for col in ("intensity", "achieved_flops_per_s", "achieved_bytes_per_s", "pct_of_roof",
+                "bound"):
         out[col] = roofs[col].to_numpy()
-    return out.reset_index()
+    return out
 
 
-def _none(values: pd.Series) -> list:
-    """A column as a list with missing values as None (msgspec writes null)."""
-    return values.astype(object).where(values.notna(), None).tolist()
+def _placed(rows: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
+    """Each row (one op instance or slice: operator, dtype, flops, bytes, costed_time_us) on
+    the roofline as roofline.place places an operator: intensity, achieved FLOP/s and B/s,
+    % of roof and bound (collectives under the link roof), the analysis's main dtype ruling
+    the peak of the rest."""
+    costed = rows["flops"].notna()
+    secs = rows["costed_time_us"].where(rows["costed_time_us"] > 0) * 1e-6
+    ops = pd.DataFrame({
+        "operator": rows["operator"], "dtype": rows["dtype"].where(costed),
+        "flops": rows["flops"], "bytes": rows["bytes"],
+        "intensity": rows["flops"] / rows["bytes"].where(rows["bytes"] > 0),
+        "achieved_flops_per_s": rows["flops"] / secs, "achieved_bytes_per_s": rows["bytes"] / secs,
+    })
+    return place_rows(ops, analysis.hardware, main_dtype(analysis.costed))
 
 
-def _kernel_args(k: pd.DataFrame) -> list[KernelArgs]:
-    cols = ["operator", "layer", "step", "phase", "evidence", "op_id", "shape", "flops", "bytes",
-            "intensity", "pct_of_roof", "bound"]
-    return list(map(KernelArgs, *(_none(k[c]) for c in cols)))
-
-
-def _added_events(b: pd.DataFrame, pid: int) -> Iterator[list]:
-    """Metadata, then slices and counters of the added process, in batches of bands."""
-    lanes = list(dict.fromkeys(b["lane"]))
+def _added_events(b: pd.DataFrame, pid: int) -> Iterator[bytes]:
+    """The added process's events as JSON text (comma-separated, no brackets): metadata, then
+    slices and counters in batches of bands."""
+    lanes = pd.unique(b["lane"]).tolist()
     tid = {lane: i + 1 for i, lane in enumerate(lanes)}
-    yield [_Meta("M", "process_name", pid, 0, {"name": "trace_roofline"}),
-           _Meta("M", "process_sort_index", pid, 0, {"sort_index": -1}),
-           *(_Meta("M", "thread_name", pid, tid[lane], {"name": f"operators · {lane}"})
-             for lane in lanes)]
+    yield msgspec.json.encode([
+        _Meta("M", "process_name", pid, 0, {"name": "trace_roofline"}),
+        _Meta("M", "process_sort_index", pid, 0, {"sort_index": -1}),
+        *(_Meta("M", "thread_name", pid, tid[lane], {"name": f"operators · {lane}"})
+          for lane in lanes)])[1:-1]
     b = b.assign(
         tid=b["lane"].map(tid),
-        tflops=(b["achieved_flops_per_s"] * 1e-12).where(b["flops"].notna()),
-        gbs=(b["achieved_bytes_per_s"] * 1e-9).where(b["bytes"].notna()),
+        achieved_tflops=(b["achieved_flops_per_s"] * 1e-12).where(b["flops"].notna()),
+        achieved_gbs=(b["achieved_bytes_per_s"] * 1e-9).where(b["bytes"].notna()),
+        uncosted=b["uncosted"].astype(np.int64),
         # Counters: the band's FLOPs (bytes) over its span from its start, 0 where a gap follows.
         rate_f=(b["flops"].fillna(0.0) / b["dur_us"].where(b["dur_us"] > 0) * 1e-6).fillna(0.0),
         rate_b=(b["bytes"].fillna(0.0) / b["dur_us"].where(b["dur_us"] > 0) * 1e-3).fillna(0.0),
@@ -228,26 +264,23 @@ def _added_events(b: pd.DataFrame, pid: int) -> Iterator[list]:
         yield _band_events(b.iloc[at:at + BATCH], pid)
 
 
-def _band_events(b: pd.DataFrame, pid: int) -> list:
-    """The slices and counter values of some bands (`_added_events`' columns)."""
-    n = len(b)
-    args = map(BandArgs, *(_none(b[c]) for c in (
-        "operator", "layer", "step", "phase", "evidence", "kernels", "kernel_time_us", "flops",
-        "bytes", "intensity", "tflops", "gbs", "pct_of_roof", "bound")),
-        b["uncosted"].astype(int).tolist())
-    events: list = list(map(_Slice, ["X"] * n, [CATEGORY] * n, b["operator"].tolist(), [pid] * n,
-                            b["tid"].tolist(), b["ts_us"].tolist(), b["dur_us"].tolist(), args))
+def _band_events(b: pd.DataFrame, pid: int) -> bytes:
+    """The slices, then the TFLOP/s and GB/s counter values, of some bands (`_added_events`'
+    columns), as JSON text built column by column."""
+    slices = _rows_json(_Slice, {"ph": "X", "cat": CATEGORY, "name": b["operator"], "pid": pid,
+                                 "tid": b["tid"], "ts": b["ts_us"], "dur": b["dur_us"],
+                                 "args": _rows_json(BandArgs, b)})
     gap = b[b["gap"]]
     rows = pd.concat([
         pd.DataFrame({"ts": b["ts_us"], "lane": b["lane"], "f": b["rate_f"], "b": b["rate_b"]}),
         pd.DataFrame({"ts": gap["end"], "lane": gap["lane"], "f": 0.0, "b": 0.0}),
     ]).sort_values(["lane", "ts"], kind="stable")
-    for name, col in (("TFLOP/s", "f"), ("GB/s", "b")):
-        m = len(rows)
-        events += map(_Counter, ["C"] * m, [CATEGORY] * m, [name] * m, [pid] * m,
-                      rows["ts"].tolist(),
-                      [{lane: v} for lane, v in zip(rows["lane"], rows[col], strict=True)])
-    return events
+    lane = _json_column(rows["lane"])
+    counters = [_rows_json(_Counter, {
+        "ph": "C", "cat": CATEGORY, "name": name, "pid": pid, "ts": rows["ts"],
+        "args": pc.binary_join_element_wise(b"{", lane, b":", _json_column(rows[col]), b"}", b""),
+    }) for name, col in (("TFLOP/s", "f"), ("GB/s", "b"))]
+    return b",".join(_joined(part) for part in (slices, *counters))
 
 
 @contextmanager
@@ -335,8 +368,13 @@ class _Events:
 
 def _cut(text: bytes) -> tuple[int, list[msgspec.Raw]] | None:
     """The end of the last complete event in `text` that a comma follows, and the events up to
-    it (see _Events); None when no such event is among the last few `},`."""
-    seps = list(_SEP.finditer(text, max(len(text) - CHUNK, 0)))
+    it (see _Events); None when no such event is among the last few `},`. (Searched from the
+    end in growing windows: a chunk holds millions of `},`, only the last few matter.)"""
+    low, window = max(len(text) - CHUNK, 0), 1 << 16
+    while len(seps := list(_SEP.finditer(text, max(len(text) - window, low)))) < 8:
+        if len(text) - window <= low:
+            break
+        window <<= 4
     for m in reversed(seps[-8:]):
         try:
             events = msgspec.json.decode(b"[" + text[:m.start() + 1] + b"]", type=list[msgspec.Raw])
@@ -351,15 +389,13 @@ def _next_pid(trace: Trace) -> int:
     return int(pids.max()) + 1 if len(pids) else 1
 
 
-def enriched_trace(trace: Trace, attributed: pd.DataFrame, analysis: Analysis,
-                   kernels: pd.DataFrame | None = None) -> Iterator[bytes]:
+def enriched_trace(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -> Iterator[bytes]:
     """The enriched trace file's bytes, in chunks (see the module docstring). `trace.path` is
-    read again; it must be the file `attributed` (attribute.attribute(trace)) came from."""
-    kernels = kernel_figures(trace, attributed, analysis) if kernels is None else kernels
-    ids = kernels["event_id"].to_numpy()
-    order = np.argsort(ids, kind="stable")
-    made = _kernel_args(kernels)
-    ids, args = ids[order], [made[i] for i in order]
+    read again; it must be the file `attributed` (pipeline.attribute_trace's table, from which
+    `analysis` was computed) came from."""
+    kernels = kernel_figures(trace, attributed, analysis)
+    by_event = kernels.sort_values("event_id", kind="stable")
+    ids = by_event["event_id"].to_numpy()
     with _open(trace.path) as f:
         events = _Events(f, trace.path)
         yield b"[" if events.array else b"{" + b"".join(
@@ -367,32 +403,190 @@ def enriched_trace(trace: Trace, attributed: pd.DataFrame, analysis: Analysis,
         ) + b'"traceEvents":['
         start = at = 0
         for batch in events.batches():
-            stop = np.searchsorted(ids, start + len(batch))
-            for j in range(at, stop):  # the analysed kernels here, decoded and re-encoded
-                batch[ids[j] - start] = _with_args(batch[ids[j] - start], args[j])
+            stop = int(np.searchsorted(ids, start + len(batch)))
             if batch:
-                yield (b"," if start else b"") + b",".join(batch)
+                yield (b"," if start else b"") + _enriched(
+                    batch, ids[at:stop] - start, by_event.iloc[at:stop])
             at, start = stop, start + len(batch)
         if at < len(ids):
             raise InputError(f"{trace.path}: has {start} events, the analysis refers to event "
                              f"{ids[-1]}: the file changed since it was analysed")
         for part in _added_events(bands(kernels, analysis), _next_pid(trace)):
-            yield (b"," if start else b"") + msgspec.json.encode(part)[1:-1]
-            start += len(part)
+            yield (b"," if start else b"") + part
+            start += 1
         yield b"]" if events.array else b"]" + b"".join(
             b"," + msgspec.json.encode(k) + b":" + bytes(v) for k, v in events.tail.items()
         ) + b"}"
 
 
-def _with_args(raw: msgspec.Raw, extra: KernelArgs) -> bytes:
-    """The event with args.roofline added (args created when absent, left alone when not an
-    object: such an event is not enriched)."""
+class _ArgsOf(msgspec.Struct):
+    """An event's `args` as it is written (empty when the event has none)."""
+
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+_WS = np.zeros(256, dtype=bool)
+_WS[list(b" \t\n\r")] = True
+MAX_WS = 64  # whitespace run skipped between an event's last tokens; longer: decoded instead
+_ARGS = operator.attrgetter("args")
+_ARGS_KEY = np.frombuffer(b'"args"', np.uint8)
+_ROOFLINE_KEY = b'"roofline"'
+_OPEN, _CLOSE, _COLON, _BACKSLASH = b"{}:\\"
+# What goes around a kernel's args.roofline object, by where it is spliced in (_places).
+_AROUND = [(b',"roofline":', b""), (b'"roofline":', b""), (b',"args":{"roofline":', b"}"),
+           (b'"args":{"roofline":', b"}")]
+
+
+def _enriched(batch: list[msgspec.Raw], local: np.ndarray, kernels: pd.DataFrame) -> bytes:
+    """The events of `batch` joined by commas, those at `local` (ascending) with the
+    args.roofline of `kernels`' rows (one per event, in that order)."""
+    text = b",".join(batch)
+    if not len(local):
+        return text
+    lens = np.fromiter(map(len, batch), np.int64, len(batch))
+    starts = np.cumsum(lens + 1) - lens - 1  # of each event in text
+    mine = np.fromiter(batch, object, len(batch))[local]
+    heads = msgspec.json.decode(b"[" + b",".join(mine) + b"]", type=list[_ArgsOf])
+    args = list(map(_ARGS, heads))
+    buf = np.frombuffer(text, np.uint8)
+    offset, around = _places(buf, starts[local], lens[local], args)
+    if _ROOFLINE_KEY in text:  # enriched before? Those events are decoded and re-encoded
+        found = [m.start() for m in re.finditer(re.escape(_ROOFLINE_KEY), text)]
+        ev = np.searchsorted(starts[local], found, side="right") - 1
+        inside = (ev >= 0) & (found < (starts + lens)[local][np.maximum(ev, 0)])
+        around[ev[inside]] = -1
+    texts = _rows_json(KernelArgs, kernels)
+    odd = np.flatnonzero(around < 0)
+    if len(odd):  # a layout the splice does not handle: decode and re-encode those alone
+        batch = list(batch)
+        for j in odd.tolist():
+            batch[local[j]] = _with_args(mine[j], texts[j].as_py())
+        return _enriched(batch, local[around >= 0], kernels.iloc[np.flatnonzero(around >= 0)])
+    pieces = np.array(_AROUND, dtype=object)[around]
+    inserts = pc.binary_join_element_wise(pa.array(pieces[:, 0], pa.binary()), texts,
+                                          pa.array(pieces[:, 1], pa.binary()), b"")
+    return _splice(buf, starts[local] + offset, inserts)
+
+
+def _places(buf: np.ndarray, start: np.ndarray, length: np.ndarray, args: list[msgspec.Raw]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Where each event (`buf[start:start + length]`, its raw `args` given) takes its
+    args.roofline, as (offset in the event, index into _AROUND), index -1 where the splice
+    cannot place it. Spliced: right before the closing brace of `args` when `args` is an
+    object and the event's last member (its very text ends the event, after the key "args"),
+    else, without `args`, before the event's closing brace."""
+    end = start + length - 1  # the event's closing brace
+    size = np.fromiter(map(len, args), np.int64, len(args))
+    has = size > 0
+    last = _back(buf, end - 1, start)  # the last member's last byte
+    close = np.where(has, last, end)  # where it goes
+    first = close - size + 1  # where args starts, if it is the last member
+    at = np.clip(first, start, end)
+    colon = _back(buf, np.maximum(at - 1, start), start)
+    key = _back(buf, np.maximum(colon - 1, start), start)  # the key's closing quote
+    word = buf[np.clip(key - 5, start, end)[:, None] + np.arange(len(_ARGS_KEY))]
+    fits = (has & (buf[last] == _CLOSE) & (first > start) & (buf[at] == _OPEN)
+            & (buf[colon] == _COLON) & (key - 6 >= start) & (word == _ARGS_KEY).all(axis=1)
+            & (buf[np.maximum(key - 6, start)] != _BACKSLASH) & _same(buf, first, args))
+    before = _back(buf, close - 1, start)  # the byte before it: `{` when nothing is there
+    empty = (buf[before] == _OPEN).astype(np.int64)
+    around = np.where(has, np.where(fits, empty, -1), 2 + empty)
+    around[_WS[buf[last]] | _WS[buf[before]]] = -1  # whitespace runs longer than MAX_WS
+    return close - start, around
+
+
+def _back(buf: np.ndarray, at: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """The last non-whitespace position <= `at` (not below `floor`), skipping at most MAX_WS
+    bytes (a longer run: a position on whitespace)."""
+    at = at.copy()
+    for _ in range(MAX_WS):
+        ws = _WS[buf[at]] & (at > floor)
+        if not ws.any():
+            break
+        at[ws] -= 1
+    return at
+
+
+def _same(buf: np.ndarray, first: np.ndarray, texts: list[msgspec.Raw]) -> np.ndarray:
+    """Whether `buf` holds each of `texts` at its `first` (out of range: False)."""
+    size = np.fromiter(map(len, texts), np.int64, len(texts))
+    want = np.frombuffer(b"".join(texts), np.uint8)
+    ok = (first >= 0) & (first + size <= len(buf))
+    at = np.repeat(np.where(ok, first, 0) - (np.cumsum(size) - size), size) + np.arange(len(want))
+    wrong = np.flatnonzero(buf[np.minimum(at, len(buf) - 1)] != want)
+    ok[np.searchsorted(np.cumsum(size), wrong, side="right")] = False
+    return ok
+
+
+def _rows_json(struct: type[msgspec.Struct], columns: Mapping[str, object]) -> pa.BinaryArray:
+    """Each row as `struct`'s JSON text, built column by column from `columns` (by field
+    name; a DataFrame will do): a Series is encoded per row (`_json_column`), a pyarrow binary
+    array is JSON text already, any other value is every row's. The same bytes as
+    `msgspec.json.encode(struct(...))` of the row."""
+    pieces: list = []
+    text = b"{"
+    for i, f in enumerate(msgspec.structs.fields(struct)):
+        text += (b"," if i else b"") + msgspec.json.encode(f.encode_name) + b":"
+        value = columns[f.name]
+        if isinstance(value, pd.Series):
+            value = _json_column(value)
+        if isinstance(value, pa.Array):
+            pieces += [text, value]
+            text = b""
+        else:
+            text += msgspec.json.encode(value)
+    return pc.binary_join_element_wise(*pieces, text + b"}", b"")
+
+
+def _joined(texts: pa.BinaryArray) -> bytes:
+    """The texts joined by commas."""
+    _, data = _buffers(pc.binary_join_element_wise(texts, b",", b""))
+    return data[:-1].tobytes()
+
+
+def _buffers(texts: pa.BinaryArray) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's offsets and its bytes (numpy views of its buffers)."""
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:
+                                                         texts.offset + len(texts) + 1]
+    return offsets, np.frombuffer(texts.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+
+
+def _json_column(values: pd.Series) -> pa.BinaryArray:
+    """The JSON text of each value (null where missing)."""
+    if pd.api.types.is_float_dtype(values):  # (msgspec writes NaN as null)
+        listed = values.to_numpy(np.float64, na_value=np.nan).tolist()
+    elif pd.api.types.is_integer_dtype(values):
+        listed = values.to_numpy(object, na_value=None).tolist()
+    else:  # strings: each distinct one encoded once
+        code, uniques = pd.factorize(values)
+        texts = pa.array([*map(msgspec.json.encode, uniques.tolist()), b"null"], pa.binary())
+        return texts.take(np.where(code < 0, len(uniques), code))
+    numbers = msgspec.json.encode(listed)[1:-1]  # no commas inside a number
+    return pc.split_pattern(pa.array([numbers] if listed else [], pa.large_binary()),
+                            b",").flatten().cast(pa.binary())
+
+
+def _splice(buf: np.ndarray, at: np.ndarray, inserts: pa.BinaryArray) -> bytes:
+    """`buf` with inserts[i] placed before byte at[i] (`at` ascending)."""
+    offsets, data = _buffers(inserts)
+    out = np.empty(len(buf) + len(data), np.uint8)
+    placed = np.repeat(at, np.diff(offsets)) + np.arange(len(data))
+    keep = np.ones(len(out), dtype=bool)
+    keep[placed] = False
+    out[placed] = data
+    out[keep] = buf
+    return out.tobytes()
+
+
+def _with_args(raw: msgspec.Raw, extra: bytes) -> bytes:
+    """The event with args.roofline (JSON text `extra`) added or replaced (args created when
+    absent or null, left alone when not an object: such an event is not enriched)."""
     event = msgspec.json.decode(raw)
     args = event.get("args")
     if args is None:
-        event["args"] = {"roofline": extra}
+        event["args"] = {"roofline": msgspec.Raw(extra)}
     elif isinstance(args, dict):
-        args["roofline"] = extra
+        args["roofline"] = msgspec.Raw(extra)
     else:
         return bytes(raw)
     return msgspec.json.encode(event)

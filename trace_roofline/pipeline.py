@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -68,26 +68,79 @@ def analyze_trace(
     `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
     phase (`passes.annotate`); `Analysis.passes` and `.graphs` say what was found.
     """
-    args = dict(model=model, hardware=hardware, causal=causal, attention_bytes=attention_bytes,
-                layers=layers, ncu=ncu, by_shape=by_shape, force=force, tp=tp)
-    if graph_map is not None or decode_shapes is not None:  # not in the Analysis cache's key
-        return _analyze(trace, progress=progress, cache=cache, graph_map=graph_map,
-                        decode_shapes=decode_shapes, **args)
-    if cache is not None and not isinstance(trace, Trace):
-        path = trace
-        return cache.analysis(
-            path, {**args, "ncu": None if ncu is None else Path(ncu)},
-            lambda: _analyze(path, progress=progress, cache=cache, **args))
-    return _analyze(trace, progress=progress, cache=cache, **args)
+    return _run(trace, model, hardware, causal=causal, attention_bytes=attention_bytes,
+                layers=layers, ncu=ncu, by_shape=by_shape, force=force, graph_map=graph_map,
+                decode_shapes=decode_shapes, progress=progress, cache=cache, tp=tp)
 
 
-def _analyze(trace: Trace | str | os.PathLike, model: ModelSpec | None,
-             hardware: Hardware | None, *, causal: str, attention_bytes: str,
-             layers: int | None, ncu: str | os.PathLike | None, by_shape: bool, force: bool,
-             progress: Progress | None, cache: TraceCache | None, tp: int | None,
-             graph_map: Trace | str | os.PathLike | None = None,
-             decode_shapes: graphs.DecodeShapes | None = None) -> Analysis:
-    """analyze_trace without the Analysis cache (the trace and attribution may be cached)."""
+@dataclasses.dataclass(frozen=True)
+class Attributed:
+    """A trace with every kernel named, as its `Analysis` was computed from it."""
+
+    trace: Trace
+    kernels: pd.DataFrame  # attribute_trace's table: attribute.ATTRIBUTED_COLUMNS, pass, phase
+    model: ModelSpec | None  # the model as the rank holds it (its TP shard)
+    tp: int | None  # the TP degree the analysis used (given x inferred)
+    replays: graphs.GraphReport | None
+    passes: passes.Passes
+
+
+def analyze_trace_kernels(trace: Trace | str | os.PathLike, model: ModelSpec | None = None,
+                          hardware: Hardware | None = None, **options: Any
+                          ) -> tuple[Analysis, Attributed]:
+    """`analyze_trace(trace, model, hardware, **options)` and the attributed kernels its
+    Analysis was computed from (the rows `perfetto.enriched_trace` enriches): the same names
+    as the analysis's tables, the graph-map trace loaded once. When `options["cache"]` holds
+    the Analysis, the kernels come from its cached trace and attribution parts (`attribute`
+    does not run again; replays are named and passes found from them as before)."""
+    kept: list[Attributed] = []
+    analysis = _run(trace, model, hardware, kept=kept, **options)
+    return analysis, kept[0]
+
+
+def _run(trace: Trace | str | os.PathLike, model: ModelSpec | None, hardware: Hardware | None,
+         *, kept: list[Attributed] | None = None, causal: str = "causal",
+         attention_bytes: str = "all", layers: int | None = None, ncu: str | os.PathLike | None = None,
+         by_shape: bool = False, force: bool = False,
+         graph_map: Trace | str | os.PathLike | None = None,
+         decode_shapes: graphs.DecodeShapes | None = None, progress: Progress | None = None,
+         cache: TraceCache | None = None, tp: int | None = None,
+         ) -> Analysis:
+    """analyze_trace, through the Analysis cache where it applies; with `kept`, the
+    `Attributed` the Analysis came from is appended to it (on a cache hit: from the cached
+    trace and attribution parts)."""
+
+    def attributed() -> Attributed:
+        return _attributed(trace, model, tp=tp, cache=cache, graph_map=graph_map,
+                           decode_shapes=decode_shapes, progress=progress)
+
+    def compute() -> Analysis:
+        att = attributed()
+        if kept is not None:
+            kept.append(att)
+        return _analyze(att, hardware, causal=causal, attention_bytes=attention_bytes,
+                         layers=layers, ncu=ncu, by_shape=by_shape, force=force)
+
+    cached = (cache is not None and not isinstance(trace, Trace)
+              and graph_map is None and decode_shapes is None)  # those two: not in its key
+    if cached:
+        args = dict(model=model, hardware=hardware, causal=causal,
+                    attention_bytes=attention_bytes, layers=layers,
+                    ncu=None if ncu is None else Path(ncu), by_shape=by_shape, force=force, tp=tp)
+        analysis = cache.analysis(trace, args, compute)
+    else:
+        analysis = compute()
+    if kept is not None and not kept:  # the Analysis came from the cache
+        kept.append(attributed())
+    return analysis
+
+
+def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None, *, tp: int | None,
+                cache: TraceCache | None, graph_map: Trace | str | os.PathLike | None,
+                decode_shapes: graphs.DecodeShapes | None, progress: Progress | None
+                ) -> Attributed:
+    """The trace (and `attribute`'s table) from `cache` or parsed, the model sharded as given
+    (`tp`) and as the GEMM shapes show, then `attribute_trace`'s replays and passes."""
     attributed = None
     if model is not None and tp is not None:
         model = model.shard(tp)
@@ -95,21 +148,30 @@ def _analyze(trace: Trace | str | os.PathLike, model: ModelSpec | None,
         trace, attributed, _ = cache.load(trace, model, progress=progress)
     elif not isinstance(trace, Trace):
         trace = load_trace(trace, progress=progress)
-    hw = hardware or trace_hardware(trace)
     if attributed is None:
         attributed = attribute(trace, model)
     if model is not None:  # attribute() names GEMMs as the shard the shapes show
         more = infer_tp(gemm_shapes(trace), model)
         model, tp = model.shard(more), (tp or 1) * more
-    attributed, replays, found = attribute_trace(trace, model, attributed=attributed,
-                                                 graph_map=graph_map,
-                                                 decode_shapes=decode_shapes, progress=progress)
+    kernels, replays, found = attribute_trace(trace, model, attributed=attributed,
+                                              graph_map=graph_map, decode_shapes=decode_shapes,
+                                              progress=progress)
+    return Attributed(trace, kernels, model, tp, replays, found)
+
+
+def _analyze(att: Attributed, hardware: Hardware | None, *, causal: str, attention_bytes: str,
+              layers: int | None, ncu: str | os.PathLike | None, by_shape: bool,
+              force: bool) -> Analysis:
+    """Cost and place the attributed kernels (roofline.analyze), with ncu's measured bytes."""
+    trace, attributed, model, tp, replays = (att.trace, att.kernels, att.model, att.tp,
+                                             att.replays)
+    hw = hardware or trace_hardware(trace)
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
     common = dict(trace=trace.path, causal=causal, attention_bytes=attention_bytes,
                   layers=layers, by_shape=by_shape, tp=tp, group_size=group, force=force)
-    extra = {"passes": found.table, "graphs": replays,
+    extra = {"passes": att.passes.table, "graphs": replays,
              "distributed": info if isinstance(info, dict) else None}
     if ncu is None:
         a = analyze(attributed, model, hw, **common)

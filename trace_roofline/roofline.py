@@ -420,7 +420,7 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
     ops = pd.concat([overall, per_layer], ignore_index=True)
     phase_time = costed.groupby("phase")["time_us"].sum()
     ops["time_share"] = ops["time_us"] / ops["phase"].map(phase_time)
-    ops = _roofs(ops, hardware, main_dtype(costed))
+    ops = place_rows(ops, hardware, main_dtype(costed))
     ops = ops[list(OPERATOR_COLUMNS)].astype(OPERATOR_COLUMNS)
     ops = ops.sort_values(["layer", "time_us"], ascending=[True, False], na_position="first",
                           kind="stable").reset_index(drop=True)
@@ -512,8 +512,10 @@ def _listable(dtype: str | None) -> str | None:
     return d.peak if d is not None else None
 
 
-def _roofs(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:
-    """Peak, attainable, % of roof, bound and the exceeds flag for each row."""
+def place_rows(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -> pd.DataFrame:
+    """Peak, attainable, % of roof, bound and the exceeds flag for each row of `ops` (columns
+    operator, dtype, flops, bytes, intensity, achieved_*_per_s); `main`: the compute dtype
+    (`main_dtype`). Collectives are placed under the link roof."""
     ops = ops.copy()
     nan = pd.Series(np.nan, index=ops.index)
     link = comms.is_collective(ops["operator"])
