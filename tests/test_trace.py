@@ -194,6 +194,20 @@ def test_string_pid_and_tid(tmp_path):
     assert tr.cpu_ops["pid"].eq(100).all() and tr.cpu_ops["tid"].isna().all()
 
 
+def test_non_integer_ids_are_missing_whatever_their_batch_holds(tmp_path):
+    """A float or boolean pid/tid/id (an event kept without its links) is <NA>, also in a batch
+    whose other values are all integers (numpy alone would truncate 1.5 to 1)."""
+    doc = gpu_trace(1)
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    flow = next(e for e in doc["traceEvents"] if e.get("cat") == "ac2g")
+    kernel["pid"], kernel["tid"], flow["id"] = 1.5, True, 2.5
+    tr = load_trace(write(doc, tmp_path / "t.json"))
+    assert tr.meta["events_with_dropped_fields"] == 2
+    k = tr.device[tr.device["ts_us"] == kernel["ts"]].iloc[0]
+    assert k["pid"] is pd.NA and k["device"] == k["stream"] == -1  # (its args dropped too)
+    assert tr.flows["id"].isna().sum() == 1 and tr.flows["pid"].notna().all()
+
+
 def test_int_timestamps_and_absent_device_properties(tmp_path):
     doc = gpu_trace(1)
     del doc["deviceProperties"]

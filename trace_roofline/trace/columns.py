@@ -58,7 +58,8 @@ class _CatTable(dict):
         return code
 
 
-_PH_CODES = {"X": 1, "s": 2, "f": 3}  # flows: ph code - 2 indexes FLOW_PH
+_PH_CODES = {"X": 1, "s": 2, "f": 3}
+_ABSENT = {None: MISSING}  # flows: ph code - 2 indexes FLOW_PH
 
 # Per table: output column -> (attribute paths on decode._Event, converter). A second path fills the rows
 # where the first is absent (legacy spelling, or pid/tid standing in for device/stream).
@@ -141,7 +142,8 @@ def _getter(path: str) -> tuple[str, Callable]:
     return source or "event", attrgetter(name)
 
 
-def _as_int(v: Any) -> int:
+def as_int(v: Any) -> int:
+    """An int field's value as an int64: MISSING unless an int in range or a string of one."""
     if isinstance(v, bool):
         return MISSING
     if isinstance(v, int):
@@ -149,18 +151,24 @@ def _as_int(v: Any) -> int:
     if isinstance(v, str):
         for base in (10, 0):
             try:
-                return _as_int(int(v, base))
+                return as_int(int(v, base))
             except ValueError:
                 continue
     return MISSING
 
 
 def _ints(rows: list, getter: Callable) -> np.ndarray:
-    """int64 column; None, non-numeric strings and out-of-range values become MISSING."""
+    """int64 column of as_int values. The values are ints, strings or None (decode.py makes
+    them so): numpy converts ints and decimal strings as as_int does, so only a batch with
+    None (absent) or other strings takes a slower way."""
     try:
         return np.fromiter(map(getter, rows), np.int64, len(rows))
     except (TypeError, ValueError, OverflowError):
-        return np.array([_as_int(v) for v in map(getter, rows)], dtype=np.int64)
+        values = list(map(getter, rows))
+    try:  # absent values
+        return np.fromiter(map(_ABSENT.get, values, values), np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return np.array([as_int(v) for v in values], dtype=np.int64)
 
 
 def _int_column(sub: dict[str, list], getters: tuple) -> np.ndarray:

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from trace_roofline.errors import InputError
-from trace_roofline.trace.columns import Accumulator
+from trace_roofline.trace.columns import Accumulator, as_int
 from trace_roofline.trace.schema import MISSING, Progress
 
 BATCH_BYTES = 1 << 20  # bytes of events per batch: bounds live Python objects
@@ -90,7 +90,8 @@ class _EventLenient(msgspec.Struct, gc=False):
     """Retry shape for an event with malformed args or ids: keep its timing, drop its links.
 
     Only what defines the event (ph, cat, name, ts, dur) must be well typed; pid/tid/id that
-    are not integers end up <NA>.
+    are not integers (or strings of one) end up <NA> (`as_int`, applied at once, so that the
+    columns only ever see ints, strings and None).
     """
 
     ph: str | None = None
@@ -397,5 +398,6 @@ def _decode_each(p: Path, batch: Sequence, start: int, acc: Accumulator) -> list
             out.append(_PLACEHOLDER)
             continue
         acc.partly_read += 1
-        out.append(_Event(ev.ph, ev.cat, ev.name, ev.pid, ev.tid, ev.ts, ev.dur, ev.id))
+        out.append(_Event(ev.ph, ev.cat, ev.name, as_int(ev.pid), as_int(ev.tid), ev.ts, ev.dur,
+                          as_int(ev.id)))
     return out
