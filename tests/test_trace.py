@@ -305,6 +305,39 @@ def test_batches_join_seamlessly(tmp_path, monkeypatch, batch):
             pd.testing.assert_frame_equal(getattr(tr, table), getattr(ref, table))
 
 
+@pytest.mark.parametrize("batch", [1, 40, 300])
+def test_cuts_inside_events_are_retried_further_on(tmp_path, monkeypatch, batch):
+    """A '}, {' inside an event (an array of objects in its args, or in a string) can end a
+    batch mid-event: that range does not decode and a later cut ends the batch instead. The
+    events are still read in spans (no fallback), and are exactly the Raw way's."""
+    doc = gpu_trace(steps=3)
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            e.setdefault("args", {})["odd"] = [{"a": 1}, {"b": {"c": [2]}}, {"d": "}, {"}]
+    path = write(doc, tmp_path / "t.json")
+    with monkeypatch.context() as m:
+        m.setattr(decode, "events_bounds", lambda buf: None)
+        raw_way = load_trace(path, workers=1)
+    spans, misses, real_span, real_range = [], [], decode.parse_span, decode._decode_range
+
+    def parse_span(*args):
+        spans.append(real_span(*args))
+        return spans[-1]
+
+    def decode_range(*args):
+        evs = real_range(*args)
+        if evs is None:
+            misses.append(args[2:4])
+        return evs
+
+    monkeypatch.setattr(decode, "parse_span", parse_span)
+    monkeypatch.setattr(decode, "_decode_range", decode_range)
+    monkeypatch.setattr(decode, "BATCH_BYTES", batch)
+    monkeypatch.setattr(decode, "_RETRIES", 1000)
+    assert_identical(load_trace(path, workers=1), raw_way)
+    assert spans == [raw_way.meta["event_count"]] and misses
+
+
 def test_input_file_is_not_modified(tmp_path):
     p = write(gpu_trace(1), tmp_path / "t.json")
     before = p.read_bytes()

@@ -212,17 +212,18 @@ def parse_span(p: Path, buf: bytearray, start: int, end: int, acc: Accumulator,
     own brackets, at buf[start - 1] and buf[end]) batch by batch into `acc`, numbering them
     from 0; the number of events, or None when some batch is not valid JSON or holds an event
     the decoder rejects (the caller then parses the document the Raw way, for its one true
-    error). A batch ends at the first CUT BATCH_BYTES or more past its start, or, when that
-    does not decode (a CUT inside an event: an array of objects in its args), at a later one."""
+    error). A batch ends at the first CUT BATCH_BYTES or more past its start; when that range
+    does not decode (a CUT inside an event: in a string, or an array of objects in its args),
+    at the first CUT BATCH_BYTES or more further, up to _RETRIES times."""
     pos, n = start, 0
     while pos < end:
-        m = CUT.search(buf, min(pos + BATCH_BYTES, end), end)
+        stop = pos
         for _ in range(_RETRIES):
+            m = CUT.search(buf, min(stop + BATCH_BYTES, end), end)
             stop, after = m.span(1) if m else (end, end)
-            evs = _decode_range(p, buf, pos, stop, n, acc)
+            evs = _decode_range(p, buf, pos, stop, acc)
             if evs is not None or m is None:
                 break
-            m = CUT.search(buf, after, end)
         if evs is None:
             return None
         acc.add(evs, n)
@@ -233,11 +234,10 @@ def parse_span(p: Path, buf: bytearray, start: int, end: int, acc: Accumulator,
     return n
 
 
-def _decode_range(p: Path, buf: bytearray, start: int, stop: int, first: int,
-                  acc: Accumulator) -> list | None:
-    """The events of buf[start:stop] decoded as a JSON array, or None if it is not one.
-
-    Its two bracket bytes are patched in for the decode and restored after."""
+def _decode_range(p: Path, buf: bytearray, start: int, stop: int, acc: Accumulator) -> list | None:
+    """The events of buf[start:stop] decoded as a JSON array, or None if it is not one (or
+    holds an event the decoder rejects). Its two bracket bytes are patched in for the decode
+    and restored after."""
     keep = buf[start - 1], buf[stop]
     buf[start - 1], buf[stop] = 0x5B, 0x5D  # '[', ']'
     try:
@@ -251,8 +251,8 @@ def _decode_range(p: Path, buf: bytearray, start: int, stop: int, first: int,
         except (msgspec.DecodeError, RecursionError):
             return None
         try:
-            return _decode_each(p, raws, first, acc)
-        except InputError:  # an event the decoder rejects: not this path's error to report
+            return _decode_each(p, raws, 0, acc)
+        except InputError:  # (its index is in this range, not the file: the Raw way reports it)
             return None
     finally:
         buf[start - 1], buf[stop] = keep
