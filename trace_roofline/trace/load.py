@@ -24,7 +24,8 @@ def load_trace(path: str | os.PathLike, progress: Progress | None = None,
                workers: int | None = None) -> Trace:
     """Load one trace file, or the single trace file of a tensorboard_trace_handler directory.
 
-    `progress(stage, done, total)` is called while reading (bytes) and parsing (events); pass
+    `progress(stage, done, total)` is called while reading (bytes) and parsing (bytes of the
+    events decoded, or events when the document is read the Raw way: see decode.py); pass
     `progress_bar()` for a terminal bar. Raises InputError (one line naming the file, or the
     parameter).
 

@@ -188,7 +188,8 @@ class Worker:
 
     def parse(self, p: Path, buf, progress: Progress | None
               ) -> tuple[dict, int, Accumulator] | None:
-        """(meta, event count, columns) of the whole trace, or None to fall back."""
+        """(meta, event count, columns) of the whole trace, or None to fall back. When the
+        parent read only its part (`partial`), `buf` is emptied once that part is decoded."""
         cut = self._recv()
         if not isinstance(cut, Cut):
             return None
@@ -206,10 +207,12 @@ class Worker:
         acc = Accumulator()
         start, end = head[0] + 1, cut.separator
 
-        def partial(stage: str, done: int, total: int) -> None:  # the worker's half is to come
+        def halfway(stage: str, done: int, total: int) -> None:  # the worker's half is to come
             progress(stage, min(done, total - 1), total)
 
-        n1 = parse_span(p, buf, start, end, acc, partial if progress else None)
+        n1 = parse_span(p, buf, start, end, acc, halfway if progress else None)
+        if self.partial:  # decoded: free the bytes before the worker's columns come (a
+            del buf[:]  # fallback reads the file again)
         part = self._recv() if n1 is not None else None
         if not isinstance(part, Part):  # not proven, or the worker died: one process decides
             return None
@@ -244,6 +247,7 @@ def _work(p: Path, buf, cut: int, size: int, up) -> None:
     send(Split(bytes(buf[q + 1 :]), array_doc))
     acc = Accumulator()
     n = parse_span(p, buf, d, q, acc, None)
+    del buf  # (its own copy, if it read the file: freed before the columns are shipped)
     send(NoSplit() if n is None else Part(acc.export(), n))
 
 
