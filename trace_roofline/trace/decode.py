@@ -1,16 +1,18 @@
 """Bytes -> event structs. The events array is cut at proven boundaries into batches of about
 BATCH_BYTES, each decoded in place as a JSON array of GC-free msgspec Structs carrying only the
 fields columns.py reads (the C decoder skips everything else in an event). Shape arrays
-(`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text.
+(`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A plain
+file is read as it is decoded, through a `read.Window` (one reused buffer): the whole text is
+never in memory at once.
 
-Where the events start and end (`events_start`, `events_end`) and where a batch ends (`CUT`, a
-'}' ',' '{' between two events) are found by byte patterns, then proven: the keys around the
-array decode as an object with "[]" in place of the events, and every batch decodes as a JSON
-array, so the whole document is valid JSON whose only parse is these events (JSON's grammar is
-unambiguous), in this order. When anything is not proven (a pattern matched inside a string, a
-malformed document or event), `decode_document` parses the file again the one way that needs
-no proof: `traceEvents` decoded as one zero-copy `Raw` slice per event, in batches of
-BATCH_EVENTS, whose errors are the ones reported.
+Where the events start and end (`events_start` in the first HEAD_BYTES, `events_end` in the
+last SEARCH_BYTES) and where a batch ends (`CUT`, a '}' ',' '{' between two events) are found by
+byte patterns, then proven: the keys around the array decode as an object with "[]" in place
+of the events, and every batch decodes as a JSON array, so the whole document is valid JSON
+whose only parse is these events (JSON's grammar is unambiguous), in this order. When anything
+is not proven (a malformed document or event, an unusual layout), `decode_raw` reads the whole
+document the one way that needs no proof: `traceEvents` decoded as one zero-copy `Raw` slice
+per event, in batches of BATCH_EVENTS, whose errors are the ones reported.
 
 Errors: a document that is not readable as a whole raises InputError naming the file (and, for
 the first event the decoder rejects, its index); an event of the wrong shape is retried alone,
@@ -30,12 +32,14 @@ import numpy as np
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator, as_int
+from trace_roofline.trace.read import Buffer, Document, Window
 from trace_roofline.trace.schema import MISSING, Progress
 
 BATCH_BYTES = 1 << 20  # bytes of events per batch: bounds live Python objects
 BATCH_EVENTS = 4096  # events per batch when the document is read as Raw slices
 _RETRIES = 8  # batch ends tried before giving a span up as not valid JSON
 SEARCH_BYTES = 1 << 20  # how far from the document's ends the events' bounds are looked for
+HEAD_BYTES = SEARCH_BYTES + 3  # (and a byte-order mark)
 _WS = rb"[ \t\n\r]*"
 CUT = re.compile(rb"\}(" + _WS + rb"," + _WS + rb")\{")  # a boundary between two events
 _END = re.compile(rb"\}" + _WS + rb"\]")  # the last event and the array's closing bracket
@@ -120,17 +124,24 @@ _JSON_KINDS = {ord("["): "an array", ord("{"): "an object", ord('"'): "a string"
 _PLACEHOLDER = _Event()
 
 
-def decode_document(p: Path, buf: bytearray, progress: Progress | None
-                    ) -> tuple[dict, int, Accumulator]:
+def decode_spans(doc: Document, progress: Progress | None) -> tuple[dict, int, Accumulator] | None:
+    """(metadata, event count, columns) of the whole document, read batch by batch through a
+    Window (see the module docstring), in this process; None if its layout or a batch is not
+    proven (then `decode_raw` reads it)."""
+    tail_at = max(doc.size - SEARCH_BYTES, 0)
+    bounds = events_bounds(doc.read(0, HEAD_BYTES), doc.read(tail_at, SEARCH_BYTES), tail_at)
+    if not bounds:
+        return None
+    start, end, meta = bounds
+    acc = Accumulator()
+    with doc.window(start - 1) as w:
+        n = parse_span(doc.path, w, start, end, acc, progress)
+    return None if n is None else (meta, n, acc)
+
+
+def decode_raw(p: Path, buf: Buffer, progress: Progress | None) -> tuple[dict, int, Accumulator]:
     """(metadata, event count, columns) of the whole document in `buf` (our private copy: it is
-    patched in place while decoding), in this process."""
-    bounds = events_bounds(buf)
-    if bounds:
-        start, end, meta = bounds
-        acc = Accumulator()
-        n = parse_span(p, buf, start, end, acc, progress)
-        if n is not None:
-            return meta, n, acc
+    patched in place while decoding), read the Raw way; its errors are the ones reported."""
     try:
         meta, raws = _split_top(p, buf)  # zero-copy slices of buf, one per event
     except msgspec.DecodeError as e:
@@ -142,18 +153,20 @@ def decode_document(p: Path, buf: bytearray, progress: Progress | None
     return meta, len(raws), acc
 
 
-def events_bounds(buf) -> tuple[int, int, dict] | None:
-    """(start, end, metadata): the events array's content is buf[start:end] (buf[start - 1] is
-    its '[', buf[end] its ']'), the keys around it are decoded; None if not proven."""
-    head = events_start(buf, len(buf))
-    tail = events_end(buf, head[0] + 1) if head else None
-    if not tail or (head[1] is None) != tail[1]:
+def events_bounds(head, tail, tail_at: int) -> tuple[int, int, dict] | None:
+    """(start, end, metadata) of a document from its first HEAD_BYTES (`head`) and its last
+    SEARCH_BYTES (`tail`, from offset `tail_at`): its events array's content is bytes
+    [start, end) (byte start - 1 is its '[', byte end its ']'), the keys around it decoded;
+    None if not proven."""
+    a = events_start(head, len(head))
+    q = events_end(tail, max(a[0] + 1 - tail_at, 0)) if a else None
+    if not q or (a[1] is None) != q[1]:
         return None
     try:
-        meta = meta_around(head[1], buf[tail[0] + 1 :])
+        meta = meta_around(a[1], tail[q[0] + 1 :])
     except (msgspec.DecodeError, RecursionError):
         return None
-    return head[0] + 1, tail[0], meta
+    return a[0] + 1, tail_at + q[0], meta
 
 
 def meta_around(head: bytes | None, tail) -> dict:
@@ -206,42 +219,47 @@ def events_end(buf, d: int) -> tuple[int, bool] | None:
     return None
 
 
-def parse_span(p: Path, buf: bytearray, start: int, end: int, acc: Accumulator,
+def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
                progress: Progress | None) -> int | None:
-    """Decode the events in buf[start:end] (a JSON array's content: separators, or the array's
-    own brackets, at buf[start - 1] and buf[end]) batch by batch into `acc`, numbering them
-    from 0; the number of events, or None when some batch is not valid JSON or holds an event
-    the decoder rejects (the caller then parses the document the Raw way, for its one true
-    error). A batch ends at the first CUT BATCH_BYTES or more past its start; when that range
-    does not decode (a CUT inside an event: in a string, or an array of objects in its args),
-    at the first CUT BATCH_BYTES or more further, up to _RETRIES times."""
+    """Decode the events in document bytes [start, end) (a JSON array's content: separators,
+    or the array's own brackets, at bytes start - 1 and end), read through `w`, batch by batch
+    into `acc`, numbering them from 0; the number of events, or None when some batch is not
+    valid JSON, holds an event the decoder rejects or is cut short (the caller then reads the
+    document the Raw way, for its one true error). A batch ends at the first CUT BATCH_BYTES or
+    more past its start; when that range does not decode (a CUT inside an event: in a string,
+    or an array of objects in its args), at the first CUT BATCH_BYTES or more further, up to
+    _RETRIES times."""
     pos, n = start, 0
     while pos < end:
         stop = pos
         for _ in range(_RETRIES):
-            m = CUT.search(buf, min(stop + BATCH_BYTES, end), end)
-            stop, after = m.span(1) if m else (end, end)
-            evs = _decode_range(p, buf, pos, stop, acc)
-            if evs is not None or m is None:
+            cut = w.search(CUT, min(stop + BATCH_BYTES, end), end, pos - 1)
+            stop, after = cut or (end, end)
+            evs = _decode_range(p, w, pos, stop, acc)
+            if evs is not None or cut is None:
                 break
         if evs is None:
             return None
         acc.add(evs, n)
         n += len(evs)
+        del evs  # (the batch's structs, and their views of the window, before it moves on)
         pos = after
         if progress:
             progress("parse", pos - start, end - start)
     return n
 
 
-def _decode_range(p: Path, buf: bytearray, start: int, stop: int, acc: Accumulator) -> list | None:
-    """The events of buf[start:stop] decoded as a JSON array, or None if it is not one (or
-    holds an event the decoder rejects). Its two bracket bytes are patched in for the decode
-    and restored after."""
-    keep = buf[start - 1], buf[stop]
-    buf[start - 1], buf[stop] = 0x5B, 0x5D  # '[', ']'
+def _decode_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator) -> list | None:
+    """The events of document bytes [start, stop) decoded as a JSON array, or None if it is
+    not one (or holds an event the decoder rejects, or the text ends first). Its two bracket
+    bytes are patched in for the decode and restored after."""
+    if not w.fill(start - 1, stop + 1):
+        return None
+    buf, i, j = w.buf, start - 1 - w.lo, stop - w.lo
+    keep = buf[i], buf[j]
+    buf[i], buf[j] = 0x5B, 0x5D  # '[', ']'
     try:
-        text = memoryview(buf)[start - 1 : stop + 1]
+        text = memoryview(buf)[i : j + 1]
         try:
             return _BATCH.decode(text)
         except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
@@ -255,7 +273,7 @@ def _decode_range(p: Path, buf: bytearray, start: int, stop: int, acc: Accumulat
         except InputError:  # (its index is in this range, not the file: the Raw way reports it)
             return None
     finally:
-        buf[start - 1], buf[stop] = keep
+        buf[i], buf[j] = keep
 
 
 def parse_events(p: Path, buf, raws: list, acc: Accumulator, progress: Progress | None) -> None:
@@ -310,7 +328,7 @@ def _why(e: Exception) -> str:
     return msg.splitlines()[0] if msg else type(e).__name__
 
 
-def _split_top(p: Path, buf: bytearray) -> tuple[dict, list]:
+def _split_top(p: Path, buf: Buffer) -> tuple[dict, list]:
     """Top-level metadata (decoded) and one zero-copy raw slice per event, in one pass."""
     view = memoryview(buf)
     if buf[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
@@ -349,7 +367,7 @@ def top_meta(top: dict) -> dict:
     return meta
 
 
-def _without_events(buf: bytearray, view: memoryview, raws: list):
+def _without_events(buf: Buffer, view: memoryview, raws: list):
     """The document with its traceEvents array emptied (small), to read the other keys."""
     if not raws:
         return view
