@@ -357,6 +357,23 @@ def test_cuts_inside_events_are_retried_further_on(tmp_path, monkeypatch, batch)
     assert spans == [raw_way.meta["event_count"]] and misses
 
 
+def test_a_file_that_shrinks_while_it_is_read_gets_the_raw_way_error(tmp_path, monkeypatch):
+    """The text ending before the events' proven end is not proven: the file is read again,
+    whole, and its error (or tables) are the Raw way's."""
+    path = write(gpu_trace(steps=6), tmp_path / "t.json")
+    data, real = path.read_bytes(), decode.events_bounds
+
+    def then_shrink(*args):
+        out = real(*args)
+        path.write_bytes(data[: len(data) // 2])
+        return out
+
+    monkeypatch.setattr(decode, "events_bounds", then_shrink)
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1000)
+    with pytest.raises(InputError, match=r"t\.json: truncated JSON"):
+        load_trace(path, workers=1)
+
+
 def test_input_file_is_not_modified(tmp_path):
     p = write(gpu_trace(1), tmp_path / "t.json")
     before = p.read_bytes()
