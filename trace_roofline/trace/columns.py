@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from itertools import compress, count, repeat
+from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -183,41 +183,50 @@ def _int_column(sub: dict[str, list], getters: tuple) -> np.ndarray:
     return out
 
 
+class _Codes(dict):
+    """value -> code: 0, 1, 2, ... in first-seen order (a new value gets the next one)."""
+
+    def __missing__(self, value: Any) -> int:
+        code = self[value] = len(self)
+        return code
+
+
 class _Interner:
     """Assigns each distinct value a code in first-seen order: categorical without re-hashing.
 
-    `codes()` returns provisional codes (a running counter, unique per value); `finish()` maps
-    them to dense category codes, with None as -1.
+    `codes()` returns dense codes (int32) into the values seen so far; `finish()` makes them
+    category codes, with None as -1.
     """
 
     def __init__(self):
-        self.seen: dict = {}
-        self.counter = count()
+        self.seen = _Codes()
 
     def codes(self, values, n: int) -> np.ndarray:
-        return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, n)
+        return np.fromiter(map(self.seen.__getitem__, values), np.int32, n)
 
     def dense(self, chunks: list[np.ndarray]) -> tuple[list, np.ndarray]:
         """(every value in first-seen order, the rows' codes into that list) to ship."""
-        keys = list(self.seen)
-        provisional = np.fromiter(self.seen.values(), np.int64, len(keys))
-        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int32)
-        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
-        return keys, lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        return list(self.seen), _joined(chunks)
 
     def absorb(self, keys: list, codes: np.ndarray) -> np.ndarray:
         """Codes from `dense()` of a later part of the file -> this interner's codes. New values
         are appended in their first-seen order, so categories come out as a serial read's."""
-        mine = np.fromiter(map(self.seen.setdefault, keys, self.counter), np.int64, len(keys))
-        return mine[codes]
+        return np.fromiter(map(self.seen.__getitem__, keys), np.int32, len(keys))[codes]
 
     def finish(self, chunks: list[np.ndarray]) -> pd.Categorical:
-        keys = [k for k in self.seen if k is not None]
-        provisional = np.fromiter((self.seen[k] for k in keys), np.int64, len(keys))
-        lookup = np.full(max(self.seen.values(), default=0) + 1, -1, dtype=np.int32)
-        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
-        codes = lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        keys, codes = list(self.seen), _joined(chunks)
+        none = self.seen.get(None)
+        if none is not None:  # None is no category: -1, the values after it one code down
+            del keys[none]
+            lookup = np.arange(len(keys) + 1, dtype=np.int32)
+            lookup[none + 1 :] -= 1
+            lookup[none] = -1
+            codes = lookup[codes]
         return pd.Categorical.from_codes(codes, categories=pd.Index(keys, dtype=object).astype(str))
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.empty(0, np.int32)
 
 
 def _respell(text: str) -> str:
@@ -249,12 +258,7 @@ class _RawGroup:
                                    len(args))
 
     def finish(self, chunks: list[np.ndarray]) -> dict[str, pd.Categorical]:
-        seen = self.interner.seen
-        keys = list(seen)
-        provisional = np.fromiter(seen.values(), np.int64, len(keys))
-        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int64)
-        lookup[provisional] = np.arange(len(keys))
-        key_of_row = lookup[np.concatenate(chunks)]
+        keys, key_of_row = list(self.interner.seen), _joined(chunks)
         split = [k.split(b"\x01") if k.count(b"\x01") == self.width - 1 else [b""] * self.width
                  for k in keys]
         out, i = {}, 0
