@@ -47,7 +47,7 @@ def reading(p: Path) -> Iterator[None]:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Document:
     """A trace file's JSON text, `size` bytes: in memory (`data`, a gzip file inflated) or read
     from the plain file `path` when needed."""
