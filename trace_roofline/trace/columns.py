@@ -289,7 +289,7 @@ class Accumulator:
             (t, c): _Interner()
             for t, fields in _FIELDS.items()
             for c, (_, conv) in fields.items()
-            if conv in ("str", "cat")
+            if conv == "str"
         }
         self.raw_groups = {
             t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
