@@ -6,20 +6,23 @@ name) or a directory holding one `tensorboard_trace_handler` file (`*.pt.trace.j
 
 The package, in the order the bytes flow (figures in benchmarks/README.md):
 - load.py: the entry points (`load_trace`, `load_traces`, `parse_dims`, `progress_bar`);
-- read.py: a file's bytes (directory listing, reading, gunzip);
-- decode.py: bytes -> events. msgspec cuts `traceEvents` into zero-copy `Raw` slices, then
-  decodes them in batches into GC-free Structs that carry only the fields the tables use
-  (everything else in an event is skipped by the C decoder);
-- columns.py: events -> columns. Each batch becomes columns at once with C-level
-  `map`/`attrgetter`/`np.fromiter`; strings become categorical codes and the structs are freed
-  before the next batch, so memory stays near the file size. Shape arrays (`Input Dims`,
-  `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text; decode them lazily,
-  for the rows that need them, with `parse_dims`;
+- read.py: a file's bytes (directory listing, gunzip, a `Window` that reads a plain file 16 MiB
+  at a time into one buffer as it is decoded, so the file is never in memory whole);
+- decode.py: bytes -> events. The events array is cut between two events every ~1 MiB and
+  each batch is decoded in place by msgspec into GC-free Structs that carry only the fields the
+  tables use (everything else in an event is skipped by the C decoder); every cut is proven by
+  the batches decoding as JSON arrays, else the document is read whole, as one zero-copy `Raw`
+  slice per event;
+- columns.py: events -> columns. Each batch's rows are grouped by table, then become columns
+  at once with C-level `map`/`attrgetter`/`np.fromiter`; strings become categorical codes and
+  the structs are freed before the next batch, so memory stays near the columns' size. Shape
+  arrays (`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text;
+  decode them lazily, for the rows that need them, with `parse_dims`;
 - schema.py: the tables' declared columns and the `Trace` holding them;
 - parallel.py: the two-process parse. Big files use a second core (msgspec holds the GIL, so a
-  forked process): the worker reads, splits and decodes the later half of the file while the
-  parent does the first half, and pipes its columns back; the result, and any error, is
-  exactly the one-process result. `load_trace(path, workers=...)` says when it is used.
+  forked process): the worker reads and decodes the later half of the file while the parent
+  does the first half, and pipes its columns back; the result, and any error, is exactly the
+  one-process result. `load_trace(path, workers=...)` says when it is used.
 
 Schema variants handled (Kineto's ChromeTraceLogger, old and new, and HTA's test traces):
 - categories: kernel/Kernel, gpu_memcpy/Memcpy, gpu_memset/Memset, cpu_op/Operator,

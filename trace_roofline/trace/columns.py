@@ -1,18 +1,20 @@
 """Decoded events -> columns: each batch of event structs (decode.py) becomes column chunks at
 once, then the chunks become the tables of schema.py.
 
-Every batch is classified by category and phase, counted into meta's skip reasons, and turned
-into columns with C-level `map`/`attrgetter`/`np.fromiter`; strings become categorical codes
-(`_Interner`, first-seen order) and the structs are freed before the next batch, so memory stays
-near the file size. `Accumulator.export`/`absorb` ship a later part of the file's columns from
-the parse worker to the parent (parallel.py) so that the result is a one-process read's.
+Every batch is classified by category and phase, counted into meta's skip reasons, grouped by
+table (one stable sort) and turned into columns with C-level `map`/`attrgetter`/`np.fromiter`;
+strings become categorical codes (`_Interner`, first-seen order; the raw-JSON columns of a row
+as one bytes key, decoded once per distinct key) and the structs are freed before the next
+batch, so memory stays near the file size. `Accumulator.export`/`absorb` ship a later part of
+the file's columns from the parse worker to the parent (parallel.py) so that the result is a
+one-process read's.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from itertools import compress, count, repeat
+from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -56,12 +58,13 @@ class _CatTable(dict):
         return code
 
 
-_PH_CODES = {"X": 1, "s": 2, "f": 3}  # flows: ph code - 2 indexes FLOW_PH
+_PH_CODES = {"X": 1, "s": 2, "f": 3}
+_ABSENT = {None: MISSING}  # flows: ph code - 2 indexes FLOW_PH
 
 # Per table: output column -> (attribute paths on decode._Event, converter). A second path fills the rows
 # where the first is absent (legacy spelling, or pid/tid standing in for device/stream).
-# Converters: int (Int64), str (categorical), raw (JSON text, categorical), cat/ph (reuse the
-# values already read to classify the event). ts/dur are shared by every table.
+# Converters: int (Int64), str (categorical), raw (JSON text, categorical; args fields only),
+# ph (reuses the codes read to classify the event). ts/dur are shared by every table.
 _EXT = ("args.external_id", "args.external_id_legacy")
 _FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "device": {
@@ -93,7 +96,7 @@ _FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     },
     "annotations": {
         "name": (("name",), "str"),
-        "cat": (("cat",), "cat"),
+        "cat": (("cat",), "str"),
         "pid": (("pid",), "int"),
         "tid": (("tid",), "int"),
         "external_id": (_EXT, "int"),
@@ -108,7 +111,7 @@ _FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "flows": {
         "id": (("id",), "int"),
         "ph": (("ph",), "ph"),
-        "cat": (("cat",), "cat"),
+        "cat": (("cat",), "str"),
         "pid": (("pid",), "int"),
         "tid": (("tid",), "int"),
     },
@@ -123,10 +126,24 @@ _TABLE_CODES = {
 }
 
 
-_ts_of, _dur_of, _cat_of, _ph_of = (attrgetter(a) for a in ("ts", "dur", "cat", "ph"))
+_ts_of, _dur_of, _cat_of, _ph_of, _args_of = (attrgetter(a) for a in ("ts", "dur", "cat", "ph", "args"))
+# table code -> index of its table in _FIELDS (0 for the unkept code 0: never looked up)
+_TABLE_OF_CODE = np.zeros(_FLOW + 1, dtype=np.int64)
+for _i, _codes in enumerate(_TABLE_CODES.values()):
+    _TABLE_OF_CODE[list(_codes)] = _i
+_WITH_ARGS = {t for t, fields in _FIELDS.items()
+              if any(p.startswith("args.") for paths, _ in fields.values() for p in paths)}
 
 
-def _as_int(v: Any) -> int:
+def _getter(path: str) -> tuple[str, Callable]:
+    """("event" or "args", the attrgetter reading `path` there): an event's args are gathered
+    once per table, so that each of their fields costs one attribute lookup."""
+    source, _, name = path.rpartition(".")
+    return source or "event", attrgetter(name)
+
+
+def as_int(v: Any) -> int:
+    """An int field's value as an int64: MISSING unless an int in range or a string of one."""
     if isinstance(v, bool):
         return MISSING
     if isinstance(v, int):
@@ -134,63 +151,82 @@ def _as_int(v: Any) -> int:
     if isinstance(v, str):
         for base in (10, 0):
             try:
-                return _as_int(int(v, base))
+                return as_int(int(v, base))
             except ValueError:
                 continue
     return MISSING
 
 
 def _ints(rows: list, getter: Callable) -> np.ndarray:
-    """int64 column; None, non-numeric strings and out-of-range values become MISSING."""
+    """int64 column of as_int values. The values are ints, strings or None (decode.py makes
+    them so): numpy converts ints and decimal strings as as_int does, so only a batch with
+    None (absent) or other strings takes a slower way."""
     try:
         return np.fromiter(map(getter, rows), np.int64, len(rows))
     except (TypeError, ValueError, OverflowError):
-        return np.array([_as_int(v) for v in map(getter, rows)], dtype=np.int64)
+        values = list(map(getter, rows))
+    try:  # absent values
+        return np.fromiter(map(_ABSENT.get, values, values), np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return np.array([as_int(v) for v in values], dtype=np.int64)
 
 
-def _texts(raws: list) -> list[str]:
-    """Raw JSON slices -> str ('' where absent). NUL cannot occur in JSON text outside strings."""
-    parts = b"\x00".join(raws).decode("utf-8", "replace").split("\x00")
-    if len(parts) != len(raws):  # a NUL inside a string: decode one by one
-        parts = [bytes(r).decode("utf-8", "replace") for r in raws]
-    return parts
+def _int_column(sub: dict[str, list], getters: tuple) -> np.ndarray:
+    """An int column of a table's rows (`sub`: their events and args); a second getter fills
+    the rows the first leaves MISSING."""
+    source, getter = getters[0]
+    out = _ints(sub[source], getter)
+    gap = out == MISSING
+    if len(getters) > 1 and gap.any():
+        source, getter = getters[1]
+        out[gap] = _ints(list(compress(sub[source], gap.tolist())), getter)
+    return out
+
+
+class _Codes(dict):
+    """value -> code: 0, 1, 2, ... in first-seen order (a new value gets the next one)."""
+
+    def __missing__(self, value: Any) -> int:
+        code = self[value] = len(self)
+        return code
 
 
 class _Interner:
     """Assigns each distinct value a code in first-seen order: categorical without re-hashing.
 
-    `codes()` returns provisional codes (a running counter, unique per value); `finish()` maps
-    them to dense category codes, with None as -1.
+    `codes()` returns dense codes (int32) into the values seen so far; `finish()` makes them
+    category codes, with None as -1.
     """
 
     def __init__(self):
-        self.seen: dict = {}
-        self.counter = count()
+        self.seen = _Codes()
 
     def codes(self, values, n: int) -> np.ndarray:
-        return np.fromiter(map(self.seen.setdefault, values, self.counter), np.int64, n)
+        return np.fromiter(map(self.seen.__getitem__, values), np.int32, n)
 
     def dense(self, chunks: list[np.ndarray]) -> tuple[list, np.ndarray]:
         """(every value in first-seen order, the rows' codes into that list) to ship."""
-        keys = list(self.seen)
-        provisional = np.fromiter(self.seen.values(), np.int64, len(keys))
-        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int32)
-        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
-        return keys, lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        return list(self.seen), _joined(chunks)
 
     def absorb(self, keys: list, codes: np.ndarray) -> np.ndarray:
         """Codes from `dense()` of a later part of the file -> this interner's codes. New values
         are appended in their first-seen order, so categories come out as a serial read's."""
-        mine = np.fromiter(map(self.seen.setdefault, keys, self.counter), np.int64, len(keys))
-        return mine[codes]
+        return np.fromiter(map(self.seen.__getitem__, keys), np.int32, len(keys))[codes]
 
     def finish(self, chunks: list[np.ndarray]) -> pd.Categorical:
-        keys = [k for k in self.seen if k is not None]
-        provisional = np.fromiter((self.seen[k] for k in keys), np.int64, len(keys))
-        lookup = np.full(max(self.seen.values(), default=0) + 1, -1, dtype=np.int32)
-        lookup[provisional] = np.arange(len(keys), dtype=np.int32)
-        codes = lookup[np.concatenate(chunks)] if chunks else np.empty(0, np.int32)
+        keys, codes = list(self.seen), _joined(chunks)
+        none = self.seen.get(None)
+        if none is not None:  # None is no category: -1, the values after it one code down
+            del keys[none]
+            lookup = np.arange(len(keys) + 1, dtype=np.int32)
+            lookup[none + 1 :] -= 1
+            lookup[none] = -1
+            codes = lookup[codes]
         return pd.Categorical.from_codes(codes, categories=pd.Index(keys, dtype=object).astype(str))
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.empty(0, np.int32)
 
 
 def _respell(text: str) -> str:
@@ -203,35 +239,33 @@ def _respell(text: str) -> str:
 class _RawGroup:
     """A table's raw-JSON columns, interned together: one key per row, split per distinct key.
 
-    The key joins the row's raw texts (every spelling of every column) with \\x01, which JSON
-    text cannot contain outside strings; a column takes its first non-empty spelling.
+    The key joins the row's raw bytes (every spelling of every column) with \\x01, which JSON
+    text cannot contain; a column takes its first non-empty spelling, decoded as UTF-8 (an
+    invalid sequence becomes U+FFFD) only once per distinct key.
     """
 
     def __init__(self, columns: dict[str, tuple[str, ...]]):
         self.columns = columns
         paths = [p for ps in columns.values() for p in ps]
         self.width = len(paths)
-        self.getter = attrgetter(*paths)
+        self.getter = attrgetter(*(p.removeprefix("args.") for p in paths))
         self.interner = _Interner()
 
-    def codes(self, rows: list) -> np.ndarray:
-        raws = map(self.getter, rows)
-        keys = _texts(list(raws if self.width == 1 else map(b"\x01".join, raws)))
-        return self.interner.codes(keys, len(keys))
+    def codes(self, args: list) -> np.ndarray:
+        """Provisional codes of the rows whose args are `args`."""
+        raws = map(self.getter, args)
+        return self.interner.codes(map(bytes, raws) if self.width == 1 else map(b"\x01".join, raws),
+                                   len(args))
 
     def finish(self, chunks: list[np.ndarray]) -> dict[str, pd.Categorical]:
-        seen = self.interner.seen
-        keys = list(seen)
-        provisional = np.fromiter(seen.values(), np.int64, len(keys))
-        lookup = np.zeros(int(provisional.max(initial=0)) + 1, dtype=np.int64)
-        lookup[provisional] = np.arange(len(keys))
-        key_of_row = lookup[np.concatenate(chunks)]
-        split = [k.split("\x01") if k.count("\x01") == self.width - 1 else [""] * self.width
+        keys, key_of_row = list(self.interner.seen), _joined(chunks)
+        split = [k.split(b"\x01") if k.count(b"\x01") == self.width - 1 else [b""] * self.width
                  for k in keys]
         out, i = {}, 0
         for col, paths in self.columns.items():
-            texts = [next((t for t in parts[i : i + len(paths)] if t), "") for parts in split]
-            values = [None if t in ("", "null") else _respell(t) for t in texts]
+            texts = [next((t for t in parts[i : i + len(paths)] if t), b"") for parts in split]
+            values = [None if t in (b"", b"null") else _respell(t.decode("utf-8", "replace"))
+                      for t in texts]
             codes, categories = pd.factorize(pd.Series(values, dtype=object))
             out[col] = pd.Categorical.from_codes(codes[key_of_row], categories=categories.astype(str))
             i += len(paths)
@@ -247,15 +281,15 @@ class Accumulator:
         self.partly_read = 0
         self.chunks: dict[str, list[dict]] = {t: [] for t in _FIELDS}
         self.getters = {
-            t: {c: (tuple(attrgetter(a) for a in paths), conv)
-                for c, (paths, conv) in fields.items()}
+            t: {c: (tuple(_getter(a) for a in paths), conv)
+                for c, (paths, conv) in fields.items() if conv != "raw"}
             for t, fields in _FIELDS.items()
         }
         self.interners = {
             (t, c): _Interner()
             for t, fields in _FIELDS.items()
             for c, (_, conv) in fields.items()
-            if conv in ("str", "cat")
+            if conv == "str"
         }
         self.raw_groups = {
             t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
@@ -264,9 +298,9 @@ class Accumulator:
         }
 
     def add(self, evs: list, start: int) -> None:
+        """Append the columns of `evs`, events number `start`, `start` + 1, ... of the file."""
         n = len(evs)
-        cats = list(map(_cat_of, evs))
-        tab = np.fromiter(map(self.cat_table.__getitem__, cats), np.int8, n)
+        tab = np.fromiter(map(self.cat_table.__getitem__, map(_cat_of, evs)), np.int8, n)
         ph = np.fromiter(map(_PH_CODES.get, map(_ph_of, evs), repeat(0, n)), np.int8, n)
         complete = (tab >= _KERNEL) & (tab <= _PYFRAME)
         self.skipped["phase"] += int(np.count_nonzero(complete & (ph != 1)))
@@ -275,8 +309,7 @@ class Accumulator:
         if not len(idx):
             return
         if len(idx) < n:
-            keep_list = keep.tolist()
-            evs, cats = list(compress(evs, keep_list)), list(compress(cats, keep_list))
+            evs = list(compress(evs, keep.tolist()))
         m = len(evs)
         ts = np.fromiter(map(_ts_of, evs), np.float64, m)
         dur = np.fromiter(map(_dur_of, evs), np.float64, m)
@@ -292,35 +325,32 @@ class Accumulator:
         self.skipped["huge"] += int(np.count_nonzero(huge))
         self.skipped["far"] += int(np.count_nonzero(far & ~(missing | negative | huge)))
         valid = ~(missing | negative | huge | far)
-        for table, codes in _TABLE_CODES.items():
-            rows = valid & (t == codes[0]) if len(codes) == 1 else valid & np.isin(t, codes)
-            if not rows.any():
+        # group the rows by table (stable: file order within a table), one slice per table
+        table_of = np.where(valid, _TABLE_OF_CODE[t], len(_FIELDS))
+        order = np.argsort(table_of, kind="stable")
+        bounds = np.searchsorted(table_of[order], np.arange(len(_FIELDS) + 1)).tolist()
+        grouped = list(map(evs.__getitem__, order.tolist()))
+        for k, table in enumerate(_FIELDS):
+            lo, hi = bounds[k], bounds[k + 1]
+            if lo == hi:
                 continue
-            rows_list = rows.tolist()
-            sub = list(compress(evs, rows_list))
+            rows = order[lo:hi]
+            sub = {"event": grouped[lo:hi]}
+            sub["args"] = list(map(_args_of, sub["event"])) if table in _WITH_ARGS else None
             chunk = {"event_id": start + idx[rows], "ts_us": ts[rows], "dur_us": dur[rows]}
             for col, (getters, conv) in self.getters[table].items():
-                if conv == "cat":
-                    chunk[col] = self.interners[table, col].codes(compress(cats, rows_list), len(sub))
-                elif conv == "ph":
+                if conv == "ph":
                     chunk[col] = (ph[rows] - 2).astype(np.int8)
-                elif conv != "raw":
-                    chunk[col] = self._convert(table, col, sub, getters, conv)
+                elif conv == "int":
+                    chunk[col] = _int_column(sub, getters)
+                else:
+                    source, getter = getters[0]
+                    chunk[col] = self.interners[table, col].codes(map(getter, sub[source]), hi - lo)
             if table in self.raw_groups:
-                chunk["raw"] = self.raw_groups[table].codes(sub)
+                chunk["raw"] = self.raw_groups[table].codes(sub["args"])
             if table == "device":
                 chunk["kind"] = (t[rows] - _KERNEL).astype(np.int8)
             self.chunks[table].append(chunk)
-
-    def _convert(self, table, col, rows: list, getters: tuple, conv: str):
-        """One int or str column for `rows`; a second getter fills ints the first lacks."""
-        if conv == "int":
-            out = _ints(rows, getters[0])
-            gap = out == MISSING
-            if len(getters) > 1 and gap.any():
-                out[gap] = _ints(list(compress(rows, gap.tolist())), getters[1])
-            return out
-        return self.interners[table, col].codes(map(getters[0], rows), len(rows))
 
     def export(self) -> dict:
         """Everything gathered so far, picklable: per table one concatenated chunk whose
@@ -341,12 +371,15 @@ class Accumulator:
             tables[table] = part
         return {"tables": tables, "skipped": self.skipped, "partly_read": self.partly_read}
 
-    def absorb(self, part: dict) -> None:
-        """Append an `export()` of the events that follow the ones added so far."""
+    def absorb(self, part: dict, first: int) -> None:
+        """Append an `export()` of the events that follow the ones added so far, numbered from
+        0 there and from `first` here."""
         for table, cols in part["tables"].items():
             chunk = {}
             for col, v in cols.items():
-                if col == "raw":
+                if col == "event_id":
+                    chunk[col] = v + first
+                elif col == "raw":
                     chunk[col] = self.raw_groups[table].interner.absorb(*v)
                 elif (table, col) in self.interners:
                     chunk[col] = self.interners[table, col].absorb(*v)

@@ -1,7 +1,18 @@
-"""Bytes -> event structs: the JSON document is cut into one zero-copy `Raw` slice per event, and
-the events are decoded batch by batch into GC-free msgspec Structs carrying only the fields
-columns.py reads (the C decoder skips everything else in an event). Shape arrays (`Input Dims`,
-`Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text.
+"""Bytes -> event structs. The events array is cut at proven boundaries into batches of about
+BATCH_BYTES, each decoded in place as a JSON array of GC-free msgspec Structs carrying only the
+fields columns.py reads (the C decoder skips everything else in an event). Shape arrays
+(`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A plain
+file is read as it is decoded, through a `read.Window` (one reused buffer): the whole text is
+never in memory at once.
+
+Where the events start and end (`events_start` in the first HEAD_BYTES, `events_end` in the
+last SEARCH_BYTES) and where a batch ends (`CUT`, a '}' ',' '{' between two events) are found by
+byte patterns, then proven: the keys around the array decode as an object with "[]" in place
+of the events, and every batch decodes as a JSON array, so the whole document is valid JSON
+whose only parse is these events (JSON's grammar is unambiguous), in this order. When anything
+is not proven (a malformed document or event, an unusual layout), `decode_raw` reads the whole
+document the one way that needs no proof: `traceEvents` decoded as one zero-copy `Raw` slice
+per event, in batches of BATCH_EVENTS, whose errors are the ones reported.
 
 Errors: a document that is not readable as a whole raises InputError naming the file (and, for
 the first event the decoder rejects, its index); an event of the wrong shape is retried alone,
@@ -11,6 +22,7 @@ kept without its links (`_EventLenient`) or skipped and counted (`Accumulator.sk
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,10 +31,19 @@ import msgspec
 import numpy as np
 
 from trace_roofline.errors import InputError
-from trace_roofline.trace.columns import Accumulator
+from trace_roofline.trace.columns import Accumulator, as_int
+from trace_roofline.trace.read import Buffer, Document, Window
 from trace_roofline.trace.schema import MISSING, Progress
 
-BATCH_EVENTS = 4096  # events per batch: bounds live Python objects, keeps them in cache
+BATCH_BYTES = 1 << 20  # bytes of events per batch: bounds live Python objects
+BATCH_EVENTS = 4096  # events per batch when the document is read as Raw slices
+_RETRIES = 8  # batch ends tried before giving a span up as not valid JSON
+SEARCH_BYTES = 1 << 20  # how far from the document's ends the events' bounds are looked for
+HEAD_BYTES = SEARCH_BYTES + 3  # (and a byte-order mark)
+_WS = rb"[ \t\n\r]*"
+CUT = re.compile(rb"\}(" + _WS + rb"," + _WS + rb")\{")  # a boundary between two events
+_END = re.compile(rb"\}" + _WS + rb"\]")  # the last event and the array's closing bracket
+_EVENTS_KEY = re.compile(rb'"traceEvents"' + _WS + rb":" + _WS + rb"\[")
 
 # Typed structs holding only the fields we use. Missing ints decode to MISSING.
 _I64 = Annotated[int, msgspec.Meta(ge=MISSING + 1, le=2**63 - 1)]
@@ -73,7 +94,8 @@ class _EventLenient(msgspec.Struct, gc=False):
     """Retry shape for an event with malformed args or ids: keep its timing, drop its links.
 
     Only what defines the event (ph, cat, name, ts, dur) must be well typed; pid/tid/id that
-    are not integers end up <NA>.
+    are not integers (or strings of one) end up <NA> (`as_int`, applied at once, so that the
+    columns only ever see ints, strings and None).
     """
 
     ph: str | None = None
@@ -102,10 +124,24 @@ _JSON_KINDS = {ord("["): "an array", ord("{"): "an object", ord('"'): "a string"
 _PLACEHOLDER = _Event()
 
 
-def decode_document(p: Path, buf: bytearray, progress: Progress | None
-                    ) -> tuple[dict, int, Accumulator]:
+def decode_spans(doc: Document, progress: Progress | None) -> tuple[dict, int, Accumulator] | None:
+    """(metadata, event count, columns) of the whole document, read batch by batch through a
+    Window (see the module docstring), in this process; None if its layout or a batch is not
+    proven (then `decode_raw` reads it)."""
+    tail_at = max(doc.size - SEARCH_BYTES, 0)
+    bounds = events_bounds(doc.read(0, HEAD_BYTES), doc.read(tail_at, SEARCH_BYTES), tail_at)
+    if not bounds:
+        return None
+    start, end, meta = bounds
+    acc = Accumulator()
+    with doc.window(start - 1) as w:
+        n = parse_span(doc.path, w, start, end, acc, progress)
+    return None if n is None else (meta, n, acc)
+
+
+def decode_raw(p: Path, buf: Buffer, progress: Progress | None) -> tuple[dict, int, Accumulator]:
     """(metadata, event count, columns) of the whole document in `buf` (our private copy: it is
-    patched in place while decoding), in this process."""
+    patched in place while decoding), read the Raw way; its errors are the ones reported."""
     try:
         meta, raws = _split_top(p, buf)  # zero-copy slices of buf, one per event
     except msgspec.DecodeError as e:
@@ -117,14 +153,136 @@ def decode_document(p: Path, buf: bytearray, progress: Progress | None
     return meta, len(raws), acc
 
 
-def parse_events(p: Path, buf, raws: list, acc: Accumulator, progress: Progress | None,
-                  first: int = 0) -> None:
-    """Decode `raws` (events number `first`, `first` + 1, ...) batch by batch into `acc`."""
+def events_bounds(head, tail, tail_at: int) -> tuple[int, int, dict] | None:
+    """(start, end, metadata) of a document from its first HEAD_BYTES (`head`) and its last
+    SEARCH_BYTES (`tail`, from offset `tail_at`): its events array's content is bytes
+    [start, end) (byte start - 1 is its '[', byte end its ']'), the keys around it decoded;
+    None if not proven."""
+    a = events_start(head, len(head))
+    q = events_end(tail, max(a[0] + 1 - tail_at, 0)) if a else None
+    if not q or (a[1] is None) != q[1]:
+        return None
+    try:
+        meta = meta_around(a[1], tail[q[0] + 1 :])
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return a[0] + 1, tail_at + q[0], meta
+
+
+def meta_around(head: bytes | None, tail) -> dict:
+    """The metadata of a document from the bytes before its events' '[' (None: the document
+    is a top-level array of events) and after their ']'; raises msgspec.DecodeError."""
+    if head is None:
+        return {"device_properties": []}
+    return top_meta(TOP.decode(head + b"[]" + bytes(tail)))
+
+
+def events_start(buf, stop: int) -> tuple[int, bytes | None] | None:
+    """(offset of the '[' opening traceEvents, the document's bytes before it) for an object
+    document, (offset of '[', None) for a top-level array of events; None if not proven before
+    offset `stop`."""
+    bom = 3 if buf[:3] == b"\xef\xbb\xbf" else 0
+    kind = json_kind(memoryview(buf)[bom:])
+    if kind == "an array":
+        return buf.index(b"[", bom), None
+    if kind != "an object":
+        return None
+    m = _EVENTS_KEY.search(buf, bom, min(stop, bom + SEARCH_BYTES))
+    if m is None:
+        return None
+    a = m.end() - 1
+    head = bytes(buf[bom:a])
+    try:  # the bytes before the '[' are an object whose last key is traceEvents
+        top = TOP.decode(head + b"[]}")
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return (a, head) if list(top)[-1] == "traceEvents" else None
+
+
+def events_end(buf, d: int) -> tuple[int, bool] | None:
+    """(offset of the ']' closing traceEvents, whether the document is a top-level array): the
+    first '}' ']' in the last SEARCH_BYTES (and after offset `d`) after which the rest of the
+    file is whitespace (an array document) or the rest of an object without another
+    traceEvents key."""
+    lo = max(d, len(buf) - SEARCH_BYTES)
+    for m in list(_END.finditer(buf, lo))[-16:]:  # lowest first
+        q = m.end() - 1
+        tail = bytes(buf[q + 1 :])
+        if not tail.strip(b" \t\n\r"):
+            return q, True
+        try:
+            rest = TOP.decode(b'{"_":0' + tail)
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if "traceEvents" not in rest:
+            return q, False
+    return None
+
+
+def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
+               progress: Progress | None) -> int | None:
+    """Decode the events in document bytes [start, end) (a JSON array's content: separators,
+    or the array's own brackets, at bytes start - 1 and end), read through `w`, batch by batch
+    into `acc`, numbering them from 0; the number of events, or None when some batch is not
+    valid JSON, holds an event the decoder rejects or is cut short (the caller then reads the
+    document the Raw way, for its one true error). A batch ends at the first CUT BATCH_BYTES or
+    more past its start; when that range does not decode (a CUT inside an event: in a string,
+    or an array of objects in its args), at the first CUT BATCH_BYTES or more further, up to
+    _RETRIES times."""
+    pos, n = start, 0
+    while pos < end:
+        stop = pos
+        for _ in range(_RETRIES):
+            cut = w.search(CUT, min(stop + BATCH_BYTES, end), end, pos - 1)
+            stop, after = cut or (end, end)
+            evs = _decode_range(p, w, pos, stop, acc)
+            if evs is not None or cut is None:
+                break
+        if evs is None:
+            return None
+        acc.add(evs, n)
+        n += len(evs)
+        del evs  # (the batch's structs, and their views of the window, before it moves on)
+        pos = after
+        if progress:
+            progress("parse", pos - start, end - start)
+    return n
+
+
+def _decode_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator) -> list | None:
+    """The events of document bytes [start, stop) decoded as a JSON array, or None if it is
+    not one (or holds an event the decoder rejects, or the text ends first). Its two bracket
+    bytes are patched in for the decode and restored after."""
+    if not w.fill(start - 1, stop + 1):
+        return None
+    buf, i, j = w.buf, start - 1 - w.lo, stop - w.lo
+    keep = buf[i], buf[j]
+    buf[i], buf[j] = 0x5B, 0x5D  # '[', ']'
+    try:
+        text = memoryview(buf)[i : j + 1]
+        try:
+            return _BATCH.decode(text)
+        except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
+            pass
+        try:
+            raws = RAW_LIST.decode(text)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        try:
+            return _decode_each(p, raws, 0, acc)
+        except InputError:  # (its index is in this range, not the file: the Raw way reports it)
+            return None
+    finally:
+        buf[i], buf[j] = keep
+
+
+def parse_events(p: Path, buf, raws: list, acc: Accumulator, progress: Progress | None) -> None:
+    """Decode `raws`, the document's events as Raw slices of `buf`, batch by batch into `acc`."""
     base, n = _address(buf), len(raws)
     for start in range(0, n, BATCH_EVENTS):
         batch = raws[start : start + BATCH_EVENTS]
         text = _batch_text(buf, base, batch)
-        acc.add(_decode_batch(p, text, batch, first + start, acc), first + start)
+        acc.add(_decode_batch(p, text, batch, start, acc), start)
         if progress:
             progress("parse", min(start + BATCH_EVENTS, n), n)
 
@@ -133,20 +291,17 @@ def _address(obj) -> int:
     return np.frombuffer(obj, np.uint8).ctypes.data if len(obj) else 0
 
 
-def _batch_text(buf, base: int, batch: list, patch: bool = True):
+def _batch_text(buf, base: int, batch: list):
     """The batch's events as one JSON array, without copying when the slices are zero-copy.
 
     The events of a batch are contiguous in `buf`; the separator bytes just before the first
     and just after the last one (whitespace, ',' or the array's own brackets) are overwritten
-    with '[' and ']' so that the range decodes as an array. `buf` is our private copy (or its
-    bytes around this batch are ours alone); with `patch=False` the range is copied instead.
+    with '[' and ']' so that the range decodes as an array (`buf` is our private copy).
     """
     first, last = batch[0], batch[-1]
     start = _address(first) - base
     end = _address(last) - base + len(last)
     if start > 0 and end < len(buf) and start < end:
-        if not patch:
-            return b"[" + memoryview(buf)[start:end] + b"]"
         buf[start - 1] = 0x5B  # '['
         buf[end] = 0x5D  # ']'
         return memoryview(buf)[start - 1 : end + 1]
@@ -173,7 +328,7 @@ def _why(e: Exception) -> str:
     return msg.splitlines()[0] if msg else type(e).__name__
 
 
-def _split_top(p: Path, buf: bytearray) -> tuple[dict, list]:
+def _split_top(p: Path, buf: Buffer) -> tuple[dict, list]:
     """Top-level metadata (decoded) and one zero-copy raw slice per event, in one pass."""
     view = memoryview(buf)
     if buf[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
@@ -212,7 +367,7 @@ def top_meta(top: dict) -> dict:
     return meta
 
 
-def _without_events(buf: bytearray, view: memoryview, raws: list):
+def _without_events(buf: Buffer, view: memoryview, raws: list):
     """The document with its traceEvents array emptied (small), to read the other keys."""
     if not raws:
         return view
@@ -239,7 +394,12 @@ def _decode_batch(p: Path, text, batch: Sequence, start: int, acc: Accumulator) 
     try:
         return _BATCH.decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        pass
+        return _decode_each(p, batch, start, acc)
+
+
+def _decode_each(p: Path, batch: Sequence, start: int, acc: Accumulator) -> list:
+    """Decode a batch's Raw events one by one (events number `start`, `start` + 1, ...):
+    malformed ones kept without their links or skipped, and counted."""
     out = []
     for i, raw in enumerate(batch):
         try:
@@ -256,5 +416,6 @@ def _decode_batch(p: Path, text, batch: Sequence, start: int, acc: Accumulator) 
             out.append(_PLACEHOLDER)
             continue
         acc.partly_read += 1
-        out.append(_Event(ev.ph, ev.cat, ev.name, ev.pid, ev.tid, ev.ts, ev.dur, ev.id))
+        out.append(_Event(ev.ph, ev.cat, ev.name, as_int(ev.pid), as_int(ev.tid), ev.ts, ev.dur,
+                          as_int(ev.id)))
     return out

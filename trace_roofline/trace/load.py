@@ -12,9 +12,9 @@ import pandas as pd
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator
-from trace_roofline.trace.decode import decode_document, decode_json
-from trace_roofline.trace.parallel import read_document
-from trace_roofline.trace.read import trace_files
+from trace_roofline.trace.decode import decode_json, decode_raw, decode_spans
+from trace_roofline.trace.parallel import Worker, use_worker
+from trace_roofline.trace.read import open_document, trace_files
 from trace_roofline.trace.schema import SKIP_REASONS, Progress, Trace
 
 PROGRESS_MIN_BYTES = 64 << 20  # progress_bar() stays silent below this file size
@@ -24,9 +24,10 @@ def load_trace(path: str | os.PathLike, progress: Progress | None = None,
                workers: int | None = None) -> Trace:
     """Load one trace file, or the single trace file of a tensorboard_trace_handler directory.
 
-    `progress(stage, done, total)` is called while reading (bytes) and parsing (events); pass
-    `progress_bar()` for a terminal bar. Raises InputError (one line naming the file, or the
-    parameter).
+    `progress(stage, done, total)` is called while reading (bytes: inflating a gzip file, or
+    reading a document whole) and parsing (bytes of the events decoded, or events when the
+    document is read the Raw way: see decode.py); pass `progress_bar()` for a terminal bar.
+    Raises InputError (one line naming the file, or the parameter).
 
     `workers` is how many processes parse the file; the result (tables, metadata, and the
     error for a bad file) is the same whichever is used:
@@ -76,17 +77,14 @@ def _load_file(p: Path, progress: Progress | None, workers: int | None) -> Trace
 
 
 def _parse_file(p: Path, progress: Progress | None, workers: int | None) -> Trace:
-    buf, worker = read_document(p, progress, workers)
+    doc = open_document(p, progress)
+    got = None
+    worker = Worker.start(doc) if use_worker(doc.size, workers) else None
     if worker:
         with worker:
-            got = worker.parse(p, buf, progress)
-        if got:
-            del buf
-            return _trace(p, *got)
-        if worker.partial:  # the two-process parse gave up after reading only part of the file
-            buf, _ = read_document(p, progress, workers=1)
-    got = decode_document(p, buf, progress)
-    del buf
+            got = worker.parse(doc, progress)
+    if got is None:  # one process: batch by batch, else (unproven) the Raw way
+        got = decode_spans(doc, progress) or decode_raw(p, doc.whole(progress), progress)
     return _trace(p, *got)
 
 

@@ -1,15 +1,24 @@
-"""A trace file's bytes: listing a directory's trace files, reading into a buffer, inflating gzip.
+"""A trace file's bytes: listing a directory's trace files, opening a document (inflating gzip),
+reading it whole or through a sliding `Window`.
 
 Inputs are only ever opened for reading.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.schema import Progress
+
+CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
+Buffer = bytearray | memoryview  # a document's bytes, writable (decoding patches them)
 
 
 def trace_files(d: Path) -> list[Path]:
@@ -23,9 +32,118 @@ def trace_files(d: Path) -> list[Path]:
     return sorted(files)
 
 
+@contextmanager
+def reading(p: Path) -> Iterator[None]:
+    """OSErrors while reading `p` become InputError naming the file and the problem."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not a trace file") from None
+    except PermissionError:
+        raise InputError(f"{p}: permission denied") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+@dataclass(frozen=True, eq=False)
+class Document:
+    """A trace file's JSON text, `size` bytes: in memory (`data`, a gzip file inflated) or read
+    from the plain file `path` when needed."""
+
+    path: Path
+    size: int
+    data: bytearray | None = None
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Bytes [offset, offset + n) of the text (fewer at its end)."""
+        if self.data is not None:
+            return bytes(self.data[offset : offset + n])
+        with reading(self.path), open(self.path, "rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    @contextmanager
+    def window(self, start: int) -> Iterator[Window]:
+        """A Window on the text from offset `start` on (the file stays open while it is used)."""
+        if self.data is not None:
+            yield Window(self.data)
+            return
+        with reading(self.path), open(self.path, "rb") as f:
+            f.seek(start)
+            yield Window(bytearray(min(CHUNK_BYTES, self.size - start + 1)), start, f)
+
+    def whole(self, progress: Progress | None) -> bytearray:
+        """All of the text in memory (read now for a plain file, fewer bytes if it shrank):
+        ours to patch."""
+        if self.data is not None:
+            return self.data
+        buf = bytearray(self.size)
+        with reading(self.path), open(self.path, "rb") as f:
+            del buf[read_into(f, buf, self.size, progress, self.size) :]
+        return buf
+
+
+def open_document(p: Path, progress: Progress | None) -> Document:
+    """The document of trace file `p`: a gzip file (by its magic number) is inflated now."""
+    with reading(p), open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if progress:
+            progress("read", 0, size)
+        if f.read(2) != b"\x1f\x8b":
+            return Document(p, size)
+        f.seek(0)
+        data = gunzip(p, f, size, CHUNK_BYTES, progress)
+        return Document(p, len(data), data)
+
+
+class Window:
+    """Document bytes [lo, hi) in `buf` (buf[i] is byte lo + i): a whole document in memory,
+    or a file read CHUNK_BYTES at a time into one buffer, keeping only what is still needed."""
+
+    def __init__(self, buf: Buffer, lo: int = 0, f=None):
+        self.buf, self.lo, self.f = buf, lo, f
+        self.hi = lo if f else lo + len(buf)
+
+    def fill(self, keep: int, upto: int) -> bool:
+        """Hold at least the bytes [keep, upto), reading on from the file (dropping the bytes
+        before `keep`, growing the buffer if they do not fit); False if the text ends first.
+        No memoryview of `buf` may be alive (it may be resized)."""
+        if self.hi >= upto:
+            return True
+        if self.f is None:
+            return False
+        n = self.hi - keep
+        self.buf[:n] = self.buf[keep - self.lo : self.hi - self.lo]  # (a memmove)
+        self.lo = keep
+        if upto - keep > len(self.buf):
+            self.buf.extend(bytes(upto - keep + CHUNK_BYTES - len(self.buf)))
+        view = memoryview(self.buf)
+        try:
+            while self.hi < upto:
+                got = self.f.readinto(view[self.hi - self.lo :])
+                if not got:
+                    return False
+                self.hi += got
+        finally:
+            view.release()
+        return True
+
+    def search(self, pattern: re.Pattern, a: int, end: int, keep: int) -> tuple[int, int] | None:
+        """Document offsets of group 1 of the first match of `pattern` in bytes [a, end),
+        reading on as needed (keeping the bytes from `keep` on); None if there is none."""
+        while True:
+            m = pattern.search(self.buf, a - self.lo, min(self.hi, end) - self.lo)
+            if m:
+                return m.start(1) + self.lo, m.end(1) + self.lo
+            if self.hi >= end or not self.fill(keep, self.hi + 1):
+                return None
+
+
 def read_into(f, buf, n: int, progress: Progress | None, total: int) -> int:
     """Read n bytes into buf[:n] from f's position; the number read (fewer at EOF)."""
-    chunk = 16 << 20
+    chunk = CHUNK_BYTES
     view, done = memoryview(buf), 0
     try:
         while done < n:
