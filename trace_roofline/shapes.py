@@ -8,7 +8,8 @@ cross-check (`check` names contradictions, crosscheck.instance_checks).
 
 Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
 (operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
-aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s).
+aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s), or for an
+op outside aten an engine's rule for its base name (`ENGINE_RULES`).
 
 The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
 input_strides) combination and the costs are mapped back to the instances by factorised codes.
@@ -26,6 +27,10 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   K,V [B,n_kv,S,d]; decode when T == 1, else prefill. The op is causal when its concrete
   `is_causal` says so, else when T > 1; with the `causal` convention only unmasked pairs count
   (costs.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
+  flash-attention's forwards as engines call them (`_VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
+  _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd) are costed so where the shapes fix every
+  sequence's T and S (one sequence, or a dense batch); packed or paged batches, and vLLM's
+  unified_attention (new tokens only), are uncosted: their lengths are tensor values.
 - Elementwise (FLOPs per output element in `_POINTWISE_FLOPS`): out = broadcast of the tensor
   inputs, in the widest input dtype (bool for comparisons); in-place ops write their first input.
 - Norms: rms_norm 4 FLOPs/element (square, sum, scale, weight), layer_norm 7; softmax 5
@@ -66,6 +71,15 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   as many rows as the expert GEMM they feed (dispatch) or follow (combine).
   The router's top-k (topk / topk_softmax), sort, histc, cumsum, one_hot's scatter,
   moe_align_block_size and moe_sum are costed as data movement and reductions.
+- Serving engines' own kernels (`ENGINE_RULES`, by base name: vLLM's `_C::` /
+  `_C_cache_ops::`, SGLang's `sgl_kernel::`): rms_norm(out, input, weight) reads input and
+  weight, writes out (rms_norm's 4 FLOPs per element); fused_add_rms_norm(input, residual,
+  weight) reads and writes input and residual in place (5); rotary_embedding and
+  apply_rope_pos_ids_cos_sin_cache read and write the rotated elements of q and k, one cos|sin
+  row per token and the positions (3 FLOPs per rotated element); silu / gelu[_tanh]_and_mul
+  (out [.., I], input [.., 2I]); reshape_and_cache[_flash], concat_and_cache_mla and
+  store_kv_cache move slot_mapping's tokens (read from the new K/V, written at the cache's
+  dtype), never the whole cache.
 - Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
   bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
   S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
@@ -1251,7 +1265,7 @@ _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
 _OPERATOR_RULES: dict[str, Rule] = {"attention": _attention, "topk_softmax": _topk_softmax,
                                     "moe_align": _moe_align, "fused_experts": _fused_experts,
                                     "moe_sum": _moe_sum}
-# An engine's own kernels outside aten (vLLM's `_C::`), by base name.
+# An engine's own kernels outside aten (vLLM's `_C::`, SGLang's `sgl_kernel::`), by base name.
 ENGINE_RULES: dict[str, Rule] = {
     **dict.fromkeys(("rms_norm", "rmsnorm"), _engine_rms_norm),
     **dict.fromkeys(("fused_add_rms_norm", "fused_add_rmsnorm"), _fused_add_rms_norm),
@@ -1279,7 +1293,8 @@ ATEN_RULES = _index(_ATEN_RULES)
 
 def rule_for(op_name: str) -> Rule | None:
     """The cost rule of a cpu op, first that applies: its operator's (every attention op),
-    torch.compile's Triton kernels' (`triton_*`), an aten op's by base name, else None."""
+    torch.compile's Triton kernels' (`triton_*`), an aten op's by base name, an engine's
+    own op's by base name (`ENGINE_RULES`), else None."""
     by_operator = operators.cost_rule(op_name)
     if by_operator is not None:
         return _OPERATOR_RULES[by_operator]
