@@ -113,9 +113,13 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("k_norm", "memory", aliases=("k_layernorm",)),
     Operator("rope", "memory", aliases=("rotary_emb",)),
     Operator("kv_cache", "memory"),
+    # flash-attention's C++ entry points as torch ops (vLLM's _vllm_fa3_C::fwd and
+    # _vllm_fa2_C::varlen_fwd / fwd_kvcache, SGLang's sgl_kernel::fwd, flash_attn_3::fwd) are
+    # recognised by their bare names, the only part of a name `recognise` sees
     Operator("attention", "compute", Stage.ATTENTION, ops=re.compile(
         r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|cudnn_attention|"
-        r"paged_attention|flex_attention|unified_attention|^attention$|attention_forward"),
+        r"paged_attention|flex_attention|unified_attention|^attention$|attention_forward|"
+        r"^(?:fwd|varlen_fwd|fwd_kvcache)$"),
         cost="attention"),
     _linear("o_proj", Stage.O_PROJ, row_parallel=True),
     Operator("residual", "memory"),

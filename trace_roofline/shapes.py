@@ -8,7 +8,8 @@ cross-check (`check` names contradictions, crosscheck.instance_checks).
 
 Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
 (operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
-aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s).
+aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s), or for an
+op outside aten an engine's rule for its base name (`ENGINE_RULES`).
 
 The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
 input_strides) combination and the costs are mapped back to the instances by factorised codes.
@@ -26,6 +27,10 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   K,V [B,n_kv,S,d]; decode when T == 1, else prefill. The op is causal when its concrete
   `is_causal` says so, else when T > 1; with the `causal` convention only unmasked pairs count
   (costs.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
+  flash-attention's forwards as engines call them (`_VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
+  _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd) are costed so where the shapes fix every
+  sequence's T and S (one sequence, or a dense batch); packed or paged batches, and vLLM's
+  unified_attention (new tokens only), are uncosted: their lengths are tensor values.
 - Elementwise (FLOPs per output element in `_POINTWISE_FLOPS`): out = broadcast of the tensor
   inputs, in the widest input dtype (bool for comparisons); in-place ops write their first input.
 - Norms: rms_norm 4 FLOPs/element (square, sum, scale, weight), layer_norm 7; softmax 5
@@ -66,6 +71,15 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   as many rows as the expert GEMM they feed (dispatch) or follow (combine).
   The router's top-k (topk / topk_softmax), sort, histc, cumsum, one_hot's scatter,
   moe_align_block_size and moe_sum are costed as data movement and reductions.
+- Serving engines' own kernels (`ENGINE_RULES`, by base name: vLLM's `_C::` /
+  `_C_cache_ops::`, SGLang's `sgl_kernel::`): rms_norm(out, input, weight) reads input and
+  weight, writes out (rms_norm's 4 FLOPs per element); fused_add_rms_norm(input, residual,
+  weight) reads and writes input and residual in place (5); rotary_embedding and
+  apply_rope_pos_ids_cos_sin_cache read and write the rotated elements of q and k, one cos|sin
+  row per token and the positions (3 FLOPs per rotated element); silu / gelu[_tanh]_and_mul
+  (out [.., I], input [.., 2I]); reshape_and_cache[_flash], concat_and_cache_mla and
+  store_kv_cache move slot_mapping's tokens (read from the new K/V, written at the cache's
+  dtype), never the whole cache.
 - Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
   bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
   S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
@@ -647,19 +661,164 @@ def _moe_sum(c: _Call) -> Cost:
     return _io(float(x.numel), [x], out.numel, out.b, "reduction", x.dtype)
 
 
+# -------------------------------------------------------- serving engines' own kernels
+# vLLM's `_C` / `_C_cache_ops` and SGLang's `sgl_kernel` (FlashInfer's) ops, by base name
+# (`ENGINE_RULES`), their argument order from vllm csrc/torch_bindings.cpp and sgl-kernel
+# csrc/common_extension.cc. Minimum bytes as everywhere: what the kernel must read once and
+# write once; FLOPs by the aten ops' conventions (`_NORMS`, `_POINTWISE_FLOPS`).
+_ROPE_FLOPS = 3.0  # per rotated element: x·cos - y·sin (two multiplies, one add)
+
+
+def _last_dim(x: _Arg) -> int:
+    if not x.dims:
+        raise Malformed("a 0-d tensor where rows of a hidden dim are expected")
+    return x.dims[-1]
+
+
+def _engine_rms_norm(c: _Call) -> Cost:
+    """rms_norm(out [.., H], input [.., H], weight [H], eps) (vLLM `_C::rms_norm`, SGLang
+    `rmsnorm`): reads input and weight, writes out; `_NORMS["rms_norm"]` FLOPs per element."""
+    out, x, w = _tensor(c.args, 0), _tensor(c.args, 1), _tensor(c.args, 2, 1)
+    if out.numel != x.numel or w.dims[0] != _last_dim(x):
+        raise Malformed(f"rms_norm out {out.dims}, input {x.dims}, weight {w.dims}")
+    return _io(_NORMS["rms_norm"] * x.numel, [x, w], out.numel, out.b, "norm", x.dtype)
+
+
+def _fused_add_rms_norm(c: _Call) -> Cost:
+    """fused_add_rms_norm(input [.., H], residual [.., H], weight [H], eps) (vLLM; SGLang's
+    fused_add_rmsnorm), in place: residual += input, then input = RMSNorm(residual) · weight.
+    Reads input, residual and weight, writes residual and input; the add's FLOP plus
+    `_NORMS["rms_norm"]` per element."""
+    x, res, w = _tensor(c.args, 0), _tensor(c.args, 1), _tensor(c.args, 2, 1)
+    if x.dims != res.dims or w.dims[0] != _last_dim(x):
+        raise Malformed(f"fused_add_rms_norm input {x.dims}, residual {res.dims}, "
+                        f"weight {w.dims}")
+    flops = (_POINTWISE_FLOPS["add"] + _NORMS["rms_norm"]) * x.numel
+    nbytes = (costs.elementwise_bytes(x.numel, x.numel, x.b)
+              + costs.elementwise_bytes(res.numel, res.numel, res.b)
+              + costs.elementwise_bytes(w.numel, 0, w.b))
+    return Cost("norm", flops, float(nbytes), x.dtype,
+                f"{x.dims} + residual {res.dims} -> both, weight {w.dims}")
+
+
+def _rope(heads: Sequence[_Arg], tokens: int, head: int, table: _Arg, pos: _Arg) -> Cost:
+    """Rotate the first rot_dim = table.dims[1] dims of every head of the `heads` tensors
+    ([tokens, .. heads·head ..]) in place, each token's cos|sin row gathered from `table`
+    [max_position, rot_dim] at its position: rotated elements read and written, the rows read
+    (at most the table's), the positions read; `_ROPE_FLOPS` per rotated element."""
+    rot = table.dims[1]
+    if tokens < 1 or head < 1 or rot > head:
+        raise Malformed(f"{tokens} tokens, head_size {head}, rot_dim {rot}")
+    nbytes, rotated = 0.0, 0
+    for x in heads:
+        if x.numel % (tokens * head):
+            raise Malformed(f"{x.dims} is not {tokens} tokens of heads of {head}")
+        n = x.numel // head * rot
+        rotated += n
+        nbytes += costs.elementwise_bytes(n, n, x.b)
+    nbytes += costs.elementwise_bytes(min(tokens, table.dims[0]) * rot, 0, table.b)
+    nbytes += costs.elementwise_bytes(pos.distinct, 0, pos.b)
+    shape = " ".join(str(x.dims) for x in heads) + f" rot {rot} of head {head}"
+    return Cost("elementwise", _ROPE_FLOPS * rotated, float(nbytes), heads[0].dtype, shape)
+
+
+def _rotary_embedding(c: _Call) -> Cost:
+    """vLLM's rotary_embedding(positions [T] or [B, S], query [.., n_q·d] or [.., n_q, d],
+    key (likewise, or None), head_size, cos_sin_cache [max_position, rot_dim], is_neox):
+    `_rope` over query and key, T = positions' elements, head_size from Concrete Inputs."""
+    pos, q, table = _tensor(c.args, 0), _tensor(c.args, 1), _tensor(c.args, 4, 2)
+    if not c.args[3].concrete:
+        return Cost(uncosted=f"{c.name}: head_size not recorded (Concrete Inputs)")
+    head = _int(c.args[3].concrete, "rotary_embedding head_size")
+    key = [c.args[2]] if c.args[2].is_tensor else []
+    return _rope([q, *key], pos.numel, head, table, pos)
+
+
+def _apply_rope_cos_sin_cache(c: _Call) -> Cost:
+    """SGLang's (FlashInfer's) apply_rope_pos_ids_cos_sin_cache(q [T, n_q, d], k [T, n_kv, d],
+    q_rope, k_rope, cos_sin_cache [max_position, rot_dim], pos_ids [T], interleave, ...):
+    `_rope` over q and k (SGLang passes q and k as their own outputs). A fused KV-cache store
+    (the later `v, k_buffer, v_buffer, kv_cache_loc` arguments, when tensors) adds
+    `_cache_write` of the rotated k and v."""
+    q, k = _tensor(c.args, 0, 3), _tensor(c.args, 1, 3)
+    table, pos = _tensor(c.args, 4, 2), _tensor(c.args, 5)
+    rope = _rope([q, k], pos.numel, q.dims[-1], table, pos)
+    if len(c.args) > 12 and all(c.args[i].is_tensor for i in (9, 10, 11, 12)):
+        v, k_buf, v_buf, loc = (c.args[i] for i in (9, 10, 11, 12))
+        store = _cache_write([k, v], [k_buf, v_buf], loc)
+        # the rotated part of k is already read by the RoPE: the store reads the rest and v
+        rotated_k = k.numel // q.dims[-1] * table.dims[1]
+        extra = store.bytes - costs.elementwise_bytes(rotated_k, 0, k.b)
+        return Cost(rope.kind, rope.flops, rope.bytes + extra, rope.dtype,
+                    f"{rope.shape}; {store.shape}")
+    return rope
+
+
 def _act_and_mul(c: _Call) -> Cost:
-    """vLLM's silu_and_mul / gelu_and_mul(out [S, I], input [S, 2I]): act(gate) · up."""
-    out, x = _tensors(c.args, 2)[:2]
+    """silu_and_mul / gelu_and_mul / gelu_tanh_and_mul(out [.., I], input [.., 2I]) (vLLM,
+    SGLang): act(gate) · up; reads input, writes out, the activation's FLOPs plus 1 per output
+    element."""
+    out, x = _tensor(c.args, 0), _tensor(c.args, 1)
+    if 2 * out.numel != x.numel or 2 * _last_dim(out) != _last_dim(x):
+        raise Malformed(f"{c.base} out {out.dims}, input {x.dims}: input is not [.., 2 x out]")
     per = _POINTWISE_FLOPS["gelu" if "gelu" in c.base else "silu"] + 1.0
     return _io(per * out.numel, [x], out.numel, out.b, "elementwise", x.dtype)
+
+
+def _cache_write(sources: Sequence[_Arg], caches: Sequence[_Arg], slots: _Arg) -> Cost:
+    """Write slots.numel tokens of each source ([tokens(+padding), ..]) into its cache, at the
+    cache's dtype (an fp8 cache takes 1 byte): those rows read and written, the slot indices
+    read. Never the whole cache: only the slots written move. 0 FLOPs (an fp8 cache's
+    scaling multiply is not counted)."""
+    tokens = slots.numel
+    nbytes = costs.elementwise_bytes(slots.distinct, 0, slots.b)
+    for src, cache in zip(sources, caches, strict=True):
+        if not src.dims or src.dims[0] < tokens:
+            raise Malformed(f"{src.dims} holds fewer than the {tokens} tokens of slot_mapping")
+        moved = src.numel // src.dims[0] * tokens if tokens else 0
+        nbytes += costs.elementwise_bytes(moved, 0, src.b) + costs.elementwise_bytes(
+            0, moved, cache.b)
+    shape = " ".join(str(s.dims) for s in sources) + f" -> {tokens} slots"
+    return Cost("copy", 0.0, float(nbytes), sources[0].dtype, shape)
+
+
+def _reshape_and_cache(c: _Call) -> Cost:
+    """vLLM's reshape_and_cache[_flash](key [T, n_kv, d], value [T, n_kv, d], key_cache,
+    value_cache, slot_mapping [T'], kv_cache_dtype, k_scale, v_scale): `_cache_write` of the
+    first T' = slot_mapping's tokens (vLLM V1 pads key for CUDA graphs, not slot_mapping),
+    plus the scales."""
+    key, value = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1, min_rank=1)
+    caches = [_tensor(c.args, 2), _tensor(c.args, 3)]
+    out = _cache_write([key, value], caches, _tensor(c.args, 4, 1))
+    scales = sum(costs.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[6:8] if a.is_tensor)
+    return Cost(out.kind, out.flops, out.bytes + scales, out.dtype, out.shape)
+
+
+def _concat_and_cache_mla(c: _Call) -> Cost:
+    """vLLM's concat_and_cache_mla(kv_c [T, kv_lora_rank], k_pe [T, rope_dim], kv_cache
+    [blocks, block_size, kv_lora_rank + rope_dim], slot_mapping [T'], kv_cache_dtype, scale):
+    both parts of T' tokens written into the one cache (`_cache_write`), plus the scale."""
+    kv_c, k_pe, cache = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2), _tensor(c.args, 2)
+    out = _cache_write([kv_c, k_pe], [cache, cache], _tensor(c.args, 3, 1))
+    scale = sum(costs.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[5:6] if a.is_tensor)
+    return Cost(out.kind, out.flops, out.bytes + scale, out.dtype, out.shape)
+
+
+def _store_kv_cache(c: _Call) -> Cost:
+    """SGLang's store_kv_cache(k_cache, v_cache, out_loc [T], k [T, n_kv, d], v [T, n_kv, d]):
+    `_cache_write` of k and v at out_loc."""
+    caches = [_tensor(c.args, 0), _tensor(c.args, 1)]
+    loc = _tensor(c.args, 2, 1)
+    return _cache_write([_tensor(c.args, 3, min_rank=1), _tensor(c.args, 4, min_rank=1)],
+                        caches, loc)
 
 
 # ----------------------------------------------------------------------------- attention
 # Attention ops with a known argument layout: name -> (Q/K/V layout, index of is_causal in
 # Concrete Inputs). BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d]
-# (flash/efficient kernels). Every other op the vocabulary recognises as attention
-# (flex_attention, paged and unified attention) is uncosted: its mask or sequence lengths are
-# not among its recorded arguments.
+# (flash/efficient kernels). flash-attention's packed / paged forwards are `_VARLEN_LAYOUTS`.
+# Every other op the vocabulary recognises as attention (flex_attention, paged and unified
+# attention) is uncosted: its mask or sequence lengths are not among its recorded arguments.
 _ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
     "aten::scaled_dot_product_attention": ("BHTD", 5),
     "aten::_scaled_dot_product_attention_math": ("BHTD", 5),
@@ -674,8 +833,46 @@ _ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Varlen:
+    """Argument indices of a flash-attention forward over packed ([total, heads, d] with
+    cu_seqlens) or paged ([pages, page_size, heads, d] with a page table) sequences."""
+
+    cu_seqlens_q: int
+    seqused_k: int
+    max_seqlen_k: int
+    page_table: int
+    causal_from: int  # is_causal: the first True/False in Concrete Inputs from this index
+
+
+# FA3's `fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new,
+# seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, page_table, ..., softmax_scale, is_causal,
+# ...)` (vllm-project/flash-attention hopper/flash_api_torch_lib.cpp, sgl-kernel
+# flash_extension.cc; later revisions insert o_scale before softmax_scale) and FA2's
+# `varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
+# alibi_slopes, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal,
+# ...)` (csrc/flash_attn/flash_api_torch_lib.cpp).
+_FA3 = _Varlen(cu_seqlens_q=7, seqused_k=11, max_seqlen_k=13, page_table=14, causal_from=23)
+_VARLEN_LAYOUTS: dict[str, _Varlen] = {
+    "_vllm_fa3_C::fwd": _FA3, "sgl_kernel::fwd": _FA3, "flash_attn_3::fwd": _FA3,
+    "_vllm_fa2_C::varlen_fwd": _Varlen(cu_seqlens_q=4, seqused_k=6, max_seqlen_k=11,
+                                       page_table=8, causal_from=15),
+}
+# Attention ops whose arguments hold only the step's new tokens, with why they are uncosted.
+_ATTENTION_WITHOUT_LENGTHS = {
+    name: "query [T, n_q, d], key and value [T, n_kv, d] are the step's new tokens only; "
+          "each sequence's key length is in vLLM's attention metadata, not among the op's "
+          "arguments"
+    for name in ("vllm::unified_attention", "vllm::unified_attention_with_output")}
+
+
 def _attention(c: _Call) -> Cost:
-    """Q [B,n_q,T,d], K [B,n_kv,S,d] (or BTHD): costs.attention_flops / attention_bytes."""
+    """Q [B,n_q,T,d], K [B,n_kv,S,d] (or BTHD; or a flash-attention forward over packed or
+    paged sequences, `_varlen_attention`): costs.attention_flops / attention_bytes."""
+    if c.name in _VARLEN_LAYOUTS:
+        return _varlen_attention(c, _VARLEN_LAYOUTS[c.name])
+    if c.name in _ATTENTION_WITHOUT_LENGTHS:
+        return Cost(uncosted=f"{c.name}: {_ATTENTION_WITHOUT_LENGTHS[c.name]}")
     if c.name not in _ATTENTION_LAYOUTS:
         return Cost(uncosted=f"{c.name}: attention op without a known argument layout "
                              "(its mask and sequence lengths are not recorded)")
@@ -690,15 +887,64 @@ def _attention(c: _Call) -> Cost:
     flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
     if c.name == "aten::_efficient_attention_forward" and flag:
         flag = "False" if flag == "0" else "True"
+    return _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag)
+
+
+def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int],
+                    flag: str) -> Cost:
+    """B sequences of T queries (n_q heads) against S keys (n_kv heads) of head_dim d; `flag`
+    the recorded is_causal ("True"/"False", else unknown)."""
+    batch, n_q, n_kv, t, s, d = shape
     # A single query token attends to every cached key; otherwise trust is_causal when recorded.
     is_causal = t > 1 and (flag == "True" if flag in ("True", "False") else True)
     counted = c.causal if is_causal else "full"
     flops = costs.attention_flops(batch, n_q, t, s, d, causal=counted)
     nbytes = costs.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=c.attention_bytes)
-    shape = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
-             + (" causal" if is_causal else ""))
-    return Cost("attention", flops, nbytes, q.dtype, shape, batch=batch, t=t, s=s,
+    text = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
+            + (" causal" if is_causal else ""))
+    return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
                 causal=is_causal, heads=(n_q, n_kv, d))
+
+
+def _varlen_attention(c: _Call, at: _Varlen) -> Cost:
+    """flash-attention's forward as engines call it: q [total_q, n_q, d] with cu_seqlens_q
+    [B + 1] (or [B, T, n_q, d]); k, v packed [total_k, n_kv, d], paged [pages, page_size, n_kv,
+    d] (with a page table) or dense [B, S, n_kv, d]. Costed by `_attention_cost` where the
+    recorded shapes fix every sequence's T and S: one sequence (T = total_q, S = max_seqlen_k,
+    else the packed keys' total), or a dense batch of equal lengths. Several packed or paged
+    sequences are uncosted: their lengths are tensor values (cu_seqlens, seqused_k), which the
+    trace does not record."""
+    q, k = _tensor(c.args, 0), _tensor(c.args, 1)
+    if len(q.dims) not in (3, 4) or len(k.dims) not in (3, 4):
+        raise Malformed(f"query {q.dims} and key {k.dims} are not [tokens, heads, d] or "
+                        "[B, T, heads, d]")
+
+    def given(i: int) -> bool:
+        return i < len(c.args) and c.args[i].is_tensor
+
+    if len(q.dims) == 4:
+        batch, t = q.dims[0], q.dims[1]
+    elif given(at.cu_seqlens_q):
+        batch, t = c.args[at.cu_seqlens_q].numel - 1, q.dims[0]
+    else:
+        raise Malformed("packed query [tokens, heads, d] without cu_seqlens_q")
+    if batch < 1:
+        raise Malformed(f"{batch} sequences")
+    max_k = c.args[at.max_seqlen_k].concrete if at.max_seqlen_k < len(c.args) else ""
+    dense = len(k.dims) == 4 and not given(at.page_table) and not given(at.seqused_k)
+    if batch == 1 and max_k.isdigit():
+        s = int(max_k)
+    elif batch == 1 and len(k.dims) == 3:
+        s = k.dims[0]
+    elif dense and len(q.dims) == 4:
+        s = k.dims[1]
+    else:
+        bound = f" (max_seqlen_k {max_k} bounds them)" if max_k.isdigit() else ""
+        return Cost(uncosted=f"{c.name}: {batch} packed or paged sequence(s): each one's query "
+                             f"and key lengths are tensor values the trace does not record{bound}")
+    flag = next((a.concrete for a in c.args[at.causal_from:] if a.concrete in ("True", "False")),
+                "")
+    return _attention_cost(c, q, (batch, q.dims[-2], k.dims[-2], t, s, q.dims[-1]), flag)
 
 
 # ---------------------------------------------------------------------- elementwise & co.
@@ -1019,8 +1265,17 @@ _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
 _OPERATOR_RULES: dict[str, Rule] = {"attention": _attention, "topk_softmax": _topk_softmax,
                                     "moe_align": _moe_align, "fused_experts": _fused_experts,
                                     "moe_sum": _moe_sum}
-# An engine's own kernels outside aten (vLLM's `_C::`), by base name.
-ENGINE_RULES: dict[str, Rule] = {"silu_and_mul": _act_and_mul, "gelu_and_mul": _act_and_mul}
+# An engine's own kernels outside aten (vLLM's `_C::`, SGLang's `sgl_kernel::`), by base name.
+ENGINE_RULES: dict[str, Rule] = {
+    **dict.fromkeys(("rms_norm", "rmsnorm"), _engine_rms_norm),
+    **dict.fromkeys(("fused_add_rms_norm", "fused_add_rmsnorm"), _fused_add_rms_norm),
+    "rotary_embedding": _rotary_embedding,
+    "apply_rope_pos_ids_cos_sin_cache": _apply_rope_cos_sin_cache,
+    **dict.fromkeys(("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"), _act_and_mul),
+    **dict.fromkeys(("reshape_and_cache", "reshape_and_cache_flash"), _reshape_and_cache),
+    "concat_and_cache_mla": _concat_and_cache_mla,
+    "store_kv_cache": _store_kv_cache,
+}
 
 
 def _index(pairs: tuple[tuple[Iterable[str], Rule], ...]) -> dict[str, Rule]:
@@ -1038,7 +1293,8 @@ ATEN_RULES = _index(_ATEN_RULES)
 
 def rule_for(op_name: str) -> Rule | None:
     """The cost rule of a cpu op, first that applies: its operator's (every attention op),
-    torch.compile's Triton kernels' (`triton_*`), an aten op's by base name, else None."""
+    torch.compile's Triton kernels' (`triton_*`), an aten op's by base name, an engine's
+    own op's by base name (`ENGINE_RULES`), else None."""
     by_operator = operators.cost_rule(op_name)
     if by_operator is not None:
         return _OPERATOR_RULES[by_operator]
