@@ -17,6 +17,7 @@ import pytest
 
 import trace_roofline as tr
 from tests import replay_factory
+from tests.builders import read, write
 from trace_roofline import graphs
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
@@ -145,12 +146,12 @@ def _synthetic_replays(name: str, tmp: Path) -> Path:
     """The synthetic vLLM trace's two ProfilerSteps as two CUDA-graph replays (its steps'
     ranges overlap, as a CPU running ahead of the GPU writes them: each is cut at the next's
     start so that every kernel falls in its own step)."""
-    doc = replay_factory.load(SAMPLES / "moe" / f"synthetic_vllm_fused_moe_{name}.json.gz")
+    doc = read(SAMPLES / "moe" / f"synthetic_vllm_fused_moe_{name}.json.gz")
     steps = sorted((e for e in doc["traceEvents"]
                     if str(e.get("name")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
     for a, b in zip(steps, steps[1:], strict=False):
         a["dur"] = b["ts"] - a["ts"]
-    return replay_factory.write(replay_factory.as_replays(doc), tmp / f"{name}_replays.json.gz")
+    return write(replay_factory.as_replays(doc), tmp / f"{name}_replays.json.gz")
 
 
 @pytest.mark.parametrize("name, model", [

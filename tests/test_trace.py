@@ -24,7 +24,6 @@ from trace_roofline.trace import (
     parallel,
     parse_dims,
     progress_bar,
-    read,
 )
 
 DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
