@@ -25,6 +25,7 @@ from trace_roofline.trace import (
     parse_dims,
     progress_bar,
 )
+from trace_roofline.trace import read as trace_read
 
 DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
                "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset"}
@@ -301,7 +302,7 @@ def test_batches_and_reads_join_seamlessly(tmp_path, monkeypatch, batch, chunk):
     compact = tmp_path / "b.json"
     compact.write_text(json.dumps(doc, separators=(",", ":")))
     monkeypatch.setattr(decode, "BATCH_BYTES", batch)
-    monkeypatch.setattr(read, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(trace_read, "CHUNK_BYTES", chunk)
     for path in (tmp_path / "a.json", compact):
         for workers in (1, 2):
             tr = load_trace(path, workers=workers)
@@ -369,7 +370,7 @@ def test_a_file_that_shrinks_while_it_is_read_gets_the_raw_way_error(tmp_path, m
         return out
 
     monkeypatch.setattr(decode, "events_bounds", then_shrink)
-    monkeypatch.setattr(read, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(trace_read, "CHUNK_BYTES", 1000)
     with pytest.raises(InputError, match=r"t\.json: truncated JSON"):
         load_trace(path, workers=1)
 
@@ -496,7 +497,7 @@ def both(monkeypatch):
     for module in (decode, parallel):  # the one-process parse; the parent's (and worker's) half
         monkeypatch.setattr(module, "parse_span", parse)
     monkeypatch.setattr(decode, "BATCH_BYTES", 2000)
-    monkeypatch.setattr(read, "CHUNK_BYTES", 1500)  # (windows slide, and grow to hold a batch)
+    monkeypatch.setattr(trace_read, "CHUNK_BYTES", 1500)  # (windows slide, and grow to hold a batch)
 
     def load(path, mode: str):
         forks.clear()
