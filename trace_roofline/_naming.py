@@ -122,7 +122,7 @@ def per_value(values: pd.Series, fn) -> pd.DataFrame | pd.Series:
         codes = np.where(values.cat.codes.to_numpy() < 0, len(cats), values.cat.codes.to_numpy())
         uniques = np.append(np.asarray(cats, dtype=object), None)
     else:
-        codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
+        codes, uniques = pd.factorize(values, use_na_sentinel=False)  # (missing: one value)
     res = fn(pd.Series(uniques, dtype=object).astype("string"))
     out = res.iloc[codes]
     out.index = values.index

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from trace_roofline import operators
+from trace_roofline import _naming, operators
 
 # One row per collective call of one trace (`calls`).
 CALL_COLUMNS = {
@@ -57,10 +57,8 @@ MOSTLY = 0.5
 def is_collective(operator: pd.Series) -> np.ndarray:
     """Whether each operator name is a collective (operators.COMMUNICATION), also as the first
     word of a by-shape row name ('all_reduce 28672xbf16 ...')."""
-    codes, names = pd.factorize(operator, use_na_sentinel=True)  # a few distinct names
-    first = pd.Series(names, dtype="object").str.split(" ", n=1).str[0]
-    hit = first.isin(operators.COMMUNICATION).to_numpy(dtype=bool)
-    return np.append(hit, False)[codes]  # a missing name (code -1) is not a collective
+    first_word = _naming.per_value(operator, lambda names: names.str.split(" ", n=1).str[0])
+    return first_word.isin(operators.COMMUNICATION).to_numpy(dtype=bool)
 
 
 def exposed_us(ts_us: np.ndarray, dur_us: np.ndarray, collective: np.ndarray,

@@ -57,12 +57,13 @@ def _int(col: pd.Series) -> np.ndarray:
 _CHECKED = ["operator", "cost_kind", "K", "N", "n_q", "n_kv", "head_dim"]
 
 
-def _distinct(costed: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """The distinct rows of `costed[_CHECKED]` and, per instance, the index of its row."""
-    cols = costed[_CHECKED]
-    codes = cols.groupby(_CHECKED, dropna=False, sort=False, observed=True).ngroup().to_numpy()
+def distinct_rows(frame: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+    """The distinct rows of `frame[cols]` (missing values included), in order of first
+    appearance, and per row of `frame` the index of its distinct row."""
+    sub = frame[cols]
+    codes = sub.groupby(cols, dropna=False, sort=False, observed=True).ngroup().to_numpy()
     first = np.unique(codes, return_index=True)[1]  # groups are numbered by first appearance
-    return cols.iloc[first].reset_index(drop=True), codes
+    return sub.iloc[first].reset_index(drop=True), codes
 
 
 def _linear_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +98,7 @@ def instance_checks(costed: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
     'attention: n_q,n_kv,d=28,4,128 but llama-3-8b has 32,8,128'."""
     if model is None or costed.empty:
         return pd.Series(None, index=costed.index, dtype="str")
-    distinct, codes = _distinct(costed)
+    distinct, codes = distinct_rows(costed, _CHECKED)
     msg = _checks(distinct, model).to_numpy(object)
     return pd.Series(msg[codes], index=costed.index, dtype="str")
 
@@ -127,7 +128,7 @@ def _checks(costed: pd.DataFrame, model: ModelSpec) -> pd.Series:
 def tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
     """The TP degrees the consistent checked instances show ({1}: unsharded; empty: none
     checked). More than one degree means the shapes agree with no single layout."""
-    return _tp_degrees(_distinct(costed)[0], model)
+    return _tp_degrees(distinct_rows(costed, _CHECKED)[0], model)
 
 
 def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
@@ -141,7 +142,7 @@ def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
 def fitting_presets(costed: pd.DataFrame) -> list[str]:
     """Each preset no instance contradicts and one at least is checked against, with its TP
     degree when sharded: ['qwen2.5-7b'], ['llama-3-8b (TP=4)']."""
-    distinct = _distinct(costed)[0]
+    distinct = distinct_rows(costed, _CHECKED)[0]
     out = []
     for name, spec in PRESETS.items():
         degrees = _tp_degrees(distinct, spec)

@@ -303,9 +303,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     inst["_part"] = inst["operator"].where(fused, None)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
             "_kernel", "_part"]
-    codes = _combinations(inst, text)
-    _, first = np.unique(codes, return_index=True)  # first instance of each combination
-    combos = inst.iloc[first]
+    combos, codes = crosscheck.distinct_rows(inst, text)
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
         _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
@@ -377,16 +375,6 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     if "phase" in att:  # the forward pass's phase (passes.annotate)
         inst["phase"] = att["phase"].take(rows).array
     return inst
-
-
-def _combinations(inst: pd.DataFrame, cols: list[str]) -> np.ndarray:
-    """Per row, the index of its distinct combination of `cols` (missing values included),
-    numbered in order of first appearance."""
-    key = np.zeros(len(inst), dtype=np.int64)
-    for c in cols:
-        codes, uniques = pd.factorize(inst[c], use_na_sentinel=True)
-        key = pd.factorize(key * (len(uniques) + 1) + codes + 1)[0]
-    return key
 
 
 def _python(values: pd.Series) -> list:
