@@ -17,10 +17,9 @@ import pytest
 
 import trace_roofline as tr
 from tests import replay_factory
-from tests.builders import read, write
+from tests.builders import SAMPLES, read, write
 from trace_roofline import graphs
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 CG = str(SAMPLES / "cuda_graphs" / "hf-moe-{}-2l_decode_b4_s512_static1024_groupedmm_{}_h200.json.gz")
 REPLAYS, LAYERS, BATCH = 4, 2, 4
 MOE_OPS = {"router", "moe_dispatch", "experts_gate_up", "experts_act", "experts_down",
@@ -142,7 +141,7 @@ def test_dense_and_sparse_layers_mixed_are_not_named():
     assert "dense and sparse layers mixed" in rep.graphs["note"].iloc[0]
 
 
-def _synthetic_replays(name: str, tmp: Path) -> Path:
+def _synthetic_replays(name: str, tmp: Path, shuffle_seed: int | None = None) -> Path:
     """The synthetic vLLM trace's two ProfilerSteps as two CUDA-graph replays (its steps'
     ranges overlap, as a CPU running ahead of the GPU writes them: each is cut at the next's
     start so that every kernel falls in its own step)."""
@@ -151,7 +150,8 @@ def _synthetic_replays(name: str, tmp: Path) -> Path:
                     if str(e.get("name")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
     for a, b in zip(steps, steps[1:], strict=False):
         a["dur"] = b["ts"] - a["ts"]
-    return write(replay_factory.as_replays(doc), tmp / f"{name}_replays.json.gz")
+    return write(replay_factory.as_replays(doc, shuffle_seed=shuffle_seed),
+                 tmp / f"{name}_replays.json.gz")
 
 
 @pytest.mark.parametrize("name, model", [
@@ -193,3 +193,16 @@ def test_vllm_fused_moe_kernels_by_name(tmp_path, name, model):
     assert flops["experts_gate_up"] == n * 2 * 8 * e.top_k * h * 2 * e.intermediate_size
     assert flops["experts_down"] == n * 2 * 8 * e.top_k * e.intermediate_size * h
     assert flops["router"] == (0 if e.shared_gate else n * 2 * 8 * h * e.num_experts)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shuffled_moe_replays_are_not_named(tmp_path, seed):
+    """Shaped to mislead: the same MoE kernels (fused_moe_kernel, topk_softmax, moe_sum, ...)
+    in another order within each replay. Kernel names alone never name them: no repeated
+    layer pattern, nothing named, every kernel unattributed."""
+    spec = tr.get_model("mixtral-8x7b")
+    t = tr.load_trace(_synthetic_replays("mixtral-8x7b-2l_decode_b8_s512", tmp_path, seed))
+    bare, rep = graphs.name_replays(t, tr.attribute(t, spec), spec)
+    assert rep.replays == 2 and rep.named_kernels == 0
+    rows = graphs.replay_rows(t)["row"].to_numpy()
+    assert (bare["operator"].to_numpy(dtype=object)[rows] == "unattributed").all()
