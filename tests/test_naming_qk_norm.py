@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import trace_roofline as tr
-from tests.builders import BF, F32, Kineto, Op
+from tests.builders import BF, F32, SAMPLES, Kineto, Op
 from trace_roofline import graphs
 from trace_roofline.attribute import operator_table
 from trace_roofline.models import from_hf_config
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 QWEN3 = tr.get_model("qwen3-30b-a3b")
 Q3 = "hf-moe-qwen3-30b-a3b-2l_"
 # trace -> forward passes (ProfilerSteps, or generate's 1 prefill + 3 decodes)

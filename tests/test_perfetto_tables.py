@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import trace_roofline as tr
+from tests.builders import SAMPLES
 from trace_roofline import cache as cache_module
 from trace_roofline import perfetto, pipeline
 from trace_roofline.cache import TraceCache
@@ -16,7 +17,6 @@ from trace_roofline.cli import main
 from trace_roofline.pipeline import analyze_trace_kernels
 from trace_roofline.trace import load
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 TP_RANK = (SAMPLES / "tp2" / "tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200"
            / "vm_664.1796069023174623233.pt.trace.json.gz")
 CG = str(SAMPLES / "cuda_graphs" / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_static1024_{}_h200.json.gz")

@@ -74,11 +74,11 @@ NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_
 ADD_NORM_OPS = {"fused_add_rms_norm"}
 # the op that opens a norm: RMSNorm as HF writes it (x.pow(2).mean(-1)...), or a fused norm op
 NORM_OPEN_OPS = NORM_CORE_OPS - {"mean", "rsqrt", "var"}
-# ops only RoPE runs (rotate_half's neg, the cos/sin tables, an engine's rotary op)
-ROTARY_OPS = {"neg", "cos", "sin", "rotary_embedding", "apply_rotary_emb", "_apply_rotary_emb"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
 ROPE_CORE_OPS = {"neg", "cos", "sin", "mul", "add", "rotary_embedding", "apply_rotary_emb",
                  "_apply_rotary_emb"}
+# ops only RoPE runs (rotate_half's neg, the cos/sin tables, an engine's rotary op)
+ROTARY_OPS = ROPE_CORE_OPS - {"mul", "add"}
 KV_WRITE_OPS = {"cat", "copy_", "index_copy_", "index_copy", "index_put_", "index_put",
                 "_index_put_impl_", "slice_scatter", "scatter_", "scatter", "_unsafe_index_put",
                 "reshape_and_cache", "reshape_and_cache_flash", "concat_and_cache_mla"}
