@@ -37,8 +37,8 @@ def assert_same(a, b) -> None:
 
 
 @pytest.fixture
-def trace_file(tmp_path) -> Path:
-    """A private copy of a real trace (tests change its mtime)."""
+def decode_copy(tmp_path) -> Path:
+    """A private copy of DECODE, a real trace (tests change its mtime)."""
     dst = tmp_path / "in" / DECODE.name
     dst.parent.mkdir()
     shutil.copy(DECODE, dst)
@@ -75,27 +75,27 @@ def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
         pd.testing.assert_frame_equal(a, expected, check_exact=True)
 
 
-def test_hit_reads_no_json_and_keys_attribution_by_model(trace_file, tmp_path, no_parse):
+def test_hit_reads_no_json_and_keys_attribution_by_model(decode_copy, tmp_path, no_parse):
     c = TraceCache(tmp_path / "c")
     model = get_model("qwen2.5-7b")
-    c.load(trace_file, None)
-    c.load(trace_file, model)
+    c.load(decode_copy, None)
+    c.load(decode_copy, model)
     assert len(_files(c, "attributed-*")) == 2  # one part per model, beside one trace part
     no_parse()
     for m in (None, model):
-        _, _, s = c.load(trace_file, m)
+        _, _, s = c.load(decode_copy, m)
         assert s.trace_hit and s.attribution_hit
     with pytest.raises(AssertionError, match="despite"):  # another model: attribution misses
-        c.load(trace_file, get_model("llama-3-8b"))
+        c.load(decode_copy, get_model("llama-3-8b"))
 
 
-def test_same_file_by_another_spelling_keeps_the_callers_path(trace_file, tmp_path, monkeypatch):
+def test_same_file_by_another_spelling_keeps_the_callers_path(decode_copy, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
-    c.load(trace_file)
-    monkeypatch.chdir(trace_file.parent)
-    t, _, s = c.load(trace_file.name)
-    assert s.trace_hit and t.path == trace_file.name and t.meta["path"] == trace_file.name
-    assert_same(t, load_trace(trace_file.name))
+    c.load(decode_copy)
+    monkeypatch.chdir(decode_copy.parent)
+    t, _, s = c.load(decode_copy.name)
+    assert s.trace_hit and t.path == decode_copy.name and t.meta["path"] == decode_copy.name
+    assert_same(t, load_trace(decode_copy.name))
 
 
 def _corrupt_truncate(c: TraceCache) -> None:
@@ -125,81 +125,81 @@ def _corrupt_missing(c: TraceCache) -> None:
 
 @pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_flip_fields,
                                      _corrupt_manifest, _corrupt_missing])
-def test_corrupt_entry_is_ignored_and_rewritten(corrupt, trace_file, tmp_path, no_parse):
+def test_corrupt_entry_is_ignored_and_rewritten(corrupt, decode_copy, tmp_path, no_parse):
     c = TraceCache(tmp_path / "c")
-    fresh, expected = load_trace(trace_file), attribute(load_trace(trace_file))
-    c.load(trace_file)
+    fresh, expected = load_trace(decode_copy), attribute(load_trace(decode_copy))
+    c.load(decode_copy)
     corrupt(c)
-    t, a, s = c.load(trace_file)
+    t, a, s = c.load(decode_copy)
     assert not (s.trace_hit and s.attribution_hit) and s.write_error is None
     assert_same(t, fresh)
     pd.testing.assert_frame_equal(a, expected, check_exact=True)
     no_parse()  # rewritten: the next load is a full hit again
-    t, a, s = c.load(trace_file)
+    t, a, s = c.load(decode_copy)
     assert s.trace_hit and s.attribution_hit
     assert_same(t, fresh)
 
 
-def test_changed_file_is_stale(trace_file, tmp_path):
+def test_changed_file_is_stale(decode_copy, tmp_path):
     c = TraceCache(tmp_path / "c")
-    c.load(trace_file, None)
-    c.load(trace_file, get_model("qwen2.5-7b"))
-    st = trace_file.stat()
-    os.utime(trace_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    _, _, s = c.load(trace_file)
+    c.load(decode_copy, None)
+    c.load(decode_copy, get_model("qwen2.5-7b"))
+    st = decode_copy.stat()
+    os.utime(decode_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    _, _, s = c.load(decode_copy)
     assert not s.trace_hit and not s.attribution_hit
     assert len(_files(c, "attributed-*")) == 1  # the stale entry went with all its parts
     # Same mtime, other content (and size): a new file under the old name.
-    shutil.copy(HF, trace_file)
-    os.utime(trace_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    t, _, s = c.load(trace_file)
+    shutil.copy(HF, decode_copy)
+    os.utime(decode_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    t, _, s = c.load(decode_copy)
     assert not s.trace_hit
-    assert_same(t, load_trace(trace_file))
+    assert_same(t, load_trace(decode_copy))
 
 
-def test_schema_version_or_code_change_misses(trace_file, tmp_path, monkeypatch):
+def test_schema_version_or_code_change_misses(decode_copy, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
-    c.load(trace_file)
+    c.load(decode_copy)
     with monkeypatch.context() as mp:  # a new version: a new v<N> tree, the old one unused
         mp.setattr(cache_mod, "SCHEMA_VERSION", cache_mod.SCHEMA_VERSION + 1)
-        assert not TraceCache(tmp_path / "c").load(trace_file)[2].trace_hit
-    key = c._key(trace_file)
+        assert not TraceCache(tmp_path / "c").load(decode_copy)[2].trace_hit
+    key = c._key(decode_copy)
     for field, value in (("schema", key["schema"] + 1), ("code", "0" * 64),
                          ("pandas", "0.0"), ("size", key["size"] + 1)):
         with monkeypatch.context() as mp:  # an entry in this tree built under another key
             mp.setattr(c, "_key", lambda p, k={**key, field: value}: k)
-            c.load(trace_file)
-        _, _, s = c.load(trace_file)
+            c.load(decode_copy)
+        _, _, s = c.load(decode_copy)
         assert not s.trace_hit and not s.attribution_hit, field
 
 
-def test_write_failure_never_fails_the_analysis(trace_file, tmp_path, capsys, monkeypatch):
+def test_write_failure_never_fails_the_analysis(decode_copy, tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     c = TraceCache(blocker / "cache")  # its parent is a file: mkdir fails with ENOTDIR
-    t, a, s = c.load(trace_file)
+    t, a, s = c.load(decode_copy)
     assert not s.trace_hit and "cannot write trace" in s.write_error and c.log == [s]
-    assert_same(t, load_trace(trace_file))
+    assert_same(t, load_trace(decode_copy))
     monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(blocker / "cache"))
-    assert main(["analyze", str(trace_file), "--json", str(tmp_path / "r.json")]) == 0
+    assert main(["analyze", str(decode_copy), "--json", str(tmp_path / "r.json")]) == 0
     out, err = capsys.readouterr()
     assert "whole model" in out and (tmp_path / "r.json").is_file()
     assert err.startswith("trace-roofline: note: ") and "not cached (cannot write" in err
     assert err.count("\n") == 1
 
 
-def test_cli_cache_use_no_cache_info_and_clear(trace_file, tmp_path, capsys, monkeypatch):
+def test_cli_cache_use_no_cache_info_and_clear(decode_copy, tmp_path, capsys, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(d))
-    before = sorted(trace_file.parent.iterdir())
-    assert main(["analyze", str(trace_file), "--no-cache"]) == 0
+    before = sorted(decode_copy.parent.iterdir())
+    assert main(["analyze", str(decode_copy), "--no-cache"]) == 0
     assert not d.exists()  # --no-cache neither reads nor writes
     uncached = capsys.readouterr().out
     for _ in range(2):  # a miss that writes, then a hit: the same report
-        assert main(["analyze", str(trace_file)]) == 0
+        assert main(["analyze", str(decode_copy)]) == 0
         assert capsys.readouterr().out == uncached
-    assert sorted(trace_file.parent.iterdir()) == before  # nothing next to the user's file
-    assert main(["analyze", str(trace_file), "--causal", "full"]) == 0  # another argument set
+    assert sorted(decode_copy.parent.iterdir()) == before  # nothing next to the user's file
+    assert main(["analyze", str(decode_copy), "--causal", "full"]) == 0  # another argument set
     capsys.readouterr()
     assert main(["cache", "info"]) == 0
     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
@@ -247,50 +247,50 @@ def no_analysis(monkeypatch):
     return forbid
 
 
-def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(trace_file, tmp_path):
+def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(decode_copy, tmp_path):
     c = TraceCache(tmp_path / "c")
     threads = threading.active_count()
-    analyze_trace(trace_file, cache=c)  # a miss: the parts were written by a thread
+    analyze_trace(decode_copy, cache=c)  # a miss: the parts were written by a thread
     assert threading.active_count() == threads  # (a later parse may fork its worker)
     assert pickle.loads(pickle.dumps(c)).directory == c.directory  # parallel.analyze_many
 
 
-def test_analysis_hit_per_argument_set(trace_file, tmp_path, no_analysis):
+def test_analysis_hit_per_argument_set(decode_copy, tmp_path, no_analysis):
     c = TraceCache(tmp_path / "c")
     model = get_model("qwen2.5-7b")
     runs = [dict(model=model), dict(model=model, causal="full"), dict(model=model, layers=28),
             dict(model=None, hardware=get_hardware("rtx4090"))]
-    fresh = [analyze_trace(trace_file, **kw) for kw in runs]
+    fresh = [analyze_trace(decode_copy, **kw) for kw in runs]
     for kw in runs:
-        analyze_trace(trace_file, cache=c, **kw)
+        analyze_trace(decode_copy, cache=c, **kw)
     assert not any(s.analysis_hit for s in c.log)
     assert len(_files(c, "analysis-*/manifest.json")) == len(runs)
     no_analysis()
     for kw, expected in zip(runs, fresh, strict=True):
-        assert_same(analyze_trace(trace_file, cache=c, **kw), expected)
+        assert_same(analyze_trace(decode_copy, cache=c, **kw), expected)
         assert c.log[-1].analysis_hit
     with pytest.raises(AssertionError, match="despite"):  # another argument: a miss
-        analyze_trace(trace_file, model, cache=c, attention_bytes="kv")
+        analyze_trace(decode_copy, model, cache=c, attention_bytes="kv")
 
 
-def test_corrupt_or_stale_analysis_is_recomputed(trace_file, tmp_path, no_analysis):
+def test_corrupt_or_stale_analysis_is_recomputed(decode_copy, tmp_path, no_analysis):
     c = TraceCache(tmp_path / "c")
     ncu = tmp_path / "in" / "k.ncu.csv"
     shutil.copy(DECODE.with_name(DECODE.name.replace(".json.gz", ".ncu.csv")), ncu)
-    analyze_trace(trace_file, cache=c)
+    analyze_trace(decode_copy, cache=c)
     [f] = _files(c, "analysis-*/analysis.pickle")
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same length: only the checksum can tell
     f.write_bytes(bytes(data))
-    analyze_trace(trace_file, cache=c, ncu=ncu)
+    analyze_trace(decode_copy, cache=c, ncu=ncu)
     st = ncu.stat()
     os.utime(ncu, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed ncu CSV: another key
     for kw in ({}, {"ncu": ncu}):
-        assert_same(analyze_trace(trace_file, cache=c, **kw), analyze_trace(trace_file, **kw))
+        assert_same(analyze_trace(decode_copy, cache=c, **kw), analyze_trace(decode_copy, **kw))
         assert not c.log[-1].analysis_hit
     no_analysis()  # both rewritten
-    analyze_trace(trace_file, cache=c)
-    analyze_trace(trace_file, cache=c, ncu=ncu)
+    analyze_trace(decode_copy, cache=c)
+    analyze_trace(decode_copy, cache=c, ncu=ncu)
     assert c.log[-1].analysis_hit and c.log[-2].analysis_hit
 
 
@@ -305,10 +305,10 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "home" / ".cache" / "trace-roofline"
 
 
-def test_cached_cli_run_in_a_fresh_process(trace_file, tmp_path):
+def test_cached_cli_run_in_a_fresh_process(decode_copy, tmp_path):
     """End to end as a user runs it: the second process reads the first one's entry."""
     env = {**os.environ, "TRACE_ROOFLINE_CACHE_DIR": str(tmp_path / "c")}
-    runs = [run_cli("analyze", str(trace_file), env=env) for _ in range(2)]
+    runs = [run_cli("analyze", str(decode_copy), env=env) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
     info = TraceCache(tmp_path / "c").info()
     assert (info.entries, info.traces, info.attributions, info.analyses) == (1, 1, 1, 1)

@@ -25,6 +25,7 @@ from trace_roofline.hardware import get_hardware
 from trace_roofline.models import get_model
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, SCHEMAS, decode, load_trace
+from trace_roofline.trace import read as trace_read
 
 DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
 FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args"]
@@ -90,22 +91,29 @@ def reference_device_durations(doc) -> list[float] | None:
     return out
 
 
+# Batch and read sizes for the two-process parse: a few events per batch (decode.BATCH_BYTES,
+# the batch-by-batch way; decode.BATCH_EVENTS, the Raw way of documents not proven) and file
+# reads smaller than a batch (read.CHUNK_BYTES: the window slides, and grows to hold a batch).
+SMALL = [(decode, "BATCH_BYTES", 1000), (decode, "BATCH_EVENTS", 16), (trace_read, "CHUNK_BYTES", 700)]
+
+
 def load_both(p: Path):
     """load_trace(p) in one process and, where fork exists, with the two-process parse forced
-    (small batches, so both halves hold several): the same trace or the same error."""
+    and small batches and reads (SMALL: both halves hold several batches, the window slides and
+    grows): the same trace or the same error."""
     try:
         one = load_trace(p, workers=1)
     except InputError as e:
         one = e
     if not hasattr(os, "fork"):
         return one
-    saved, decode.BATCH_EVENTS = decode.BATCH_EVENTS, 16
-    try:
-        two = load_trace(p, workers=2)
-    except InputError as e:
-        two = e
-    finally:
-        decode.BATCH_EVENTS = saved
+    with pytest.MonkeyPatch.context() as m:
+        for module, name, value in SMALL:
+            m.setattr(module, name, value)
+        try:
+            two = load_trace(p, workers=2)
+        except InputError as e:
+            two = e
     if isinstance(one, InputError):
         assert str(two) == str(one)
     else:

@@ -49,7 +49,7 @@ from trace_roofline.trace.parallel import usable_cores
 T = TypeVar("T")
 
 # Costed-table columns that describe one op instance only: dropped (NA) when instances merge.
-_INSTANCE_DETAIL = ("op_id", "op_name", "step", "M", "K", "N", "B", "T", "S", "causal", "shape")
+_INSTANCE_DETAIL = ("instance", "op_id", "op_name", "step", "M", "K", "N", "B", "T", "S", "causal", "shape")
 # Costed-table columns that add up over merged instances (ts_us takes the first start).
 _ADDITIVE = ("kernels", "time_us", "flops", "bytes")
 DASK_CONNECT_TIMEOUT_S = 10  # how long to try to reach a scheduler address
@@ -70,8 +70,8 @@ def compact(a: Analysis) -> Analysis:
     Instances with a remark (no cost, or a preset mismatch) stay one row each: reports count them.
     The others merge per distinct value of every remaining column (phase, operator, layer,
     cost_kind, dtype, ...): kernels, time, FLOPs and bytes add up, `ts_us` is the first start and
-    the instance details (`_INSTANCE_DETAIL`: op id, step, shape) become NA. Device time, FLOPs,
-    bytes, coverage and every sum over a non-detail column are unchanged.
+    the instance details (`_INSTANCE_DETAIL`: instance and op ids, step, shape) become NA.
+    Device time, FLOPs, bytes, coverage and every sum over a non-detail column are unchanged.
     """
     c = a.costed
     remark = c["uncosted"].notna() | c["check"].notna() | c["flops"].isna()

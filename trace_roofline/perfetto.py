@@ -161,23 +161,15 @@ def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -
 
 
 def _costed_rows(attributed: pd.DataFrame, costed: pd.DataFrame) -> np.ndarray:
-    """Each attributed row's op instance (`instance`) as its row of `costed`, which
-    shapes.attach_costs built one per instance, in order of first start (ties: of first row).
-    The instances' kernel counts and first starts must be costed's (else ValueError)."""
-    code = pd.factorize(attributed["instance"].to_numpy())[0]  # in order of first row
-    first = (pd.Series(attributed["ts_us"].to_numpy(np.float64)).groupby(code, sort=True)
-             .min().to_numpy())
-    kernels = np.bincount(code, minlength=len(first))
-    order = np.argsort(first, kind="stable")  # costed row -> code
-    if not (len(order) == len(costed)
-            and np.array_equal(kernels[order], costed["kernels"].to_numpy())
-            and np.array_equal(first[order], costed["ts_us"].to_numpy(np.float64),
-                               equal_nan=True)):
+    """Each attributed row's op instance (`instance`) as its row of `costed` (the row with
+    that `instance`). Every instance must be there with costed's kernel count (else
+    ValueError)."""
+    row = pd.Index(costed["instance"].array).get_indexer(attributed["instance"].to_numpy())
+    kernels = np.bincount(row + 1, minlength=len(costed) + 1)  # [0]: rows not in costed
+    if kernels[0] or not np.array_equal(kernels[1:], costed["kernels"].to_numpy()):
         raise ValueError("`analysis` was not computed from `attributed`: their op instances "
                          "differ")
-    at = np.empty(len(order), np.int64)
-    at[order] = np.arange(len(order))
-    return at[code]
+    return row
 
 
 def _lanes(trace: Trace, event_ids: np.ndarray) -> np.ndarray:

@@ -68,9 +68,11 @@ def analyze_trace(
     `decode_shapes` (B, S). Then every kernel gets its forward pass (`step`) and that pass's
     phase (`passes.annotate`); `Analysis.passes` and `.graphs` say what was found.
     """
-    return _run(trace, model, hardware, causal=causal, attention_bytes=attention_bytes,
-                layers=layers, ncu=ncu, by_shape=by_shape, force=force, graph_map=graph_map,
-                decode_shapes=decode_shapes, progress=progress, cache=cache, tp=tp)
+    analysis, _ = _run(trace, model, hardware, causal=causal, attention_bytes=attention_bytes,
+                       layers=layers, ncu=ncu, by_shape=by_shape, force=force,
+                       graph_map=graph_map, decode_shapes=decode_shapes, progress=progress,
+                       cache=cache, tp=tp)
+    return analysis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,31 +95,31 @@ def analyze_trace_kernels(trace: Trace | str | os.PathLike, model: ModelSpec | N
     as the analysis's tables, the graph-map trace loaded once. When `options["cache"]` holds
     the Analysis, the kernels come from its cached trace and attribution parts (`attribute`
     does not run again; replays are named and passes found from them as before)."""
-    kept: list[Attributed] = []
-    analysis = _run(trace, model, hardware, kept=kept, **options)
-    return analysis, kept[0]
+    return _run(trace, model, hardware, kernels=True, **options)
 
 
 def _run(trace: Trace | str | os.PathLike, model: ModelSpec | None, hardware: Hardware | None,
-         *, kept: list[Attributed] | None = None, causal: str = "causal",
+         *, kernels: bool = False, causal: str = "causal",
          attention_bytes: str = "all", layers: int | None = None, ncu: str | os.PathLike | None = None,
          by_shape: bool = False, force: bool = False,
          graph_map: Trace | str | os.PathLike | None = None,
          decode_shapes: graphs.DecodeShapes | None = None, progress: Progress | None = None,
          cache: TraceCache | None = None, tp: int | None = None,
-         ) -> Analysis:
-    """analyze_trace, through the Analysis cache where it applies; with `kept`, the
-    `Attributed` the Analysis came from is appended to it (on a cache hit: from the cached
-    trace and attribution parts)."""
+         ) -> tuple[Analysis, Attributed | None]:
+    """analyze_trace, through the Analysis cache where it applies, and the `Attributed` the
+    Analysis came from when `kernels` asks for it (on a cache hit: from the cached trace and
+    attribution parts), else None."""
+    made: Attributed | None = None  # what compute() attributed, when `kernels` asks for it
 
     def attributed() -> Attributed:
         return _attributed(trace, model, tp=tp, cache=cache, graph_map=graph_map,
                            decode_shapes=decode_shapes, progress=progress)
 
     def compute() -> Analysis:
+        nonlocal made
         att = attributed()
-        if kept is not None:
-            kept.append(att)
+        if kernels:
+            made = att
         return _analyze(att, hardware, causal=causal, attention_bytes=attention_bytes,
                          layers=layers, ncu=ncu, by_shape=by_shape, force=force)
 
@@ -130,9 +132,9 @@ def _run(trace: Trace | str | os.PathLike, model: ModelSpec | None, hardware: Ha
         analysis = cache.analysis(trace, args, compute)
     else:
         analysis = compute()
-    if kept is not None and not kept:  # the Analysis came from the cache
-        kept.append(attributed())
-    return analysis
+    if not kernels:
+        return analysis, None
+    return analysis, made if made is not None else attributed()  # None: a cache hit
 
 
 def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None, *, tp: int | None,

@@ -115,6 +115,7 @@ from trace_roofline.models import ModelSpec
 
 # One row per op instance (op_id; a kernel with no linked op is an instance of its own).
 COSTED_COLUMNS = {
+    "instance": "Int64",  # attribute's `instance` id (NA only where parallel.compact merged)
     "op_id": "Int64",  # innermost shape-carrying cpu op; NA for unlinked kernels
     "op_name": "str",  # e.g. aten::addmm; missing for unlinked kernels
     "operator": "str",  # canonical operator (attribute.py)
@@ -313,8 +314,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         for name, dims, types, conc, strides, op, kernel, part in zip(
             *(_python(combos[c]) for c in text), strict=True)
     ]
-    out = inst[["op_id", "op_name", "operator", "evidence", "layer", "step", "kernels", "ts_us",
-                "time_us"]]
+    out = inst[["instance", "op_id", "op_name", "operator", "evidence", "layer", "step",
+                "kernels", "ts_us", "time_us"]]
     out = out.reset_index(drop=True)
     fields = {"cost_kind": "kind", "dtype": "dtype", "flops": "flops", "bytes": "bytes",
               "M": "m", "K": "k", "N": "n", "B": "batch", "T": "t", "S": "s",
@@ -341,7 +342,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
 
 def _instances(att: pd.DataFrame) -> pd.DataFrame:
     """The op instances attribute() built (its `instance` column), in order of first start:
-    each instance's first row's columns, its kernel count, first start and Σ duration."""
+    each instance's id, its first row's columns, its kernel count, first start and Σ duration."""
     need = ["instance", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
             "operator", "layer", "step"]
     missing = [c for c in need if c not in att.columns]
@@ -358,6 +359,7 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     rows = agg["row"].to_numpy()
     absent = pd.Series(pd.NA, index=att.index, dtype="str")
     inst = pd.DataFrame({
+        "instance": agg.index.to_numpy(),
         "op_id": att["op_id"].astype("Int64").take(rows).to_numpy(),
         "operator": att["operator"].take(rows).array,
         "evidence": (att["evidence"] if "evidence" in att
