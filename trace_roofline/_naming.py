@@ -53,6 +53,7 @@ Evidence, strongest first inside this module:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,24 +129,29 @@ def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.asarray(uniques, dtype=object)
 
 
+def _distinct(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Series | pd.DataFrame]:
+    """The distinct values of a column (a string Series), or the distinct rows of several (a
+    DataFrame of string columns), and per row the index of its own."""
+    if isinstance(values, pd.Series):
+        codes, uniques = _factorized(values)
+        return codes, pd.Series(uniques, dtype=object).astype("string")
+    parts = [_factorized(values[c]) for c in values.columns]
+    key = np.zeros(len(values), dtype=np.int64)
+    for col_codes, col_uniques in parts:
+        key = key * len(col_uniques) + col_codes
+    codes, rows = pd.factorize(key)  # the distinct rows, as their keys (mixed radix)
+    cols = {}
+    for c, (_, col_uniques) in reversed(list(zip(values.columns, parts, strict=True))):
+        cols[c] = pd.Series(col_uniques[rows % len(col_uniques)], dtype=object).astype("string")
+        rows = rows // len(col_uniques)
+    return codes, pd.DataFrame({c: cols[c] for c in values.columns})
+
+
 def per_value(values: pd.Series | pd.DataFrame, fn) -> pd.DataFrame | pd.Series:
     """fn evaluated once per distinct value (a string Series of them) or, for a DataFrame, once
     per distinct row (a DataFrame of string columns), broadcast back to the rows."""
-    if isinstance(values, pd.Series):
-        codes, uniques = _factorized(values)
-        res = fn(pd.Series(uniques, dtype=object).astype("string"))
-    else:
-        parts = [_factorized(values[c]) for c in values.columns]
-        key = np.zeros(len(values), dtype=np.int64)
-        for col_codes, col_uniques in parts:
-            key = key * len(col_uniques) + col_codes
-        codes, rows = pd.factorize(key)  # the distinct rows, as their keys
-        cols = {}
-        for c, (_, col_uniques) in reversed(list(zip(values.columns, parts, strict=True))):
-            cols[c] = pd.Series(col_uniques[rows % len(col_uniques)], dtype=object)
-            rows = rows // len(col_uniques)
-        res = fn(pd.DataFrame({c: cols[c].astype("string") for c in values.columns}))
-    out = res.iloc[codes]
+    codes, distinct = _distinct(values)
+    out = fn(distinct).iloc[codes]
     out.index = values.index
     return out
 
@@ -164,9 +170,15 @@ class Names:
         codes, uniques = _factorized(values)
         return cls(codes, np.where(pd.isna(uniques), "", uniques).astype(object))
 
-    def isin(self, names) -> np.ndarray:
+    def isin(self, names: Iterable[str]) -> np.ndarray:
         """Per row, whether its name is one of `names`."""
         return np.isin(self.vocab, list(names))[self.codes]
+
+    def mapped(self, fn: Callable[[pd.Series], pd.Series]) -> Names:
+        """The names fn gives, evaluated once per name: fn takes a string Series of names
+        (missing: no name) and returns one (missing: no name)."""
+        names = pd.Series(np.where(self.vocab == "", None, self.vocab), dtype="string")
+        return Names(self.codes, fn(names).fillna("").to_numpy(dtype=object))
 
     def renamed(self, mapping: dict[str, str]) -> Names:
         """The names with those in `mapping` replaced."""
@@ -187,7 +199,7 @@ class Names:
         return pd.Categorical.from_codes(new[codes], cats[order])
 
 
-Rule = tuple[np.ndarray, "Names | str"]  # (condition per row, name: one or per row)
+Rule = tuple[np.ndarray, Names | str]  # (condition per row, name: one or per row)
 
 
 def first_match(rules: list[Rule], default: str) -> Names:
@@ -253,11 +265,11 @@ def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
     there), Triton name tokens and, for Triton kernels, their 4-D arguments: a store into a
     cache-shaped buffer or a cat growing one is a cache write (kvonly), a kernel on 4-D buffers
     only prepares attention. Worked out once per distinct (op, outermost op, Input Dims)."""
-    flags = per_value(inst[["op_name", "top_name", "input_dims"]], _classify_distinct)
-    return {col: flags[col].to_numpy() for col in flags.columns}
+    codes, distinct = _distinct(inst[["op_name", "top_name", "input_dims"]])
+    return {col: flags[codes] for col, flags in _classify_distinct(distinct).items()}
 
 
-def _classify_distinct(rows: pd.DataFrame) -> pd.DataFrame:
+def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     op = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["op_name"]).items()}
     top = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["top_name"]).items()}
     dims = _dims_flags(rows["input_dims"])
@@ -273,7 +285,7 @@ def _classify_distinct(rows: pd.DataFrame) -> pd.DataFrame:
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
     out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
     out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
-    return pd.DataFrame(out)  # one block per dtype: one take per block broadcasts it
+    return out
 
 
 def _dims_flags(dims: pd.Series) -> pd.DataFrame:
@@ -500,9 +512,8 @@ def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> 
         return out
     wk, wn, experts = inst["WK"].to_numpy(), inst["WN"].to_numpy(), inst["WE"].to_numpy()
     count = linears.get("router", (0, -1))[1]
-    base = base_name(inst["op_name"])
-    is_index = (base == "index").to_numpy(dtype=bool, na_value=False)
-    is_bmm = (base == "bmm").to_numpy(dtype=bool, na_value=False)
+    base = Names.of(inst["op_name"]).mapped(operators.base_names)
+    is_index, is_bmm = base.isin(["index"]), base.isin(["bmm"])
     for i, name in enumerate(_EXPERT_LINEARS):
         if name in linears:
             k, n = linears[name]
@@ -526,7 +537,7 @@ class _Regions:
 
     @classmethod
     def cut(cls, opens: np.ndarray) -> _Regions:
-        """The regions of rows where `opens` holds at the first row."""
+        """The regions opened at the rows where `opens` holds (it holds at the first row)."""
         region = np.cumsum(opens) - 1
         starts = np.flatnonzero(opens)
         return cls(region, starts, np.arange(len(opens)) - starts[region])
@@ -760,7 +771,8 @@ def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
                  position: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Operator name and layer of each instance from the nn.Module frames around it.
+    """Operator name (categorical, missing where no module names it) and layer of each instance
+    from the nn.Module frames around it.
 
     `frames` is module_frames() plus int columns s, e (ns) and key. Linears are named by their
     HF class when it says (QKVParallelLinear) or else by call order inside their parent:
@@ -774,7 +786,7 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     n = len(inst_t)
     layer = pd.Series(pd.NA, index=position.index, dtype="Int64")
     if frames.empty or n == 0:
-        return pd.Series(pd.NA, index=position.index, dtype="string"), layer
+        return pd.Series(pd.Categorical.from_codes(np.full(n, -1), []), index=position.index), layer
     sub, hit = {}, {}
     for kind in ("layer", "attn", "mlp", "linear", "norm", "rope", "emb", "act"):
         f = frames[frames["kind"] == kind].reset_index(drop=True)
