@@ -53,6 +53,8 @@ Evidence, strongest first inside this module:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -115,27 +117,107 @@ _DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, hea
 _TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
 
 
-def per_value(values: pd.Series, fn) -> pd.DataFrame | pd.Series:
-    """fn evaluated once per distinct value (a Series of them), broadcast back to the rows."""
+def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, distinct values) of a column: codes index the distinct values (an object array);
+    missing is one more distinct value."""
     if isinstance(values.dtype, pd.CategoricalDtype):  # trace tables: codes already there
         cats = values.cat.categories
-        codes = np.where(values.cat.codes.to_numpy() < 0, len(cats), values.cat.codes.to_numpy())
-        uniques = np.append(np.asarray(cats, dtype=object), None)
-    else:
-        codes, uniques = pd.factorize(values, use_na_sentinel=False)  # (missing: one value)
-    res = fn(pd.Series(uniques, dtype=object).astype("string"))
-    out = res.iloc[codes]
+        codes = values.cat.codes.to_numpy()
+        return (np.where(codes < 0, len(cats), codes),
+                np.append(np.asarray(cats, dtype=object), None))
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)  # (missing: one value)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def _distinct(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Series | pd.DataFrame]:
+    """The distinct values of a column (a string Series), or the distinct rows of several (a
+    DataFrame of string columns), and per row the index of its own."""
+    if isinstance(values, pd.Series):
+        codes, uniques = _factorized(values)
+        return codes, pd.Series(uniques, dtype=object).astype("string")
+    parts = [_factorized(values[c]) for c in values.columns]
+    key = np.zeros(len(values), dtype=np.int64)
+    for col_codes, col_uniques in parts:
+        key = key * len(col_uniques) + col_codes
+    codes, rows = pd.factorize(key)  # the distinct rows, as their keys (mixed radix)
+    cols = {}
+    for c, (_, col_uniques) in reversed(list(zip(values.columns, parts, strict=True))):
+        cols[c] = pd.Series(col_uniques[rows % len(col_uniques)], dtype=object).astype("string")
+        rows = rows // len(col_uniques)
+    return codes, pd.DataFrame({c: cols[c] for c in values.columns})
+
+
+def per_value(values: pd.Series | pd.DataFrame, fn) -> pd.DataFrame | pd.Series:
+    """fn evaluated once per distinct value (a string Series of them) or, for a DataFrame, once
+    per distinct row (a DataFrame of string columns), broadcast back to the rows."""
+    codes, distinct = _distinct(values)
+    out = fn(distinct).iloc[codes]
     out.index = values.index
     return out
 
 
-Rule = tuple[np.ndarray, "np.ndarray | str"]  # (condition per row, name: one or per row)
+@dataclass(frozen=True)
+class Names:
+    """A name per row, as codes into a small vocabulary: a test on the names costs one look-up
+    per row, not a string comparison. The empty name "" is no name."""
+
+    codes: np.ndarray  # per row, an index into vocab
+    vocab: np.ndarray  # the names (an object array of str)
+
+    @classmethod
+    def of(cls, values: pd.Series) -> Names:
+        """The names of a column (missing: "")."""
+        codes, uniques = _factorized(values)
+        return cls(codes, np.where(pd.isna(uniques), "", uniques).astype(object))
+
+    def isin(self, names: Iterable[str]) -> np.ndarray:
+        """Per row, whether its name is one of `names`."""
+        return np.isin(self.vocab, list(names))[self.codes]
+
+    def mapped(self, fn: Callable[[pd.Series], pd.Series]) -> Names:
+        """The names fn gives, evaluated once per name: fn takes a string Series of names
+        (missing: no name) and returns one (missing: no name)."""
+        names = pd.Series(np.where(self.vocab == "", None, self.vocab), dtype="string")
+        return Names(self.codes, fn(names).fillna("").to_numpy(dtype=object))
+
+    def renamed(self, mapping: dict[str, str]) -> Names:
+        """The names with those in `mapping` replaced."""
+        return Names(self.codes, np.asarray([mapping.get(v, v) for v in self.vocab], dtype=object))
+
+    def categorical(self) -> pd.Categorical:
+        """The names as a Categorical of the names that occur, sorted ("": missing), as
+        pd.Categorical would make of the names as strings."""
+        codes, vocab = pd.factorize(self.vocab)  # one code per name
+        codes = codes[self.codes]
+        used = np.zeros(len(vocab), dtype=bool)
+        used[codes] = True
+        used &= vocab != ""
+        cats = vocab[used]
+        order = np.argsort(cats, kind="stable")
+        new = np.full(len(vocab), -1)
+        new[np.flatnonzero(used)[order]] = np.arange(len(cats))
+        return pd.Categorical.from_codes(new[codes], cats[order])
 
 
-def first_match(rules: list[Rule], default: str) -> np.ndarray:
+Rule = tuple[np.ndarray, Names | str]  # (condition per row, name: one or per row)
+
+
+def first_match(rules: list[Rule], default: str) -> Names:
     """Per row, the name of the first rule whose condition holds, else `default`: rules are
     ordered lists of (condition, name) pairs, read top to bottom like a table in the docs."""
-    return np.select([c for c, _ in rules], [v for _, v in rules], default=default)
+    n = len(rules[0][0])
+    which = np.full(n, len(rules))  # the index of the first rule that holds
+    for i in reversed(range(len(rules))):
+        np.copyto(which, i, where=rules[i][0])
+    # a rule of one name is its own code; a rule of a name per row appends its vocabulary
+    vocab = [name if isinstance(name, str) else "" for _, name in rules] + [default]
+    codes = which.copy()
+    for i, (_, name) in enumerate(rules):
+        if isinstance(name, Names):
+            rows = np.flatnonzero(which == i)
+            codes[rows] = len(vocab) + name.codes[rows]
+            vocab.extend(name.vocab)
+    return Names(codes, np.asarray(vocab, dtype=object))
 
 
 def base_name(names: pd.Series) -> pd.Series:
@@ -177,28 +259,33 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
     })
 
 
-def classify(inst: pd.DataFrame) -> pd.DataFrame:
-    """Boolean op-family flags per instance, from its own op, the outermost op around it
-    (casts, cache writes and embeddings are recognised there), Triton name tokens and, for
-    Triton kernels, their 4-D arguments: a store into a cache-shaped buffer or a cat growing
-    one is a cache write (kvonly), a kernel on 4-D buffers only prepares attention."""
-    op = per_value(inst["op_name"], _op_flags)
-    top = per_value(inst["top_name"], _op_flags)
-    either = ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe")
-    out = op.copy()
-    for col in either:
+def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Op-family flags per instance (boolean arrays; rank0 and last0 of `_dims_flags` ints), from
+    its own op, the outermost op around it (casts, cache writes and embeddings are recognised
+    there), Triton name tokens and, for Triton kernels, their 4-D arguments: a store into a
+    cache-shaped buffer or a cat growing one is a cache write (kvonly), a kernel on 4-D buffers
+    only prepares attention. Worked out once per distinct (op, outermost op, Input Dims)."""
+    codes, distinct = _distinct(inst[["op_name", "top_name", "input_dims"]])
+    return {col: flags[codes] for col, flags in _classify_distinct(distinct).items()}
+
+
+def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    op = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["op_name"]).items()}
+    top = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["top_name"]).items()}
+    dims = _dims_flags(rows["input_dims"])
+    has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
+    out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
+    for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe"):
         out[col] = op[col] | top[col]
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
-    dims = per_value(inst["input_dims"], _dims_flags)
-    has4d, grows = dims["has4d"].to_numpy(dtype=bool), dims["grows"].to_numpy(dtype=bool)
-    out["kvonly"] |= (op["tristore"] & has4d) | (op["tricat"] & grows)
-    out["attnprep"] = op["triton"] & ~out["kvonly"] & dims["only4d"].to_numpy(dtype=bool)
+    out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
+    out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
     out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
     out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
-    return out.drop(columns=["tristore", "tricat"])
+    return out
 
 
 def _dims_flags(dims: pd.Series) -> pd.DataFrame:
@@ -386,150 +473,179 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     `LINEAR_ORDER` as it recurs: the 1st (H, q) GEMM of a step is q_proj, the 2nd o_proj, the
     3rd q_proj... GEMMs matching nothing are named `linear[K×N]`. Expert weights outside a
     weight GEMM (`expert_weight_kn`: columns WE, WK, WN) get the name of the expert GEMM whose
-    (K, N) they have (an `index` gather also its expert count), else none.
+    (K, N) they have (an `index` gather also its expert count), else none. Returns a
+    categorical Series, missing where no name.
     """
-    out = _expert_weights(inst, linears or {})
-    is_gemm = inst["K"] >= 0
-    if not is_gemm.any():
-        return out
-    g = inst.loc[is_gemm, ["grp", "K", "N"]]
-    generic = ("linear[" + g["K"].astype(str) + "×" + g["N"].astype(str) + "]").astype("string")
-    out.loc[is_gemm] = generic
-    if not linears:
-        return out
-    groups: dict[tuple[int, int], list[str]] = {}
-    for name in LINEAR_ORDER:
-        if name in linears:
-            groups.setdefault(tuple(linears[name]), []).append(name)
-    table = pd.DataFrame(
-        [(k, n, j, name, len(names)) for (k, n), names in groups.items()
-         for j, name in enumerate(names)],
-        columns=["K", "N", "slot", "name", "size"],
-    )
-    occ = g.groupby(["grp", "K", "N"], sort=False).cumcount()
-    sizes = table.drop_duplicates(["K", "N"]).set_index(["K", "N"])["size"]
-    size = pd.MultiIndex.from_frame(g[["K", "N"]]).map(sizes.to_dict().get)
-    size = pd.Series(size, index=g.index, dtype="float64")
-    slot = (occ % size.fillna(1)).astype("int64")
-    key = pd.DataFrame({"K": g["K"], "N": g["N"], "slot": slot})
-    named = key.merge(table, on=["K", "N", "slot"], how="left")["name"].to_numpy()
-    named = pd.Series(named, index=g.index, dtype="string")
-    out.loc[is_gemm] = named.fillna(generic)
-    return out
+    linears = linears or {}
+    names = list(_EXPERT_LINEARS)
+    codes = _expert_weights(inst, linears)  # into names
+    rows = np.flatnonzero(inst["K"].to_numpy() >= 0)
+    if len(rows):
+        k, n = inst["K"].to_numpy()[rows], inst["N"].to_numpy()[rows]
+        width = int(n.max()) + 1
+        pair, pairs = pd.factorize(k * width + n)  # the distinct (K, N) (K, N >= 0)
+        in_grp = inst["grp"].to_numpy()[rows] * len(pairs) + pair
+        occ = pd.Series(in_grp).groupby(in_grp, sort=False).cumcount().to_numpy()
+        cycles: dict[tuple[int, int], list[str]] = {}  # the linears of each (K, N), in order
+        for name in LINEAR_ORDER:
+            if name in linears:
+                cycles.setdefault(tuple(linears[name]), []).append(name)
+        start, size = np.zeros(len(pairs), np.int64), np.zeros(len(pairs), np.int64)
+        for p, (pk, pn) in enumerate(zip(pairs // width, pairs % width, strict=True)):
+            cycle = cycles.get((int(pk), int(pn)), [f"linear[{pk}×{pn}]"])
+            start[p], size[p] = len(names), len(cycle)
+            names.extend(cycle)
+        codes[rows] = start[pair] + occ % size[pair]
+    unique, cats = pd.factorize(np.asarray(names, dtype=object))
+    return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, unique[codes], -1), cats),
+                     index=inst.index)
 
 
-def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> pd.Series:
-    """Names of expert weight gathers and weight-first GEMVs (see name_gemms), NA elsewhere."""
-    out = pd.Series(pd.NA, index=inst.index, dtype="string")
+_EXPERT_LINEARS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
+
+
+def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> np.ndarray:
+    """Per instance, the index in _EXPERT_LINEARS of the expert GEMM whose weights it gathers
+    or multiplies in a weight-first GEMV (see name_gemms), -1 elsewhere."""
+    out = np.full(len(inst), -1)
     if "WK" not in inst or not (inst["WK"] >= 0).any():
         return out
-    experts = inst["WE"].to_numpy()
+    wk, wn, experts = inst["WK"].to_numpy(), inst["WN"].to_numpy(), inst["WE"].to_numpy()
     count = linears.get("router", (0, -1))[1]
-    base = base_name(inst["op_name"])
-    is_index, is_bmm = (base == "index").to_numpy(), (base == "bmm").to_numpy()
-    for name in ("experts_gate_up", "experts_gate", "experts_up", "experts_down"):
-        if name not in linears:
-            continue
-        k, n = linears[name]
-        hit = (inst["WK"].to_numpy() == k) & (inst["WN"].to_numpy() == n)
-        hit &= is_bmm | (is_index & (experts == count))
-        out[hit & out.isna().to_numpy()] = name
+    base = Names.of(inst["op_name"]).mapped(operators.base_names)
+    is_index, is_bmm = base.isin(["index"]), base.isin(["bmm"])
+    for i, name in enumerate(_EXPERT_LINEARS):
+        if name in linears:
+            k, n = linears[name]
+            hit = (wk == k) & (wn == n) & (is_bmm | (is_index & (experts == count)))
+            out[hit & (out < 0)] = i
     return out
 
 
 # ----------------------------------------------------------------------------------------------
 # Position naming
 # ----------------------------------------------------------------------------------------------
-def _region_min(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: float) -> np.ndarray:
-    """Per row: min of pos over the rows of its region where mask holds (default if none)."""
-    s = pd.Series(np.where(mask, pos, np.inf)).groupby(region).transform("min").to_numpy()
-    return np.where(np.isinf(s), default, s)
+@dataclass(frozen=True)
+class _Regions:
+    """Rows cut into regions: runs of rows, each opened by a row where `opens` holds (an anchor,
+    or the first row of a sequence group). A quantity of a region is reduced once per region
+    (over its run of rows) and broadcast back to its rows."""
 
+    region: np.ndarray  # per row, the number of its region
+    starts: np.ndarray  # per region, its first row
+    pos: np.ndarray  # per row, its position in its region (0: the row that opened it)
 
-def _region_max(region: np.ndarray, pos: np.ndarray, mask: np.ndarray, default: float) -> np.ndarray:
-    s = pd.Series(np.where(mask, pos, -np.inf)).groupby(region).transform("max").to_numpy()
-    return np.where(np.isinf(s), default, s)
+    @classmethod
+    def cut(cls, opens: np.ndarray) -> _Regions:
+        """The regions opened at the rows where `opens` holds (it holds at the first row)."""
+        region = np.cumsum(opens) - 1
+        starts = np.flatnonzero(opens)
+        return cls(region, starts, np.arange(len(opens)) - starts[region])
+
+    @property
+    def past(self) -> int:
+        """A position past every row: `first` where no row of the region holds."""
+        return len(self.pos) + 1
+
+    def first(self, mask: np.ndarray) -> np.ndarray:
+        """Per row, the first position in its region where mask holds (`past` if none)."""
+        return np.minimum.reduceat(np.where(mask, self.pos, self.past), self.starts)[self.region]
+
+    def last(self, mask: np.ndarray) -> np.ndarray:
+        """Per row, the last position in its region where mask holds (-1 if none)."""
+        return np.maximum.reduceat(np.where(mask, self.pos, -1), self.starts)[self.region]
+
+    def any(self, mask: np.ndarray) -> np.ndarray:
+        """Per row, whether mask holds at some row of its region."""
+        return np.logical_or.reduceat(mask, self.starts)[self.region]
+
+    def opening(self, values: np.ndarray) -> np.ndarray:
+        """Per row, the value at the row that opened its region."""
+        return values[self.starts][self.region]
+
+    def count(self, mask: np.ndarray) -> np.ndarray:
+        """Per row, at how many rows of its region up to and including it mask holds."""
+        total = np.cumsum(mask)
+        return total - (total - mask)[self.starts][self.region]
 
 
 def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
                    ) -> tuple[pd.Series, pd.Series]:
-    """Name every instance from anchors and op names. Returns (operator, evidence): `shape`
-    for GEMMs matched to a linear, `kernel_name` for ops recognised by their name (attention,
-    embedding), `position` for the rest (attribute.py turns names outside the vocabulary, such as
-    `other` and `linear[K×N]`, into `fallback`). `qk_norm`: whether the model normalises q and
-    k per head (graphs.py's kernel-name naming, which has no shapes); None: the shapes say,
-    per projection (`_qk_norms`)."""
-    f = classify(inst)
+    """Name every instance from anchors and op names. Returns (operator, evidence), categorical
+    Series: `shape` for GEMMs matched to a linear, `kernel_name` for ops recognised by their
+    name (attention, embedding), `position` for the rest (attribute.py turns names outside the
+    vocabulary, such as `other` and `linear[K×N]`, into `fallback`). `gemm`: name_gemms().
+    `qk_norm`: whether the model normalises q and k per head (graphs.py's kernel-name naming,
+    which has no shapes); None: the shapes say, per projection (`_qk_norms`)."""
+    F = classify(inst)
     n = len(inst)
     grp = inst["grp"].to_numpy()
     # weight GEMMs matched to a linear are anchors; an unmatched one (`linear[K×N]`, e.g. the
     # RoPE inverse-frequency product) is named by position like any other op
-    known = gemm.notna() & ~gemm.fillna("").str.startswith("linear[")
-    anchor = gemm.where(known | gemm.fillna("").str.startswith("linear[").all())
-    anchor = anchor.mask(f["attn"] & anchor.isna(), "attention")
-    anchor = anchor.mask(f["emb"] & anchor.isna(), "embedding")
-    is_anchor = anchor.notna().to_numpy()
+    gemms = Names.of(gemm)
+    generic = gemms.isin(v for v in gemms.vocab if v.startswith("linear["))
+    known = ~gemms.isin([""]) & ~generic
+    vocab = np.append(gemms.vocab, ["", "attention", "embedding"])
+    none, attention, embedding = len(vocab) - 3, len(vocab) - 2, len(vocab) - 1
+    anchor = np.where(known | generic.all(), gemms.codes, none)
+    anchor = np.where(F["attn"] & (anchor == none), attention, anchor)
+    anchor = np.where(F["emb"] & (anchor == none), embedding, anchor)
+    is_anchor = anchor != none
     new_grp = np.r_[True, grp[1:] != grp[:-1]] if n else np.zeros(0, bool)
-    region = np.cumsum(is_anchor | new_grp) - 1
-    pos = pd.Series(np.ones(n)).groupby(region).cumsum().to_numpy() - 1
+    R = _Regions.cut(is_anchor | new_grp)
+    pos = R.pos
     # P: the anchor opening the region; N: the anchor opening the next region of the same grp
-    reg_anchor = pd.Series(anchor.to_numpy()).groupby(region).first()
-    reg_grp = pd.Series(grp).groupby(region).first()
-    nxt = reg_anchor.shift(-1).where(reg_grp.shift(-1) == reg_grp)
-    P = pd.Series(reg_anchor.to_numpy()[region], dtype="string").fillna("")
-    N = pd.Series(nxt.to_numpy()[region], dtype="string").fillna("")
-    F = {k: v.to_numpy() for k, v in f.items()}
+    reg_anchor, reg_grp = anchor[R.starts], grp[R.starts]
+    same_grp = np.r_[reg_grp[1:] == reg_grp[:-1], False]
+    nxt = np.where(same_grp, np.r_[reg_anchor[1:], none], none)
+    P, N = Names(reg_anchor[R.region], vocab), Names(nxt[R.region], vocab)
 
-    inf = float(n + 1)
-    core = _region_min(region, pos, F["normcore"], inf)
-    cast_before = pd.Series((pos == core - 1) & F["cast"]).groupby(region).transform("any")
-    norm_start = core - cast_before.to_numpy()
+    core = R.first(F["normcore"])
+    norm_start = core - R.any((pos == core - 1) & F["cast"])  # a cast right before the norm
     # torch.compile fuses the residual add into the norm kernel: norm_start is that kernel
     before_norm = pos < norm_start
 
     # preamble RoPE tables (HF computes cos/sin once per forward): from the GEMM or cast
     # feeding the first cos/sin up to the norm
-    cs = _region_min(region, pos, F["cossin"], inf)
-    unmatched = (inst["K"].to_numpy() >= 0) & gemm.fillna("").str.startswith("linear[").to_numpy()
-    g_before = _region_max(region, pos, (F["bgemm"] | unmatched) & (pos < cs), -1)
+    cs = R.first(F["cossin"])
+    unmatched = (inst["K"].to_numpy() >= 0) & generic
+    g_before = R.last((F["bgemm"] | unmatched) & (pos < cs))
     rope0 = np.where(g_before >= 0, g_before, cs)
-    last_noncast = _region_max(region, pos, ~F["cast"] & (pos < rope0), -1)
-    rope0 = np.where(cs < inf, np.minimum(rope0, last_noncast + 1), inf)
+    last_noncast = R.last(~F["cast"] & (pos < rope0))
+    rope0 = np.where(cs < R.past, np.minimum(rope0, last_noncast + 1), R.past)
 
     # between the projections and attention: RoPE, then KV-cache writes, then layout copies
-    attn_core = _region_min(region, pos, F["softmax"] | F["bgemm"], inf)
-    last_rope = _region_max(region, pos, F["ropecore"] & (pos < attn_core), -1)
+    attn_core = R.first(F["softmax"] | F["bgemm"])
+    last_rope = R.last(F["ropecore"] & (pos < attn_core))
 
-    Pa, Na = P.to_numpy(), N.to_numpy()
     # a layer opens with its input projections (torch.compile may schedule k_proj before q_proj)
-    p_in, n_start = np.isin(Pa, list(PROJ_IN)), np.isin(Na, list(PROJ_IN))
+    p_in, n_start = P.isin(PROJ_IN), N.isin(PROJ_IN)
     if qk_norm is None:  # a norm over a per-head view: its last dim below the projection's N
-        anchor_n = (inst["N"].to_numpy() if "N" in inst else np.full(n, -1))
-        region_n = pd.Series(anchor_n).groupby(region).transform("first").to_numpy()
-        per_head = F["normopen"] & (F["rank0"] >= 3) & (F["last0"] > 0) & (F["last0"] < region_n)
-        per_head = pd.Series(per_head).groupby(region).transform("any").to_numpy()
+        region_n = R.opening(inst["N"].to_numpy() if "N" in inst else np.full(n, -1))
+        per_head = R.any(F["normopen"] & (F["rank0"] >= 3) & (F["last0"] > 0)
+                         & (F["last0"] < region_n))
     else:
         per_head = np.full(n, qk_norm)
-    qk_name = _qk_norms(region, pos, F, Pa, p_in & per_head, norm_start, attn_core)
+    qk_name = _qk_norms(R, F, P, p_in & per_head, norm_start, attn_core)
     # before the first layer: at the start, after the embedding, or after the last pass's
     # lm_head when the embedding is fused away (torch.compile) and no ProfilerStep separates
     # the passes
-    preamble = np.isin(Pa, ["", "embedding", "lm_head"]) & n_start
-    after_proj = p_in & ~np.isin(Na, list(MLP_IN | {"down_proj", "lm_head"}))
+    preamble = P.isin(["", "embedding", "lm_head"]) & n_start
+    after_proj = p_in & ~N.isin(MLP_IN | {"down_proj", "lm_head"})
     kv = F["kvonly"] | ((pos > last_rope) & F["kvwrite"])
-    after_o, after_down = Pa == "o_proj", Pa == "down_proj"
+    after_o, after_down = P.isin(["o_proj"]), P.isin(["down_proj"])
     # mixture of experts: after the router GEMM (whose logits the experts' GEMMs follow), after
     # an expert's down projection, the shared expert's or its sigmoid gate (a block's tail)
-    p_router, n_expert = Pa == "router", np.isin(Na, list(EXPERT_IN))
-    p_tail = np.isin(Pa, ["experts_down", "shared_down_proj", "shared_expert_gate"])
-    n_next = n_start | np.isin(Na, ["", "lm_head"])  # the next layer or the model's end
-    dispatch_start = _region_min(region, pos, F["dispatch"], inf)
-    last_acc = _region_max(region, pos, F["acc"], -1)  # the last accumulation into tokens
-    last_add = _region_max(region, pos, F["add"] & before_norm, -1)  # the residual add
-    add_norm = _region_min(region, pos, F["addnorm"], inf) < inf  # ... unless the norm adds it
+    p_router, n_expert = P.isin(["router"]), N.isin(EXPERT_IN)
+    p_tail = P.isin(["experts_down", "shared_down_proj", "shared_expert_gate"])
+    n_next = n_start | N.isin(["", "lm_head"])  # the next layer or the model's end
+    dispatch_start = R.first(F["dispatch"])
+    last_acc = R.last(F["acc"])  # the last accumulation into tokens
+    last_add = R.last(F["add"] & before_norm)  # the residual add
+    add_norm = R.any(F["addnorm"])  # ... unless the norm adds it
     in_fused = F["fused_moe"]  # an engine's fused MoE op, or an op inside one
     rules: list[Rule] = [  # P: the anchor before, N: the anchor after; first match wins
-        (is_anchor, anchor.fillna("").to_numpy()),  # a matched GEMM, attention, embedding
+        (is_anchor, Names(anchor, vocab)),  # a matched GEMM, attention, embedding
         # an engine's fused MoE op and the ops inside it, by name
         (F["fused_op"], "experts_gate_up"),  # its fused_moe_kernel launches: attribute.py
         (in_fused & F["topk"], "router"),
@@ -540,8 +656,8 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
         # after the router's logits GEMM: softmax, top-k, renormalisation, then the dispatch
         (p_router & n_expert & (pos < dispatch_start), "router"),
         (p_router & n_expert, "moe_dispatch"),
-        (np.isin(Pa, list(EXPERT_IN)) & F["sync"], "moe_dispatch"),  # the loop's index reads
-        (np.isin(Pa, list(EXPERT_IN)), "experts_act"),  # between an expert's gate_up and down
+        (P.isin(EXPERT_IN) & F["sync"], "moe_dispatch"),  # the loop's index reads
+        (P.isin(EXPERT_IN), "experts_act"),  # between an expert's gate_up and down
         # after an expert's down: in a loop the weighting and index_add_, then the next
         # expert's gather; after the last one the combine up to the residual add
         (p_tail & n_expert & (pos <= last_acc), "moe_combine"),
@@ -556,16 +672,16 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
         (p_router & before_norm, "moe_combine"),
         (p_router & n_start, "input_norm"),
         (p_router, "final_norm"),
-        (np.isin(Pa, list(SHARED_IN)), "act"),  # the shared expert's activation
+        (P.isin(SHARED_IN), "act"),  # the shared expert's activation
         # between the input projections and attention (or o_proj)
-        (qk_name != "", qk_name),  # q/k RMSNorms over the head dim, before RoPE
+        (~qk_name.isin([""]), qk_name),  # q/k RMSNorms over the head dim, before RoPE
         (after_proj & (pos >= attn_core), "attention"),  # from the first softmax / bmm on
         (after_proj & kv, "kv_cache"),  # cache writes (after the last RoPE op)
         (after_proj & F["attnprep"], "attention"),  # Triton kernels on 4-D buffers only
-        (after_proj & (pos > last_rope) & np.isin(Na, ["attention", "o_proj", ""]), "attention"),
+        (after_proj & (pos > last_rope) & N.isin(["attention", "o_proj", ""]), "attention"),
         (after_proj, "rope"),
-        (Pa == "attention", "attention"),  # up to o_proj: layout copies, masks
-        (np.isin(Pa, list(MLP_IN)), "act"),  # between gate/up and down
+        (P.isin(["attention"]), "attention"),  # up to o_proj: layout copies, masks
+        (P.isin(MLP_IN), "act"),  # between gate/up and down
         # after down_proj when the next layer's projections follow: residual add, then norm
         (after_down & n_start & before_norm, "residual"),
         (after_down & n_start, "input_norm"),
@@ -579,20 +695,20 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
         # after the last down_proj: residual add, then the final norm
         (after_down & before_norm, "residual"),
         (after_down, "final_norm"),
-        (np.isin(Pa, ["", "embedding"]) & F["emb"], "embedding"),
+        (P.isin(["", "embedding"]) & F["emb"], "embedding"),
     ]
-    name = pd.Series(first_match(rules, "other"), index=inst.index, dtype="string")
-    name = name.replace(SUB_LINEARS)
+    name = first_match(rules, "other").renamed(SUB_LINEARS)
     by_name = F["fused_op"] | (in_fused & (F["topk"] | F["dispatch"]
                                            | (F["acc"] & F["rank3"])))  # MoE ops by name
-    evidence = first_match([(is_anchor & known.to_numpy(), "shape"),  # a GEMM matched to a linear
+    evidence = first_match([(is_anchor & known, "shape"),  # a GEMM matched to a linear
                             (is_anchor | F["emb"] | by_name, "kernel_name")],  # op names
                            "position")
-    return name, pd.Series(evidence, index=inst.index, dtype="string")
+    return (pd.Series(name.categorical(), index=inst.index),
+            pd.Series(evidence.categorical(), index=inst.index))
 
 
-def _qk_norms(region: np.ndarray, pos: np.ndarray, F: dict[str, np.ndarray], Pa: np.ndarray,
-              p_in: np.ndarray, norm_start: np.ndarray, attn_core: np.ndarray) -> np.ndarray:
+def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
+              norm_start: np.ndarray, attn_core: np.ndarray) -> Names:
     """Per instance "q_norm", "k_norm" or "": the RMSNorm of q and of k over the head dim
     (HF Qwen3 / Qwen3-MoE `q_norm`, `k_norm`; vLLM's Qwen3 after its fused qkv_proj alike), by
     its op pattern and place. `p_in`: regions opened by an input projection whose norm is per
@@ -604,20 +720,19 @@ def _qk_norms(region: np.ndarray, pos: np.ndarray, F: dict[str, np.ndarray], Pa:
     (or v_proj) the first norm is q's, the next k's, each opened by its first op (pow, a fused
     rms_norm) or the cast before it. Dense Llama/Qwen2 layers have no norm op there, so nothing
     is named."""
-    inf = float(len(pos) + 1)
-    last_norm = _region_max(region, pos, F["normcore"], -1)
-    rot = _region_min(region, pos, F["rotary"] & (pos > last_norm), inf)
-    q_cos = pd.Series((pos == rot - 1) & F["mul"]).groupby(region).transform("any").to_numpy()
+    pos = R.pos
+    last_norm = R.last(F["normcore"])
+    rot = R.first(F["rotary"] & (pos > last_norm))
+    q_cos = R.any((pos == rot - 1) & F["mul"])
     span = (p_in & (last_norm >= 0) & (pos >= norm_start) & (pos < rot - q_cos)
             & (pos < attn_core))
-    same_prev = np.r_[False, region[1:] == region[:-1]]
-    same_next = np.r_[region[:-1] == region[1:], False]
+    same_prev = pos > 0
+    same_next = np.r_[pos[1:] > 0, False]
     prev_cast = np.r_[False, F["cast"][:-1]] & same_prev
     next_open = np.r_[F["normopen"][1:], False] & same_next
     opens = span & ((F["cast"] & next_open) | (F["normopen"] & ~prev_cast))
-    nth = pd.Series(opens.astype(np.int64)).groupby(region).cumsum().to_numpy()
-    rules: list[Rule] = [(~span, ""), (Pa == "q_proj", "q_norm"), (Pa == "k_proj", "k_norm"),
-                         (nth <= 1, "q_norm")]
+    rules: list[Rule] = [(~span, ""), (P.isin(["q_proj"]), "q_norm"),
+                         (P.isin(["k_proj"]), "k_norm"), (R.count(opens) <= 1, "q_norm")]
     return first_match(rules, "k_norm")
 
 
@@ -656,7 +771,8 @@ def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
                  position: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Operator name and layer of each instance from the nn.Module frames around it.
+    """Operator name (categorical, missing where no module names it) and layer of each instance
+    from the nn.Module frames around it.
 
     `frames` is module_frames() plus int columns s, e (ns) and key. Linears are named by their
     HF class when it says (QKVParallelLinear) or else by call order inside their parent:
@@ -668,10 +784,9 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     Layer = the instance suffix of the enclosing decoder-layer frame (Qwen2DecoderLayer_3 -> 3).
     """
     n = len(inst_t)
-    name = pd.Series(pd.NA, index=position.index, dtype="string")
     layer = pd.Series(pd.NA, index=position.index, dtype="Int64")
     if frames.empty or n == 0:
-        return name, layer
+        return pd.Series(pd.Categorical.from_codes(np.full(n, -1), []), index=position.index), layer
     sub, hit = {}, {}
     for kind in ("layer", "attn", "mlp", "linear", "norm", "rope", "emb", "act"):
         f = frames[frames["kind"] == kind].reset_index(drop=True)
@@ -683,7 +798,7 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
         return hit[kind][0].innermost(child["s"].to_numpy(), child["key"].to_numpy())
 
     lin = sub["linear"].copy()
-    lin_name = pd.Series("", index=lin.index, dtype="string")
+    lin_name = Names(np.zeros(len(lin), np.intp), np.asarray([""], dtype=object))
     if len(lin):
         pa, pm, pl = parent_of(lin, "attn"), parent_of(lin, "mlp"), parent_of(lin, "layer")
         parent = np.where(pa >= 0, pa, np.where(pm >= 0, 10**12 + pm, -1))
@@ -694,14 +809,13 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
         in_a, in_m, in_l = pa >= 0, pm >= 0, pl >= 0
         in_mlp = in_m & ~in_a
 
-        def by_order(names: tuple[str, ...]) -> np.ndarray:
-            return np.asarray(names, dtype=object)[np.minimum(rank, len(names) - 1)]
+        def by_order(names: tuple[str, ...]) -> Names:
+            return Names(np.minimum(rank, len(names) - 1), np.asarray(names, dtype=object))
 
-        cls = lin["cls"].to_numpy(dtype=object)
+        cls = Names.of(lin["cls"])
         last = rank == size - 1  # other sizes: only the output projection is sure
         rules: list[Rule] = [
-            (np.isin(cls, list(LINEAR_CLASSES)),  # the class says its role
-             pd.Series(cls).map(LINEAR_CLASSES).to_numpy(dtype=object)),
+            (cls.isin(LINEAR_CLASSES), cls.renamed(LINEAR_CLASSES)),  # the class says its role
             # by call order inside the parent, for the parent's number of linears
             (in_a & (size == 4), by_order(("q_proj", "k_proj", "v_proj", "o_proj"))),
             (in_a & (size == 2), by_order(("qkv_proj", "o_proj"))),
@@ -712,9 +826,9 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
             # a Linear outside every decoder layer (when the model has some) is the LM head
             (~in_a & ~in_m & ~in_l & (len(sub["layer"]) > 0), "lm_head"),
         ]
-        lin_name = pd.Series(first_match(rules, ""), index=lin.index, dtype="string")
+        lin_name = first_match(rules, "")
     nrm = sub["norm"]
-    nrm_name = pd.Series("", index=nrm.index, dtype="string")
+    nrm_name = Names(np.zeros(len(nrm), np.intp), np.asarray([""], dtype=object))
     if len(nrm):
         pl, pa = parent_of(nrm, "layer"), parent_of(nrm, "attn")
         start = pd.Series(nrm["s"].to_numpy())
@@ -730,30 +844,30 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
             (rank == 0, "input_norm"),  # a layer's 1st norm
             (rank == 1, "post_attention_norm"),  # its 2nd
         ]
-        nrm_name = pd.Series(first_match(rules, ""), index=nrm.index, dtype="string")
+        nrm_name = first_match(rules, "")
 
-    def pick(kind: str, names: pd.Series | str) -> np.ndarray:
+    def pick(kind: str, names: Names | str) -> Names:
+        """Per instance, the name of the innermost module of `kind` around it ("" if none)."""
         idx = hit[kind][1]
         if isinstance(names, str):
-            return np.where(idx >= 0, names, "")
-        arr = names.fillna("").to_numpy(dtype=object)
-        return np.where(idx >= 0, arr[np.maximum(idx, 0)] if len(arr) else "", "")
+            return Names((idx < 0).astype(np.intp), np.asarray([names, ""], dtype=object))
+        return Names(np.append(names.codes, len(names.vocab))[idx], np.append(names.vocab, ""))
 
-    pos = position.fillna("").to_numpy(dtype=object)
-    in_attn = np.where(np.isin(pos, ["q_norm", "k_norm", "rope", "kv_cache", "attention"]), pos,
-                       "attention")
+    pos = Names.of(position)
+    by_pos = np.isin(pos.vocab, ["q_norm", "k_norm", "rope", "kv_cache", "attention"])
+    in_attn = Names(np.where(hit["attn"][1] >= 0, pos.codes, len(pos.vocab)),
+                    np.append(np.where(by_pos, pos.vocab, "attention"), ""))
     # the innermost module of each kind around the instance that names it, most specific first
     candidates = [
         pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),
         pick("rope", "rope"), pick("act", "act"),
-        np.where(hit["attn"][1] >= 0, in_attn, ""),  # inside attention, no submodule
+        in_attn,  # inside attention, no submodule
         pick("mlp", "act"),  # inside the MLP, no Linear
         pick("layer", "residual"),  # inside the layer only
     ]
-    out = first_match([(c != "", c) for c in candidates], "")
-    name[:] = np.where(out == "", None, out)
+    name = first_match([(~c.isin([""]), c) for c in candidates], "").categorical()
     li = hit["layer"][1]
     idx = sub["layer"]["idx"].to_numpy(dtype="float64", na_value=np.nan)
     lay = np.where(li >= 0, idx[np.maximum(li, 0)] if len(idx) else np.nan, np.nan)
     layer[:] = pd.array(np.where(np.isnan(lay), pd.NA, lay), dtype="Int64") if n else layer
-    return name, layer
+    return pd.Series(name, index=position.index), layer

@@ -543,14 +543,14 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
     """(K, N) of each instance's weight GEMM and (WE, WK, WN) of its expert weights
     (_naming.expert_weight_kn), parsed once per distinct (op name, Input Dims) pair."""
-    op, dims = inst["op_name"].array, inst["input_dims"].array
-    pair = op.codes.astype(np.int64) * (len(dims.categories) + 1) + dims.codes + 1
-    _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
-    distinct = inst.iloc[first]
+    return inst.assign(**_naming.per_value(inst[["op_name", "input_dims"]], _weight_shapes))
+
+
+def _weight_shapes(distinct: pd.DataFrame) -> pd.DataFrame:
     base = _naming.base_name(distinct["op_name"]).fillna("")
     k, n = _naming.gemm_kn(base, distinct["input_dims"])
     we, wk, wn = _naming.expert_weight_kn(base, distinct["input_dims"])
-    return inst.assign(K=k[inv], N=n[inv], WE=we[inv], WK=wk[inv], WN=wn[inv])
+    return pd.DataFrame({"K": k, "N": n, "WE": we, "WK": wk, "WN": wn})
 
 
 # fused projections and the separate ones they cover: a trace holds one layout
@@ -574,8 +574,8 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
                     drop = parts if lin[fused] in seen else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
-    all_experts = _naming.base_name(inst["op_name"]).isin(
-        ["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"]).to_numpy()
+    all_experts = _naming.Names.of(inst["op_name"]).mapped(operators.base_names).isin(
+        ["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"])
     grouped = inst.loc[all_experts & (inst["WE"] >= 0).to_numpy(),
                        ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
@@ -691,8 +691,8 @@ def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, evidence:
     """Instances that are collectives take the collective's name, whatever else named them:
     by their op or the outermost op around it, else by a kernel (evidence `kernel_name`)."""
     n = len(inst)
-    by_op = _categorical(_naming.per_value(inst["op_name"], _op_collective))
-    by_top = _categorical(_naming.per_value(inst["top_name"], _op_collective))
+    by_op = _naming.Names.of(inst["op_name"]).mapped(_op_collective).categorical()
+    by_top = _naming.Names.of(inst["top_name"]).mapped(_op_collective).categorical()
     (nm, o, t, k), cats = _unify(pd.Categorical.from_codes(name, cats), by_op, by_top,
                                  inst["kernel_coll"].array)
     op_level = np.where(o >= 0, o, t)
