@@ -70,20 +70,23 @@ MLP_IN = operators.at_stage(Stage.MLP_IN)
 # Op families, by the op's base name (after the last "::"); attention and embedding ops are
 # recognised by the vocabulary (operators.py).
 BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
+# (vLLM spells its fused norms rms_norm / fused_add_rms_norm, SGLang rmsnorm / fused_add_rmsnorm)
 NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
-                 "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_"}
+                 "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_",
+                 "rmsnorm", "fused_add_rmsnorm"}
 # an engine's norm that adds the residual itself (vLLM, SGLang): no residual add kernel before it
-ADD_NORM_OPS = {"fused_add_rms_norm"}
+ADD_NORM_OPS = {"fused_add_rms_norm", "fused_add_rmsnorm"}
 # the op that opens a norm: RMSNorm as HF writes it (x.pow(2).mean(-1)...), or a fused norm op
 NORM_OPEN_OPS = NORM_CORE_OPS - {"mean", "rsqrt", "var"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
 ROPE_CORE_OPS = {"neg", "cos", "sin", "mul", "add", "rotary_embedding", "apply_rotary_emb",
-                 "_apply_rotary_emb"}
+                 "_apply_rotary_emb", "apply_rope_pos_ids_cos_sin_cache"}
 # ops only RoPE runs (rotate_half's neg, the cos/sin tables, an engine's rotary op)
 ROTARY_OPS = ROPE_CORE_OPS - {"mul", "add"}
 KV_WRITE_OPS = {"cat", "copy_", "index_copy_", "index_copy", "index_put_", "index_put",
                 "_index_put_impl_", "slice_scatter", "scatter_", "scatter", "_unsafe_index_put",
-                "reshape_and_cache", "reshape_and_cache_flash", "concat_and_cache_mla"}
+                "reshape_and_cache", "reshape_and_cache_flash", "concat_and_cache_mla",
+                "store_kv_cache"}
 KV_ONLY_OPS = KV_WRITE_OPS - {"cat", "copy_"}
 ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_and_mul",
            "gelu_tanh_and_mul", "swiglu", "relu", "relu_"}
