@@ -202,7 +202,7 @@ def forward_passes(attributed: pd.DataFrame) -> Passes:
     pass_id[order] = pid_sorted
     ev = _evidence(attributed, pass_id, (op_codes, op_cats))
     table = _table(attributed, pass_id, ev, opened)
-    phases = pd.array([*table["phase"], "unknown"], dtype="str")
+    phases = pd.array([*table["phase"].tolist(), "unknown"], dtype="str")
     return Passes(pd.arrays.IntegerArray(np.maximum(pass_id, 0), pass_id < 0),
                   phases.take(np.where(pass_id >= 0, pass_id, len(table))), table)
 
@@ -243,13 +243,12 @@ def _pass_ids(key: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, dict[int, 
     by_emb = ~first & emb & (prev != _MODEL_KEY["embedding"])
     by_layer = ~first & ~emb & (s_key < prev)
     start = first | by_emb | by_layer
-    in_step = grp[s_rows] >= 0
-    why = np.where(first, np.where(in_step, "profiler_step", "trace_start"),
-                   np.where(by_emb, "embedding", "layer_restart"))
+    start_rows = s_rows[start]
+    reason = list(np.where(first[start], np.where(grp[start_rows] >= 0, "profiler_step",
+                                                  "trace_start"),
+                           np.where(by_emb[start], "embedding", "layer_restart")))
     # every row: the pass of the last start at or before it, within its run; rows before the
     # run's first start take that start's pass
-    start_rows = s_rows[start]
-    reason = list(why[start])
     num = np.full(n, -1, dtype=np.int64)
     num[start_rows] = np.arange(len(start_rows))
     last = np.maximum.accumulate(np.where(num >= 0, np.arange(n), -1)) if n else num
@@ -383,7 +382,9 @@ def _table(att: pd.DataFrame, pass_id: np.ndarray, ev: pd.DataFrame,
               kernels=("dur_us", "size"), time_us=("dur_us", "sum"), ts_us=("ts_us", "min"))
     t = t.reset_index()
     if len(ev):
-        ev = ev.assign(_rank=ev["rule"].map({r: i for i, r in enumerate(RULE_ORDER)}))
+        rules, names = pd.factorize(ev["rule"].array)
+        rank = [RULE_ORDER.index(r) if r in RULE_ORDER else np.nan for r in names]
+        ev = ev.assign(_rank=np.array([*rank, np.nan], dtype=np.float64)[rules])
         best = ev.groupby("pass")["_rank"].transform("min")
         ev = ev[ev["_rank"] == best]
         per = ev.groupby("pass").agg(evidence=("rule", "first"), T_min=("T_min", "min"),
