@@ -220,6 +220,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
 
 
 _LOOP_OPS = {"linear", "mm", "addmm", "matmul"}  # one expert's 2-D weight per GEMM
+_EXPERTS = ["experts_gate_up", "experts_down"]
 
 
 def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
@@ -234,9 +235,12 @@ def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
     weight gathers included); dense_equivalent_intensity: moe.dense_equivalent_intensity for
     the same T, E, k, H, I and dtype. Figures the trace does not give are None."""
     out: dict[str, dict[str, object]] = {}
+    routed = costed["operator"].isin(_EXPERTS) & costed["flops"].notna()
+    if not routed.any():  # a dense model: no take of the whole table
+        return out
     costed = costed[costed["flops"].notna()]
     for phase, c in costed.groupby("phase", sort=False):
-        experts = c[c["operator"].isin(["experts_gate_up", "experts_down"])]
+        experts = c[c["operator"].isin(_EXPERTS)]
         if experts.empty:
             continue
         gemm = c["cost_kind"].eq("gemm")
