@@ -176,7 +176,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     if model is not None and inferred is not None:
         degrees = crosscheck.tp_degrees(costed, model)
         inferred = {**inferred, "model": model.name, "model_tp": max(degrees, default=None)}
-    phases = costed[["ts_us", "phase"]].sort_values("ts_us", kind="stable")["phase"].unique().tolist()
+    phases = (costed[["ts_us", "phase"]].sort_values("ts_us", kind="stable")["phase"]
+              .unique().tolist())
     try:
         costed, implausible = _implausible(costed, hardware)
         if by_shape:
@@ -484,8 +485,7 @@ def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
     `_evidence`."""
     parts = [inst.codes[k] for k in keys]
     ids, first_rows = crosscheck.distinct_codes(parts)
-    numbers = inst.numbers
-    out = numbers.groupby(ids, sort=False).agg(  # per column: a block sums in another order
+    out = inst.numbers.groupby(ids, sort=False).agg(  # per column: a block sums in another order
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
         costed_time_us=("_costed_time", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
@@ -504,7 +504,7 @@ def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
     out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
     out["achieved_flops_per_s"] = out["flops"] / secs
     out["achieved_bytes_per_s"] = out["bytes"] / secs
-    evidence, mix = _evidence(ids, inst.codes["evidence"], numbers["time_us"],
+    evidence, mix = _evidence(ids, inst.codes["evidence"], inst.numbers["time_us"],
                               inst.values["evidence"])
     return out.assign(evidence=evidence, evidence_mix=mix)
 
