@@ -61,22 +61,41 @@ def distinct_rows(frame: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, n
     """The distinct rows of `frame[cols]` (missing values included), in order of first
     appearance, and per row of `frame` the index of its distinct row."""
     sub = frame[cols]
-    codes = sub.groupby(cols, dropna=False, sort=False, observed=True).ngroup().to_numpy()
-    first = np.unique(codes, return_index=True)[1]  # groups are numbered by first appearance
+    codes, first = distinct_codes([pd.factorize(sub[c].array)[0] for c in cols])
     return sub.iloc[first].reset_index(drop=True), codes
 
 
+def distinct_codes(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the number of its distinct combination of `parts` (integer codes of equal
+    length, -1 for missing), numbered in order of first appearance; and the first row of each
+    combination."""
+    n = len(parts[0]) if parts else 0
+    ids, bound = np.zeros(n, dtype=np.int64), 1
+    for p in parts:  # mixed radix, renumbered before it could overflow
+        size = int(p.max(initial=-1)) + 2
+        if bound * size >= 2**62:
+            ids = pd.factorize(ids)[0]
+            bound = int(ids.max(initial=-1)) + 1
+        ids, bound = ids * size + (p + 1), bound * size
+    ids = pd.factorize(ids)[0].astype(np.int64)
+    # numbered by first appearance: a row is a first where its number exceeds all before it
+    new = np.r_[True, ids[1:] > np.maximum.accumulate(ids)[:-1]] if n else np.zeros(0, bool)
+    return ids, np.flatnonzero(new)
+
+
+_ROW_PARALLEL = {o.name: o.row_parallel for o in operators.OPERATORS}
+
+
 def _linear_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(checked, t) per instance for GEMMs named as one of the model's linears."""
+    """(checked, t) per row (of distinct rows: a few dozen) for GEMMs named as one of the
+    model's linears."""
     expect = expected_linears(model)
-    op = costed["operator"].astype(object)
-    checked = (costed["cost_kind"].eq("gemm") & op.isin(list(expect))).to_numpy(bool)
+    op = costed["operator"].astype(object).tolist()
+    named = np.array([o in expect for o in op], dtype=bool)
+    checked = costed["cost_kind"].eq("gemm").to_numpy(bool) & named
     k, n = _int(costed["K"]), _int(costed["N"])
-    ke = op.map({o: v[0] for o, v in expect.items()}).to_numpy(np.float64, na_value=-1)
-    ne = op.map({o: v[1] for o, v in expect.items()}).to_numpy(np.float64, na_value=-1)
-    ke, ne = ke.astype(np.int64), ne.astype(np.int64)
-    row = op.map({o.name: o.row_parallel for o in operators.OPERATORS}).fillna(False)
-    row = row.to_numpy(bool)
+    ke, ne = (np.array([expect.get(o, (-1, -1))[i] for o in op], dtype=np.int64) for i in (0, 1))
+    row = np.array([_ROW_PARALLEL.get(o, False) for o in op], dtype=bool)
     t = np.where(row, np.where(n == ne, _degree(k, ke), 0), np.where(k == ke, _degree(n, ne), 0))
     return checked, t
 
@@ -164,8 +183,10 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
     neither): hidden_size, q_size, kv_size, intermediate_size, vocab_size, num_heads,
     num_kv_heads, head_dim (None where no operator shows it), the presets they fit
     (`fitting_presets`) and `match`: the first of them, else "custom"."""
-    lin = costed[costed["cost_kind"].eq("gemm") & costed["operator"].isin(operators.LINEARS)]
-    att = costed[costed["cost_kind"].eq("attention") & costed["n_q"].notna()]
+    lin = costed.loc[costed["cost_kind"].eq("gemm") & costed["operator"].isin(operators.LINEARS),
+                     ["operator", "K", "N", "time_us"]]
+    att = costed.loc[costed["cost_kind"].eq("attention") & costed["n_q"].notna(),
+                     ["operator", "n_q", "n_kv", "head_dim", "time_us"]]
     if lin.empty and att.empty:
         return None
     kn = _modal(lin.astype({"K": "int64", "N": "int64"}), ["K", "N"])
@@ -213,8 +234,9 @@ def irregular_order(costed: pd.DataFrame) -> str | None:
     counted = costed["evidence"].isin(ORDER_EVIDENCE) & costed["layer"].notna()
     if not counted.any():
         return None
-    layers = costed[counted].groupby("step", dropna=False)["layer"].nunique()
-    attn = costed[costed["cost_kind"].eq("attention")].groupby("step", dropna=False).size()
+    layers = costed.loc[counted, ["step", "layer"]].groupby("step", dropna=False)["layer"].nunique()
+    attn = costed.loc[costed["cost_kind"].eq("attention"), ["step"]].groupby(
+        "step", dropna=False).size()
     attn = attn.reindex(layers.index, fill_value=0)
     bad = layers[(attn > 0) & (layers > attn)]
     if bad.empty:

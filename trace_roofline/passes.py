@@ -51,6 +51,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trace_roofline.crosscheck import distinct_codes
 from trace_roofline.operators import STAGES
 from trace_roofline.shapes import _ATTENTION_LAYOUTS
 
@@ -106,7 +107,7 @@ class Passes:
     per-pass table (PASS_COLUMNS)."""
 
     pass_id: pd.arrays.IntegerArray
-    phase: np.ndarray
+    phase: pd.api.extensions.ExtensionArray  # str
     table: pd.DataFrame
 
 
@@ -194,18 +195,16 @@ def forward_passes(attributed: pd.DataFrame) -> Passes:
     n = len(attributed)
     order = np.argsort(attributed["ts_us"].to_numpy(np.float64), kind="stable")
     op_codes, op_cats = _codes(attributed["operator"])
-    op = np.append(op_cats, None)[op_codes[order]]
     layer = attributed["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
     step = attributed["step"].astype("Int64").to_numpy(np.float64, na_value=np.nan)[order]
-    pid_sorted, opened = _pass_ids(op, layer, step)
+    pid_sorted, opened = _pass_ids(_order_key(op_codes[order], op_cats, layer), step)
     pass_id = np.full(n, -1, dtype=np.int64)
     pass_id[order] = pid_sorted
-    ev = _evidence(attributed, pass_id)
+    ev = _evidence(attributed, pass_id, (op_codes, op_cats))
     table = _table(attributed, pass_id, ev, opened)
-    phase = np.append(table["phase"].to_numpy(dtype=object), "unknown")[
-        np.where(pass_id >= 0, pass_id, len(table))]
+    phases = pd.array([*table["phase"].tolist(), "unknown"], dtype="str")
     return Passes(pd.arrays.IntegerArray(np.maximum(pass_id, 0), pass_id < 0),
-                  phase.astype(object), table)
+                  phases.take(np.where(pass_id >= 0, pass_id, len(table))), table)
 
 
 def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
@@ -213,18 +212,25 @@ def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
     number it had as `profiler_step`, and the pass's `phase`; and the passes found."""
     p = forward_passes(attributed)
     out = attributed.assign(profiler_step=attributed["step"].astype("Int64"),
-                            step=p.pass_id, phase=pd.array(p.phase, dtype="str"))
+                            step=p.pass_id, phase=p.phase)
     return out, p
 
 
-def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
-              ) -> tuple[np.ndarray, dict[int, str]]:
-    """Pass number per time-sorted row (-1: none) and what opened each pass."""
-    n = len(op)
-    ops = pd.Series(op, dtype=object)
-    stage = ops.map(STAGES).to_numpy(np.float64)
+def _order_key(op: np.ndarray, op_cats: np.ndarray, layer: np.ndarray) -> np.ndarray:
+    """The model-order key per row (NaN: not structural) from its operator (codes `op` of
+    `op_cats`, -1 missing) and layer: embedding < layer·10 + stage < final_norm < lm_head."""
+    def per_code(table: dict[str, float]) -> np.ndarray:
+        return np.array([table.get(o, np.nan) for o in op_cats] + [np.nan], dtype=np.float64)[op]
+
+    stage = per_code(STAGES)
     key = np.where(~np.isnan(layer) & ~np.isnan(stage), layer * 10.0 + stage, np.nan)
-    key = np.where(np.isnan(key), ops.map(_MODEL_KEY).to_numpy(np.float64), key)
+    return np.where(np.isnan(key), per_code(_MODEL_KEY), key)
+
+
+def _pass_ids(key: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+    """Pass number per time-sorted row (-1: none) and what opened each pass, from the rows'
+    model-order keys (`_order_key`) and ProfilerStep numbers."""
+    n = len(key)
     structural = ~np.isnan(key)
     grp = np.where(np.isnan(step), -1.0, step)
     new_grp = np.r_[True, grp[1:] != grp[:-1]] if n else np.zeros(0, bool)
@@ -237,13 +243,12 @@ def _pass_ids(op: np.ndarray, layer: np.ndarray, step: np.ndarray
     by_emb = ~first & emb & (prev != _MODEL_KEY["embedding"])
     by_layer = ~first & ~emb & (s_key < prev)
     start = first | by_emb | by_layer
-    in_step = grp[s_rows] >= 0
-    why = np.where(first, np.where(in_step, "profiler_step", "trace_start"),
-                   np.where(by_emb, "embedding", "layer_restart"))
+    start_rows = s_rows[start]
+    reason = list(np.where(first[start], np.where(grp[start_rows] >= 0, "profiler_step",
+                                                  "trace_start"),
+                           np.where(by_emb[start], "embedding", "layer_restart")))
     # every row: the pass of the last start at or before it, within its run; rows before the
     # run's first start take that start's pass
-    start_rows = s_rows[start]
-    reason = list(why[start])
     num = np.full(n, -1, dtype=np.int64)
     num[start_rows] = np.arange(len(start_rows))
     last = np.maximum.accumulate(np.where(num >= 0, np.arange(n), -1)) if n else num
@@ -282,9 +287,11 @@ def _codes(col: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, 
     return codes.astype(np.int64), np.asarray(enc.dictionary.to_pylist(), dtype=object)
 
 
-def _evidence(att: pd.DataFrame, pass_id: np.ndarray) -> pd.DataFrame:
-    """One row per (pass, evidence row) with rule, T_min, T_max, B, S."""
-    op, op_cats = _codes(att["operator"])
+def _evidence(att: pd.DataFrame, pass_id: np.ndarray,
+              operator: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """One row per (pass, evidence row) with rule, T_min, T_max, B, S; `operator`: `_codes`
+    of att["operator"]."""
+    op, op_cats = operator
     name, name_cats = _codes(att["op_name"])
     keep_op = np.append(np.isin(op_cats, ["attention", "kv_cache", *_Q_PROJ]), False)
     keep_name = np.append(np.isin(name_cats, list(ATTENTION_LAYOUTS)), False)
@@ -294,10 +301,9 @@ def _evidence(att: pd.DataFrame, pass_id: np.ndarray) -> pd.DataFrame:
     cols = ["operator", "op_name", "input_dims", "concrete_inputs"]
     parts = [_codes(att[c], rows) if c in att else (np.full(len(rows), -1), np.zeros(0, object))
              for c in cols]
-    codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([c for c, _ in parts]))
-    found = [_read_combo(*(cats[k] if k >= 0 else "" for k, (_, cats) in zip(u, parts,
-                                                                             strict=True)))
-             for u in uniq]
+    codes, first = distinct_codes([c for c, _ in parts])
+    found = [_read_combo(*(cats[c[i]] if c[i] >= 0 else "" for c, cats in parts))
+             for i in first]
     table = pd.DataFrame(found, columns=["rule", "T_min", "T_max", "B", "S", "M", "B4"])
     ev = table.iloc[codes].reset_index(drop=True)
     ev["pass"] = pass_id[rows]
@@ -376,7 +382,9 @@ def _table(att: pd.DataFrame, pass_id: np.ndarray, ev: pd.DataFrame,
               kernels=("dur_us", "size"), time_us=("dur_us", "sum"), ts_us=("ts_us", "min"))
     t = t.reset_index()
     if len(ev):
-        ev = ev.assign(_rank=ev["rule"].map({r: i for i, r in enumerate(RULE_ORDER)}))
+        rules, names = pd.factorize(ev["rule"].array)
+        rank = [RULE_ORDER.index(r) if r in RULE_ORDER else np.nan for r in names]
+        ev = ev.assign(_rank=np.array([*rank, np.nan], dtype=np.float64)[rules])
         best = ev.groupby("pass")["_rank"].transform("min")
         ev = ev[ev["_rank"] == best]
         per = ev.groupby("pass").agg(evidence=("rule", "first"), T_min=("T_min", "min"),

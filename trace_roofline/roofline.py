@@ -176,7 +176,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     if model is not None and inferred is not None:
         degrees = crosscheck.tp_degrees(costed, model)
         inferred = {**inferred, "model": model.name, "model_tp": max(degrees, default=None)}
-    phases = costed.sort_values("ts_us", kind="stable")["phase"].unique().tolist()
+    phases = (costed[["ts_us", "phase"]].sort_values("ts_us", kind="stable")["phase"]
+              .unique().tolist())
     try:
         costed, implausible = _implausible(costed, hardware)
         if by_shape:
@@ -220,6 +221,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
 
 
 _LOOP_OPS = {"linear", "mm", "addmm", "matmul"}  # one expert's 2-D weight per GEMM
+_EXPERTS = ["experts_gate_up", "experts_down"]
 
 
 def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
@@ -234,9 +236,12 @@ def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
     weight gathers included); dense_equivalent_intensity: moe.dense_equivalent_intensity for
     the same T, E, k, H, I and dtype. Figures the trace does not give are None."""
     out: dict[str, dict[str, object]] = {}
+    routed = costed["operator"].isin(_EXPERTS) & costed["flops"].notna()
+    if not routed.any():  # a dense model: no take of the whole table
+        return out
     costed = costed[costed["flops"].notna()]
     for phase, c in costed.groupby("phase", sort=False):
-        experts = c[c["operator"].isin(["experts_gate_up", "experts_down"])]
+        experts = c[c["operator"].isin(_EXPERTS)]
         if experts.empty:
             continue
         gemm = c["cost_kind"].eq("gemm")
@@ -313,7 +318,7 @@ def _uncosted(costed: pd.DataFrame) -> list[str]:
     """A warning when more than UNCOSTED_WARNING of the device time has no cost, naming the
     reasons holding most of it (e.g. 'no cost rule for aten::conv2d 78.3%')."""
     total = float(costed["time_us"].sum())
-    unc = costed[costed["flops"].isna()]
+    unc = costed.loc[costed["flops"].isna(), ["time_us", "uncosted"]]
     if total <= 0 or unc["time_us"].sum() <= UNCOSTED_WARNING * total:
         return []
     why = unc.groupby(unc["uncosted"].fillna("no reason recorded"))["time_us"].sum()
@@ -356,9 +361,11 @@ def _implausible(costed: pd.DataFrame, hardware: Hardware | None
     if hardware is None:
         return costed, []
     secs = costed["time_us"] * 1e-6
-    dtype = costed["dtype"].astype("object").where(costed["dtype"].notna(), None)
     main = main_dtype(costed)
-    peak = dtype.map({d: peak_for(hardware, d, main) for d in dtype.unique()}).astype("float64")
+    codes, uniq = pd.factorize(costed["dtype"].array, use_na_sentinel=False)
+    peaks = np.array([peak_for(hardware, None if pd.isna(d) else d, main) for d in uniq],
+                     dtype=np.float64)
+    peak = pd.Series(peaks[codes], index=costed.index)
     ratio = np.fmax(costed["flops"] / (secs * peak), costed["bytes"] / (secs * hardware.mem_bandwidth))
     bad = ((secs > 0) & (ratio > IMPLAUSIBLE)).to_numpy()
     if not bad.any():
@@ -391,8 +398,8 @@ def coverage(costed: pd.DataFrame) -> dict[str, object]:
     fallback = costed["evidence"].eq(FALLBACK).to_numpy()
     by = costed.groupby("evidence")["time_us"].sum()
     named = float(costed.loc[~fallback, "time_us"].sum())
-    fb = costed[fallback].groupby("operator")["time_us"].sum().sort_values(
-        ascending=False, kind="stable")
+    fb = costed.loc[fallback, ["operator", "time_us"]].groupby("operator")["time_us"].sum()
+    fb = fb.sort_values(ascending=False, kind="stable")
     scale = 1.0 / total if total > 0 else math.nan
     return {
         "kernel_time_us": total, "attributed_time_us": attributed,
@@ -415,8 +422,10 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
     `measured` (ncu.measured_by_operator over ("layer", "operator")) adds measured_bytes and
     measured_intensity = flops / measured_bytes; aggregated rows sum their layers' bytes.
     """
-    per_layer = _aggregate(costed[costed["layer"].notna()], ["phase", "operator", "layer"])
-    overall = _aggregate(costed, ["phase", "operator"]).assign(layer=pd.NA)
+    inst = _Instances.of(costed)
+    per_layer = _aggregate(inst, ["phase", "operator", "layer"])
+    per_layer = per_layer[per_layer["layer"].notna()]  # instances outside a layer: overall only
+    overall = _aggregate(inst, ["phase", "operator"]).assign(layer=pd.NA)
     ops = pd.concat([overall, per_layer], ignore_index=True)
     phase_time = costed.groupby("phase")["time_us"].sum()
     ops["time_share"] = ops["time_us"] / ops["phase"].map(phase_time)
@@ -429,50 +438,96 @@ def place(costed: pd.DataFrame, hardware: Hardware | None,
     return ops
 
 
-def _aggregate(costed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Sum instances per group; rates use only the costed instances' time; active experts
-    averaged (a table without those columns has none)."""
-    c = costed.assign(
-        _costed=costed["flops"].notna(),
-        _costed_time=costed["time_us"].where(costed["flops"].notna(), 0.0),
-        **{col: costed.get(col, np.nan) for col in _ACTIVE},
-    )
-    g = c.groupby(keys, dropna=False, sort=False)
-    out = g.agg(
+@dataclass(frozen=True)
+class _Instances:
+    """What `_aggregate` reads of a costed table, with its text as integer codes, so that
+    grouping moves integers and floats, never strings."""
+
+    codes: dict[str, np.ndarray]  # phase, operator, layer, dtype, evidence: codes, -1 missing
+    values: dict[str, object]  # the value of each code (`pd.factorize`'s uniques)
+    numbers: pd.DataFrame  # kernels, _costed, time_us, _costed_time, flops, bytes, _ACTIVE
+    # the costed instances with a dtype in the order that picks a group's dtype (most FLOPs,
+    # then most bytes, first in the table): each instance's rank in it (len(lead): not in
+    # it), and the dtype code at each rank
+    rank: np.ndarray
+    lead: np.ndarray
+
+    @classmethod
+    def of(cls, costed: pd.DataFrame) -> _Instances:
+        """Instances without a recorded evidence count as fallback; a table without the
+        experts_active columns has none."""
+        codes, values = {}, {}
+        for col in ("phase", "operator", "layer", "dtype", "evidence"):
+            col_values = costed[col] if col in costed else pd.Series(FALLBACK, index=costed.index)
+            codes[col], values[col] = pd.factorize(col_values.array)
+        flops, nbytes, time_us = (_floats(costed[c]) for c in ("flops", "bytes", "time_us"))
+        priced = ~np.isnan(flops)
+        numbers = pd.DataFrame({
+            "kernels": costed["kernels"].array, "_costed": priced, "time_us": time_us,
+            "_costed_time": np.where(priced, time_us, 0.0), "flops": flops, "bytes": nbytes,
+            **{col: _floats(costed[col]) if col in costed else np.nan for col in _ACTIVE}})
+        rows = np.flatnonzero(priced & (codes["dtype"] >= 0))
+        order = rows[np.lexsort((np.where(np.isnan(nbytes[rows]), np.inf, -nbytes[rows]),
+                                 -flops[rows]))]
+        rank = np.full(len(costed), len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return cls(codes, values, numbers, rank, codes["dtype"][order])
+
+
+def _floats(col: pd.Series) -> np.ndarray:
+    return col.to_numpy(np.float64, na_value=np.nan)
+
+
+def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
+    """Sum the instances per group of `keys` (missing values form groups, in order of first
+    appearance); rates use only the costed instances' time; active experts averaged; the
+    dtype of the group's instance doing the most FLOPs (then bytes) sets its compute peak;
+    `_evidence`."""
+    parts = [inst.codes[k] for k in keys]
+    ids, first_rows = crosscheck.distinct_codes(parts)
+    out = inst.numbers.groupby(ids, sort=False).agg(  # per column: a block sums in another order
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
         costed_time_us=("_costed_time", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
         experts_active=("experts_active", "mean"),
         experts_active_low=("experts_active_low", "mean"),
         experts_active_high=("experts_active_high", "mean"),
-    ).reset_index()
+    ).reset_index(drop=True)
+    for key, codes in zip(keys, parts, strict=True):
+        out[key] = _decode(codes[first_rows], inst.values[key])
     none = out["costed_instances"] == 0  # no costed instance: NaN, not a sum of nothing
     out[["flops", "bytes"]] = out[["flops", "bytes"]].where(~none, axis=0)
     out["uncosted"] = out["instances"] - out["costed_instances"]
-    # The dtype of the instance doing the most FLOPs (then bytes) sets the compute peak.
-    lead = c[c["_costed"]].sort_values(["flops", "bytes"], ascending=False, kind="stable")
-    dtype = lead.groupby(keys, dropna=False, sort=False)["dtype"].first().rename("dtype")
-    out = out.merge(dtype.reset_index(), on=keys, how="left")
+    first = pd.Series(inst.rank).groupby(ids, sort=False).min().to_numpy()
+    out["dtype"] = _decode(np.append(inst.lead, -1)[first], inst.values["dtype"])
     secs = out["costed_time_us"].where(out["costed_time_us"] > 0) * 1e-6
     out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
     out["achieved_flops_per_s"] = out["flops"] / secs
     out["achieved_bytes_per_s"] = out["bytes"] / secs
-    return out.merge(_evidence(c, keys), on=keys, how="left")
+    evidence, mix = _evidence(ids, inst.codes["evidence"], inst.numbers["time_us"],
+                              inst.values["evidence"])
+    return out.assign(evidence=evidence, evidence_mix=mix)
 
 
-def _evidence(c: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per group: the evidence naming most of its time, and every evidence's fraction of it
-    ("annotation 0.97, position 0.03"). Instances without a recorded evidence count as
-    fallback."""
-    ev = c.assign(evidence=c.get("evidence", FALLBACK))
-    t = ev.groupby([*keys, "evidence"], dropna=False, sort=False)["time_us"].sum().reset_index()
-    group = t.groupby(keys, dropna=False, sort=False)["time_us"]
-    t["share"] = (t["time_us"] / group.transform("sum")).fillna(1.0 / group.transform("size"))
+def _decode(codes: np.ndarray, values: object) -> object:
+    """The values (`pd.factorize`'s uniques) of `codes`; -1: missing."""
+    return pd.api.extensions.take(values, codes, allow_fill=True)
+
+
+def _evidence(ids: np.ndarray, evidence: np.ndarray, time_us: pd.Series, values: object
+              ) -> tuple[object, list[str]]:
+    """Per group number of `ids` (0, 1, ...): the evidence naming most of its time, and every
+    evidence's fraction of it ("annotation 0.97, position 0.03"); `evidence`: codes of
+    `values`."""
+    pair, first = crosscheck.distinct_codes([ids, evidence])
+    t = pd.DataFrame({"group": ids[first], "evidence": _decode(evidence[first], values),
+                      "time_us": time_us.groupby(pair, sort=False).sum().to_numpy()})
+    by = t.groupby("group", sort=False)["time_us"]
+    t["share"] = (t["time_us"] / by.transform("sum")).fillna(1.0 / by.transform("size"))
     t = t.sort_values("share", ascending=False, kind="stable")
     t["text"] = t["evidence"] + " " + t["share"].map("{:.3g}".format).astype("str")
-    g = t.groupby(keys, dropna=False, sort=False)
-    return pd.concat([g["evidence"].first(), g["text"].agg(", ".join).rename("evidence_mix")],
-                     axis=1).reset_index()
+    g = t.groupby("group", sort=True)
+    return g["evidence"].first().to_numpy(), g["text"].agg(", ".join).tolist()
 
 
 def main_dtype(table: pd.DataFrame) -> str | None:
