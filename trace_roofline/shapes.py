@@ -294,10 +294,14 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         raise InputError(f"attention_bytes must be one of "
                          f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
-    # a collective's cost also depends on which collective it is and its kernel's name
+    # a collective's cost also depends on which collective it is and its kernel's name (taken
+    # for those rows alone: kernel names are long, hundreds of bytes each)
     coll = inst["operator"].isin(operators.COMMUNICATION)
     inst["_coll"] = inst["operator"].where(coll, None)
-    inst["_kernel"] = inst["kernel"].where(coll, None)
+    inst["_kernel"] = pd.Series(pd.NA, index=inst.index, dtype="str")
+    if "name" in attributed and coll.any():
+        first_rows = inst.loc[coll, "row"].to_numpy()
+        inst.loc[coll, "_kernel"] = attributed["name"].take(first_rows).to_numpy()
     # the half of an engine's fused MoE op attribute() named (its two GEMMs cost apart)
     fused = _each_distinct(inst["op_name"], lambda n: isinstance(n, str)
                            and operators.cost_rule(n) == "fused_experts").astype(bool)
@@ -330,8 +334,11 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row
     # (per operator: a fused MoE op's gate_up and down halves are costed apart).
-    again = (out["op_id"].notna() & out[["op_id", "operator"]].duplicated()
-             & out["flops"].notna())
+    _, first = crosscheck.distinct_codes([pd.factorize(out[c].array)[0]
+                                          for c in ("op_id", "operator")])
+    repeated = np.ones(len(out), dtype=bool)
+    repeated[first] = False
+    again = out["op_id"].notna() & repeated & out["flops"].notna()
     out.loc[again, ["flops", "bytes", "expert_bytes"]] = 0.0
     # the forward pass's phase (passes.annotate) when the table has it, else per step
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
@@ -342,7 +349,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
 
 def _instances(att: pd.DataFrame) -> pd.DataFrame:
     """The op instances attribute() built (its `instance` column), in order of first start:
-    each instance's id, its first row's columns, its kernel count, first start and Σ duration."""
+    each instance's id, its first row (`row`, a position in `att`) and that row's columns, its
+    kernel count, first start and Σ duration."""
     need = ["instance", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
             "operator", "layer", "step"]
     missing = [c for c in need if c not in att.columns]
@@ -360,6 +368,7 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     absent = pd.Series(pd.NA, index=att.index, dtype="str")
     inst = pd.DataFrame({
         "instance": agg.index.to_numpy(),
+        "row": rows,
         "op_id": att["op_id"].astype("Int64").take(rows).to_numpy(),
         "operator": att["operator"].take(rows).array,
         "evidence": (att["evidence"] if "evidence" in att
@@ -369,7 +378,6 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         **{c: att.get(c, absent).take(rows).array
            for c in ("op_name", "input_dims", "input_types", "concrete_inputs",
                      "input_strides")},
-        "kernel": att.get("name", absent).take(rows).array,
         "kernels": agg["kernels"].to_numpy(),
         "ts_us": agg["ts_us"].to_numpy(),
         "time_us": agg["time_us"].to_numpy(),
@@ -1316,7 +1324,7 @@ def _moe_layers(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None) 
     columns `experts`, `expert_bytes` go. Shapes are decoded once per distinct value."""
     nan = np.full(len(out), np.nan)
     out = out.assign(experts_active=nan, experts_active_low=nan, experts_active_high=nan)
-    op = out["operator"].astype("object")
+    op = out["operator"]
     if not (op.isin(operators.MOE).any() or out["experts"].notna().any()):
         return out.drop(columns=["experts", "expert_bytes"])
     base = pd.Series(_each_distinct(out["op_name"], lambda n: n.rsplit("::", 1)[-1]
