@@ -362,7 +362,7 @@ def vllm_trace(path, nested_cache: bool = False):
 LAYER_NAMES = [  # (op, operator) in a layer's order
     ("aten::addmm", "qkv_proj"), ("_C::rotary_embedding", "rope"),
     ("_C_cache_ops::reshape_and_cache_flash", "kv_cache"),
-    ("vllm::unified_attention_with_output", "attention"), ("aten::mm", "o_proj"),
+    ("_vllm_fa3_C::fwd", "attention"), ("aten::mm", "o_proj"),
     ("_C::fused_add_rms_norm", "post_attention_norm"), ("aten::mm", "gate_up_proj"),
     ("_C::silu_and_mul", "act"), ("aten::mm", "down_proj")]
 
@@ -397,12 +397,15 @@ def test_vllm_forward_ops_are_named_by_position(vllm_analysis):
 def test_vllm_forward_is_costed_but_attention(vllm_analysis):
     """Every instance but the two attention calls is costed; the engine ops by the rules
     above (per layer: rope 49152 FLOPs / 66592 B, kv_cache 0 / 16424 B, act 378880 /
-    454656 B; input_norm 57344 / 64512 B in layer 0, 71680 / 121856 B in layer 1)."""
+    454656 B; input_norm 57344 / 64512 B in layer 0, 71680 / 121856 B in layer 1). The
+    attention instance is the flash-attention forward inside unified_attention_with_output,
+    uncosted for its 4 paged sequences (their lengths are tensor values)."""
     _, a = vllm_analysis
     c = a.costed
     uncosted = c[c["flops"].isna()]
-    assert list(uncosted["op_name"]) == ["vllm::unified_attention_with_output"] * 2
-    assert uncosted["uncosted"].str.contains("vLLM's attention metadata").all()
+    assert list(uncosted["op_name"]) == ["_vllm_fa3_C::fwd"] * 2
+    assert list(uncosted["operator"]) == ["attention"] * 2
+    assert uncosted["uncosted"].str.contains("4 packed or paged sequence").all()
     per = c.groupby(["operator", "layer"])[["flops", "bytes"]].sum()
     for op, flops, nbytes in (("rope", 49152, 66592), ("kv_cache", 0, 16424),
                               ("act", 378880, 454656), ("post_attention_norm", 71680, 121856)):
@@ -415,12 +418,47 @@ def test_vllm_forward_is_costed_but_attention(vllm_analysis):
 def test_older_vllm_writes_the_cache_inside_attention(tmp_path):
     """Where reshape_and_cache_flash runs inside unified_attention_with_output (older vLLM),
     attribute.py makes the outermost attention op the instance: the cache write's kernel is
-    part of the (uncosted) attention instance, not a kv_cache row."""
+    part of the (uncosted) unified_attention instance, not a kv_cache row; the flash kernel
+    is the instance of the flash-attention forward it runs in."""
     trace = tr.load_trace(vllm_trace(tmp_path / "synthetic_vllm_nested.json", True))
     k = tr.attribute(trace, QWEN)
     cache = k[k["name"] == "kernel__C_cache_ops::reshape_and_cache_flash"]
     assert len(cache) == 2 and set(cache["operator"]) == {"attention"}
+    assert set(cache["op_name"]) == {"vllm::unified_attention_with_output"}
+    flash = k[k["name"] == "flash_fwd_sm90"]
+    assert len(flash) == 2 and set(flash["op_name"]) == {"_vllm_fa3_C::fwd"}
+    assert set(flash["operator"]) == {"attention"}
     assert "kv_cache" not in set(k["operator"])
+
+
+def test_vllm_decode_step_is_a_decode_pass(vllm_analysis):
+    """The step's phase comes from the flash-attention forward's varlen arguments
+    (_vllm_fa3_C::fwd: cu_seqlens_q [5] at argument 7, 4 query tokens: 4 sequences of 1)."""
+    _, a = vllm_analysis
+    assert list(a.passes["phase"]) == ["decode"]
+    assert set(a.costed["phase"]) == {"decode"}
+
+
+def test_single_sequence_vllm_prefill_is_costed(tmp_path):
+    """One sequence of 16 tokens through unified_attention_with_output -> _vllm_fa3_C::fwd
+    (cu_seqlens_q [2], max_seqlen_k 16, causal): the flash forward is the attention instance,
+    costed as T = S = 16: 136 pairs, 4·28·128·136 = 1949696 FLOPs per layer; phase prefill."""
+    t = 16
+    k = Kineto()
+    with k.ann("ProfilerStep#0"):
+        _op(k, "aten::embedding", [[VOCAB, H], [t], [], [], []],
+            [BF, I64, "Scalar", "Scalar", "Scalar"])
+        _op(k, "_C::rms_norm", [[t, H], [t, H], [H], []], NORM_TYPES, ["", "", "", "1e-06"])
+        _linear(k, t, H, NQ * D + 2 * NKV * D, True, 10.0)
+        with k.op("vllm::unified_attention_with_output",
+                  [[t, NQ, D], [t, NKV, D], [t, NKV, D], [t, NQ, D], []], [BF, BF, BF, BF, ""]):
+            _op(k, "_vllm_fa3_C::fwd", *_fa3(t, 1, t), dur=8.0, kernel="flash_fwd_sm90")
+        _linear(k, t, NQ * D, H, False, 8.0)
+    a = tr.analyze_trace(k.write(tmp_path / "synthetic_vllm_prefill.json"), QWEN)
+    attn = a.costed[a.costed["operator"] == "attention"]
+    assert list(attn["op_name"]) == ["_vllm_fa3_C::fwd"]
+    assert list(attn["flops"]) == [1949696]
+    assert list(a.passes["phase"]) == ["prefill"]
 
 
 def _sglang_trace(path):

@@ -333,6 +333,7 @@ def _ops_frame(cpu_ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
     ops["wrapper"] = _by_category(ops["name"], lambda c: c.str.contains(_WRAPPER_RE))
     ops["attn"] = _by_category(
         ops["name"], lambda c: operators.recognise(operators.ATTENTION, operators.base_names(c)))
+    ops["dispatch"] = _by_category(ops["name"], lambda c: c.isin(operators.ATTENTION_DISPATCH))
     ops["shaped"] = _by_category(ops["input_dims"], lambda c: c.str.contains(r"\d"))
     return ops
 
@@ -425,10 +426,14 @@ def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
     """The outermost attention op around the launch point (SDPA and everything it launches,
     mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
-    shape-carrying op, else the launching op itself; -1 for unlinked units."""
+    shape-carrying op, else the launching op itself; -1 for unlinked units. Inside an engine's
+    dispatching attention op (operators.ATTENTION_DISPATCH, which records no key lengths), the
+    outermost backend attention op it runs (flash-attention's fwd) is the instance when there
+    is one: its arguments say the sequences' lengths."""
     out = launch.copy()
-    for flag, outermost in (("shaped", False), ("attn", True)):  # later wins
-        m = ops[flag].to_numpy()
+    attn, dispatch = ops["attn"].to_numpy(), ops["dispatch"].to_numpy()
+    for m, outermost in ((ops["shaped"].to_numpy(), False), (attn, True),  # later wins
+                         (attn & ~dispatch if dispatch.any() else dispatch, True)):
         if m.any():
             sub = nest.subset(m)
             hit = sub.outermost(t, key) if outermost else sub.innermost(t, key)

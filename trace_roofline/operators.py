@@ -222,6 +222,11 @@ LINEARS: tuple[str, ...] = tuple(o.name for o in OPERATORS if o.linear)
 STAGES: dict[str, int] = {o.name: int(o.stage) for o in OPERATORS if o.stage is not None}
 MODEL_LEVEL: tuple[str, ...] = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
 ATTENTION = BY_NAME["attention"]
+# attention ops that only dispatch to a backend's attention op and record the step's new tokens
+# alone (the key lengths are in the engine's attention metadata): the backend op inside one,
+# when the trace records it, is the attention instance (attribute.py) and is costed
+ATTENTION_DISPATCH: frozenset[str] = frozenset({"vllm::unified_attention",
+                                                "vllm::unified_attention_with_output"})
 EMBEDDING = BY_NAME["embedding"]
 FUSED_EXPERTS = BY_NAME["experts_gate_up"]  # an engine's fused MoE op: both expert GEMMs
 MOE: frozenset[str] = frozenset({"router", "moe_dispatch", "experts_gate_up", "experts_act",

@@ -25,7 +25,9 @@ pass decides (`TOKEN_RULES`, in order), independent of the attention implementat
 1. `attention`: fused attention ops (SDPA and its flash / efficient / cuDNN back ends,
    flash_attn): Q [B, n_q, T, d] or [B, T, n_q, d], K [.., S, ..];
 2. `varlen`: variable-length attention (flash-attn varlen, aten::_flash_attention_forward with
-   cumulative sequence lengths): Q [total, n_q, d], cu_seqlens [B + 1], max_seqlen_q. All
+   cumulative sequence lengths, engines' flash-attention forwards: vLLM's _vllm_fa3_C::fwd and
+   _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd): Q [total, n_q, d], cu_seqlens [B + 1],
+   max_seqlen_q (or a dense Q [B, T, n_q, d]). All
    decode when total == B; provably mixed when total < max_seqlen_q + 2·(B - 1) (some
    sequence has one token while another has max_seqlen_q); prefill otherwise;
 3. `eager_attention`: the matmul / bmm / softmax inside an `attention` operator (eager
@@ -53,7 +55,7 @@ import pyarrow.compute as pc
 
 from trace_roofline.crosscheck import distinct_codes
 from trace_roofline.operators import STAGES
-from trace_roofline.shapes import _ATTENTION_LAYOUTS
+from trace_roofline.shapes import _ATTENTION_LAYOUTS, _VARLEN_LAYOUTS
 
 PASS_COLUMNS = {
     "pass": "int64",  # 0, 1, ... in order of first device start
@@ -77,6 +79,11 @@ ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in _ATTENTION_LAYOUTS.it
 _EAGER_ATTENTION_OPS = {"bmm", "baddbmm", "matmul", "softmax", "_softmax", "_safe_softmax"}
 _KV_OPS = {"index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_", "cat"}
 _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
+# argument indices of (cu_seqlens_q, max_seqlen_q): engines' flash-attention forwards
+# (shapes._VARLEN_LAYOUTS), else aten's and flash_attn's (q, k, v, cu_seqlens_q, cu_seqlens_k,
+# max_seqlen_q, ...)
+_VARLEN_ARGS = {name: (v.cu_seqlens_q, v.max_seqlen_q) for name, v in _VARLEN_LAYOUTS.items()}
+_VARLEN_DEFAULT_ARGS = (3, 5)
 _Q_PROJ = {"q_proj", "qkv_proj"}
 _JSON = msgspec.json.Decoder()
 
@@ -128,16 +135,21 @@ def _read_attention(op_name: str, dims: list, _conc: list) -> Tokens | None:
     return Tokens(t, t, b, s)
 
 
-def _read_varlen(_op: str, dims: list, conc: list) -> Tokens | None:
-    """q [total, n_q, d], cu_seqlens_q [B + 1] (argument 3), max_seqlen_q (argument 5)."""
-    if len(dims) < 6 or not (isinstance(dims[0], list) and len(dims[0]) == 3):
+def _read_varlen(op_name: str, dims: list, conc: list) -> Tokens | None:
+    """q [total, n_q, d] with cu_seqlens_q [B + 1] and max_seqlen_q (at `_VARLEN_ARGS`), or a
+    dense q [B, T, n_q, d]."""
+    cu_at, max_at = _VARLEN_ARGS.get(op_name, _VARLEN_DEFAULT_ARGS)
+    q = dims[0] if dims else None
+    if _is4d(q):
+        return Tokens(q[1], q[1], q[0])
+    if len(dims) <= cu_at or not (isinstance(q, list) and len(q) == 3):
         return None
-    cu = dims[3]
+    cu = dims[cu_at]
     if not (isinstance(cu, list) and len(cu) == 1 and cu[0] >= 2):
         return None
     total, seqs = dims[0][0], cu[0] - 1
     try:
-        max_q = int(conc[5]) if len(conc) > 5 else None
+        max_q = int(conc[max_at]) if len(conc) > max_at else None
     except (TypeError, ValueError):
         max_q = None
     if total == seqs:
@@ -175,7 +187,8 @@ def _read_kv(op_name: str, dims: list, _conc: list) -> Tokens | None:
 
 TOKEN_RULES: tuple[TokenRule, ...] = (
     TokenRule("attention", lambda op, name: name in ATTENTION_LAYOUTS, _read_attention),
-    TokenRule("varlen", lambda op, name: bool(_VARLEN_OPS.search(name)), _read_varlen),
+    TokenRule("varlen", lambda op, name: name in _VARLEN_ARGS or bool(_VARLEN_OPS.search(name)),
+              _read_varlen),
     TokenRule("eager_attention",
               lambda op, name: op == "attention" and _base(name) in _EAGER_ATTENTION_OPS,
               _read_eager),

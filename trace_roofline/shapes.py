@@ -29,8 +29,10 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   (costs.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
   flash-attention's forwards as engines call them (`_VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
   _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd) are costed so where the shapes fix every
-  sequence's T and S (one sequence, or a dense batch); packed or paged batches, and vLLM's
-  unified_attention (new tokens only), are uncosted: their lengths are tensor values.
+  sequence's T and S (one sequence, or a dense batch); packed or paged batches are uncosted:
+  their lengths are tensor values. vLLM's unified_attention (new tokens only) is uncosted too,
+  but only where the trace lacks the flash-attention forward it runs (attribute.py makes that
+  inner op the attention instance).
 - Elementwise (FLOPs per output element in `_POINTWISE_FLOPS`): out = broadcast of the tensor
   inputs, in the widest input dtype (bool for comparisons); in-place ops write their first input.
 - Norms: rms_norm 4 FLOPs/element (square, sum, scale, weight), layer_norm 7; softmax 5
@@ -838,6 +840,7 @@ class _Varlen:
 
     cu_seqlens_q: int
     seqused_k: int
+    max_seqlen_q: int
     max_seqlen_k: int
     page_table: int
     causal_from: int  # is_causal: the first True/False in Concrete Inputs from this index
@@ -850,18 +853,19 @@ class _Varlen:
 # `varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
 # alibi_slopes, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal,
 # ...)` (csrc/flash_attn/flash_api_torch_lib.cpp).
-_FA3 = _Varlen(cu_seqlens_q=7, seqused_k=11, max_seqlen_k=13, page_table=14, causal_from=23)
+_FA3 = _Varlen(cu_seqlens_q=7, seqused_k=11, max_seqlen_q=12, max_seqlen_k=13, page_table=14,
+               causal_from=23)
 _VARLEN_LAYOUTS: dict[str, _Varlen] = {
     "_vllm_fa3_C::fwd": _FA3, "sgl_kernel::fwd": _FA3, "flash_attn_3::fwd": _FA3,
-    "_vllm_fa2_C::varlen_fwd": _Varlen(cu_seqlens_q=4, seqused_k=6, max_seqlen_k=11,
-                                       page_table=8, causal_from=15),
+    "_vllm_fa2_C::varlen_fwd": _Varlen(cu_seqlens_q=4, seqused_k=6, max_seqlen_q=10,
+                                       max_seqlen_k=11, page_table=8, causal_from=15),
 }
 # Attention ops whose arguments hold only the step's new tokens, with why they are uncosted.
 _ATTENTION_WITHOUT_LENGTHS = {
     name: "query [T, n_q, d], key and value [T, n_kv, d] are the step's new tokens only; "
           "each sequence's key length is in vLLM's attention metadata, not among the op's "
           "arguments"
-    for name in ("vllm::unified_attention", "vllm::unified_attention_with_output")}
+    for name in operators.ATTENTION_DISPATCH}
 
 
 def _attention(c: _Call) -> Cost:
