@@ -22,6 +22,7 @@ import trace_roofline as tr
 from tests.builders import BF, F32, Kineto, Op, attributed
 from trace_roofline.attribute import operator_table
 from trace_roofline.shapes import attach_costs
+from workloads.synth_fused_moe import fa3_args
 
 QWEN = tr.get_model("qwen2.5-7b")
 H, NQ, NKV, D, I_FF = 3584, 28, 4, 128, 18944
@@ -188,18 +189,8 @@ def test_concat_and_cache_mla_and_sglang_store_kv_cache():
 
 # --------------------------------------------------------------------------- attention
 def _fa3(t: int, b: int, max_k: int, causal: str = "True") -> tuple[list, list, list]:
-    """_vllm_fa3_C::fwd's 35 arguments as vLLM's FlashAttentionImpl passes them: q [T, 28,
-    128], the paged caches, out, cu_seqlens_q [B + 1], seqused_k [B], max_seqlen_q,
-    max_seqlen_k, page_table [B, pages], softmax_scale, is_causal, ..."""
-    cache = [b * max_k // 16 + 8, 16, NKV, D]
-    dims = [[t, NQ, D], cache, cache, [], [], [], [t, NQ, D], [b + 1], [], [], [], [b], [], [],
-            [b, max_k // 16], *[[]] * 20]
-    types = [BF, BF, BF, "", "", "", BF, I32, "", "", "", I32, "Scalar", "Scalar", I32,
-             *[""] * 9, "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "",
-             "Scalar", "", "Scalar", ""]
-    conc = [""] * 12 + [str(t // b), str(max_k), ""] + [""] * 9 + [
-        "0.08838834764831845", causal, "-1", "-1", "0.0", "False", "", "0", "", "0", ""]
-    return dims, types, conc
+    """_vllm_fa3_C::fwd's 35 arguments for Qwen2.5-7B's heads (workloads.synth_fused_moe)."""
+    return fa3_args(t, b, max_k, (NQ, NKV, D), causal)
 
 
 def test_flash_attention_fwd_one_sequence_hand_computed():
@@ -417,18 +408,18 @@ def test_vllm_forward_is_costed_but_attention(vllm_analysis):
 
 def test_older_vllm_writes_the_cache_inside_attention(tmp_path):
     """Where reshape_and_cache_flash runs inside unified_attention_with_output (older vLLM),
-    attribute.py makes the outermost attention op the instance: the cache write's kernel is
-    part of the (uncosted) unified_attention instance, not a kv_cache row; the flash kernel
-    is the instance of the flash-attention forward it runs in."""
+    the dispatching op gathers nothing: the cache write is a kv_cache instance (costed as
+    in the newer layout) and the flash kernel the instance of its flash-attention forward."""
     trace = tr.load_trace(vllm_trace(tmp_path / "synthetic_vllm_nested.json", True))
     k = tr.attribute(trace, QWEN)
     cache = k[k["name"] == "kernel__C_cache_ops::reshape_and_cache_flash"]
-    assert len(cache) == 2 and set(cache["operator"]) == {"attention"}
-    assert set(cache["op_name"]) == {"vllm::unified_attention_with_output"}
+    assert len(cache) == 2 and set(cache["operator"]) == {"kv_cache"}
+    assert set(cache["op_name"]) == {"_C_cache_ops::reshape_and_cache_flash"}
     flash = k[k["name"] == "flash_fwd_sm90"]
     assert len(flash) == 2 and set(flash["op_name"]) == {"_vllm_fa3_C::fwd"}
     assert set(flash["operator"]) == {"attention"}
-    assert "kv_cache" not in set(k["operator"])
+    c = tr.analyze_trace(trace, QWEN).costed
+    assert tuple(c[c["operator"] == "kv_cache"].groupby("layer")["bytes"].sum()) == (16424, 16424)
 
 
 def test_vllm_decode_step_is_a_decode_pass(vllm_analysis):

@@ -280,6 +280,10 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe"):
         out[col] = op[col] | top[col]
+    # an engine's dispatching attention op does not make the ops inside it attention: they are
+    # instances of their own (attribute.py), a cache write among them
+    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH).to_numpy(dtype=bool)
+    out["attn"] = op["attn"] | (top["attn"] & ~dispatch)
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])

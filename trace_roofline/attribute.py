@@ -426,14 +426,13 @@ def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
     """The outermost attention op around the launch point (SDPA and everything it launches,
     mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
-    shape-carrying op, else the launching op itself; -1 for unlinked units. Inside an engine's
-    dispatching attention op (operators.ATTENTION_DISPATCH, which records no key lengths), the
-    outermost backend attention op it runs (flash-attention's fwd) is the instance when there
-    is one: its arguments say the sequences' lengths."""
+    shape-carrying op, else the launching op itself; -1 for unlinked units. An engine's
+    dispatching attention op (operators.ATTENTION_DISPATCH, which records no key lengths) does
+    not gather the ops inside it: the flash-attention forward it runs (whose arguments say the
+    sequences' lengths) and an older vLLM's cache write in it are instances of their own."""
     out = launch.copy()
-    attn, dispatch = ops["attn"].to_numpy(), ops["dispatch"].to_numpy()
-    for m, outermost in ((ops["shaped"].to_numpy(), False), (attn, True),  # later wins
-                         (attn & ~dispatch if dispatch.any() else dispatch, True)):
+    attention = ops["attn"].to_numpy() & ~ops["dispatch"].to_numpy()
+    for m, outermost in ((ops["shaped"].to_numpy(), False), (attention, True)):  # later wins
         if m.any():
             sub = nest.subset(m)
             hit = sub.outermost(t, key) if outermost else sub.innermost(t, key)

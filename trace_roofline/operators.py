@@ -223,8 +223,8 @@ STAGES: dict[str, int] = {o.name: int(o.stage) for o in OPERATORS if o.stage is 
 MODEL_LEVEL: tuple[str, ...] = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
 ATTENTION = BY_NAME["attention"]
 # attention ops that only dispatch to a backend's attention op and record the step's new tokens
-# alone (the key lengths are in the engine's attention metadata): the backend op inside one,
-# when the trace records it, is the attention instance (attribute.py) and is costed
+# alone (the key lengths are in the engine's attention metadata): the ops inside one (the
+# backend's flash-attention forward, a cache write) are instances of their own (attribute.py)
 ATTENTION_DISPATCH: frozenset[str] = frozenset({"vllm::unified_attention",
                                                 "vllm::unified_attention_with_output"})
 EMBEDDING = BY_NAME["embedding"]

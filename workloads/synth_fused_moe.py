@@ -247,6 +247,25 @@ def norm(w: Writer, m: int, h: int, first: bool) -> None:
         w.kernel(ADD_RMS_NORM, 5.0 * m * h, 4.0 * m * h * 2)
 
 
+def fa3_args(tokens: int, seqs: int, max_k: int, heads: tuple[int, int, int],
+             causal: str = "True") -> tuple[list, list, list]:
+    """(Input Dims, Input type, Concrete Inputs) of `_vllm_fa3_C::fwd`'s 35 arguments as vLLM's
+    FlashAttentionImpl passes them (vllm-project/flash-attention hopper/flash_api_torch_lib.cpp):
+    q [tokens, n_q, d], the paged caches [pages, 16, n_kv, d], out, cu_seqlens_q [seqs + 1],
+    seqused_k [seqs], max_seqlen_q, max_seqlen_k, page_table [seqs, pages], softmax_scale,
+    is_causal, ...; `heads` is (n_q, n_kv, d)."""
+    n_q, n_kv, d = heads
+    cache = [seqs * max_k // 16 + 8, 16, n_kv, d]
+    dims = [[tokens, n_q, d], cache, cache, [], [], [], [tokens, n_q, d], [seqs + 1], [], [],
+            [], [seqs], [], [], [seqs, max_k // 16], *[[]] * 20]
+    types = [BF, BF, BF, "", "", "", BF, I32, "", "", "", I32, "Scalar", "Scalar", I32,
+             *[""] * 9, "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "",
+             "Scalar", "", "Scalar", ""]
+    concrete = [""] * 12 + [str(tokens // seqs), str(max_k), ""] + [""] * 9 + [
+        str(d ** -0.5), causal, "-1", "-1", "0.0", "False", "", "0", "", "0", ""]
+    return dims, types, concrete
+
+
 def attention(w: Writer, s: Shape, m: int, seqs: int, context: int, prefill: bool) -> None:
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     blocks = seqs * math.ceil(context / 16)
@@ -263,8 +282,8 @@ def attention(w: Writer, s: Shape, m: int, seqs: int, context: int, prefill: boo
                    [], [], []], [BF, BF, BF, BF, I64, "", F32, F32], ["", "", "", "", "", "auto",
                                                                       "", ""]):
             w.kernel(CACHE, 0.0, 4.0 * m * kv * 2)
-        with w.op("_vllm_fa3_C::fwd", [[m, s.heads, s.head_dim], cache, cache],
-                  [BF, BF, BF]):
+        with w.op("_vllm_fa3_C::fwd",
+                  *fa3_args(m, seqs, context, (s.heads, s.kv_heads, s.head_dim))):
             pairs = m * context / (2 if prefill else 1)
             w.kernel(FLASH, 4.0 * s.heads * s.head_dim * pairs,
                      2.0 * (2 * m * q + 2 * seqs * context * kv),
