@@ -61,8 +61,17 @@ def distinct_rows(frame: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, n
     """The distinct rows of `frame[cols]` (missing values included), in order of first
     appearance, and per row of `frame` the index of its distinct row."""
     sub = frame[cols]
-    codes, first = distinct_codes([pd.factorize(sub[c].array)[0] for c in cols])
+    codes, first = distinct_codes([factorized(sub[c])[0] for c in cols])
     return sub.iloc[first].reset_index(drop=True), codes
+
+
+def factorized(values: pd.Series) -> tuple[np.ndarray, pd.Index | pd.api.extensions.ExtensionArray]:
+    """pd.factorize(values) (codes, -1 where missing, and the values they number), but a
+    categorical's own codes and categories as they are (numbered in category order, not in
+    order of appearance; categories that no row holds kept)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.cat.codes.to_numpy(), values.cat.categories
+    return pd.factorize(values.array)
 
 
 def distinct_codes(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -352,7 +352,9 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
 def _instances(att: pd.DataFrame) -> pd.DataFrame:
     """The op instances attribute() built (its `instance` column), in order of first start:
     each instance's id, its first row (`row`, a position in `att`) and that row's columns, its
-    kernel count, first start and Σ duration."""
+    kernel count, first start and Σ duration. The argument columns costs are read from alone
+    (`_ARGUMENTS`) are categoricals: they hold a few dozen distinct values, and their codes are
+    taken rather than hundreds of thousands of strings."""
     need = ["instance", "dur_us", "ts_us", "op_id", "op_name", "input_dims", "input_types",
             "operator", "layer", "step"]
     missing = [c for c in need if c not in att.columns]
@@ -367,7 +369,6 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         time_us=("dur_us", "sum"))
     agg = agg.sort_values("ts_us", kind="stable")
     rows = agg["row"].to_numpy()
-    absent = pd.Series(pd.NA, index=att.index, dtype="str")
     inst = pd.DataFrame({
         "instance": agg.index.to_numpy(),
         "row": rows,
@@ -377,9 +378,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
                      else pd.Series(operators.FALLBACK, index=att.index)).take(rows).array,
         "layer": att["layer"].astype("Int64").take(rows).to_numpy(),
         "step": att["step"].astype("Int64").take(rows).to_numpy(),
-        **{c: att.get(c, absent).take(rows).array
-           for c in ("op_name", "input_dims", "input_types", "concrete_inputs",
-                     "input_strides")},
+        "op_name": att["op_name"].take(rows).array,
+        **{c: _taken_categories(att.get(c), rows) for c in _ARGUMENTS},
         "kernels": agg["kernels"].to_numpy(),
         "ts_us": agg["ts_us"].to_numpy(),
         "time_us": agg["time_us"].to_numpy(),
@@ -387,6 +387,20 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     if "phase" in att:  # the forward pass's phase (passes.annotate)
         inst["phase"] = att["phase"].take(rows).array
     return inst
+
+
+# attribute()'s columns of raw argument JSON, read only to cost (each distinct value once)
+_ARGUMENTS = ("input_dims", "input_types", "concrete_inputs", "input_strides")
+
+
+def _taken_categories(values: pd.Series | None, rows: np.ndarray) -> pd.Categorical:
+    """values.take(rows) as a categorical (NA kept; all NA where `values` is None), without
+    copying its strings."""
+    if values is None:
+        return pd.Categorical.from_codes(np.full(len(rows), -1),
+                                         categories=pd.Index([], dtype="str"))
+    codes, uniques = pd.factorize(values.array)
+    return pd.Categorical.from_codes(codes[rows], categories=uniques)
 
 
 def _python(values: pd.Series) -> list:
@@ -1415,7 +1429,7 @@ def _dims_at(raw: object, arg: int, dim: int | None) -> float:
 
 def _each_distinct(values: pd.Series, fn) -> np.ndarray:
     """fn of each row's value, evaluated once per distinct value (an object array)."""
-    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    codes, uniques = crosscheck.factorized(values)
     return np.asarray([fn(u) for u in uniques] + [fn(None)], dtype=object)[codes]
 
 
