@@ -410,9 +410,9 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
     inside = has_pt & linked & (pt_key == lk) & (pt_t >= ls) & (pt_t < le)
     t = np.where(inside, pt_t, np.where(linked, ls, pt_t))
     key = np.where(linked, lk, np.where(has_pt, pt_key, -1))
-    op_idx = _instance_op(ops, nest, t, key, launch)
-    wrapper = ops["wrapper"].to_numpy()
-    top = (nest.subset(~wrapper) if wrapper.any() else nest).outermost(t, key)
+    inner = nest.innermost(t, key)  # the ops around t: this one and its ancestors
+    op_idx = _instance_op(ops, nest, inner, launch)
+    top = _take(nest.enclosing(~ops["wrapper"].to_numpy(), outermost=True), inner, -1)
     return pd.DataFrame({
         "event_id": dev["event_id"].to_numpy(np.int64), "name": _categorical(dev["name"]),
         "kind": _categorical(dev["kind"]), "stream": dev["stream"], "ts_us": dev["ts_us"],
@@ -422,21 +422,20 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
     })
 
 
-def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
+def _instance_op(ops: pd.DataFrame, nest: Nest, inner: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
     """The outermost attention op around the launch point (SDPA and everything it launches,
     mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
     shape-carrying op, else the launching op itself; -1 for unlinked units. An engine's
     dispatching attention op (operators.ATTENTION_DISPATCH, which records no key lengths) does
     not gather the ops inside it: the flash-attention forward it runs (whose arguments say the
-    sequences' lengths) and an older vLLM's cache write in it are instances of their own."""
+    sequences' lengths) and an older vLLM's cache write in it are instances of their own.
+    `inner`: the innermost op around each unit's launch point (-1: none)."""
     out = launch.copy()
     attention = ops["attn"].to_numpy() & ~ops["dispatch"].to_numpy()
     for m, outermost in ((ops["shaped"].to_numpy(), False), (attention, True)):  # later wins
-        if m.any():
-            sub = nest.subset(m)
-            hit = sub.outermost(t, key) if outermost else sub.innermost(t, key)
-            out = np.where(hit >= 0, hit, out)
+        hit = _take(nest.enclosing(m, outermost), inner, -1)
+        out = np.where(hit >= 0, hit, out)
     return np.where(launch >= 0, out, -1)
 
 
