@@ -104,7 +104,7 @@ class Nest:
         cuts = np.cumsum(np.bincount(depth, minlength=1))[:-1]
         self._level_pos = [p for p in np.split(by_depth, cuts) if len(p)]  # start-order positions
         self._levels = [(s[p], e[p], rows[p]) for p in self._level_pos]
-        self._parent_pos: list[np.ndarray] | None = None  # per level >= 1, built on first use
+        self._parent_rows: list[tuple[np.ndarray, np.ndarray]] | None = None  # on first use
 
     @property
     def depth(self) -> np.ndarray:
@@ -113,31 +113,34 @@ class Nest:
         out[self._sorted[0]] = self._depth
         return out
 
-    def enclosing(self, mask: np.ndarray, outermost: bool = False) -> np.ndarray:
-        """Per constructor row: the innermost (or outermost) interval where `mask` holds among
-        the row's own and those enclosing it (its index, or -1; -1 on an unknown thread).
+    def enclosing(self, mask: np.ndarray, at: np.ndarray, outermost: bool = False) -> np.ndarray:
+        """Per index in `at` (as `innermost` returns them; -1: none): the innermost (or
+        outermost) interval where `mask` holds among that interval and those enclosing it
+        (its index, or -1).
 
-        At a point whose innermost interval is i, `enclosing(mask)[i]` is what
-        `subset(mask).innermost` answers there (`outermost`: `subset(mask).outermost`), as
-        the intervals around a point are i and its ancestors: one query then serves any
-        number of masks. The answer is carried down the tree one depth level at a time."""
-        rows = self._sorted[0]
-        pick = np.where(np.asarray(mask, dtype=bool)[rows], rows, -1)  # per start-order position
-        for pos, parent in zip(self._level_pos[1:], self._parents(), strict=True):
-            own, up = pick[pos], pick[parent]
-            pick[pos] = np.where(up >= 0, up, own) if outermost else np.where(own >= 0, own, up)
-        out = np.full(self._len, -1, dtype=np.int64)
-        out[rows] = pick
-        return out
+        At a point whose innermost interval is i, this is what `subset(mask).innermost` answers
+        there (`outermost`: `subset(mask).outermost`), as the intervals around a point are i
+        and its ancestors: one query then serves any number of masks. The answer is carried
+        down the tree one depth level at a time."""
+        at = np.asarray(at, dtype=np.int64)
+        if self.n == 0:
+            return np.full(len(at), -1, dtype=np.int64)
+        pick = np.where(np.asarray(mask, dtype=bool), np.arange(self._len), -1)
+        for rows, parents in self._parents():
+            own, up = pick[rows], pick[parents]
+            pick[rows] = np.where(up >= 0, up, own) if outermost else np.where(own >= 0, own, up)
+        return np.where(at >= 0, pick[at], -1)
 
-    def _parents(self) -> list[np.ndarray]:
-        """Per depth level >= 1, the start-order position of each interval's parent: the last
-        interval one level up that opened before it (positions ascend within a level)."""
-        if self._parent_pos is None:
-            pos = self._level_pos
-            self._parent_pos = [up[np.searchsorted(up, p) - 1]
-                                for up, p in zip(pos[:-1], pos[1:], strict=True)]
-        return self._parent_pos
+    def _parents(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per depth level >= 1: its intervals and each one's parent, the last interval one
+        level up that opened before it (constructor indices; start-order positions ascend
+        within a level)."""
+        if self._parent_rows is None:
+            rows, pos = self._sorted[0], self._level_pos
+            self._parent_rows = [(idx, rows[up[np.searchsorted(up, p) - 1]])
+                                 for up, p, (_, _, idx) in zip(pos[:-1], pos[1:], self._levels[1:],
+                                                               strict=True)]
+        return self._parent_rows
 
     def subset(self, mask: np.ndarray) -> Nest:
         """The Nest of the intervals where `mask` (over the constructor's arrays) holds, with

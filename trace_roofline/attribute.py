@@ -369,10 +369,11 @@ def _lookup(values: np.ndarray, valid: np.ndarray, queries: np.ndarray, *,
         return np.full(len(queries), -1, dtype=np.int64)
     rows = rows[np.argsort(values[rows], kind="stable")]
     v = values[rows]
-    lo = np.searchsorted(v, queries, side="left")
-    hi = np.searchsorted(v, queries, side="right")
-    found = (hi - lo == 1) if unique else (hi > lo)
-    return np.where(found, rows[np.minimum(lo, len(rows) - 1)], -1)
+    lo = np.minimum(np.searchsorted(v, queries, side="left"), len(v) - 1)
+    found = v[lo] == queries
+    if unique:  # the next value differs (or there is none)
+        found &= np.append(v[1:] != v[:-1], True)[lo]
+    return np.where(found, rows[lo], -1)
 
 
 def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
@@ -412,7 +413,7 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
     key = np.where(linked, lk, np.where(has_pt, pt_key, -1))
     inner = nest.innermost(t, key)  # the ops around t: this one and its ancestors
     op_idx = _instance_op(ops, nest, inner, launch)
-    top = _take(nest.enclosing(~ops["wrapper"].to_numpy(), outermost=True), inner, -1)
+    top = nest.enclosing(~ops["wrapper"].to_numpy(), inner, outermost=True)
     return pd.DataFrame({
         "event_id": dev["event_id"].to_numpy(np.int64), "name": _categorical(dev["name"]),
         "kind": _categorical(dev["kind"]), "stream": dev["stream"], "ts_us": dev["ts_us"],
@@ -434,7 +435,7 @@ def _instance_op(ops: pd.DataFrame, nest: Nest, inner: np.ndarray,
     out = launch.copy()
     attention = ops["attn"].to_numpy() & ~ops["dispatch"].to_numpy()
     for m, outermost in ((ops["shaped"].to_numpy(), False), (attention, True)):  # later wins
-        hit = _take(nest.enclosing(m, outermost), inner, -1)
+        hit = nest.enclosing(m, inner, outermost)
         out = np.where(hit >= 0, hit, out)
     return np.where(launch >= 0, out, -1)
 
