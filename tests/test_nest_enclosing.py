@@ -1,4 +1,5 @@
-"""Nest.enclosing over a point's innermost interval answers as a subset Nest's query there."""
+"""Nest queries on random properly nested intervals against brute force: innermost/outermost
+of a subset Nest, and Nest.enclosing over a point's innermost interval, which answer alike."""
 
 import numpy as np
 import pytest
@@ -31,8 +32,19 @@ def _intervals(rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(np.asarray(x, dtype=np.int64)[order] for x in (s, e, k))
 
 
+def _brute(s, e, k, m, q, qk, outermost: bool) -> np.ndarray:
+    """Among the intervals where m holds holding each point: the shortest, the later in file
+    order of equals (innermost), or the longest, the earlier of equals (outermost); else -1."""
+    length = np.maximum(e, s + 1) - s
+    held = m & (k == qk[:, None]) & (s <= q[:, None]) & (q[:, None] < s + length) & (k >= 0)
+    sign = 1 if outermost else -1
+    rank = -sign * length * (2 * len(s)) + sign * np.arange(len(s))
+    best = np.argmin(np.where(held, rank, np.iinfo(np.int64).max), axis=1)
+    return np.where(held.any(axis=1), best, -1)
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_enclosing_matches_subset_queries(seed):
+def test_queries_match_brute_force(seed):
     rng = np.random.default_rng(seed)
     s, e, k = _intervals(rng)
     nest = Nest(s, e, k)
@@ -43,6 +55,7 @@ def test_enclosing_matches_subset_queries(seed):
               np.ones(len(s), bool)):
         sub = nest.subset(m)
         for outermost in (False, True):
-            want = sub.outermost(q, qk) if outermost else sub.innermost(q, qk)
-            got = nest.enclosing(m, inner, outermost)
-            np.testing.assert_array_equal(got, want)
+            want = _brute(s, e, k, m, q, qk, outermost)
+            np.testing.assert_array_equal(sub.outermost(q, qk) if outermost
+                                          else sub.innermost(q, qk), want)
+            np.testing.assert_array_equal(nest.enclosing(m, inner, outermost), want)
