@@ -135,7 +135,9 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     """Per unit: its instance's name, evidence and layer; a unit without an op has only the
     range around it (or is unattributed, a fallback). Strings stay categorical codes until the output."""
     n = len(units)
-    at = inst.index.get_indexer(units["op_idx"].to_numpy())
+    inst_row = np.full(len(ops), -1, dtype=np.int64)  # op index -> its instance row
+    inst_row[inst.index.to_numpy()] = np.arange(len(inst))
+    at = _take(inst_row, units["op_idx"].to_numpy(), -1)
     has = at >= 0
     ann = units["ann_name"].array
     named = ~has & (ann.codes >= 0)
