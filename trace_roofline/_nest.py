@@ -2,10 +2,12 @@
 
 Profiler ranges on one thread (cpu ops, record_function ranges, module frames) nest properly.
 Sorted by (start, -end), an interval's depth is the number of earlier intervals still open at
-its start; the intervals of one depth are disjoint, so each depth answers a point query with
-one `searchsorted`. A query costs O(depth · log n) and the work is a loop over depths (a few
-dozen at most), never over events. Times are integer nanoseconds (`to_ns`), so that float
-microsecond timestamps near 5e12 do not break nesting by one ulp.
+its start, and its parent the last interval one depth up opened before it (one `searchsorted`
+per depth). A point's innermost interval is the last one opened at or before it, or the
+nearest of that one's ancestors still open: one `searchsorted`, then a walk up the tree. The
+work is a loop over depths (a few dozen at most), never over events. Times are integer
+nanoseconds (`to_ns`), so that float microsecond timestamps near 5e12 do not break nesting by
+one ulp.
 """
 
 from __future__ import annotations
@@ -91,18 +93,23 @@ class Nest:
 
     def _build(self, rows: np.ndarray, s: np.ndarray, e: np.ndarray, end_rows: np.ndarray,
                ends: np.ndarray) -> None:
-        """Depths and levels from the intervals in start order (rows: constructor indices;
-        s, e: flat times) and the same intervals in end order (end_rows, ends)."""
+        """Depths, levels and parents from the intervals in start order (rows: constructor
+        indices; s, e: flat times) and the same intervals in end order (end_rows, ends)."""
         self._sorted = (rows, s, e, end_rows, ends)
         self.n = len(rows)
         # depth = intervals opened before mine (in start order) not yet closed at my start
         depth = np.arange(self.n) - np.searchsorted(ends, s, side="right")
         self._depth = depth
-        # the intervals of one depth, in start order: disjoint, so one searchsorted answers
+        # the start-order positions of each depth, ascending
         small = depth.astype(np.int16) if self.n and depth.max() < 2**15 else depth
         by_depth = np.argsort(small, kind="stable")  # radix sort for int16
         cuts = np.cumsum(np.bincount(depth, minlength=1))[:-1]
-        self._levels = [(s[p], e[p], rows[p]) for p in np.split(by_depth, cuts) if len(p)]
+        self._levels = [p for p in np.split(by_depth, cuts) if len(p)]
+        # parent: the last interval one level up opened before it (start-order position, -1)
+        self._parent = np.full(self.n, -1, dtype=np.int64)
+        for up, p in zip(self._levels[:-1], self._levels[1:], strict=True):
+            self._parent[p] = up[np.searchsorted(up, p) - 1]
+        self._parent_rows: list[tuple[np.ndarray, np.ndarray]] | None = None  # on first use
 
     @property
     def depth(self) -> np.ndarray:
@@ -110,6 +117,31 @@ class Nest:
         out = np.full(self._len, -1, dtype=np.int64)
         out[self._sorted[0]] = self._depth
         return out
+
+    def enclosing(self, mask: np.ndarray, at: np.ndarray, outermost: bool = False) -> np.ndarray:
+        """Per index in `at` (as `innermost` returns them; -1: none): the innermost (or
+        outermost) interval where `mask` holds among that interval and those enclosing it
+        (its index, or -1).
+
+        At a point whose innermost interval is i, this is what `subset(mask).innermost` answers
+        there (`outermost`: `subset(mask).outermost`), as the intervals around a point are i
+        and its ancestors: one query then serves any number of masks. The answer is carried
+        down the tree one depth level at a time."""
+        at = np.asarray(at, dtype=np.int64)
+        if self.n == 0:
+            return np.full(len(at), -1, dtype=np.int64)
+        pick = np.where(np.asarray(mask, dtype=bool), np.arange(self._len), -1)
+        for rows, parents in self._parents():
+            own, up = pick[rows], pick[parents]
+            pick[rows] = np.where(up >= 0, up, own) if outermost else np.where(own >= 0, own, up)
+        return np.where(at >= 0, pick[at], -1)
+
+    def _parents(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per depth level >= 1: its intervals and their parents, as constructor indices."""
+        if self._parent_rows is None:
+            rows = self._sorted[0]
+            self._parent_rows = [(rows[p], rows[self._parent[p]]) for p in self._levels[1:]]
+        return self._parent_rows
 
     def subset(self, mask: np.ndarray) -> Nest:
         """The Nest of the intervals where `mask` (over the constructor's arrays) holds, with
@@ -139,28 +171,31 @@ class Nest:
         off += key * self._span
         return off
 
-    def _query(self, q_ns: np.ndarray, q_key: np.ndarray, innermost: bool) -> np.ndarray:
-        q_key = np.asarray(q_key, dtype=np.int64)
-        q = np.where(q_key >= 0, self._flat(q_ns, q_key), -(2**62))
-        out = np.full(len(q), -1, dtype=np.int64)
-        for s, e, idx in self._levels:
-            j = np.searchsorted(s, q, side="right") - 1
-            ok = j >= 0
-            jj = np.where(ok, j, 0)
-            hit = ok & (e[jj] > q)
-            take = hit if innermost else hit & (out < 0)  # deeper levels overwrite, or not
-            out = np.where(take, idx[jj], out)
-        return out
-
     def innermost(self, q_ns: np.ndarray, q_key: np.ndarray) -> np.ndarray:
         """Index (into the constructor's arrays) of the innermost interval on the same key
-        containing each point, or -1."""
+        containing each point, or -1: the last interval opened at or before the point (the
+        shortest of equal starts, then the later in file order), else its nearest ancestor
+        still open there."""
+        q_key = np.asarray(q_key, dtype=np.int64)
+        out = np.full(len(q_key), -1, dtype=np.int64)
         if self.n == 0:
-            return np.full(len(q_ns), -1, dtype=np.int64)
-        return self._query(q_ns, q_key, innermost=True)
+            return out
+        rows, s, e = self._sorted[:3]
+        q = np.where(q_key >= 0, self._flat(q_ns, q_key), -(2**62))
+        j = np.searchsorted(s, q, side="right") - 1
+        todo = np.flatnonzero(j >= 0)
+        j, q = j[todo], q[todo]
+        while len(todo):  # at most depth + 1 rounds, on fewer points each
+            hit = e[j] > q
+            out[todo[hit]] = rows[j[hit]]
+            miss = ~hit
+            j, q, todo = self._parent[j[miss]], q[miss], todo[miss]
+            up = j >= 0
+            j, q, todo = j[up], q[up], todo[up]
+        return out
 
     def outermost(self, q_ns: np.ndarray, q_key: np.ndarray) -> np.ndarray:
-        """Index of the outermost interval with the same key containing each point, or -1."""
-        if self.n == 0:
-            return np.full(len(q_ns), -1, dtype=np.int64)
-        return self._query(q_ns, q_key, innermost=False)
+        """Index of the outermost interval with the same key containing each point, or -1:
+        the root of the innermost one's tree."""
+        return self.enclosing(np.ones(self._len, dtype=bool), self.innermost(q_ns, q_key),
+                              outermost=True)

@@ -135,7 +135,9 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     """Per unit: its instance's name, evidence and layer; a unit without an op has only the
     range around it (or is unattributed, a fallback). Strings stay categorical codes until the output."""
     n = len(units)
-    at = inst.index.get_indexer(units["op_idx"].to_numpy())
+    inst_row = np.full(len(ops), -1, dtype=np.int64)  # op index -> its instance row
+    inst_row[inst.index.to_numpy()] = np.arange(len(inst))
+    at = _take(inst_row, units["op_idx"].to_numpy(), -1)
     has = at >= 0
     ann = units["ann_name"].array
     named = ~has & (ann.codes >= 0)
@@ -369,10 +371,11 @@ def _lookup(values: np.ndarray, valid: np.ndarray, queries: np.ndarray, *,
         return np.full(len(queries), -1, dtype=np.int64)
     rows = rows[np.argsort(values[rows], kind="stable")]
     v = values[rows]
-    lo = np.searchsorted(v, queries, side="left")
-    hi = np.searchsorted(v, queries, side="right")
-    found = (hi - lo == 1) if unique else (hi > lo)
-    return np.where(found, rows[np.minimum(lo, len(rows) - 1)], -1)
+    lo = np.minimum(np.searchsorted(v, queries, side="left"), len(v) - 1)
+    found = v[lo] == queries
+    if unique:  # the next value differs (or there is none)
+        found &= np.append(v[1:] != v[:-1], True)[lo]
+    return np.where(found, rows[lo], -1)
 
 
 def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFrame:
@@ -410,9 +413,9 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
     inside = has_pt & linked & (pt_key == lk) & (pt_t >= ls) & (pt_t < le)
     t = np.where(inside, pt_t, np.where(linked, ls, pt_t))
     key = np.where(linked, lk, np.where(has_pt, pt_key, -1))
-    op_idx = _instance_op(ops, nest, t, key, launch)
-    wrapper = ops["wrapper"].to_numpy()
-    top = (nest.subset(~wrapper) if wrapper.any() else nest).outermost(t, key)
+    inner = nest.innermost(t, key)  # the ops around t: this one and its ancestors
+    op_idx = _instance_op(ops, nest, inner, launch)
+    top = nest.enclosing(~ops["wrapper"].to_numpy(), inner, outermost=True)
     return pd.DataFrame({
         "event_id": dev["event_id"].to_numpy(np.int64), "name": _categorical(dev["name"]),
         "kind": _categorical(dev["kind"]), "stream": dev["stream"], "ts_us": dev["ts_us"],
@@ -422,21 +425,20 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
     })
 
 
-def _instance_op(ops: pd.DataFrame, nest: Nest, t: np.ndarray, key: np.ndarray,
+def _instance_op(ops: pd.DataFrame, nest: Nest, inner: np.ndarray,
                  launch: np.ndarray) -> np.ndarray:
     """The outermost attention op around the launch point (SDPA and everything it launches,
     mask preparation, a math fallback's bmm/softmax, are one instance), else the innermost
     shape-carrying op, else the launching op itself; -1 for unlinked units. An engine's
     dispatching attention op (operators.ATTENTION_DISPATCH, which records no key lengths) does
     not gather the ops inside it: the flash-attention forward it runs (whose arguments say the
-    sequences' lengths) and an older vLLM's cache write in it are instances of their own."""
+    sequences' lengths) and an older vLLM's cache write in it are instances of their own.
+    `inner`: the innermost op around each unit's launch point (-1: none)."""
     out = launch.copy()
     attention = ops["attn"].to_numpy() & ~ops["dispatch"].to_numpy()
     for m, outermost in ((ops["shaped"].to_numpy(), False), (attention, True)):  # later wins
-        if m.any():
-            sub = nest.subset(m)
-            hit = sub.outermost(t, key) if outermost else sub.innermost(t, key)
-            out = np.where(hit >= 0, hit, out)
+        hit = nest.enclosing(m, inner, outermost)
+        out = np.where(hit >= 0, hit, out)
     return np.where(launch >= 0, out, -1)
 
 

@@ -1,0 +1,61 @@
+"""Nest queries on random properly nested intervals against brute force: innermost/outermost
+of a subset Nest, and Nest.enclosing over a point's innermost interval, which answer alike."""
+
+import numpy as np
+import pytest
+
+from trace_roofline._nest import Nest
+
+
+def _tree(rng, lo: int, hi: int, depth: int, out: list) -> None:
+    """Random disjoint children of [lo, hi), each with a random subtree: proper nesting."""
+    t = lo
+    while depth < 6 and t < hi - 2 and rng.random() < 0.8:
+        s = int(rng.integers(t, hi - 1))
+        e = int(rng.integers(s + 1, min(hi, s + 1 + (hi - lo) // 2) + 1))
+        out.append((s, e))
+        _tree(rng, s, e, depth + 1, out)
+        t = e
+
+
+def _intervals(rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s, e, k = [], [], []
+    for key in (-1, 0, 1, 3):  # -1: an unknown thread, never matched
+        iv: list = []
+        _tree(rng, 0, 400, 0, iv)
+        iv += [(x, x) for x in rng.integers(0, 400, 15).tolist()]  # zero-length (1 ns)
+        iv += [iv[i] for i in rng.integers(0, len(iv), 10)]  # exact duplicates
+        s += [a for a, _ in iv]
+        e += [b for _, b in iv]
+        k += [key] * len(iv)
+    order = rng.permutation(len(s))  # file order need not be start order
+    return tuple(np.asarray(x, dtype=np.int64)[order] for x in (s, e, k))
+
+
+def _brute(s, e, k, m, q, qk, outermost: bool) -> np.ndarray:
+    """Among the intervals where m holds holding each point: the shortest, the later in file
+    order of equals (innermost), or the longest, the earlier of equals (outermost); else -1."""
+    length = np.maximum(e, s + 1) - s
+    held = m & (k == qk[:, None]) & (s <= q[:, None]) & (q[:, None] < s + length) & (k >= 0)
+    sign = 1 if outermost else -1
+    rank = -sign * length * (2 * len(s)) + sign * np.arange(len(s))
+    best = np.argmin(np.where(held, rank, np.iinfo(np.int64).max), axis=1)
+    return np.where(held.any(axis=1), best, -1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_queries_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    s, e, k = _intervals(rng)
+    nest = Nest(s, e, k)
+    q = np.concatenate([rng.integers(-2, 403, 500), s, e])
+    qk = np.concatenate([rng.choice([-1, 0, 1, 2, 3], 500), k, k])  # 2: a key with no intervals
+    inner = nest.innermost(q, qk)
+    for m in (rng.random(len(s)) < 0.3, rng.random(len(s)) < 0.8, np.zeros(len(s), bool),
+              np.ones(len(s), bool)):
+        sub = nest.subset(m)
+        for outermost in (False, True):
+            want = _brute(s, e, k, m, q, qk, outermost)
+            np.testing.assert_array_equal(sub.outermost(q, qk) if outermost
+                                          else sub.innermost(q, qk), want)
+            np.testing.assert_array_equal(nest.enclosing(m, inner, outermost), want)
