@@ -16,6 +16,8 @@ process tree, since big files fork a parse worker):
   load-serial, analyze-serial   the same with the parse worker disabled (one process)
   hta      HolisticTraceAnalysis 0.5.0 TraceAnalysis(trace_dir=...) on the same file, in a
            throwaway venv under benchmarks/data/ (skipped with a note if it cannot be set up)
+The timed runs are interleaved, every tool once per round (`--repeat` rounds), so that a ratio
+such as analyze/orjson compares runs minutes apart on a machine whose speed drifts.
 MB/s is uncompressed JSON megabytes (1e6 bytes) per wall second, including interpreter start
 and imports (reported separately as `startup`). Results go to stdout (markdown) and to
 benchmarks/data/results.json; benchmarks/README.md records the figures.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import platform
@@ -293,33 +296,39 @@ def main() -> None:
                 if not link.exists():
                     link.symlink_to(file)
                 tools.append(("hta", [py, "-c", HTA, str(hta_dir)]))
-            for tool, cmd in tools:
-                cold = tool == "analyze"
-                if tool.startswith("analyze-cached"):  # fill the cache (not recorded)
-                    measure(commands["analyze-cached"], args.timeout, env=env)
-                tree = {}
+            trees: dict[str, dict] = {}
+            for tool, cmd in tools:  # the memory-sampled runs first (their times are not used)
                 if args.memory and tool != "hta":
-                    if cold:
+                    if tool == "analyze":
                         shutil.rmtree(cache, ignore_errors=True)
-                    tree = measure(cmd, args.timeout, tree=True, env=env)
-                for _ in range(args.repeat):
-                    if cold:
-                        shutil.rmtree(cache, ignore_errors=True)
-                    wait_idle(args.wait_idle)
-                    load = os.getloadavg()[0]
-                    r = measure(cmd, args.timeout, env=env)
-                    r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6),
-                             events=info["events"], load_avg=round(load, 2))
-                    if r.get("wall_s"):
-                        r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
-                        r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
-                        r["tree_mb"] = tree.get("tree_mb", r["peak_rss_mb"] if "serial" in tool
-                                                else "-")
-                        if r["tree_mb"] != "-":
-                            r["tree_x_file"] = round(r["tree_mb"] * 2**20 / raw_size, 2)
-                    results["runs"].append(r)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    elif tool.startswith("analyze-cached"):  # fill the cache (not recorded)
+                        measure(commands["analyze-cached"], args.timeout, env=env)
+                    trees[tool] = measure(cmd, args.timeout, tree=True, env=env)
+            # the timed runs interleaved, every tool once per round, so that a ratio compares
+            # runs minutes apart at most on a machine whose speed drifts
+            cached = False  # whether the cache holds this file's entry (an analyze run writes it)
+            for _, (tool, cmd) in itertools.product(range(args.repeat), tools):
+                cold, tree = tool == "analyze", trees.get(tool, {})
+                if cold:
+                    shutil.rmtree(cache, ignore_errors=True)
+                elif tool.startswith("analyze-cached") and not cached:
+                    measure(commands["analyze-cached"], args.timeout, env=env)  # fill it
+                cached = cached or tool == "analyze" or tool.startswith("analyze-cached")
+                wait_idle(args.wait_idle)
+                load = os.getloadavg()[0]
+                r = measure(cmd, args.timeout, env=env)
+                r.update(tool=tool, file=file.name, mb=round(raw_size / 1e6),
+                         events=info["events"], load_avg=round(load, 2))
+                if r.get("wall_s"):
+                    r["mb_per_s"] = round(raw_size / 1e6 / r["wall_s"], 1)
+                    r["mb_per_cpu_s"] = round(raw_size / 1e6 / max(r["cpu_s"], 1e-3), 1)
+                    r["tree_mb"] = tree.get("tree_mb", r["peak_rss_mb"] if "serial" in tool
+                                            else "-")
+                    if r["tree_mb"] != "-":
+                        r["tree_x_file"] = round(r["tree_mb"] * 2**20 / raw_size, 2)
+                results["runs"].append(r)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     shutil.rmtree(cache, ignore_errors=True)
     (data / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\n{results['machine']}; load average at end {os.getloadavg()[0]:.1f}; {hta_note}; "
