@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 import trace_roofline.cache as cache_mod
@@ -312,3 +314,20 @@ def test_cached_cli_run_in_a_fresh_process(decode_copy, tmp_path):
     assert [r.returncode for r in runs] == [0, 0] and runs[0].stdout == runs[1].stdout
     info = TraceCache(tmp_path / "c").info()
     assert (info.entries, info.traces, info.attributions, info.analyses) == (1, 1, 1, 1)
+
+
+def test_parts_are_compressed(decode_copy, tmp_path):
+    """Every part is zstd-compressed: the attribution's Arrow file is smaller than the same
+    table written uncompressed (its kernel names repeat), and the Analysis pickle smaller than
+    the plain pickle of the Analysis it holds."""
+    c = TraceCache(tmp_path / "c")
+    analysis = analyze_trace(decode_copy, cache=c)
+    (arrow,) = _files(c, "attributed-*/attributed.arrow")
+    with pa.memory_map(str(arrow)) as source:
+        table = ipc.open_file(source).read_all()
+    plain = tmp_path / "plain.arrow"
+    with ipc.new_file(str(plain), table.schema) as w:
+        w.write_table(table)
+    assert arrow.stat().st_size < plain.stat().st_size / 3
+    (stored,) = _files(c, "analysis-*/analysis.pickle")
+    assert stored.stat().st_size < len(pickle.dumps(analysis)) / 3
