@@ -61,6 +61,7 @@ import pandas as pd
 
 from trace_roofline import operators
 from trace_roofline._nest import Nest
+from trace_roofline.crosscheck import distinct_codes, factorized
 from trace_roofline.models import ModelSpec
 from trace_roofline.operators import Stage
 
@@ -121,15 +122,11 @@ _TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
 
 
 def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, distinct values) of a column: codes index the distinct values (an object array);
-    missing is one more distinct value."""
-    if isinstance(values.dtype, pd.CategoricalDtype):  # trace tables: codes already there
-        cats = values.cat.categories
-        codes = values.cat.codes.to_numpy()
-        return (np.where(codes < 0, len(cats), codes),
-                np.append(np.asarray(cats, dtype=object), None))
-    codes, uniques = pd.factorize(values, use_na_sentinel=False)  # (missing: one value)
-    return codes, np.asarray(uniques, dtype=object)
+    """(codes, distinct values) of a column (crosscheck.factorized): codes index the distinct
+    values (an object array); missing is one more distinct value, the last."""
+    codes, uniques = factorized(values)
+    return (np.where(codes < 0, len(uniques), codes),
+            np.append(np.asarray(uniques, dtype=object), None))
 
 
 def _distinct(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Series | pd.DataFrame]:
@@ -139,15 +136,10 @@ def _distinct(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Series |
         codes, uniques = _factorized(values)
         return codes, pd.Series(uniques, dtype=object).astype("string")
     parts = [_factorized(values[c]) for c in values.columns]
-    key = np.zeros(len(values), dtype=np.int64)
-    for col_codes, col_uniques in parts:
-        key = key * len(col_uniques) + col_codes
-    codes, rows = pd.factorize(key)  # the distinct rows, as their keys (mixed radix)
-    cols = {}
-    for c, (_, col_uniques) in reversed(list(zip(values.columns, parts, strict=True))):
-        cols[c] = pd.Series(col_uniques[rows % len(col_uniques)], dtype=object).astype("string")
-        rows = rows // len(col_uniques)
-    return codes, pd.DataFrame({c: cols[c] for c in values.columns})
+    codes, first = distinct_codes([col_codes for col_codes, _ in parts])
+    return codes, pd.DataFrame({
+        c: pd.Series(col_uniques[col_codes[first]], dtype=object).astype("string")
+        for c, (col_codes, col_uniques) in zip(values.columns, parts, strict=True)})
 
 
 def per_value(values: pd.Series | pd.DataFrame, fn) -> pd.DataFrame | pd.Series:
