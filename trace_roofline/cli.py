@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trace_roofline import calculator, costs
+from trace_roofline import _memory, calculator, costs
 from trace_roofline._files import check_targets, find_traces, staged_file, write_files
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import get_hardware
@@ -485,6 +485,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _memory.tune()  # this process is ours: allocator settings for big, short-lived arrays
     return dispatch(build_parser().parse_args(argv))
 
 
