@@ -11,8 +11,8 @@ every page that such a new array touches. By default:
 `tune()` turns numpy's advice off and keeps freed blocks of up to 32 MiB in glibc's heap for
 reuse. On the 1 GB HF tile (three interleaved runs each) `attribute` went from 1.02-1.70 to
 0.72-1.44 CPU s (its system time from 0.42-0.75 to 0.15-0.42 s) and `roofline.analyze` from
-0.54-0.72 to 0.53-0.58 s; see benchmarks/README.md, session 5. Only the CLI calls it: a library does not change its host
-process's allocator.
+0.54-0.72 to 0.53-0.58 s (benchmarks/README.md, session 5). Only the CLI calls it: a library
+does not change its host process's allocator.
 """
 
 from __future__ import annotations
