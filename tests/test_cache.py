@@ -7,6 +7,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -331,3 +332,22 @@ def test_parts_are_compressed(decode_copy, tmp_path):
     assert arrow.stat().st_size < plain.stat().st_size / 3
     (stored,) = _files(c, "analysis-*/analysis.pickle")
     assert stored.stat().st_size < len(pickle.dumps(analysis)) / 3
+
+
+def test_pickle_part_round_trips_with_writable_buffers(tmp_path):
+    """An Analysis-like value (arrays, Arrow strings, nested dicts) comes back equal from the
+    out-of-band pickle file, and its arrays can be written to (they are no read-only views)."""
+    from trace_roofline.cache import _read_pickle, _render, _write_pickle
+
+    df = pd.DataFrame({"x": np.arange(100_000, dtype=np.int64),
+                       "s": pd.array(["q_proj", "attention"] * 50_000, dtype="str"),
+                       "n": pd.array([1, None] * 50_000, dtype="Int64")})
+    value = {"table": df, "meta": {"a": (1, 2.5, "b")}}
+    rendered = _render({"v.pickle": value})["v.pickle"]
+    assert len(rendered.stream) < 10_000 and rendered.buffers  # the arrays are out of band
+    _write_pickle(rendered, tmp_path / "v.pickle")
+    back = _read_pickle(tmp_path / "v.pickle")
+    pd.testing.assert_frame_equal(back["table"], df)
+    assert back["meta"] == value["meta"]
+    back["table"].loc[0, "x"] = 7  # in place: its buffer is writable
+    assert back["table"]["x"].iloc[0] == 7 and df["x"].iloc[0] == 0

@@ -28,9 +28,10 @@ bytes, unreadable) is ignored and rewritten, never trusted.
 Categorical columns are stored as Arrow dictionaries and everything else as plain Arrow columns
 (with pandas' metadata), so a hit gives DataFrames identical to a parse, dtypes included.
 An `Analysis` is a tree of frozen dataclasses (model, hardware), dicts and DataFrames: it is
-stored as one pickle, which round-trips all of it exactly (dtypes and categories included), and
-unpickled only after its key (code fingerprint included: the classes are this code's) and its
-CRC-32 check out.
+stored as one pickle (protocol 5, its arrays' buffers written after the stream, out of band:
+pickling copies nothing big), which round-trips all of it exactly (dtypes and categories
+included), and unpickled only after its key (code fingerprint included: the classes are this
+code's) and its CRC-32 check out.
 Files are zstd-compressed (`CODEC`: Arrow IPC's per-buffer compression, and a compressed stream
 for pickles). The repeated strings of a GB trace's attribution (143 MB of kernel names alone)
 and of its Analysis shrink ~10-30x: on the 1 GB HF tile the cache holds 500 MB -> ~50 MB, a first
@@ -60,6 +61,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -71,7 +73,8 @@ from trace_roofline.trace import Progress, Trace, load_trace
 if TYPE_CHECKING:
     from trace_roofline.roofline import Analysis
 
-SCHEMA_VERSION = 2  # bump when the layout or the meaning of a cached file changes (2: zstd)
+SCHEMA_VERSION = 3  # bump when the layout or the meaning of a cached file changes
+# (2: zstd; 3: pickles with their buffers out of band)
 CODEC = "zstd" if pa.Codec.is_available("zstd") else None  # (pyarrow's wheels all have it)
 ENV_DIR = "TRACE_ROOFLINE_CACHE_DIR"
 _VERSION_DIR = re.compile(r"^v\d+$")  # `clear` removes only directories named like ours
@@ -309,7 +312,7 @@ class TraceCache:
         if files is None:
             return None
         try:
-            return pickle.loads(_read_bytes(files[_ANALYSIS + ".pickle"]))
+            return _read_pickle(files[_ANALYSIS + ".pickle"])
         except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError,
                 AttributeError, ImportError, IndexError,
                 pa.ArrowException):  # unreadable despite the checksum
@@ -335,7 +338,7 @@ class TraceCache:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="trace-roofline-cache")
         self._writes.append(self._writer.submit(self._write, entry, name, key, files, errors))
 
-    def _write(self, entry: Path, name: str, key: dict, files: dict[str, pa.Table | bytes],
+    def _write(self, entry: Path, name: str, key: dict, files: dict[str, pa.Table | _Pickled | bytes],
                errors: list[str]) -> None:
         """Write rendered files (Arrow tables, bytes) and their manifest to a temporary
         directory, then rename it to entry/name; no pandas here (it runs on the writer
@@ -347,8 +350,8 @@ class TraceCache:
             for fname, data in files.items():
                 if isinstance(data, pa.Table):
                     _write_table(data, tmp / fname)
-                elif fname.endswith(".pickle"):
-                    _write_bytes(data, tmp / fname)
+                elif isinstance(data, _Pickled):
+                    _write_pickle(data, tmp / fname)
                 else:
                     (tmp / fname).write_bytes(data)
                 manifest[fname] = {}
@@ -365,14 +368,26 @@ class TraceCache:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _render(content: dict[str, Any]) -> dict[str, pa.Table | bytes]:
+@dataclasses.dataclass(frozen=True)
+class _Pickled:
+    """A value pickled with its large buffers out of band (pickle protocol 5): `stream` refers
+    to `buffers` (views of the value's own arrays) by position. Pickling copies nothing big;
+    the buffers are read by `_write_pickle` on the writer thread, before `analysis` returns."""
+
+    stream: bytes
+    buffers: list[pickle.PickleBuffer]
+
+
+def _render(content: dict[str, Any]) -> dict[str, pa.Table | _Pickled | bytes]:
     """A part's files: each DataFrame as an Arrow table (<name>.arrow), a `*.pickle` name's
-    value pickled, everything else together as fields.json."""
-    files: dict[str, pa.Table | bytes] = {}
+    value pickled (`_Pickled`), everything else together as fields.json."""
+    files: dict[str, pa.Table | _Pickled | bytes] = {}
     fields = {}
     for k, v in content.items():
         if k.endswith(".pickle"):
-            files[k] = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+            buffers: list[pickle.PickleBuffer] = []
+            stream = pickle.dumps(v, protocol=5, buffer_callback=buffers.append)
+            files[k] = _Pickled(stream, buffers)
         elif isinstance(v, pd.DataFrame):
             files[k + ".arrow"] = pa.Table.from_pandas(v)
         else:
@@ -421,21 +436,33 @@ def _write_table(table: pa.Table, path: Path) -> None:
         w.write_table(table)
 
 
-def _write_bytes(data: bytes, path: Path) -> None:
-    """Write `data` as a CODEC-compressed stream (plain without a codec)."""
-    if CODEC is None:
-        path.write_bytes(data)
-        return
-    with pa.CompressedOutputStream(str(path), CODEC) as out:
-        out.write(data)
+def _write_pickle(data: _Pickled, path: Path) -> None:
+    """Write a `_Pickled` as one CODEC-compressed stream (plain without a codec): the lengths
+    of the pickle stream and of each buffer (little-endian uint64, the count first), then the
+    stream, then the buffers."""
+    chunks = [data.stream, *(b.raw() for b in data.buffers)]
+    lengths = np.array([len(chunks) - 1, *(c.nbytes if isinstance(c, memoryview) else len(c)
+                                           for c in chunks)], dtype="<u8")
+    with (pa.CompressedOutputStream(str(path), CODEC) if CODEC else pa.OSFile(str(path), "wb")
+          ) as out:
+        out.write(lengths.tobytes())
+        for c in chunks:
+            out.write(c)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """What `_write_bytes` wrote."""
-    if CODEC is None:
-        return path.read_bytes()
-    with pa.CompressedInputStream(pa.OSFile(str(path)), CODEC) as stream:
-        return stream.read()
+def _read_pickle(path: Path) -> Any:
+    """The value `_write_pickle` wrote. Its buffers are slices of one writable bytearray, so
+    the arrays unpickled over them are writable and nothing is copied twice."""
+    with (pa.CompressedInputStream(pa.OSFile(str(path)), CODEC) if CODEC
+          else pa.OSFile(str(path))) as stream:
+        count = int(np.frombuffer(stream.read(8), dtype="<u8")[0])
+        lengths = np.frombuffer(stream.read(8 * (count + 1)), dtype="<u8").astype(np.int64)
+        data = bytearray(int(lengths.sum()))
+        if stream.readinto(data) != len(data):
+            raise EOFError(f"{path}: shorter than its lengths say")
+    view, ends = memoryview(data), np.cumsum(lengths).tolist()
+    parts = [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return pickle.loads(parts[0], buffers=parts[1:])
 
 
 def _read_table(path: Path) -> pd.DataFrame:
