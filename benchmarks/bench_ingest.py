@@ -59,7 +59,7 @@ sys.path.insert(0, str(HERE))
 from tile import tile  # noqa: E402
 
 LOAD = "import sys; from trace_roofline.trace import load_trace; load_trace(sys.argv[1])"
-ANALYZE = "import sys; from trace_roofline.cli import main; sys.exit(main(['analyze', *sys.argv[1:]]))"
+ANALYZE = "import sys; from trace_roofline.cli import run; run(['analyze', *sys.argv[1:]])"
 ORJSON = ("import gc, sys; gc.disable(); import orjson\n"
           "with open(sys.argv[1], 'rb') as f: data = f.read()\n"
           "if data[:2] == b'\\x1f\\x8b': import gzip; data = gzip.decompress(data)\n"

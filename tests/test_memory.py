@@ -49,6 +49,6 @@ def test_numpy_huge_page_advice_is_off():
 
 def test_cli_main_tunes_its_process():
     code = ("import numpy._core.multiarray as m; from trace_roofline.cli import main; "
-            "main(['intensity', '--model', 'qwen2.5-7b', '--hardware', 'h200']); "
+            "main(['intensity', '--model', 'qwen2.5-7b', '--hardware', 'h200-sxm']); "
             "print(m._set_madvise_hugepage(True))")
     assert _run(code).splitlines()[-1] == "False"
