@@ -5,6 +5,7 @@ import gzip
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -475,11 +476,15 @@ def children() -> list[str]:
 @pytest.fixture
 def both(monkeypatch):
     """load(path, mode) -> Trace or the InputError message, checking how it was parsed:
-    "serial" one process; "two" the worker decoded the later events; "fallback" the worker was
-    forked but the one-process path parsed the file (maybe after the parent decoded its half);
-    "late" the parent decoded its half, then the worker died and the file was parsed again in
-    one process; "any" no check (only: no worker left behind). The one-process path decodes
-    the file as one span, or, when that is not proven, the Raw way (a span of None, or none)."""
+    "serial" one process; "two" a worker was forked and the parent decoded one span (as much
+    of the events as it claimed); "alone" a worker was forked but the parent decoded all the
+    events (the worker died before claiming any); "late" the parent decoded its part, then the
+    worker died and the file was parsed again in one process; "unforked" the layout was not
+    proven, so no worker was forked; "fallback" a worker was forked but its part or the
+    parent's was not proven, so the one-process path decided; "any" no check (only: no worker
+    left behind). The one-process path decodes the file as one span, or, when that is not proven, the Raw way
+    (a span of None, or none). Batches, windows and the worker's segments are small, so that
+    the two processes meet somewhere in the middle of a small file."""
     forks, spans = [], []
     parent, real_fork, real_parse = os.getpid(), os.fork, parallel.parse_span
 
@@ -494,10 +499,12 @@ def both(monkeypatch):
         return n
 
     monkeypatch.setattr(os, "fork", fork)
-    for module in (decode, parallel):  # the one-process parse; the parent's (and worker's) half
+    for module in (decode, parallel):  # the one-process parse; the parent's (and worker's) part
         monkeypatch.setattr(module, "parse_span", parse)
     monkeypatch.setattr(decode, "BATCH_BYTES", 2000)
     monkeypatch.setattr(trace_read, "CHUNK_BYTES", 1500)  # (windows slide, and grow to hold a batch)
+    monkeypatch.setattr(parallel, "SEGMENT_BYTES", 20_000)
+    monkeypatch.setattr(parallel, "MIN_SEGMENT_BYTES", 2000)
 
     def load(path, mode: str):
         forks.clear()
@@ -509,16 +516,19 @@ def both(monkeypatch):
         assert children() == []  # the worker is always reaped, whatever happened
         if mode == "any":
             return out
-        assert len(forks) == (mode != "serial")
+        assert len(forks) == (mode not in ("serial", "unforked"))
         n = out.meta["event_count"] if isinstance(out, Trace) else None
-        if mode == "two":  # the parent decoded only the events before the cut
-            assert len(spans) == 1 and (n is None or 0 < spans[0] < n), (spans, n)
-        elif n is not None:
-            halves = {"serial": 0, "fallback": max(len(spans) - 1, 0), "late": 1}[mode]
-            assert halves <= 1 and spans[halves:] in ([n], [None], []), (spans, n)
-            assert mode != "late" or (len(spans) == 2 and spans[0] < n), (spans, n)
+        if mode == "two":
+            assert len(spans) == 1 and (n is None or 0 <= spans[0] < n), (spans, n)
+        elif mode == "alone":
+            assert spans == [n], (spans, n)
+        elif mode == "late":
+            assert len(spans) == 2 and spans[0] < n and spans[1:] in ([n], [None]), (spans, n)
+        elif n is not None and mode != "fallback":
+            assert spans in ([n], [None], []), (spans, n)
         return out
 
+    load.spans = spans  # (the parent's spans of the last load)
     return load
 
 
@@ -546,10 +556,10 @@ def test_parallel_parse_is_bit_identical_on_tiled_real_traces(tmp_path, both, so
 
 @needs_fork
 @pytest.mark.parametrize("layout", ["compact", "spaced", "array", "gzip", "bom"])
-@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
-def test_parallel_parse_of_other_layouts_and_cuts(tmp_path, both, monkeypatch, layout, share):
+@pytest.mark.parametrize("segment", [700, 20_000, 1 << 30])
+def test_parallel_parse_of_other_layouts_and_cuts(tmp_path, both, monkeypatch, layout, segment):
     """One-byte separators, a top-level array, a gzip file (the worker forked after
-    inflating), a byte-order mark; the cut anywhere in the file."""
+    inflating), a byte-order mark; the worker's segments tiny, small or 1/8 of the events."""
     doc = json.loads(_tiled(tmp_path, "qwen2.5-7b_decode_b1_s2048_h200.json.gz", 2).read_text())
     data = {"compact": lambda: json.dumps(doc, separators=(",", ":")).encode(),
             "spaced": lambda: json.dumps(doc).encode(),
@@ -558,8 +568,9 @@ def test_parallel_parse_of_other_layouts_and_cuts(tmp_path, both, monkeypatch, l
             "bom": lambda: b"\xef\xbb\xbf" + json.dumps(doc, indent=1).encode()}[layout]()
     path = tmp_path / ("t.json.gz" if layout == "gzip" else "t.json")
     path.write_bytes(data)
-    monkeypatch.setattr(parallel, "PARALLEL_SHARE", share)
-    assert_identical(both(path, "serial"), both(path, "two"))
+    serial = both(path, "serial")
+    monkeypatch.setattr(parallel, "SEGMENT_BYTES", segment)
+    assert_identical(serial, both(path, "two"))
 
 
 def _mixed_events() -> dict:
@@ -640,8 +651,8 @@ def _unreadable():
 @pytest.mark.parametrize("gz", [False, True])
 @pytest.mark.parametrize(("where", "action", "mode"), [
     ("parse_span", _exit, "late"), ("parse_span", _boom, "late"),
-    ("events_end", _exit, "fallback"), ("events_end", _boom, "fallback"),
-    ("events_end", _unreadable, "fallback")])
+    ("_boundary", _exit, "alone"), ("_boundary", _boom, "alone"),
+    ("_boundary", _unreadable, "alone")])
 def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch, where,
                                                      action, mode, gz):
     """A worker killed, crashing or unable to read the file at any step is not a failure: the
@@ -653,7 +664,7 @@ def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch
     assert_identical(serial, both(path, mode))
     bad = tmp_path / "bad.json"
     bad.write_bytes(path.read_bytes()[:-40] if not gz else gzip.decompress(path.read_bytes())[:-40])
-    assert both(bad, "fallback") == both(bad, "serial")
+    assert both(bad, "unforked") == both(bad, "serial")
 
 
 @needs_fork
@@ -682,12 +693,35 @@ def test_unproven_splits_fall_back_to_one_process(tmp_path, both, case):
     path = tmp_path / "t.json"
     path.write_text(text)
     serial = both(path, "serial")
-    mode = "two" if case == "tail_array" else "fallback"
+    mode = {"tail_array": "two", "duplicate_key": "fallback",
+            "duplicate_key_first": "fallback"}.get(case, "unforked")
     out = both(path, mode)
     if isinstance(serial, str):
         assert out == serial
     else:
         assert_identical(serial, out)
+
+
+@needs_fork
+@pytest.mark.parametrize("slow", ["parent", "worker"])
+def test_the_faster_process_decodes_more(tmp_path, both, monkeypatch, slow):
+    """The split follows the two processes' speeds (a busy core claims less): with one of them
+    slowed down, the other decodes most of the events, and the result is the same."""
+    path = _tiled(tmp_path, "qwen2.5-7b_decode_b1_s2048_h200.json.gz")
+    serial = both(path, "serial")
+    n = serial.meta["event_count"]
+    parent, real_parse = os.getpid(), parallel.parse_span  # (the fixture's counting wrapper)
+
+    def parse(p, w, start, end, acc, progress, **kw):
+        if (os.getpid() == parent) == (slow == "parent"):
+            progress = lambda *a: time.sleep(0.002)  # noqa: E731 (after each batch)
+        return real_parse(p, w, start, end, acc, progress, **kw)
+
+    monkeypatch.setattr(parallel, "parse_span", parse)
+    two = both(path, "two")
+    assert_identical(serial, two)
+    share = both.spans[0] / n
+    assert (share < 0.25) if slow == "parent" else (share > 0.75), share
 
 
 @needs_fork

@@ -19,10 +19,12 @@ The package, in the order the bytes flow (figures in benchmarks/README.md):
   arrays (`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text;
   decode them lazily, for the rows that need them, with `parse_dims`;
 - schema.py: the tables' declared columns and the `Trace` holding them;
-- parallel.py: the two-process parse. Big files use a second core (msgspec holds the GIL, so a
-  forked process): the worker reads and decodes the later half of the file while the parent
-  does the first half, and pipes its columns back; the result, and any error, is exactly the
-  one-process result. `load_trace(path, workers=...)` says when it is used.
+- parallel.py: the two-process parse. Big files use a second core (msgspec holds the GIL, so
+  a forked process): the parent decodes the events from the front while the worker decodes
+  them from the back, each claiming bytes under a shared lock, so that they meet wherever
+  their speeds make them meet, and the worker pipes its columns back; the result, and any
+  error, is exactly the one-process result. `load_trace(path, workers=...)` says when it is
+  used.
 
 Schema variants handled (Kineto's ChromeTraceLogger, old and new, and HTA's test traces):
 - categories: kernel/Kernel, gpu_memcpy/Memcpy, gpu_memset/Memset, cpu_op/Operator,

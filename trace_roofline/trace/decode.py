@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -128,8 +128,7 @@ def decode_spans(doc: Document, progress: Progress | None) -> tuple[dict, int, A
     """(metadata, event count, columns) of the whole document, read batch by batch through a
     Window (see the module docstring), in this process; None if its layout or a batch is not
     proven (then `decode_raw` reads it)."""
-    tail_at = max(doc.size - SEARCH_BYTES, 0)
-    bounds = events_bounds(doc.read(0, HEAD_BYTES), doc.read(tail_at, SEARCH_BYTES), tail_at)
+    bounds = document_bounds(doc)
     if not bounds:
         return None
     start, end, meta = bounds
@@ -137,6 +136,12 @@ def decode_spans(doc: Document, progress: Progress | None) -> tuple[dict, int, A
     with doc.window(start - 1) as w:
         n = parse_span(doc.path, w, start, end, acc, progress)
     return None if n is None else (meta, n, acc)
+
+
+def document_bounds(doc: Document) -> tuple[int, int, dict] | None:
+    """`events_bounds` of a document, from its first and last bytes."""
+    tail_at = max(doc.size - SEARCH_BYTES, 0)
+    return events_bounds(doc.read(0, HEAD_BYTES), doc.read(tail_at, SEARCH_BYTES), tail_at)
 
 
 def decode_raw(p: Path, buf: Buffer, progress: Progress | None) -> tuple[dict, int, Accumulator]:
@@ -220,7 +225,8 @@ def events_end(buf, d: int) -> tuple[int, bool] | None:
 
 
 def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
-               progress: Progress | None) -> int | None:
+               progress: Progress | None,
+               claim: Callable[[int, int], int] | None = None) -> int | None:
     """Decode the events in document bytes [start, end) (a JSON array's content: separators,
     or the array's own brackets, at bytes start - 1 and end), read through `w`, batch by batch
     into `acc`, numbering them from 0; the number of events, or None when some batch is not
@@ -228,15 +234,22 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
     document the Raw way, for its one true error). A batch ends at the first CUT BATCH_BYTES or
     more past its start; when that range does not decode (a CUT inside an event: in a string,
     or an array of objects in its args), at the first CUT BATCH_BYTES or more further, up to
-    _RETRIES times."""
-    pos, n = start, 0
+    _RETRIES times. `claim(stop, after)`, when given, is asked for each batch's bytes before
+    they are decoded (up to the separator at `stop`, the next event at `after`) and answers
+    where the span ends now: `stop`, or less where another process has the rest
+    (parallel.Claims); the span, and this batch, then end there."""
+    pos, n, total = start, 0, end - start
     while pos < end:
         stop = pos
         for _ in range(_RETRIES):
             cut = w.search(CUT, min(stop + BATCH_BYTES, end), end, pos - 1)
             stop, after = cut or (end, end)
+            if claim is not None and (got := claim(stop, after)) < stop:
+                end = stop = after = got
+            if stop <= pos:  # (claimed by the other process, up to here)
+                return n
             evs = _decode_range(p, w, pos, stop, acc)
-            if evs is not None or cut is None:
+            if evs is not None or stop >= end:
                 break
         if evs is None:
             return None
@@ -245,7 +258,7 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
         del evs  # (the batch's structs, and their views of the window, before it moves on)
         pos = after
         if progress:
-            progress("parse", pos - start, end - start)
+            progress("parse", pos - start, total)
     return n
 
 

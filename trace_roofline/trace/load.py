@@ -13,7 +13,7 @@ import pandas as pd
 from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator
 from trace_roofline.trace.decode import decode_json, decode_raw, decode_spans
-from trace_roofline.trace.parallel import Worker, use_worker
+from trace_roofline.trace.parallel import parse_two, use_worker
 from trace_roofline.trace.read import open_document, trace_files
 from trace_roofline.trace.schema import SKIP_REASONS, Progress, Trace
 
@@ -39,8 +39,8 @@ def load_trace(path: str | os.PathLike, progress: Progress | None = None,
     - 1: one process.
     - 2: two processes whenever the system can fork and this process runs a single thread,
       whatever the file's size or the cores; else one.
-    Even with two, a file whose halves cannot be proven to be its events (see parallel.py),
-    or whose worker dies, is parsed again in one process.
+    Even with two, a file whose parts cannot be proven to be its events (see parallel.py),
+    or whose worker dies after claiming part of it, is parsed again in one process.
     """
     _check_workers(workers)
     p = Path(path)
@@ -78,11 +78,7 @@ def _load_file(p: Path, progress: Progress | None, workers: int | None) -> Trace
 
 def _parse_file(p: Path, progress: Progress | None, workers: int | None) -> Trace:
     doc = open_document(p, progress)
-    got = None
-    worker = Worker.start(doc) if use_worker(doc.size, workers) else None
-    if worker:
-        with worker:
-            got = worker.parse(doc, progress)
+    got = parse_two(doc, progress) if use_worker(doc.size, workers) else None
     if got is None:  # one process: batch by batch, else (unproven) the Raw way
         got = decode_spans(doc, progress) or decode_raw(p, doc.whole(progress), progress)
     return _trace(p, *got)

@@ -1,50 +1,53 @@
-"""The two-process parse: a forked worker decodes the later part of a big file.
+"""The two-process parse: a forked worker decodes the events from the end while the parent
+decodes them from the start, and they meet wherever their speeds make them meet.
 
 msgspec holds the GIL, so the second core is a forked process, the worker; `Worker` is the
-parent's handle on it. The worker sends one named message per step, pickled over a pipe:
- 1. bounds: the worker finds the first event boundary '}' , '{' after `cut` (the middle of the
-    document) and sends it (`Cut`); it finds the closing ']' of traceEvents near the end
-    (`Split`, with the bytes after it), or gives up (`NoSplit`). The parent finds the '[' that
-    opens traceEvents;
- 2. decode: each process reads and decodes its part batch by batch (decode.parse_span; a plain
-    file is read by each through its own Window, a gzip file is inflated by the parent before
-    the fork and shared copy-on-write), proving it a JSON array of events; the worker pickles
-    its columns back (`Part`: each categorical as its values in first-seen order plus codes,
-    events numbered from 0) and the parent appends them after its own, re-coded and
-    renumbered (`Accumulator.absorb`). With both parts and the keys around the array (one
-    object with "[]" in place of the events) valid JSON, so is the whole file, and JSON's
-    grammar leaves only one parse: tables, category order and counters are exactly a
-    one-process read's. Anything else (no boundary, a malformed file or event, a worker that
-    dies) falls back to the one-process path, which gives its usual result or error.
+parent's handle on it. Before forking, the parent finds the events array's bounds and the keys
+around it (decode.events_bounds; not proven: no fork). Then:
+ 1. claims: the events' bytes are claimed under a lock (`Claims`: POSIX record locks, which
+    die with their process, on a small shared file that also holds the two frontiers). The
+    parent claims one batch at a time from the front (decode.parse_span's `claim`); the
+    worker claims SEGMENT_BYTES at a time from the back, each segment starting at the first
+    event boundary ('}' ',' '{': decode.CUT) in its first SEARCH_BYTES, or, when the parent
+    is near (or no boundary is found), all that the parent has not claimed. A process whose
+    speed drops (a busy core) simply claims less: the two finish within a segment's or a
+    batch's decoding of each other, whatever the split of their speeds;
+ 2. decode: each process reads and decodes what it claimed (a plain file through its own
+    Windows, a gzip file inflated by the parent before the fork and shared copy-on-write),
+    proving each batch a JSON array of events; the worker decodes each segment into its own
+    columns and pickles them back in file order (`Parts`: each categorical as its values in
+    first-seen order plus codes, events numbered from 0), and the parent appends them after
+    its own, re-coded and renumbered (`Accumulator.absorb`). With every batch and the keys
+    around the array (one object with "[]" in place of the events) valid JSON, so is the
+    whole file, and JSON's grammar leaves only one parse: tables, category order and
+    counters are exactly a one-process read's. Anything else (a batch that is not proven, a
+    malformed file or event, a worker that dies) falls back to the one-process path, which
+    gives its usual result or error.
 Whether a worker is forked at all is `use_worker` (documented at `load_trace`)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import mmap
 import os
 import pickle
 import signal
+import tempfile
 import threading
 from dataclasses import dataclass
 
-import msgspec
+import numpy as np
 
-from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator
-from trace_roofline.trace.decode import (
-    CUT,
-    HEAD_BYTES,
-    SEARCH_BYTES,
-    events_end,
-    events_start,
-    meta_around,
-    parse_span,
-)
+from trace_roofline.trace.decode import CUT, SEARCH_BYTES, document_bounds, parse_span
 from trace_roofline.trace.read import Document
 from trace_roofline.trace.schema import Progress
 
 PARALLEL_MIN_BYTES = 64 << 20  # automatic mode forks a worker from this much JSON on
-PARALLEL_SHARE = 0.5  # the parent's share of the document's bytes when it forks a worker
+SEGMENT_BYTES = 32 << 20  # the worker's claims (~0.1 s of decoding; at most 1/8 of the events):
+# how close the two processes finish
+MIN_SEGMENT_BYTES = 1 << 20  # (a batch) near the parent, where the segments shrink
 PIPE_BYTES = 1 << 20  # the worker's pipe (64 KiB by default: the columns cross it in 0.18 s, 0.1 s)
 
 
@@ -63,50 +66,119 @@ def use_worker(size: int, workers: int | None) -> bool:
     return workers == 2 or (size >= PARALLEL_MIN_BYTES and usable_cores() >= 2)
 
 
-# ----------------------------------------------------------------------------------------------
-# The messages, in protocol order. Offsets are file offsets of the document.
-# ----------------------------------------------------------------------------------------------
+def parse_two(doc: Document, progress: Progress | None) -> tuple[dict, int, Accumulator] | None:
+    """(metadata, event count, columns) of the whole document, decoded by this process and a
+    forked worker; None if its layout is not proven, no worker could be forked, or the parse
+    was not proven (then one process reads it)."""
+    bounds = document_bounds(doc)
+    if not bounds:
+        return None
+    start, end, meta = bounds
+    worker = Worker.start(doc, start, end)
+    if worker is None:
+        return None
+    with worker:
+        got = worker.parse(doc, start, end, progress)
+    return None if got is None else (meta, *got)
+
+
+class Claims:
+    """Who decodes which bytes of the events [start, end): the parent [start, parent_stop),
+    the worker [worker_start, end), the rest not yet claimed. Both frontiers (and the first
+    event after the parent's, `parent_next`) live in a small shared file, changed only under
+    its POSIX record lock (per process: mutual exclusion across the fork, released if a
+    process dies). A frontier sits at a separator ('}' ... ',' ... '{' between two events),
+    so the two parts meet at an event boundary."""
+
+    _PARENT_STOP, _PARENT_NEXT, _WORKER_STOP, _WORKER_START = range(4)
+
+    def __init__(self, start: int, end: int):
+        fd, name = tempfile.mkstemp(prefix="trace-roofline-")
+        os.unlink(name)  # (the descriptor keeps it while both processes need it)
+        try:
+            os.ftruncate(fd, mmap.PAGESIZE)
+            self.map = mmap.mmap(fd, mmap.PAGESIZE)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.at = np.frombuffer(self.map, np.int64, count=4)
+        self.at[:] = (start, start, end, end)
+        self.segment = max(min(SEGMENT_BYTES, (end - start) // 8), 1)  # the worker's claims
+
+    def close(self) -> None:
+        del self.at
+        self.map.close()
+        os.close(self.fd)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        try:
+            yield self.at
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+    def parent(self, stop: int, after: int) -> int:
+        """The parent claims up to the separator at `stop` (the next event starts at `after`);
+        where its part ends now: `stop`, or the worker's frontier when that comes first."""
+        with self._locked() as at:
+            got = min(stop, int(at[self._WORKER_STOP]))
+            if got > at[self._PARENT_STOP]:
+                at[self._PARENT_STOP], at[self._PARENT_NEXT] = got, (after if got == stop else
+                                                                      at[self._WORKER_START])
+            return got
+
+    def worker_stop(self) -> int:
+        """Where the worker's part starts now (only the worker moves it: no lock)."""
+        return int(self.at[self._WORKER_STOP])
+
+    def parent_stop(self) -> int:
+        """Where the parent's part ends now (a glimpse, without the lock)."""
+        return int(self.at[self._PARENT_STOP])
+
+    def worker(self, boundary: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The worker claims the bytes from the event after `boundary` (a separator's
+        (start, end)) to its frontier, or all that the parent has not claimed when `boundary`
+        is None or the parent got past it; the (start, stop) of the new segment, or None
+        when nothing is left."""
+        with self._locked() as at:
+            stop = int(at[self._WORKER_STOP])
+            if at[self._PARENT_STOP] >= stop:
+                return None
+            if boundary is None or boundary[0] <= at[self._PARENT_STOP]:
+                boundary = int(at[self._PARENT_STOP]), int(at[self._PARENT_NEXT])
+            at[self._WORKER_STOP], at[self._WORKER_START] = boundary
+            return boundary[1], stop
+
+
 @dataclass(frozen=True)
-class Cut:
-    """Worker -> parent: where the parent's part ends and the worker's begins."""
+class Parts:
+    """Worker -> parent: the columns of each segment the worker decoded, in file order
+    (`Accumulator.export()`, and how many events it holds)."""
 
-    separator: int  # the ',' between the two parts' events (with its whitespace) starts here
-    worker_start: int  # the worker's first event starts here
-
-
-@dataclass(frozen=True)
-class Split:
-    """Worker -> parent: the worker's events end at the ']' closing traceEvents."""
-
-    tail: bytes  # the document after that ']'
-    array_document: bool  # the document is a top-level array of events (no keys)
+    parts: list[tuple[dict, int]]
 
 
 @dataclass(frozen=True)
-class NoSplit:
-    """Worker -> parent: its half could not be proven (or read): fall back."""
-
-
-@dataclass(frozen=True)
-class Part:
-    """Worker -> parent: the columns of the worker's half (`Accumulator.export()`)."""
-
-    columns: dict
-    events: int  # how many events the worker's half holds
+class Failed:
+    """Worker -> parent: a segment could not be proven (or read): fall back."""
 
 
 class Worker:
     """The parent's handle on the forked worker (protocol above); a context manager that
     always kills and reaps the child on the way out."""
 
-    def __init__(self, pid: int, up):
-        self.pid, self.up = pid, up
+    def __init__(self, pid: int, up, claims: Claims):
+        self.pid, self.up, self.claims = pid, up, claims
 
     @classmethod
-    def start(cls, doc: Document) -> Worker | None:
-        """Fork a worker for the part of `doc` after PARALLEL_SHARE of its bytes."""
-        import fcntl  # (POSIX, as fork is)
-
+    def start(cls, doc: Document, start: int, end: int) -> Worker | None:
+        """Fork a worker for the events in document bytes [start, end)."""
+        try:
+            claims = Claims(start, end)
+        except OSError:  # no temporary file: one process
+            return None
         r_up, w_up = os.pipe()
         with contextlib.suppress(AttributeError, OSError):  # (Linux; refused above pipe-max-size)
             fcntl.fcntl(w_up, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
@@ -115,18 +187,19 @@ class Worker:
         except OSError:
             for fd in (r_up, w_up):
                 os.close(fd)
+            claims.close()
             return None
         if pid == 0:  # pragma: no cover - runs in the child (coverage does not follow forks)
             code = 1
             try:
                 os.close(r_up)
                 with open(w_up, "wb") as up:
-                    _work(doc, int(doc.size * PARALLEL_SHARE), up)
+                    _work(doc, claims, up)
                 code = 0
             finally:
                 os._exit(code)
         os.close(w_up)
-        return cls(pid, open(r_up, "rb"))
+        return cls(pid, open(r_up, "rb"), claims)
 
     def __enter__(self) -> Worker:
         return self
@@ -140,66 +213,70 @@ class Worker:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
         self.pid = None
+        self.claims.close()
 
-    def _recv(self) -> Cut | Split | NoSplit | Part | None:
-        """The worker's next message; None if it died (sent nothing, or half a message)."""
-        try:
-            return pickle.load(self.up)
-        except Exception:  # whatever half a pickle raises: the worker died
-            return None
-
-    def parse(self, doc: Document, progress: Progress | None
-              ) -> tuple[dict, int, Accumulator] | None:
-        """(meta, event count, columns) of the whole trace, or None to fall back."""
-        cut = self._recv()
-        if not isinstance(cut, Cut):
-            return None
-        head = events_start(doc.read(0, HEAD_BYTES), cut.separator)
-        split = self._recv() if head else None
-        if not isinstance(split, Split) or split.array_document != (head[1] is None):
-            return None
-        try:
-            meta = meta_around(head[1], split.tail)
-        except (msgspec.DecodeError, RecursionError):
-            return None
+    def parse(self, doc: Document, start: int, end: int, progress: Progress | None
+              ) -> tuple[int, Accumulator] | None:
+        """(event count, columns) of the events in [start, end), the parent decoding from the
+        front while the worker decodes from the back; None to fall back."""
         acc = Accumulator()
-        start, end = head[0] + 1, cut.separator
 
         def halfway(stage: str, done: int, total: int) -> None:  # the worker's part is to come
             progress(stage, min(done, total - 1), total)
 
         with doc.window(start - 1) as w:
-            n1 = parse_span(doc.path, w, start, end, acc, halfway if progress else None)
-        part = self._recv() if n1 is not None else None
-        if not isinstance(part, Part):  # not proven, or the worker died: one process decides
+            n = parse_span(doc.path, w, start, end, acc, halfway if progress else None,
+                           claim=self.claims.parent)
+        if n is not None and self.claims.worker_stop() == end:  # the worker claimed nothing
+            return n, acc  # (it may have died: its message is not needed)
+        msg = self._recv() if n is not None else None
+        if not isinstance(msg, Parts):  # not proven, or the worker died: one process decides
             return None
-        acc.absorb(part.columns, n1)
+        for columns, events in msg.parts:
+            acc.absorb(columns, n)
+            n += events
         if progress:
             progress("parse", end - start, end - start)
-        return meta, n1 + part.events, acc
+        return n, acc
+
+    def _recv(self) -> Parts | Failed | None:
+        """The worker's message; None if it died (sent nothing, or half a message)."""
+        try:
+            return pickle.load(self.up)
+        except Exception:  # whatever half a pickle raises: the worker died
+            return None
 
 
-def _work(doc: Document, cut: int, up) -> None:
-    """The worker's side of the protocol: find its bounds and decode the events after `cut`."""
+def _work(doc: Document, claims: Claims, up) -> None:
+    """The worker's side: claim and decode segments from the end until the parent is reached
+    (each segment's columns exported as soon as it is decoded), then send them back in file
+    order. Segments shrink to a third of the gap left between the two frontiers, so that the
+    worker's last one ends about when the parent arrives."""
+    parts = []
+    while True:
+        stop = claims.worker_stop()
+        size = max(min(claims.segment, (stop - claims.parent_stop()) // 3), MIN_SEGMENT_BYTES)
+        seg = claims.worker(_boundary(doc, stop - size, stop))
+        if seg is None:
+            break
+        acc = Accumulator()
+        with doc.window(seg[0] - 1) as w:
+            n = parse_span(doc.path, w, seg[0], seg[1], acc, None)
+        if n is None:
+            return _send(up, Failed())
+        parts.append((acc.export(), n))
+    _send(up, Parts(parts[::-1]))
 
-    def send(msg: Cut | Split | NoSplit | Part) -> None:
-        pickle.dump(msg, up, protocol=pickle.HIGHEST_PROTOCOL)
-        up.flush()
 
-    acc = Accumulator()
-    try:
-        with doc.window(cut) as w:
-            m = w.search(CUT, cut, min(cut + SEARCH_BYTES, doc.size), cut)
-            if m is None:
-                return send(NoSplit())
-            send(Cut(*m))
-            tail_at = max(doc.size - SEARCH_BYTES, 0)
-            tail = doc.read(tail_at, SEARCH_BYTES)
-            end = events_end(tail, max(m[1] - tail_at, 0))
-            if not end:
-                return send(NoSplit())
-            send(Split(tail[end[0] + 1 :], end[1]))
-            n = parse_span(doc.path, w, m[1], tail_at + end[0], acc, None)
-    except InputError:  # the file could not be read: the parent finds out for itself
-        return send(NoSplit())
-    send(NoSplit() if n is None else Part(acc.export(), n))
+def _boundary(doc: Document, lo: int, stop: int) -> tuple[int, int] | None:
+    """The first separator between two events in the SEARCH_BYTES from offset `lo` (document
+    offsets of its start and end, before `stop`), or None."""
+    if lo <= 0:
+        return None
+    m = CUT.search(doc.read(lo, min(SEARCH_BYTES, stop - lo)))
+    return (lo + m.start(1), lo + m.end(1)) if m else None
+
+
+def _send(up, msg: Parts | Failed) -> None:
+    pickle.dump(msg, up, protocol=pickle.HIGHEST_PROTOCOL)
+    up.flush()
