@@ -15,11 +15,12 @@ around it (decode.events_bounds; not proven: no fork). Then:
  2. decode: each process reads and decodes what it claimed (a plain file through its own
     Windows, a gzip file inflated by the parent before the fork and shared copy-on-write),
     proving each batch a JSON array of events; the worker decodes each segment into its own
-    columns and pickles them back in file order (`Parts`: each categorical as its values in
-    first-seen order plus codes, events numbered from 0), and the parent appends them after
-    its own, re-coded and renumbered (`Accumulator.absorb`). With every batch and the keys
-    around the array (one object with "[]" in place of the events) valid JSON, so is the
-    whole file, and JSON's grammar leaves only one parse: tables, category order and
+    columns and pickles them over a pipe as soon as they are ready (`Segment`: each
+    categorical as its values in first-seen order plus codes, events numbered from 0), where
+    a thread of the parent collects them while it decodes; the parent then appends them, in
+    file order, after its own columns, re-coded and renumbered (`Accumulator.absorb`). With
+    every batch and the keys around the array (one object with "[]" in place of the events)
+    valid JSON, so is the whole file, and JSON's grammar leaves only one parse: tables, category order and
     counters are exactly a one-process read's. Anything else (a batch that is not proven, a
     malformed file or event, a worker that dies) falls back to the one-process path, which
     gives its usual result or error.
@@ -153,11 +154,17 @@ class Claims:
 
 
 @dataclass(frozen=True)
-class Parts:
-    """Worker -> parent: the columns of each segment the worker decoded, in file order
-    (`Accumulator.export()`, and how many events it holds)."""
+class Segment:
+    """Worker -> parent, as soon as it is decoded: one segment's columns (`Accumulator.export()`)
+    and how many events it holds. Segments come from the back of the file to the front."""
 
-    parts: list[tuple[dict, int]]
+    columns: dict
+    events: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """Worker -> parent: every segment it claimed has been sent."""
 
 
 @dataclass(frozen=True)
@@ -167,10 +174,14 @@ class Failed:
 
 class Worker:
     """The parent's handle on the forked worker (protocol above); a context manager that
-    always kills and reaps the child on the way out."""
+    always kills and reaps the child (and ends the thread that receives its messages) on the
+    way out."""
 
     def __init__(self, pid: int, up, claims: Claims):
         self.pid, self.up, self.claims = pid, up, claims
+        self.inbox: list[Segment | Done | Failed | None] = []
+        self.receiver = threading.Thread(target=self._receive, daemon=True)
+        self.receiver.start()  # (after the fork: the worker is a single-threaded copy)
 
     @classmethod
     def start(cls, doc: Document, start: int, end: int) -> Worker | None:
@@ -205,14 +216,15 @@ class Worker:
         return self
 
     def __exit__(self, *exc) -> None:
-        with contextlib.suppress(OSError):  # the child may be gone
-            self.up.close()
         # (ChildProcessError/ProcessLookupError: reaped already, e.g. under SIGCHLD = SIG_IGN)
         with contextlib.suppress(ChildProcessError, ProcessLookupError):
             if self.pid is not None and os.waitpid(self.pid, os.WNOHANG)[0] == 0:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
         self.pid = None
+        self.receiver.join()  # (the pipe is at its end: the worker is gone)
+        with contextlib.suppress(OSError):
+            self.up.close()
         self.claims.close()
 
     def parse(self, doc: Document, start: int, end: int, progress: Progress | None
@@ -228,31 +240,37 @@ class Worker:
             n = parse_span(doc.path, w, start, end, acc, halfway if progress else None,
                            claim=self.claims.parent)
         if n is not None and self.claims.worker_stop() == end:  # the worker claimed nothing
-            return n, acc  # (it may have died: its message is not needed)
-        msg = self._recv() if n is not None else None
-        if not isinstance(msg, Parts):  # not proven, or the worker died: one process decides
+            return n, acc  # (it may have died: its messages are not needed)
+        if n is None:
             return None
-        for columns, events in msg.parts:
-            acc.absorb(columns, n)
-            n += events
+        self.receiver.join()
+        if not isinstance(self.inbox[-1], Done):  # not proven, or the worker died
+            return None
+        for seg in reversed(self.inbox[:-1]):  # (file order)
+            acc.absorb(seg.columns, n)
+            n += seg.events
         if progress:
             progress("parse", end - start, end - start)
         return n, acc
 
-    def _recv(self) -> Parts | Failed | None:
-        """The worker's message; None if it died (sent nothing, or half a message)."""
-        try:
-            return pickle.load(self.up)
-        except Exception:  # whatever half a pickle raises: the worker died
-            return None
+    def _receive(self) -> None:
+        """Collect the worker's messages into `inbox` until its last (on a thread, while this
+        process decodes its own part); None if it died (sent nothing, or half a message)."""
+        while True:
+            try:
+                msg = pickle.load(self.up)
+            except Exception:  # whatever half a pickle raises: the worker died
+                msg = None
+            self.inbox.append(msg)
+            if not isinstance(msg, Segment):
+                return
 
 
 def _work(doc: Document, claims: Claims, up) -> None:
-    """The worker's side: claim and decode segments from the end until the parent is reached
-    (each segment's columns exported as soon as it is decoded), then send them back in file
-    order. Segments shrink to a third of the gap left between the two frontiers, so that the
-    worker's last one ends about when the parent arrives."""
-    parts = []
+    """The worker's side: claim and decode segments from the end until the parent is reached,
+    sending each segment's columns as soon as it is decoded. Segments shrink to a third of
+    the gap left between the two frontiers, so that the worker's last one ends about when the
+    parent arrives."""
     while True:
         stop = claims.worker_stop()
         size = max(min(claims.segment, (stop - claims.parent_stop()) // 3), MIN_SEGMENT_BYTES)
@@ -264,8 +282,8 @@ def _work(doc: Document, claims: Claims, up) -> None:
             n = parse_span(doc.path, w, seg[0], seg[1], acc, None)
         if n is None:
             return _send(up, Failed())
-        parts.append((acc.export(), n))
-    _send(up, Parts(parts[::-1]))
+        _send(up, Segment(acc.export(), n))
+    _send(up, Done())
 
 
 def _boundary(doc: Document, lo: int, stop: int) -> tuple[int, int] | None:
@@ -277,6 +295,6 @@ def _boundary(doc: Document, lo: int, stop: int) -> tuple[int, int] | None:
     return (lo + m.start(1), lo + m.end(1)) if m else None
 
 
-def _send(up, msg: Parts | Failed) -> None:
+def _send(up, msg: Segment | Done | Failed) -> None:
     pickle.dump(msg, up, protocol=pickle.HIGHEST_PROTOCOL)
     up.flush()
