@@ -58,10 +58,11 @@ def test_golden_covers_every_committed_trace(golden):
 def test_attribute_matches_the_golden_frame(path, golden):
     a = _attribute(path)
     want = golden[golden["trace"] == path.name].drop(columns="trace").reset_index(drop=True)
-    pd.testing.assert_frame_equal(a[want.columns], want, check_exact=True)  # columns added since
+    got = a[want.columns].astype({"name": "str"})  # (the golden frame holds the names as str)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)  # columns added since
     assert [str(a[c].dtype) for c in a] == list(ATTRIBUTED_COLUMNS.values())
-    for col, dtype in ATTRIBUTED_COLUMNS.items():  # the pandas default for each declared name
-        assert a[col].dtype == pd.api.types.pandas_dtype(dtype), col
+    for col, dtype in ATTRIBUTED_COLUMNS.items():  # each column has its declared dtype
+        assert a[col].dtype == dtype, col
 
 
 def test_declared_dtypes_also_when_a_column_is_all_missing(tmp_path):
@@ -235,3 +236,13 @@ if __name__ == "__main__" and sys.argv[1:] == ["--update"]:
     frames = [_attribute(p).assign(trace=p.name) for p in TRACES]
     pd.concat(frames, ignore_index=True).to_parquet(GOLDEN, compression="zstd", index=False)
     print(f"wrote {GOLDEN} ({len(TRACES)} traces)")
+
+
+def test_kernel_names_are_categorical_sorted_and_used():
+    """`name` holds a few dozen distinct long kernel names: categorical, its categories the
+    names in use, sorted, so that it sorts and compares as the strings do."""
+    a = _attribute(ROOT / "sample_traces" / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz")
+    cats = list(a["name"].cat.categories)
+    assert cats == sorted(set(a["name"].astype(str))) and len(cats) < len(a) / 10
+    order = a.sort_values("name", kind="stable").index
+    assert list(order) == list(a.assign(s=a["name"].astype(str)).sort_values("s", kind="stable").index)

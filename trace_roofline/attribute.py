@@ -64,7 +64,7 @@ from trace_roofline.trace import Trace
 # One row per timed unit, in the trace's device-row order (file order of the events).
 ATTRIBUTED_COLUMNS = {
     "event_id": "int64",  # trace.device event_id; for CPU-only traces the unit's op_id
-    "name": "str",  # kernel name (or cpu op name)
+    "name": "category",  # kernel name (or cpu op name): a few dozen distinct, hundreds of bytes
     "kind": "str",  # kernel | memcpy | memset | cpu_op
     "stream": "Int64",
     "ts_us": "float64",
@@ -163,7 +163,7 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     idx = units["op_idx"].to_numpy()
     out = pd.DataFrame({
         "event_id": units["event_id"].to_numpy(np.int64),
-        "name": _strings(units["name"]),
+        "name": _name_categories(units["name"]),
         "kind": _strings(units["kind"]),
         "stream": pd.array(units["stream"], dtype="Int64"),
         "ts_us": units["ts_us"].to_numpy(np.float64),
@@ -277,6 +277,17 @@ def _unify(*cols: pd.Categorical) -> tuple[list[np.ndarray], pd.Index]:
     cats = cats.unique()
     codes = [np.append(cats.get_indexer(c.categories), -1)[c.codes] for c in cols]
     return codes, cats
+
+
+def _name_categories(values: pd.Series | pd.Categorical) -> pd.Categorical:
+    """A categorical column of the names used (missing: NaN), its categories `str` and sorted,
+    so that it sorts and compares as the strings would, whatever their order in the file."""
+    c = _categorical(values).remove_unused_categories()
+    cats = pd.Index(c.categories, dtype="str")
+    order = np.argsort(np.asarray(cats, dtype=object), kind="stable")
+    rank = np.empty(len(order) + 1, dtype=np.int64)
+    rank[order], rank[-1] = np.arange(len(order)), -1
+    return pd.Categorical.from_codes(rank[c.codes], categories=cats[order])
 
 
 def _strings(values: pd.Series | pd.Categorical) -> pd.api.extensions.ExtensionArray:
