@@ -803,3 +803,17 @@ def test_two_workers_fork_only_without_other_threads(tmp_path, forks):
         thread.join()
     assert len(forks) == 1 and children() == []
     assert_identical(two, one)
+
+
+@needs_fork
+def test_no_record_locks_means_one_process(tmp_path, both, monkeypatch):
+    """Where the claims file cannot be locked (a file system without POSIX record locks), no
+    worker is forked and the one process gives the same tables."""
+    path = _tiled(tmp_path, "qwen2.5-7b_decode_b1_s2048_h200.json.gz", 2)
+    serial = both(path, "serial")
+
+    def no_locks(*args):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(parallel.fcntl, "lockf", no_locks)
+    assert_identical(serial, both(path, "unforked"))

@@ -98,6 +98,8 @@ class Claims:
         os.unlink(name)  # (the descriptor keeps it while both processes need it)
         try:
             os.ftruncate(fd, mmap.PAGESIZE)
+            fcntl.lockf(fd, fcntl.LOCK_EX)  # (a file system without record locks: no worker)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
             self.map = mmap.mmap(fd, mmap.PAGESIZE)
         except OSError:
             os.close(fd)
@@ -188,7 +190,7 @@ class Worker:
         """Fork a worker for the events in document bytes [start, end)."""
         try:
             claims = Claims(start, end)
-        except OSError:  # no temporary file: one process
+        except OSError:  # no temporary file, or no record locks on it: one process
             return None
         r_up, w_up = os.pipe()
         with contextlib.suppress(AttributeError, OSError):  # (Linux; refused above pipe-max-size)
