@@ -20,10 +20,11 @@ around it (decode.events_bounds; not proven: no fork). Then:
     a thread of the parent collects them while it decodes; the parent then appends them, in
     file order, after its own columns, re-coded and renumbered (`Accumulator.absorb`). With
     every batch and the keys around the array (one object with "[]" in place of the events)
-    valid JSON, so is the whole file, and JSON's grammar leaves only one parse: tables, category order and
-    counters are exactly a one-process read's. Anything else (a batch that is not proven, a
-    malformed file or event, a worker that dies) falls back to the one-process path, which
-    gives its usual result or error.
+    valid JSON, so is the whole file, and JSON's grammar leaves only one parse: tables,
+    category order and counters are exactly a one-process read's. Anything else (a batch that
+    is not proven, a malformed file or event, a worker that dies after claiming) falls back to
+    the one-process path, which gives its usual result or error; a worker that dies before
+    claiming leaves the parent's parse of all the events.
 Whether a worker is forked at all is `use_worker` (documented at `load_trace`)."""
 
 from __future__ import annotations
