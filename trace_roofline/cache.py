@@ -33,8 +33,8 @@ pickling copies nothing big), which round-trips all of it exactly (dtypes and ca
 included), and unpickled only after its key (code fingerprint included: the classes are this
 code's) and its CRC-32 check out.
 Files are zstd-compressed (`CODEC`: Arrow IPC's per-buffer compression, and a compressed stream
-for pickles). The repeated strings of a GB trace's attribution (143 MB of kernel names alone)
-and of its Analysis shrink ~10-30x: on the 1 GB HF tile the cache holds 500 MB -> ~50 MB, a first
+for pickles). The repeated strings of a GB trace's tables, attribution and Analysis shrink
+~10-30x: on the 1 GB HF tile the cache holds 26 MB (500 MB uncompressed), a first
 run's background writes and checksums take ~0.3 s instead of ~1.2 s, and a hit decompresses
 (~0.1 s per 100 MB) instead of checksumming 10x the bytes. Like the rest of the cache it lives
 in the user's own cache directory.
@@ -458,9 +458,13 @@ def _read_pickle(path: Path) -> Any:
         count = int(np.frombuffer(stream.read(8), dtype="<u8")[0])
         lengths = np.frombuffer(stream.read(8 * (count + 1)), dtype="<u8").astype(np.int64)
         data = bytearray(int(lengths.sum()))
-        if stream.readinto(data) != len(data):
-            raise EOFError(f"{path}: shorter than its lengths say")
-    view, ends = memoryview(data), np.cumsum(lengths).tolist()
+        view, got = memoryview(data), 0
+        while got < len(data):
+            n = stream.readinto(view[got:])
+            if not n:
+                raise EOFError(f"{path}: shorter than its lengths say")
+            got += n
+    ends = np.cumsum(lengths).tolist()
     parts = [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     return pickle.loads(parts[0], buffers=parts[1:])
 
