@@ -283,11 +283,7 @@ def _name_categories(values: pd.Series | pd.Categorical) -> pd.Categorical:
     """A categorical column of the names used (missing: NaN), its categories `str` and sorted,
     so that it sorts and compares as the strings would, whatever their order in the file."""
     c = _categorical(values).remove_unused_categories()
-    cats = pd.Index(c.categories, dtype="str")
-    order = np.argsort(np.asarray(cats, dtype=object), kind="stable")
-    rank = np.empty(len(order) + 1, dtype=np.int64)
-    rank[order], rank[-1] = np.arange(len(order)), -1
-    return pd.Categorical.from_codes(rank[c.codes], categories=cats[order])
+    return c.reorder_categories(c.categories.astype("str").sort_values())
 
 
 def _strings(values: pd.Series | pd.Categorical) -> pd.api.extensions.ExtensionArray:

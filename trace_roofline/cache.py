@@ -441,8 +441,7 @@ def _write_pickle(data: _Pickled, path: Path) -> None:
     of the pickle stream and of each buffer (little-endian uint64, the count first), then the
     stream, then the buffers."""
     chunks = [data.stream, *(b.raw() for b in data.buffers)]
-    lengths = np.array([len(chunks) - 1, *(c.nbytes if isinstance(c, memoryview) else len(c)
-                                           for c in chunks)], dtype="<u8")
+    lengths = np.array([len(chunks) - 1, *(memoryview(c).nbytes for c in chunks)], dtype="<u8")
     with (pa.CompressedOutputStream(str(path), CODEC) if CODEC else pa.OSFile(str(path), "wb")
           ) as out:
         out.write(lengths.tobytes())
