@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, read
-from trace_roofline import calculator, moe, report, shapes
+from trace_roofline import _naming, calculator, moe, report, shapes
 from trace_roofline.attribute import attribute
 from trace_roofline.errors import InputError
 from trace_roofline.hardware import Hardware
@@ -535,6 +535,76 @@ def test_grouped_mm_trace_without_a_model():
     s = a.moe["decode"]
     assert (s["top_k"], s["experts"], s["assumption"]) == (2, 8.0, "uniform routing")
     assert s["experts_active"] == pytest.approx(5.46875)
+
+
+HF_TRACES = [p for p in TRACES if p.name.startswith("hf-moe-")] + sorted(
+    (SAMPLES / "cuda_graphs").glob("hf-moe-*_mapping_h200.json.gz"))
+
+
+@pytest.mark.parametrize("path", HF_TRACES, ids=lambda p: p.name)
+def test_without_a_model_every_kernel_is_named_as_with_its_preset(path):
+    """No --model: the linears inferred from the trace's GEMM counts name every kernel, and
+    give it its layer, as the preset does, in every form (eager loop, grouped_mm, batched_mm).
+    Before, Qwen3-MoE's q_proj and o_proj were an MLP's gate/up and down, Qwen1.5-MoE's shared
+    expert gate (H, 1) was k_proj, and 98% of Mixtral's batched_mm step was `attention`."""
+    trace = load_trace(path)
+    inferred, preset = attribute(trace), attribute(trace, get_model(_preset(path)))
+    assert inferred["operator"].astype(str).tolist() == preset["operator"].astype(str).tolist()
+    assert inferred["layer"].equals(preset["layer"])
+
+
+def _counts(counts: dict[tuple[int, int], int]) -> pd.DataFrame:
+    return pd.DataFrame([(k, n, c) for (k, n), c in counts.items()], columns=["K", "N", "count"])
+
+
+# GEMM (K, N) counts of real 2-layer decode traces (3 passes: 6 attention calls; Qwen1.5: 4)
+QWEN3_MOE = {(2048, 4096): 6, (4096, 2048): 6, (2048, 512): 12, (2048, 128): 6,
+             (2048, 151936): 3}
+MIXTRAL_LOOP = {(4096, 4096): 12, (4096, 1024): 12, (4096, 8): 6, (4096, 28672): 33,
+                (14336, 4096): 33, (4096, 32000): 3}
+QWEN15_LOOP = {(2048, 2048): 16, (2048, 5632): 8, (5632, 2048): 4, (2048, 2816): 58,
+               (1408, 2048): 58, (2048, 60): 4, (2048, 1): 4, (2048, 151936): 2}
+
+
+def test_inferred_attention_without_a_dense_mlp():
+    """Qwen3-MoE: q (2048 -> 4096) runs as often as o (4096 -> 2048), not twice as often, so
+    the pair is attention, not an MLP; k and v run 2 x 6 times, the router (2048, 128) once
+    per call. Without the attention count an MLP is required."""
+    got = _naming.infer_linears(_counts(QWEN3_MOE), calls=6)
+    assert got == {"q_proj": (2048, 4096), "k_proj": (2048, 512), "v_proj": (2048, 512),
+                   "o_proj": (4096, 2048), "lm_head": (2048, 151936)}
+    assert _naming.infer_linears(_counts(QWEN3_MOE)) is None
+
+
+def test_inferred_expert_loop_runs_more_often_than_the_attention():
+    """Mixtral's eager loop: the fused gate_up (4096, 28672) and down (14336, 4096) of the 33
+    hit experts of 6 layer passes are experts, (4096, 8) the router; q and o share (4096,
+    4096). Before, the unit was the down count (33), so q_proj looked fused and the lm_head
+    (4096, 32000) became qkv_proj."""
+    assert _naming.infer_linears(_counts(MIXTRAL_LOOP), calls=6) == {
+        "q_proj": (4096, 4096), "k_proj": (4096, 1024), "v_proj": (4096, 1024),
+        "o_proj": (4096, 4096), "experts_gate_up": (4096, 28672),
+        "experts_down": (14336, 4096), "router": (4096, 8), "lm_head": (4096, 32000)}
+
+
+def test_inferred_shared_expert_and_heads_without_gqa():
+    """Qwen1.5-MoE: 16 kv heads of 16, so q, k, v and o all are (2048, 2048), 4 x 4 times; the
+    shared expert (5632) runs once per call, the 58 hit experts (1408, fused 2816) more often;
+    (2048, 1) is the shared expert's gate, (2048, 60) the router. Before, k and v were
+    (2048, 1)."""
+    assert _naming.infer_linears(_counts(QWEN15_LOOP), calls=4) == {
+        "q_proj": (2048, 2048), "k_proj": (2048, 2048), "v_proj": (2048, 2048),
+        "o_proj": (2048, 2048), "gate_proj": (2048, 5632), "up_proj": (2048, 5632),
+        "down_proj": (5632, 2048), "experts_gate_up": (2048, 2816),
+        "experts_down": (1408, 2048), "shared_expert_gate": (2048, 1),
+        "router": (2048, 60), "lm_head": (2048, 151936)}
+
+
+@pytest.mark.parametrize("calls", [0, 3])
+def test_no_linears_inferred_from_gemms_of_no_decoder_layer(calls):
+    """A matmul loop, or a classifier head after some attention: no MLP and no o_proj."""
+    assert _naming.infer_linears(_counts({(512, 512): 100}), calls) is None
+    assert _naming.infer_linears(_counts({(64, 10): 5, (64, 64): 2}), calls) is None
 
 
 def test_fused_moe_trace_without_a_model():

@@ -417,52 +417,132 @@ def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tupl
     return out
 
 
-def infer_linears(kn: pd.DataFrame) -> dict[str, tuple[int, int]] | None:
-    """Guess a Qwen/Llama-style layer's linears from GEMM (K, N) counts (columns K, N, count).
+def attention_calls(inst: pd.DataFrame) -> int:
+    """How many attention calls the instances hold (one per layer and forward pass): runs of
+    consecutive attention instances in a sequence group (an attention op, or an op inside one
+    that does not dispatch to others: SDPA's math path launches several kernels)."""
+    if not len(inst):
+        return 0
+    attn = per_value(inst[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
+    grp = inst["grp"].to_numpy()
+    opens = attn.copy()
+    opens[1:] &= ~attn[:-1] | (grp[1:] != grp[:-1])
+    return int(opens.sum())
 
-    The MLP is the largest pair (I, H) whose up-projection (H, I) or fused (H, 2I) also occurs;
-    o_proj is the other GEMM into H; k/v the (H, kv) pair occurring twice per o_proj; a fused
-    qkv is (H, q + 2kv). Returns None when no MLP pattern is found.
+
+def _attention_ops(rows: pd.DataFrame) -> pd.Series:
+    """Per distinct (op_name, top_name): whether the op is attention (classify's `attn`)."""
+    op = operators.recognise(operators.ATTENTION, base_name(rows["op_name"]))
+    top = operators.recognise(operators.ATTENTION, base_name(rows["top_name"]))
+    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH).fillna(False)
+    return (op | (top & ~dispatch)).astype(bool)
+
+
+def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]] | None:
+    """Guess a Qwen/Llama-style layer's linears from GEMM (K, N) counts (columns K, N, count)
+    and `calls`, the trace's attention calls (`attention_calls`; 0: unknown).
+
+    The hidden size H is the K most GEMMs share (q, k, v, gate, up, router, lm_head). Two kinds
+    of GEMM run into H: a dense MLP's down (I, H), whose up-projection (H, I) runs twice as
+    often (gate and up) or fused (H, 2I) as often, and o_proj (q, H), whose q_proj (H, q) runs
+    as often (q = H: the two share a shape). Each of q, o and a dense down runs once per
+    attention call, k and v once each: (H, kv) 2·calls times, or with q and o 4·calls times
+    (H, H) when kv = q = H. An MLP that runs more often than the attention is a MoE layer's
+    loop over its hit experts (experts_gate_up, experts_down; the router (H, E) and a shared
+    expert's gate (H, 1) then run once per call). With `calls`, a trace without a dense MLP
+    (every MLP a MoE layer's) still has its attention's linears; without it, the largest
+    MLP's down count stands in for `calls` and an MLP is required. Returns None when no
+    pattern is found (not a decoder layer's GEMMs).
     """
     c = {(int(a), int(b)): int(n) for a, b, n in kn[["K", "N", "count"]].itertuples(index=False)}
-    # the hidden size feeds most GEMMs (q, k, v, gate, up, lm_head)
-    h = int(kn.groupby("K")["count"].sum().idxmax())
-    best = None
-    for (i, n), cnt in c.items():
-        if n != h or i == h:
-            continue
-        fused = (h, 2 * i) in c and (h, i) not in c
-        if ((h, i) in c or fused) and (best is None or i > best[0]):
-            best = (i, h, cnt, fused)
-    if best is None:
+    if not c:
         return None
-    i, h, n_down, fused_mlp = best
+    h = int(kn.groupby("K")["count"].sum().idxmax())  # the hidden size feeds most GEMMs
+    mlps = {}  # I -> fused (its up-projection (H, 2I)) for every MLP pattern into H
+    for (i, n), cnt in c.items():
+        if n == h and i != h and (c.get((h, i), 0) >= 2 * cnt
+                                  or ((h, i) not in c and c.get((h, 2 * i), 0) >= cnt)):
+            mlps[i] = (h, i) not in c
+    dense = [i for i in mlps if not calls or c[(i, h)] <= calls]
+    experts = [i for i in mlps if calls and c[(i, h)] > calls]
+    if not dense and not calls:
+        return None
+    out = _attention_linears(c, h, calls or c[(max(dense), h)], calls, mlps)
+    if not dense and not _attention_runs_per_call(out, c, calls):
+        return None
+    if dense:
+        out |= _mlp_linears(h, max(dense), mlps[max(dense)], _DENSE_MLP)
+    for i in experts:
+        out |= _mlp_linears(h, i, mlps[i], _EXPERTS_MLP)
+    if experts:
+        out |= _router(c, h, calls, set(out.values()))
+    used = set(out.values())
+    rest = [n for (k, n) in c if k == h and (k, n) not in used]
+    if rest and max(rest) > max(n for _, n in used):
+        out["lm_head"] = (h, max(rest))
+    return out
+
+
+def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: int,
+                       mlps: dict[int, bool]) -> dict[str, tuple[int, int]]:
+    """q, k, v (or a fused qkv) and o of GEMM counts `c` (infer_linears): o_proj is the GEMM
+    into H, not an MLP's, that runs closest to `unit` times per call (twice when q = H)."""
     out: dict[str, tuple[int, int]] = {}
-    o = [(k, cnt) for (k, n), cnt in c.items() if n == h and k != i]
-    q = min(o, key=lambda kc: abs(kc[1] - n_down))[0] if o else h
-    separate_q = c.get((h, q), 0) >= (2 * n_down if q == h else 1)  # q == h: o_proj shares it
-    if separate_q:
+    o = [(k, cnt) for (k, n), cnt in c.items() if n == h and k not in mlps]
+    q = min(o, key=lambda kc: abs(kc[1] / (2 if kc[0] == h else 1) - unit))[0] if o else h
+    if c.get((h, q), 0) >= (2 * unit if q == h else 1):
         out["q_proj"] = (h, q)
-        kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q]
+        kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q
+              and (not calls or cnt >= 2 * calls)]
         if kv:
-            n_kv = min(kv, key=lambda nc: abs(nc[1] - 2 * n_down))[0]
+            n_kv = min(kv, key=lambda nc: abs(nc[1] - 2 * unit))[0]
             out["k_proj"] = out["v_proj"] = (h, n_kv)
+        elif calls and q == h and c[(h, h)] >= 4 * calls:
+            out["k_proj"] = out["v_proj"] = (h, h)
     else:
         fused_qkv = [n for (k, n) in c if k == h and n > q and (n - q) % 2 == 0
-                     and n not in (i, 2 * i)]
+                     and not any(n in (i, 2 * i) for i in mlps)]
         if fused_qkv:
             out["qkv_proj"] = (h, min(fused_qkv))
     out["o_proj"] = (q, h)
-    if fused_mlp:
-        out["gate_up_proj"] = (h, 2 * i)
-    else:
-        out["gate_proj"] = out["up_proj"] = (h, i)
-    out["down_proj"] = (i, h)
-    used = set(out.values())
-    rest = [n for (k, n) in c if k == h and (k, n) not in used]
-    if rest and max(rest) > max(i, 2 * i if fused_mlp else i):
-        out["lm_head"] = (h, max(rest))
     return out
+
+
+def _router(c: dict[tuple[int, int], int], h: int, calls: int,
+            used: set[tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The router (H, E) of an expert loop and a shared expert's gate (H, 1): GEMMs from H
+    that run once per attention call and are no other linear (the narrowest is the router)."""
+    out = {}
+    per_call = sorted(n for (k, n), cnt in c.items() if k == h and cnt == calls
+                      and (k, n) not in used)
+    if per_call and per_call[0] == 1:
+        out["shared_expert_gate"] = (h, 1)
+        per_call = per_call[1:]
+    if per_call:
+        out["router"] = (h, per_call[0])
+    return out
+
+
+def _attention_runs_per_call(linears: dict[str, tuple[int, int]],
+                             counts: dict[tuple[int, int], int], calls: int) -> bool:
+    """Whether the attention's linears (q, k, v or a fused qkv, and o) each run exactly once
+    per attention call: a shape shared by several of them as many times more. Without a dense
+    MLP this is all that tells a decoder layer's GEMMs from others (a matmul loop)."""
+    shapes = list(linears.values())
+    return ("k_proj" in linears or "qkv_proj" in linears) and all(
+        counts.get(shape, 0) == calls * shapes.count(shape) for shape in shapes)
+
+
+_DENSE_MLP = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+_EXPERTS_MLP = ("experts_gate", "experts_up", "experts_gate_up", "experts_down")
+
+
+def _mlp_linears(h: int, i: int, fused: bool, names: tuple[str, str, str, str]
+                 ) -> dict[str, tuple[int, int]]:
+    """An MLP's linears (names: gate, up, fused gate_up, down) of hidden size h, intermediate i."""
+    gate, up, gate_up, down = names
+    ups = {gate_up: (h, 2 * i)} if fused else {gate: (h, i), up: (h, i)}
+    return {**ups, down: (i, h)}
 
 
 def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -> pd.Series:

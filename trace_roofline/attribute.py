@@ -587,17 +587,28 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
                     drop = parts if lin[fused] in seen else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
-    all_experts = _naming.Names.of(inst["op_name"]).mapped(operators.base_names).isin(
-        ["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"])
-    grouped = inst.loc[all_experts & (inst["WE"] >= 0).to_numpy(),
-                       ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
     if not len(per):
         return None
-    moe = _naming.infer_moe_linears(per, grouped)
-    dense = _naming.infer_linears(per) or {}
-    lin = {k: v for k, v in dense.items() if v not in moe.values()} | moe
-    return lin or None
+    moe = _naming.infer_moe_linears(per, _expert_weights(inst))
+    kn = list(zip(per["K"], per["N"], strict=True))
+    dense = _naming.infer_linears(per[[p not in moe.values() for p in kn]],
+                                  _naming.attention_calls(inst)) or {}
+    return dense | moe or None
+
+
+def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
+    """The expert weights (columns E, K, N) of the grouped GEMMs that multiply all experts at
+    once: `_grouped_mm`, an engine's fused experts, and batched_mm's `index` gathers of the
+    [E, N, K] weights that feed a weight-first `bmm` of the same (K, N)."""
+    base = _naming.Names.of(inst["op_name"]).mapped(operators.base_names)
+    has = (inst["WE"] >= 0).to_numpy()
+    kn = inst[["WK", "WN"]].to_numpy()
+    bmm = set(map(tuple, kn[has & base.isin(["bmm"])].tolist()))
+    gathered = base.isin(["index"]) & has & np.array([tuple(r) in bmm for r in kn.tolist()])
+    grouped = base.isin(["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"])
+    return inst.loc[(grouped & has) | gathered,
+                    ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
 
 
 def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
