@@ -2,6 +2,8 @@
 # The GPU captures of issues 11-13 for sample_traces/, one device call per machine kind:
 #   bash workloads/capture_issues.sh single OUT   # one GPU: generate/eager, CUDA graphs, compile, MoE
 #   bash workloads/capture_issues.sh tp2 OUT      # two GPUs: TP=2 rank traces + all-reduce busbw
+#   bash workloads/capture_issues.sh moe-graphs OUT  # one GPU: MoE decode steps in CUDA graphs,
+#                                                    # batched_mm (and Qwen1.5-MoE's grouped_mm)
 # Writes OUT/capture_<kind>.log, OUT/env_<kind>.txt and OUT/traces_<kind>.tar (the .json.gz traces
 # and JSON results, re-tarred after every step so a timeout keeps whatever was captured). Each
 # step runs in its own process under `timeout`; a failing step is logged and the rest still run.
@@ -61,6 +63,14 @@ step() {  # step SECONDS NAME command...
         --variant prefill:none:rank --variant decode:record_function:rank --variant prefill:record_function:rank
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING step 120 allreduce-busbw \
         python3 -m workloads.calibrate --link-only --out "$W/h200x2_allreduce_busbw.json"
+      ;;
+    moe-graphs)
+      for m in mixtral-8x7b qwen3-30b-a3b qwen1.5-moe-a2.7b; do
+        step 150 "graph-batchedmm-$m" python3 -m workloads.capture_moe --out "$W" --model "$m" graph \
+          --experts batched_mm
+      done
+      step 150 graph-groupedmm-qwen1.5-moe python3 -m workloads.capture_moe --out "$W" \
+        --model qwen1.5-moe-a2.7b graph --experts grouped_mm
       ;;
     *) echo "unknown kind $KIND"; exit 2 ;;
   esac
