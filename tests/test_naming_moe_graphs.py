@@ -205,3 +205,66 @@ def test_shuffled_moe_replays_are_not_named(tmp_path, seed):
     assert rep.replays == 2 and rep.named_kernels == 0
     rows = graphs.replay_rows(t)["row"].to_numpy()
     assert (bare["operator"].to_numpy(dtype=object)[rows] == "unattributed").all()
+
+
+# ------------------------------------------- batched_mm and Qwen1.5-MoE's shared expert (session 6)
+FORMS = str(SAMPLES / "cuda_graphs" / "hf-moe-{}-2l_decode_b4_s512_static1024_{}_{}_h200.json.gz")
+
+
+@pytest.mark.parametrize(("model", "form"), [
+    ("mixtral-8x7b", "batchedmm"), ("qwen3-30b-a3b", "batchedmm"),
+    ("qwen1.5-moe-a2.7b", "batchedmm"), ("qwen1.5-moe-a2.7b", "groupedmm")])
+def test_more_forms_named_from_kernel_names_as_their_mapping(model, form):
+    """Real H200 replays of batched_mm (each (token, expert) pair's weights gathered by
+    `index`, then one bmm) and of Qwen1.5-MoE's shared expert. With the mapping: every kernel
+    as the eager run. From kernel names: as the mapping but for StaticCache's position counter
+    (`rope` here, `attention` eager, as above) and batched_mm's cast and clamp of the expert
+    ids (`router` here, `moe_dispatch` eager). The weight gathers join the expert GEMM they
+    feed (before: `router` and `experts_act`, 56% of Mixtral's step); cuBLAS's second kernel
+    of the shared expert's gate GEMV (reduce_1Block_kernel) joins its first (before: 12 GEMMs
+    per layer, refused)."""
+    spec = tr.get_model(model)
+    t = tr.load_trace(FORMS.format(model, form, "graph"))
+    m_t = tr.load_trace(FORMS.format(model, form, "mapping"))
+    att = tr.attribute(t, spec)
+    by_map, map_rep = graphs.name_replays(
+        t, att, spec, mapping=graphs.mapping_from(m_t, tr.attribute(m_t, spec)))
+    bare, rep = graphs.name_replays(t, att, spec)
+    assert map_rep.named_fraction == 1.0 and rep.named_fraction == 1.0
+    assert rep.graphs["method"].tolist() == ["kernel_name"]
+    rows = graphs.replay_rows(t)["row"].to_numpy()
+    m_op = by_map["operator"].to_numpy(dtype=object)[rows]
+    b_op = bare["operator"].to_numpy(dtype=object)[rows]
+    differ = m_op != b_op
+    allowed = {("attention", "rope")} | ({("moe_dispatch", "router")} if form == "batchedmm"
+                                         else set())
+    assert set(zip(m_op[differ], b_op[differ], strict=True)) <= allowed
+    dur = t.device["dur_us"].to_numpy()[rows]
+    assert dur[~differ].sum() / dur.sum() >= 0.99
+    kernels = bare["name"].astype(str).to_numpy()[rows]
+    gathers = np.char.find(kernels.astype(str), "vectorized_gather_kernel") >= 0
+    fed = np.isin(m_op, ["experts_gate_up", "experts_down"]) & gathers
+    assert (b_op[fed] == m_op[fed]).all()
+    assert fed.sum() == (2 * REPLAYS * LAYERS if form == "batchedmm" else 0)
+    routed = MOE_OPS - ({"moe_dispatch"} if form == "batchedmm" else set())  # no token sort
+    assert set(b_op) >= routed | ({"shared_gate_proj", "shared_down_proj"}
+                                  if model.startswith("qwen1.5") else set())
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_batched_mm_replays_costed_from_user_shapes_as_eager(model):
+    """--batch 4 --context 1024 on batched_mm replays: each weight gather an `index` of the
+    [E, 2I, H] (or [E, H, I]) weights, A active experts read and B·k copies written, the GEMM
+    a bmm over the B·k copies: FLOPs and bytes equal the eager mapping run's (where they were
+    costed as a grouped GEMM before, reading the weights once: a quarter of Mixtral's bytes)."""
+    spec = tr.get_model(model)
+    a = tr.analyze_trace(FORMS.format(model, "batchedmm", "graph"), spec,
+                         decode_shapes=graphs.DecodeShapes(BATCH, 1024))
+    m = tr.analyze_trace(FORMS.format(model, "batchedmm", "mapping"), spec)
+    got = a.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
+    want = m.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
+    for op in ("experts_gate_up", "experts_down"):
+        for call in ("aten::index", "aten::bmm"):
+            for col in ("flops", "bytes"):
+                assert got.loc[(op, call), col] == pytest.approx(want.loc[(op, call), col],
+                                                                  rel=1e-12), (op, call, col)

@@ -85,8 +85,13 @@ OWN_PASS_MATCH = 0.9  # the same for the replay trace's own eager passes
 LAYER_MATCH = 0.75  # share of a layer's kernels that must repeat in the last layer (kernel_name)
 CARRIED = ("operator", "op_name", "input_dims", "input_types", "concrete_inputs",
            "input_strides")
-_REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk")
+# a GEMM's second kernel, which joins the one before it: split-K reductions, and the reduction
+# of cuBLAS's dot-product GEMV (an N = 1 GEMM such as a shared expert's gate: dot_kernel, then
+# reduce_1Block_kernel<..., cublasGemvTensorStridedBatched<...>>)
+_REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk|"
+                     r"reduce_1Block_kernel.*cublas")
 _TRITON_SUFFIX = re.compile(r"_\d+$")
+_EXPERT_GEMMS = ("experts_gate_up", "experts_down")  # a weight gather joins these
 
 # Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order;
 # PREPARE sets up the grouped GEMM after it (its part, like a memset before a kernel).
@@ -710,8 +715,21 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     if why:
         info["note"] = why
         return None
-    return _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes,
-                           info)
+    gathers = _weight_gathers(op, gemm_name, np.isin(kinds, ["memset", "memcpy"]))
+    return _position_table(names, op, core & ~gathers, reduce_, copy_ | gathers, gemm_name,
+                           first_q, model, shapes, info)
+
+
+def _weight_gathers(op: np.ndarray, gemm_name: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """batched_mm's gathers of its experts' weights, per position: an `index` kernel whose next
+    kernel, past memsets and copies (`mem`), is an expert GEMM. They join that GEMM, as an
+    eager trace names the gather after the GEMM it feeds (_naming.name_gemms); grouped_mm's
+    token gathers have the dispatch's kernels and the GEMM's prepare kernel in between."""
+    n = len(op)
+    later = _ffill(np.where(mem, -1, np.arange(n)), False)  # the next non-copy, from here on
+    nxt = np.r_[later[1:], -1]
+    fed = np.where(nxt >= 0, gemm_name[np.maximum(nxt, 0)], None)
+    return (op == "aten::index") & pd.Series(fed, dtype=object).isin(_EXPERT_GEMMS).to_numpy()
 
 
 def _topk_sorts(op: np.ndarray) -> np.ndarray:
@@ -773,13 +791,15 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     res = _empty(n)
     res["operator"] = np.where(pd.notna(name), name, "unattributed")
     res["layer"] = pd.arrays.IntegerArray(np.maximum(lay, 0), lay < 0)
-    change = (codes[1:] != codes[:-1]) | (lay[1:] != lay[:-1])
-    res["inst"] = np.cumsum(np.r_[True, change]) - 1  # a run of one operator in one layer
+    gathers = copy_ & (op == "aten::index")  # batched_mm's weight gathers (_weight_gathers)
+    change = (codes[1:] != codes[:-1]) | (lay[1:] != lay[:-1]) | gathers[1:] | gathers[:-1]
+    # a run of one operator in one layer; a weight gather is an instance of its own, as eager
+    res["inst"] = np.cumsum(np.r_[True, change]) - 1
     res["evidence"] = np.where(pd.notna(name), "kernel_name", operators.FALLBACK)
     res["how"] = np.where(pd.notna(name), "named", "none")
     info.update(method="kernel_name")
     if shapes is not None:
-        user_shapes(res, model, shapes)
+        user_shapes(res, model, shapes, gathers)
         info["shapes"] = "user"
     return res
 
@@ -799,14 +819,18 @@ def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
     return np.where(model_level | pd.isna(name), -1, lay)
 
 
-def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> None:
+def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes,
+                gathers: np.ndarray | None = None) -> None:
     """Write decode shapes from --batch/--context into a position table's named projections,
     lm_head and attention (in place); for a model with experts the router's logits GEMM
     [B, H] x [H, E] (not when a shared expert's sigmoid gate is also named router), the routed
     experts' gate_up and down as one grouped GEMM over the B·k routed rows
     ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H]: their weights are charged per expected
     active expert, shapes.py) and the shared expert's projections; for a model with q/k norms
-    each as one RMSNorm over [B, heads, d]. Other operators stay without shapes."""
+    each as one RMSNorm over [B, heads, d]. Where the expert GEMMs hold batched_mm's weight
+    gathers (`gathers`, per row), as HF's batched_mm runs them: each gather an `index` of
+    the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm over the B·k gathered copies
+    ([B·k, 2I, H] x [B·k, H, 1]). Other operators stay without shapes."""
     d = dtypes.lookup(model.dtype)
     if d is None:
         raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
@@ -829,22 +853,36 @@ def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes) -> No
     nq, nkv, d = model.num_heads, model.num_kv_heads, model.head_dim
     table["attention"] = ("aten::scaled_dot_product_attention",
                           [[b, nq, 1, d], [b, nkv, s, d], [b, nkv, s, d]])
+    op = res["operator"].to_numpy(dtype=object)
+    gathered = {}  # expert operator -> the shapes of its weight gathers (batched_mm)
     if e is not None:
         rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
-        table["experts_gate_up"] = ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])
-        table["experts_down"] = ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]])
+        if gathers is not None and gathers[np.isin(op, _EXPERT_GEMMS)].any():
+            table["experts_gate_up"] = ("aten::bmm", [[rows, 2 * i, h], [rows, h, 1]])
+            table["experts_down"] = ("aten::bmm", [[rows, h, i], [rows, i, 1]])
+            gathered = {"experts_gate_up": ("aten::index", [[ne, 2 * i, h], []]),
+                        "experts_down": ("aten::index", [[ne, h, i], []])}
+        else:
+            table["experts_gate_up"] = ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])
+            table["experts_down"] = ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]])
     if model.qk_norm:
         table["q_norm"] = ("aten::rms_norm", [[b, nq, d], [d]])
         table["k_norm"] = ("aten::rms_norm", [[b, nkv, d], [d]])
-    op = res["operator"].to_numpy(dtype=object)
-    for name, (op_name, dims) in table.items():
-        hit = op == name
-        if hit.any():
-            res.loc[hit, "op_name"] = op_name
-            res.loc[hit, "input_dims"] = str(dims)
-            res.loc[hit, "input_types"] = str([ttype] * len(dims)).replace("'", '"')
-            res.loc[hit, "concrete_inputs"] = None
-            res.loc[hit, "input_strides"] = None
+    for name, call in table.items():
+        _write_call(res, op == name, call, ttype)
+    for name, call in gathered.items():
+        _write_call(res, (op == name) & gathers, call, ttype)
+
+
+def _write_call(res: pd.DataFrame, hit: np.ndarray, call: tuple[str, list], ttype: str) -> None:
+    """Give the rows `hit` of a position table the op (name, Input Dims) `call` of dtype ttype."""
+    if hit.any():
+        op_name, dims = call
+        res.loc[hit, "op_name"] = op_name
+        res.loc[hit, "input_dims"] = str(dims)
+        res.loc[hit, "input_types"] = str([ttype] * len(dims)).replace("'", '"')
+        res.loc[hit, "concrete_inputs"] = None
+        res.loc[hit, "input_strides"] = None
 
 
 # ----------------------------------------------------------------------------------------------
