@@ -2,6 +2,8 @@
 events are skipped and counted in meta while every valid microsecond of device time is kept."""
 
 import gzip
+import importlib
+import importlib.util
 import json
 import math
 
@@ -9,7 +11,7 @@ import pytest
 
 from tests.builders import gpu_trace, write
 from trace_roofline.errors import InputError
-from trace_roofline.trace import load_trace, load_traces
+from trace_roofline.trace import load_trace, load_traces, read
 
 
 def good_bytes() -> bytes:
@@ -86,7 +88,18 @@ def test_a_bad_file_in_a_directory_names_that_file(tmp_path):
         load_traces(tmp_path)
 
 
-def test_truncated_and_corrupt_gzip(tmp_path):
+INFLATERS = [pytest.param(importlib.import_module(m), id=m) for m in ("zlib", "isal.isal_zlib")
+             if importlib.util.find_spec(m.split(".")[0])]
+
+
+@pytest.fixture(params=INFLATERS)
+def inflater(request, monkeypatch):
+    """Each gzip inflater trace/read.py may use: ISA-L's where installed, zlib's otherwise."""
+    monkeypatch.setattr(read, "inflating", request.param)
+    return request.param
+
+
+def test_truncated_and_corrupt_gzip(tmp_path, inflater):
     packed = gzip.compress(good_bytes())
     p = tmp_path / "cut.json.gz"
     p.write_bytes(packed[: len(packed) // 2])
@@ -103,6 +116,21 @@ def test_truncated_and_corrupt_gzip(tmp_path):
     p = tmp_path / "truncated_json_inside.json.gz"
     p.write_bytes(gzip.compress(good_bytes()[:-10]))
     expect_error(p, "truncated JSON")
+
+
+def test_both_inflaters_give_the_same_document(tmp_path, inflater):
+    """Concatenated gzip members (zero padding between them ignored), read in chunks smaller
+    than a member: the same bytes as the standard library's gzip module gives."""
+    text = good_bytes()
+    members = gzip.compress(text[:100]) + b"\0" * 7 + gzip.compress(text[100:], compresslevel=1)
+    p = tmp_path / "members.json.gz"
+    p.write_bytes(members)
+    with open(p, "rb") as f:
+        got = read.gunzip(p, f, len(members), 64, None)
+    assert bytes(got) == text == gzip.decompress(members.replace(b"\0" * 7, b""))
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(text)
+    assert load_trace(p).device.equals(load_trace(plain).device)
 
 
 def kernel(ts=1.0, dur=1.0, **over):
