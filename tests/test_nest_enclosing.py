@@ -59,3 +59,38 @@ def test_queries_match_brute_force(seed):
             np.testing.assert_array_equal(sub.outermost(q, qk) if outermost
                                           else sub.innermost(q, qk), want)
             np.testing.assert_array_equal(nest.enclosing(m, inner, outermost), want)
+
+
+def test_a_child_ending_past_its_parent_does_not_hold_the_next_sibling():
+    """Whole microseconds (older Kineto): B, a child of A, ends 1 µs past A, rounded. C starts
+    where A ends: a top-level op, not A's descendant, so its launches' outermost op is C
+    (before: A, which had ended). B is cut back to A's end."""
+    s = np.array([100, 106, 110, 112]) * 1000  # A, B (in A), C, D (in C)
+    e = np.array([110, 111, 120, 115]) * 1000
+    nest = Nest(s, e, np.zeros(4, np.int64))
+    np.testing.assert_array_equal(nest.depth, [0, 1, 0, 1])
+    q = np.array([105_000, 108_000, 110_500, 113_000, 125_000])
+    qk = np.zeros(len(q), np.int64)
+    np.testing.assert_array_equal(nest.innermost(q, qk), [0, 1, 2, 3, -1])
+    np.testing.assert_array_equal(nest.outermost(q, qk), [0, 0, 2, 2, -1])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_overhanging_children_answer_as_if_cut_back(seed):
+    """Random proper trees whose children end up to 3 ns past their parents (a third of them):
+    every query answers as on the trees with those ends cut back to the parents' ends."""
+    rng = np.random.default_rng(100 + seed)
+    s, e, k = _intervals(rng)
+    proper = Nest(s, e, k)
+    par = np.full(len(s), -1)
+    par[proper._sorted[0]] = np.where(proper._parent >= 0,
+                                      proper._sorted[0][np.maximum(proper._parent, 0)], -1)
+    grow = ((par >= 0) & (rng.random(len(s)) < 0.3) & (e == np.where(par >= 0, e[par], -1))
+            & (s > np.where(par >= 0, s[par], s)))  # (equal starts: the longer is the parent)
+    rough = e + np.where(grow, rng.integers(1, 4, len(s)), 0)
+    nest = Nest(s, rough, k)
+    q = np.concatenate([rng.integers(-2, 403, 500), s, e])
+    qk = np.concatenate([rng.choice([-1, 0, 1, 3], 500), k, k])
+    np.testing.assert_array_equal(nest.depth, proper.depth)
+    np.testing.assert_array_equal(nest.innermost(q, qk), proper.innermost(q, qk))
+    np.testing.assert_array_equal(nest.outermost(q, qk), proper.outermost(q, qk))

@@ -80,16 +80,32 @@ class Nest:
             self._lo, self._span = 0, 2 * len(self._grid) + 2
         s, e = self._flat(start, key), self._flat(end, key)
         del start, end, key
-        # start ascending, then the longer first, then file order: a parent precedes its child.
-        # Profiler tables usually come in that order already; else two stable sorts (= lexsort;
-        # timsort is fast on events nearly in time order).
-        later = s[1:] > s[:-1]
-        if not (later | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))).all():
-            order = np.argsort(-e, kind="stable")
-            order = order[np.argsort(s[order], kind="stable")]
-            rows, s, e = rows[order], s[order], e[order]
+        rows, s, e = _in_start_order(rows, s, e)
         by_end = np.argsort(e, kind="stable")
         self._build(rows, s, e, rows[by_end], e[by_end])
+        clamped = self._clamped_ends()
+        if clamped is not None:  # improperly nested: build again, each child within its parent
+            rows, s, e = _in_start_order(rows, s, clamped)
+            by_end = np.argsort(e, kind="stable")
+            self._build(rows, s, e, rows[by_end], e[by_end])
+
+    def _clamped_ends(self) -> np.ndarray | None:
+        """None when every interval ends within its parent (proper nesting); else the ends
+        with each child's cut back to its parent's, level by level from the top. A profiler
+        that writes whole microseconds rounds a child's end past its parent's by one; kept,
+        that overhang would hold the next sibling's start open and make it the child's
+        sibling one level down. An interval that starts at or after its parent's (clamped)
+        end has a parent only by that mistake and keeps its own end."""
+        e, par = self._sorted[2], self._parent
+        has = par >= 0
+        if not (e[has] > e[par[has]]).any():
+            return None
+        s, out = self._sorted[1], e.copy()
+        for level in self._levels[1:]:
+            up = par[level]
+            inside = s[level] < out[up]
+            out[level[inside]] = np.minimum(out[level[inside]], out[up[inside]])
+        return out
 
     def _build(self, rows: np.ndarray, s: np.ndarray, e: np.ndarray, end_rows: np.ndarray,
                ends: np.ndarray) -> None:
@@ -199,3 +215,16 @@ class Nest:
         the root of the innermost one's tree."""
         return self.enclosing(np.ones(self._len, dtype=bool), self.innermost(q_ns, q_key),
                               outermost=True)
+
+
+def _in_start_order(rows: np.ndarray, s: np.ndarray, e: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Intervals sorted by start ascending, then the longer first, then file order: a parent
+    precedes its child. Profiler tables usually come in that order already; else two stable
+    sorts (= lexsort; timsort is fast on events nearly in time order)."""
+    later = s[1:] > s[:-1]
+    if (later | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))).all():
+        return rows, s, e
+    order = np.argsort(-e, kind="stable")
+    order = order[np.argsort(s[order], kind="stable")]
+    return rows[order], s[order], e[order]
