@@ -184,14 +184,15 @@ def test_vllm_fused_moe_kernels_by_name(tmp_path, name, model):
     fused = np.flatnonzero(kernels == "fused_moe_kernel")
     assert b_op[fused].tolist() == ["experts_gate_up", "experts_down"] * (len(fused) // 2)
     assert set(b_op) >= MOE_OPS
-    # --batch 8: the experts over 8·k rows; the router's logits GEMM, unless a shared expert's
-    # sigmoid gate (H -> 1) is also named router (Qwen1.5-MoE): then neither gets a shape
+    # --batch 8: the experts over 8·k rows; the router's logits GEMM and, where a shared
+    # expert's sigmoid gate (H -> 1) is also named router (Qwen1.5-MoE), that gate's GEMM:
+    # each router instance takes the shape of the GEMM the layout names in it
     a = tr.analyze_trace(path, spec, decode_shapes=graphs.DecodeShapes(8, 512))
     flops = a.costed.groupby("operator")["flops"].sum()
     e, h, n = spec.experts, spec.hidden_size, 2 * LAYERS
     assert flops["experts_gate_up"] == n * 2 * 8 * e.top_k * h * 2 * e.intermediate_size
     assert flops["experts_down"] == n * 2 * 8 * e.top_k * e.intermediate_size * h
-    assert flops["router"] == (0 if e.shared_gate else n * 2 * 8 * h * e.num_experts)
+    assert flops["router"] == n * 2 * 8 * h * (e.num_experts + (1 if e.shared_gate else 0))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -251,20 +252,25 @@ def test_more_forms_named_from_kernel_names_as_their_mapping(model, form):
                                   if model.startswith("qwen1.5") else set())
 
 
-@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
-def test_batched_mm_replays_costed_from_user_shapes_as_eager(model):
-    """--batch 4 --context 1024 on batched_mm replays: each weight gather an `index` of the
-    [E, 2I, H] (or [E, H, I]) weights, A active experts read and B·k copies written, the GEMM
-    a bmm over the B·k copies: FLOPs and bytes equal the eager mapping run's (where they were
-    costed as a grouped GEMM before, reading the weights once: a quarter of Mixtral's bytes)."""
+@pytest.mark.parametrize(("model", "form"), [
+    ("mixtral-8x7b", "batchedmm"), ("qwen3-30b-a3b", "batchedmm"),
+    ("qwen1.5-moe-a2.7b", "batchedmm"), ("qwen1.5-moe-a2.7b", "groupedmm")])
+def test_replays_costed_from_user_shapes_as_eager(model, form):
+    """--batch 4 --context 1024: batched_mm's weight gathers each an `index` of the [E, 2I, H]
+    (or [E, H, I]) weights, A active experts read and B·k copies written, its GEMM a bmm over
+    the B·k copies (before: a grouped GEMM reading the weights once, a quarter of Mixtral's
+    bytes); Qwen1.5-MoE's router logits [B, H] x [H, 60] and shared expert gate [B, H] x
+    [H, 1] each in its own `router` instance (before: neither shaped, the routing unknown and
+    the gathers uncosted). The experts' FLOPs and bytes equal the eager mapping run's."""
     spec = tr.get_model(model)
-    a = tr.analyze_trace(FORMS.format(model, "batchedmm", "graph"), spec,
+    a = tr.analyze_trace(FORMS.format(model, form, "graph"), spec,
                          decode_shapes=graphs.DecodeShapes(BATCH, 1024))
-    m = tr.analyze_trace(FORMS.format(model, "batchedmm", "mapping"), spec)
+    m = tr.analyze_trace(FORMS.format(model, form, "mapping"), spec)
     got = a.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
     want = m.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
+    calls = ("aten::index", "aten::bmm") if form == "batchedmm" else ("aten::_grouped_mm",)
     for op in ("experts_gate_up", "experts_down"):
-        for call in ("aten::index", "aten::bmm"):
+        for call in calls:
             for col in ("flops", "bytes"):
                 assert got.loc[(op, call), col] == pytest.approx(want.loc[(op, call), col],
                                                                   rel=1e-12), (op, call, col)

@@ -799,7 +799,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     res["how"] = np.where(pd.notna(name), "named", "none")
     info.update(method="kernel_name")
     if shapes is not None:
-        user_shapes(res, model, shapes, gathers)
+        user_shapes(res, model, shapes, gathers, gemm_name)
         info["shapes"] = "user"
     return res
 
@@ -820,58 +820,71 @@ def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
 
 
 def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes,
-                gathers: np.ndarray | None = None) -> None:
+                gathers: np.ndarray | None = None, gemms: np.ndarray | None = None) -> None:
     """Write decode shapes from --batch/--context into a position table's named projections,
     lm_head and attention (in place); for a model with experts the router's logits GEMM
-    [B, H] x [H, E] (not when a shared expert's sigmoid gate is also named router), the routed
-    experts' gate_up and down as one grouped GEMM over the B·k routed rows
-    ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H]: their weights are charged per expected
-    active expert, shapes.py) and the shared expert's projections; for a model with q/k norms
-    each as one RMSNorm over [B, heads, d]. Where the expert GEMMs hold batched_mm's weight
-    gathers (`gathers`, per row), as HF's batched_mm runs them: each gather an `index` of
-    the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm over the B·k gathered copies
-    ([B·k, 2I, H] x [B·k, H, 1]). Other operators stay without shapes."""
+    [B, H] x [H, E], the routed experts' gate_up and down as one grouped GEMM over the B·k
+    routed rows ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H]: their weights are charged per
+    expected active expert, shapes.py) and the shared expert's projections; for a model with
+    q/k norms each as one RMSNorm over [B, heads, d]. Where the expert GEMMs hold batched_mm's
+    weight gathers (`gathers`, per row), as HF's batched_mm runs them: each gather an `index`
+    of the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm over the B·k gathered copies
+    ([B·k, 2I, H] x [B·k, H, 1]). A shared expert's sigmoid gate (H -> 1) is named `router`
+    too: with `gemms` (per row, the GEMM its layout names there) each `router` instance takes
+    the shape of its own GEMM, without them neither is given one. Other operators stay
+    without shapes."""
     d = dtypes.lookup(model.dtype)
     if d is None:
         raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
     ttype = next((sp for sp in d.spellings if sp.startswith("c10::")),
                  d.spellings[0] if d.spellings else d.name)
-    b, s = shapes.batch, shapes.context
-    h = model.hidden_size
-    lin = {**model.linears(), **model.fused_linears(), "lm_head": (h, model.vocab_size, False)}
-    e = model.experts
-    if e is not None:  # the shared expert's sigmoid gate (H -> 1) is named router too: neither
-        lin |= {k: v for k, v in model.moe_linears().items()  # is given the logits' shape
-                if (k.startswith("shared_") and k != "shared_expert_gate")
-                or (k == "router" and not e.shared_gate)}
-    table = {}
-    for name, (k, n, bias) in lin.items():
-        if bias:
-            table[name] = ("aten::addmm", [[n], [b, k], [k, n]])
-        else:
-            table[name] = ("aten::mm", [[b, k], [k, n]])
-    nq, nkv, d = model.num_heads, model.num_kv_heads, model.head_dim
-    table["attention"] = ("aten::scaled_dot_product_attention",
-                          [[b, nq, 1, d], [b, nkv, s, d], [b, nkv, s, d]])
+    b, s, h, e = shapes.batch, shapes.context, model.hidden_size, model.experts
     op = res["operator"].to_numpy(dtype=object)
-    gathered = {}  # expert operator -> the shapes of its weight gathers (batched_mm)
-    if e is not None:
-        rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
-        if gathers is not None and gathers[np.isin(op, _EXPERT_GEMMS)].any():
-            table["experts_gate_up"] = ("aten::bmm", [[rows, 2 * i, h], [rows, h, 1]])
-            table["experts_down"] = ("aten::bmm", [[rows, h, i], [rows, i, 1]])
-            gathered = {"experts_gate_up": ("aten::index", [[ne, 2 * i, h], []]),
-                        "experts_down": ("aten::index", [[ne, h, i], []])}
-        else:
-            table["experts_gate_up"] = ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])
-            table["experts_down"] = ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]])
+    lin = {**model.linears(), **model.fused_linears(), "lm_head": (h, model.vocab_size, False)}
+    moe_lin = model.moe_linears() if e is not None else {}
+    lin |= {k: v for k, v in moe_lin.items() if k.startswith("shared_") and k != "shared_expert_gate"}
+    table = {name: _gemm_call(b, *kn) for name, kn in lin.items()}
+    nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
+    table["attention"] = ("aten::scaled_dot_product_attention",
+                          [[b, nq, 1, hd], [b, nkv, s, hd], [b, nkv, s, hd]])
     if model.qk_norm:
-        table["q_norm"] = ("aten::rms_norm", [[b, nq, d], [d]])
-        table["k_norm"] = ("aten::rms_norm", [[b, nkv, d], [d]])
-    for name, call in table.items():
-        _write_call(res, op == name, call, ttype)
-    for name, call in gathered.items():
-        _write_call(res, (op == name) & gathers, call, ttype)
+        table["q_norm"] = ("aten::rms_norm", [[b, nq, hd], [hd]])
+        table["k_norm"] = ("aten::rms_norm", [[b, nkv, hd], [hd]])
+    calls = [(op == name, call) for name, call in table.items()]
+    if e is not None:
+        batched = gathers is not None and gathers[np.isin(op, _EXPERT_GEMMS)].any()
+        calls += _expert_calls(op, model, b, gathers if batched else None)
+        router = op == "router"
+        if not e.shared_gate:
+            calls.append((router, _gemm_call(b, *moe_lin["router"])))
+        elif gemms is not None:  # each router instance by the GEMM in it
+            role = pd.Series(gemms, dtype=object).groupby(res["inst"].to_numpy()).transform(
+                "first").to_numpy(dtype=object)
+            calls += [(router & (role == name), _gemm_call(b, *moe_lin[name]))
+                      for name in ("router", "shared_expert_gate")]
+    for hit, call in calls:
+        _write_call(res, hit, call, ttype)
+
+
+def _gemm_call(b: int, k: int, n: int, bias: bool) -> tuple[str, list]:
+    """A linear's op over B rows: addmm with its bias, else mm."""
+    return ("aten::addmm", [[n], [b, k], [k, n]]) if bias else ("aten::mm", [[b, k], [k, n]])
+
+
+def _expert_calls(op: np.ndarray, model: ModelSpec, b: int, gathers: np.ndarray | None
+                  ) -> list[tuple[np.ndarray, tuple[str, list]]]:
+    """The routed experts' ops over the B·k routed rows (user_shapes): one grouped GEMM each,
+    or with batched_mm's weight `gathers` an index of the weights and a bmm."""
+    e, h = model.experts, model.hidden_size
+    rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
+    up, down = op == "experts_gate_up", op == "experts_down"
+    if gathers is None:
+        return [(up, ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])),
+                (down, ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]]))]
+    return [(up & ~gathers, ("aten::bmm", [[rows, 2 * i, h], [rows, h, 1]])),
+            (down & ~gathers, ("aten::bmm", [[rows, h, i], [rows, i, 1]])),
+            (up & gathers, ("aten::index", [[ne, 2 * i, h], []])),
+            (down & gathers, ("aten::index", [[ne, h, i], []]))]
 
 
 def _write_call(res: pd.DataFrame, hit: np.ndarray, call: tuple[str, list], ttype: str) -> None:
