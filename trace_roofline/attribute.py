@@ -603,9 +603,9 @@ def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
     [E, N, K] weights that feed a weight-first `bmm` of the same (K, N)."""
     base = _naming.Names.of(inst["op_name"]).mapped(operators.base_names)
     has = (inst["WE"] >= 0).to_numpy()
-    kn = inst[["WK", "WN"]].to_numpy()
-    bmm = set(map(tuple, kn[has & base.isin(["bmm"])].tolist()))
-    gathered = base.isin(["index"]) & has & np.array([tuple(r) in bmm for r in kn.tolist()])
+    wk, wn = inst["WK"].to_numpy(np.int64), inst["WN"].to_numpy(np.int64)
+    kn = wk * (int(wn.max(initial=0)) + 1) + wn  # one key per (K, N)
+    gathered = base.isin(["index"]) & has & np.isin(kn, kn[has & base.isin(["bmm"])])
     grouped = base.isin(["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"])
     return inst.loc[(grouped & has) | gathered,
                     ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
