@@ -600,6 +600,40 @@ def test_inferred_shared_expert_and_heads_without_gqa():
         "router": (2048, 60), "lm_head": (2048, 151936)}
 
 
+# Qwen3-0.6B-like: H 1024, q 2048 (16 x 128), kv 1024 = H, I 3072; 6 attention calls
+QWEN3_SMALL = {(1024, 2048): 6, (1024, 1024): 12, (2048, 1024): 6, (1024, 3072): 12,
+               (3072, 1024): 6, (1024, 151936): 3}
+
+
+@pytest.mark.parametrize("calls", [0, 6])
+def test_inferred_dense_layer_whose_kv_width_is_the_hidden_size(calls):
+    """k and v (H, H) run 2 x 6 times, as often per call as q and o would if they shared
+    (H, H): on that tie o_proj is the other GEMM into H, (2048, 1024). Fused, qkv (1024, 4096)
+    is twice an MLP's width (2048, which o_proj's shape mimics), not the lm_head."""
+    assert _naming.infer_linears(_counts(QWEN3_SMALL), calls) == {
+        "q_proj": (1024, 2048), "k_proj": (1024, 1024), "v_proj": (1024, 1024),
+        "o_proj": (2048, 1024), "gate_proj": (1024, 3072), "up_proj": (1024, 3072),
+        "down_proj": (3072, 1024), "lm_head": (1024, 151936)}
+    fused = {(1024, 4096): 6, (2048, 1024): 6, (1024, 6144): 6, (3072, 1024): 6,
+             (1024, 151936): 3}
+    assert _naming.infer_linears(_counts(fused), calls) == {
+        "qkv_proj": (1024, 4096), "o_proj": (2048, 1024), "gate_up_proj": (1024, 6144),
+        "down_proj": (3072, 1024), "lm_head": (1024, 151936)}
+
+
+def test_an_mlp_running_more_often_than_attention_is_experts_only_with_a_router():
+    """A hybrid with attention in 3 of 8 layers runs its MLP 8 times per 3 attention calls:
+    without a router (H, E) that is a dense MLP, not experts. A MoE whose first layer is
+    dense runs its router less often than the attention: still its router."""
+    hybrid = {(1024, 1024): 6, (1024, 256): 6, (1024, 3072): 16, (3072, 1024): 8}
+    got = _naming.infer_linears(_counts(hybrid), calls=3)
+    assert got["down_proj"] == (3072, 1024) and "experts_down" not in got
+    first_dense = {(4096, 4096): 12, (4096, 1024): 12, (4096, 8): 4, (4096, 28672): 22,
+                   (14336, 4096): 22, (4096, 32000): 3}  # 6 calls, 2 of them dense layers
+    got = _naming.infer_linears(_counts(first_dense), calls=6)
+    assert got["router"] == (4096, 8) and got["experts_down"] == (14336, 4096)
+
+
 @pytest.mark.parametrize("calls", [0, 3])
 def test_no_linears_inferred_from_gemms_of_no_decoder_layer(calls):
     """A matmul loop, or a classifier head after some attention: no MLP and no o_proj."""

@@ -75,6 +75,27 @@ def test_a_child_ending_past_its_parent_does_not_hold_the_next_sibling():
     np.testing.assert_array_equal(nest.outermost(q, qk), [0, 0, 2, 2, -1])
 
 
+@pytest.mark.parametrize(("s", "e", "depth", "inner", "outer"), [
+    # siblings B and C under A, B rounded 1 µs into C: B ends where C starts (a launch at 25 µs
+    # is C's, as it was before any mending)
+    ([0, 10, 20], [100, 21, 90], [0, 1, 1], [1, 2, 2], [0, 0, 0]),
+    # A and B start in the same µs, B rounded past A (so B, the longer, holds A) and 1 µs into
+    # the next op C: B ends where C starts, C is a top-level op and D's outermost
+    ([100, 100, 110, 112], [110, 111, 120, 115], [1, 0, 0, 1], [0, 2, 3], [1, 2, 2]),
+    # an overlap far beyond rounding is left as it is
+    ([0, 10, 50], [100, 60, 90], [0, 1, 2], [1, 1, 1], [0, 0, 0]),
+])
+def test_siblings_rounded_into_each_other(s, e, depth, inner, outer):
+    """Whole microseconds: an interval that seems to hold another which ends well after it
+    only reaches into it by rounding (<= 1 µs): the two are siblings."""
+    q = {3: np.array([15_000, 20_500, 25_000]), 4: np.array([105_000, 110_500, 113_000])}[len(s)]
+    nest = Nest(np.array(s) * 1000, np.array(e) * 1000, np.zeros(len(s), np.int64))
+    qk = np.zeros(len(q), np.int64)
+    np.testing.assert_array_equal(nest.depth, depth)
+    np.testing.assert_array_equal(nest.innermost(q, qk), inner)
+    np.testing.assert_array_equal(nest.outermost(q, qk), outer)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_overhanging_children_answer_as_if_cut_back(seed):
     """Random proper trees whose children end up to 3 ns past their parents (a third of them):

@@ -463,11 +463,13 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
         if n == h and i != h and (c.get((h, i), 0) >= 2 * cnt
                                   or ((h, i) not in c and c.get((h, 2 * i), 0) >= cnt)):
             mlps[i] = (h, i) not in c
-    dense = [i for i in mlps if not calls or c[(i, h)] <= calls]
-    experts = [i for i in mlps if calls and c[(i, h)] > calls]
+    routed = bool(_per_call(c, h, calls, set()))  # a router (H, E) backs an expert loop
+    experts = [i for i in mlps if routed and c[(i, h)] > calls]
+    dense = [i for i in mlps if i not in experts]
     if not dense and not calls:
         return None
-    out = _attention_linears(c, h, calls or c[(max(dense), h)], calls, mlps)
+    chosen = ([max(dense)] if dense else []) + experts  # (the MLP patterns that are MLPs)
+    out = _attention_linears(c, h, calls or c[(max(dense), h)], calls, chosen)
     if not dense and not _attention_runs_per_call(out, c, calls):
         return None
     if dense:
@@ -484,12 +486,14 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
 
 
 def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: int,
-                       mlps: dict[int, bool]) -> dict[str, tuple[int, int]]:
+                       mlps: list[int]) -> dict[str, tuple[int, int]]:
     """q, k, v (or a fused qkv) and o of GEMM counts `c` (infer_linears): o_proj is the GEMM
-    into H, not an MLP's, that runs closest to `unit` times per call (twice when q = H)."""
+    into H, not one of the `mlps`' down projections, that runs closest to `unit` times (twice
+    for (H, H), which q_proj shares; on a tie the other: (H, H) may be k and v, kv = H)."""
     out: dict[str, tuple[int, int]] = {}
     o = [(k, cnt) for (k, n), cnt in c.items() if n == h and k not in mlps]
-    q = min(o, key=lambda kc: abs(kc[1] / (2 if kc[0] == h else 1) - unit))[0] if o else h
+    q = min(o, key=lambda kc: (abs(kc[1] / (2 if kc[0] == h else 1) - unit), kc[0] == h))[0] \
+        if o else h
     if c.get((h, q), 0) >= (2 * unit if q == h else 1):
         out["q_proj"] = (h, q)
         kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q
@@ -501,7 +505,7 @@ def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: 
             out["k_proj"] = out["v_proj"] = (h, h)
     else:
         fused_qkv = [n for (k, n) in c if k == h and n > q and (n - q) % 2 == 0
-                     and not any(n in (i, 2 * i) for i in mlps)]
+                     and not any(n in (i, 2 * i) for i in mlps)]  # (not an MLP's up)
         if fused_qkv:
             out["qkv_proj"] = (h, min(fused_qkv))
     out["o_proj"] = (q, h)
@@ -510,17 +514,23 @@ def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: 
 
 def _router(c: dict[tuple[int, int], int], h: int, calls: int,
             used: set[tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    """The router (H, E) of an expert loop and a shared expert's gate (H, 1): GEMMs from H
-    that run once per attention call and are no other linear (the narrowest is the router)."""
+    """The router (H, E) of an expert loop (the narrowest of `_per_call`'s) and a shared
+    expert's gate (H, 1), if it runs as often as a router may."""
     out = {}
-    per_call = sorted(n for (k, n), cnt in c.items() if k == h and cnt == calls
-                      and (k, n) not in used)
-    if per_call and per_call[0] == 1:
+    if c.get((h, 1), calls + 1) <= calls and (h, 1) not in used:
         out["shared_expert_gate"] = (h, 1)
-        per_call = per_call[1:]
-    if per_call:
+    if per_call := _per_call(c, h, calls, used):
         out["router"] = (h, per_call[0])
     return out
+
+
+def _per_call(c: dict[tuple[int, int], int], h: int, calls: int,
+              used: set[tuple[int, int]]) -> list[int]:
+    """The N of GEMMs (H, N), 2 <= N < H, no linear in `used`, that run at most once per
+    attention call, as a MoE layer's router does (k and v run twice, the lm_head is wider
+    than H), narrowest first."""
+    return sorted(n for (k, n), cnt in c.items()
+                  if k == h and 2 <= n < h and 0 < cnt <= calls and (k, n) not in used)
 
 
 def _attention_runs_per_call(linears: dict[str, tuple[int, int]],

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+ROUNDING_NS = 1000  # how far whole-microsecond timestamps may push an interval's end
+
 
 def to_ns(us: pd.Series | np.ndarray) -> np.ndarray:
     """Float µs -> int64 ns (Kineto writes ns-precision µs: rounding recovers the exact ns)."""
@@ -91,20 +93,26 @@ class Nest:
 
     def _clamped_ends(self) -> np.ndarray | None:
         """None when every interval ends within its parent (proper nesting); else the ends
-        with each child's cut back to its parent's, level by level from the top. A profiler
-        that writes whole microseconds rounds a child's end past its parent's by one; kept,
-        that overhang would hold the next sibling's start open and make it the child's
-        sibling one level down. An interval that starts at or after its parent's (clamped)
-        end has a parent only by that mistake and keeps its own end."""
+        mended where a profiler that writes whole microseconds rounded them across each
+        other (by up to ROUNDING_NS), level by level from the top:
+        - a child that ends past its parent by that much is cut back to its parent's end
+          (kept, the overhang would hold the next sibling's start open and make that sibling
+          the child's, one level down);
+        - a parent whose end reaches that far into an interval it seems to hold, but which
+          ends well after it, is cut back to that interval's start: the two are siblings.
+        Other overlaps are left as they are; so are times on the rank grid (`_grid`)."""
         e, par = self._sorted[2], self._parent
         has = par >= 0
-        if not (e[has] > e[par[has]]).any():
+        if self._grid is not None or not (e[has] > e[par[has]]).any():
             return None
         s, out = self._sorted[1], e.copy()
         for level in self._levels[1:]:
             up = par[level]
-            inside = s[level] < out[up]
-            out[level[inside]] = np.minimum(out[level[inside]], out[up[inside]])
+            over = out[level] - out[up]
+            child = (over > 0) & (over <= ROUNDING_NS)
+            out[level[child]] = out[up[child]]
+            sibling = (over > ROUNDING_NS) & (out[up] - s[level] <= ROUNDING_NS)
+            np.minimum.at(out, up[sibling], s[level[sibling]])
         return out
 
     def _build(self, rows: np.ndarray, s: np.ndarray, e: np.ndarray, end_rows: np.ndarray,

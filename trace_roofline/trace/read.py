@@ -16,9 +16,9 @@ from pathlib import Path
 from trace_roofline.errors import InputError
 from trace_roofline.trace.schema import Progress
 
-try:  # ISA-L's inflate (python-isal): 1.8x zlib's on a 1 GB trace; zlib's API and errors
+try:  # ISA-L's inflate (python-isal, the `gzip` extra): 1.8x zlib's on a 1 GB trace
     from isal import isal_zlib as inflating
-except ImportError:  # (a platform without its wheel) the standard library's
+except ImportError:  # not installed: the standard library's, which it mirrors
     import zlib as inflating
 
 CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
@@ -163,19 +163,20 @@ def read_into(f, buf, n: int, progress: Progress | None, total: int) -> int:
 
 
 def gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> bytearray:
-    """Inflate gzip file `f` (`size` bytes, read `chunk` at a time), concatenated members too,
-    with `inflating` (ISA-L where installed, else zlib: the same bytes and the same errors)."""
+    """Inflate gzip file `f` (`size` bytes, read `chunk` at a time), concatenated members too
+    (zero padding between them ignored, across chunks too), with `inflating` (ISA-L where
+    installed, else zlib: the same bytes; a corrupt or truncated file is an InputError with
+    either, though ISA-L accepts a header whose reserved flag bits are set)."""
     out = bytearray()
     d, fed, done = inflating.decompressobj(wbits=31), False, 0
     try:
         while data := f.read(chunk):
             done += len(data)
-            while data:
+            while data := (data if fed else data.lstrip(b"\x00")):
                 out += d.decompress(data)
                 data, fed = b"", True
-                if d.eof:  # next member of a concatenated gzip; zero padding is ignored
-                    data = d.unused_data.lstrip(b"\x00")
-                    d, fed = inflating.decompressobj(wbits=31), False
+                if d.eof:  # next member of a concatenated gzip
+                    data, d, fed = d.unused_data, inflating.decompressobj(wbits=31), False
             if progress:
                 progress("read", done, size)
     except inflating.error as e:
