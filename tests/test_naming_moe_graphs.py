@@ -274,3 +274,21 @@ def test_replays_costed_from_user_shapes_as_eager(model, form):
             for col in ("flops", "bytes"):
                 assert got.loc[(op, call), col] == pytest.approx(want.loc[(op, call), col],
                                                                   rel=1e-12), (op, call, col)
+
+
+def test_refused_mapping_shapes_cost_batched_mm_from_user_shapes():
+    """A mapping run at B = 4 with --batch 8: its names are carried, its shapes refused, and
+    the batched_mm experts costed from the given shapes as batched_mm (a gather, then a bmm
+    over B·k = 16 rows; before: both as one grouped GEMM). FLOPs by hand: 2·16·2I·H per layer
+    and replay for gate_up, 2·16·H·I for down."""
+    spec = tr.get_model("mixtral-8x7b")
+    e, h = spec.experts, spec.hidden_size
+    a = tr.analyze_trace(FORMS.format("mixtral-8x7b", "batchedmm", "graph"), spec,
+                         graph_map=FORMS.format("mixtral-8x7b", "batchedmm", "mapping"),
+                         decode_shapes=graphs.DecodeShapes(8, 1024))
+    assert "costed from the given decode shapes" in a.graphs.flags[0]
+    got = a.costed.groupby(["operator", "op_name"])["flops"].sum()
+    n, rows = REPLAYS * LAYERS, 8 * e.top_k
+    assert got[("experts_gate_up", "aten::bmm")] == n * 2 * rows * 2 * e.intermediate_size * h
+    assert got[("experts_down", "aten::bmm")] == n * 2 * rows * e.intermediate_size * h
+    assert got[("experts_gate_up", "aten::index")] == 0

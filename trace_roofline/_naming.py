@@ -272,10 +272,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe"):
         out[col] = op[col] | top[col]
-    # an engine's dispatching attention op does not make the ops inside it attention: they are
-    # instances of their own (attribute.py), a cache write among them
-    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH).to_numpy(dtype=bool)
-    out["attn"] = op["attn"] | (top["attn"] & ~dispatch)
+    out["attn"] = _attention_ops(rows).to_numpy(dtype=bool)
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
@@ -431,7 +428,9 @@ def attention_calls(inst: pd.DataFrame) -> int:
 
 
 def _attention_ops(rows: pd.DataFrame) -> pd.Series:
-    """Per distinct (op_name, top_name): whether the op is attention (classify's `attn`)."""
+    """Per distinct (op_name, top_name): whether the op is attention, or inside one (classify's
+    `attn`). An engine's dispatching attention op does not make the ops inside it attention:
+    they are instances of their own (attribute.py), a cache write among them."""
     op = operators.recognise(operators.ATTENTION, base_name(rows["op_name"]))
     top = operators.recognise(operators.ATTENTION, base_name(rows["top_name"]))
     dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH).fillna(False)

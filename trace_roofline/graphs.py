@@ -565,11 +565,14 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
                    "names carried, the mapping's shapes not")
     info["shapes"] = "mapping"
     if refuse:
+        # batched_mm's weight gathers, as the mapping names their op, before its shapes go
+        gathers = (res["operator"].isin(_EXPERT_GEMMS)
+                   & res["op_name"].eq("aten::index")).to_numpy(dtype=bool)
         res.loc[:, ["op_name", "input_dims", "input_types", "concrete_inputs",
                     "input_strides"]] = None
         info["shapes"] = "none"
         if shapes is not None and model is not None:
-            user_shapes(res, model, shapes)
+            user_shapes(res, model, shapes, gathers)
             info["shapes"] = "user"
             why += "; costed from the given decode shapes instead"
     if why:
