@@ -621,17 +621,33 @@ def test_inferred_dense_layer_whose_kv_width_is_the_hidden_size(calls):
         "down_proj": (3072, 1024), "lm_head": (1024, 151936)}
 
 
-def test_an_mlp_running_more_often_than_attention_is_experts_only_with_a_router():
-    """A hybrid with attention in 3 of 8 layers runs its MLP 8 times per 3 attention calls:
-    without a router (H, E) that is a dense MLP, not experts. A MoE whose first layer is
-    dense runs its router less often than the attention: still its router."""
-    hybrid = {(1024, 1024): 6, (1024, 256): 6, (1024, 3072): 16, (3072, 1024): 8}
-    got = _naming.infer_linears(_counts(hybrid), calls=3)
-    assert got["down_proj"] == (3072, 1024) and "experts_down" not in got
+def test_a_router_running_less_often_than_attention_is_still_the_router():
+    """A MoE whose first layer is dense runs its router less often than the attention: still
+    its router. (A hybrid whose MLP runs more often than its attention but without a router:
+    test_counts_that_do_not_add_up_name_nothing_rather_than_the_wrong_gemm.)"""
     first_dense = {(4096, 4096): 12, (4096, 1024): 12, (4096, 8): 4, (4096, 28672): 22,
                    (14336, 4096): 22, (4096, 32000): 3}  # 6 calls, 2 of them dense layers
     got = _naming.infer_linears(_counts(first_dense), calls=6)
     assert got["router"] == (4096, 8) and got["experts_down"] == (14336, 4096)
+
+
+def test_counts_that_do_not_add_up_name_nothing_rather_than_the_wrong_gemm():
+    """An MLA-like layer (q through a low-rank (1024, 640), (640, 2048) pair): no q or fused
+    qkv runs as often as o_proj. The lm_head (1024, 50000) is never qkv_proj (before: it
+    was); with the attention calls the counts do not add up to a layer: nothing named. A
+    hybrid whose q (2048 -> 1024) runs once per call has no router: its MLP is dense. At
+    calls = 0 (eager matmul attention) Qwen1.5-MoE's k and v are (H, H), not its router."""
+    mla = {(1024, 1024): 6, (1024, 640): 6, (640, 2048): 6, (1024, 3072): 12,
+           (3072, 1024): 6, (1024, 50000): 3}
+    got = _naming.infer_linears(_counts(mla), 0)
+    assert "qkv_proj" not in got and got["lm_head"] == (1024, 50000)
+    assert _naming.infer_linears(_counts(mla), 6) is None
+    hybrid = {(2048, 1024): 3, (1024, 2048): 3, (2048, 256): 6, (2048, 8192): 16,
+              (8192, 2048): 8}
+    got = _naming.infer_linears(_counts(hybrid), 3)
+    assert got["down_proj"] == (8192, 2048) and "experts_down" not in got
+    got = _naming.infer_linears(_counts(QWEN15_LOOP), 0)
+    assert got["k_proj"] == got["v_proj"] == (2048, 2048)
 
 
 @pytest.mark.parametrize("calls", [0, 3])

@@ -84,11 +84,16 @@ def test_a_child_ending_past_its_parent_does_not_hold_the_next_sibling():
     ([100, 100, 110, 112], [110, 111, 120, 115], [1, 0, 0, 1], [0, 2, 3], [1, 2, 2]),
     # an overlap far beyond rounding is left as it is
     ([0, 10, 50], [100, 60, 90], [0, 1, 2], [1, 1, 1], [0, 0, 0]),
+    # B past A by 1 µs and C starting at A's end inside B: B cut back to A's end, C never cut
+    # back to nothing (before the guard: an empty interval, and a crash)
+    ([0, 10, 50], [50, 51, 51], [0, 1, 0], [1, 1, 2], [0, 0, 2]),
 ])
 def test_siblings_rounded_into_each_other(s, e, depth, inner, outer):
     """Whole microseconds: an interval that seems to hold another which ends well after it
     only reaches into it by rounding (<= 1 µs): the two are siblings."""
     q = {3: np.array([15_000, 20_500, 25_000]), 4: np.array([105_000, 110_500, 113_000])}[len(s)]
+    if e[-1] == 51:
+        q = np.array([15_000, 49_500, 50_500])
     nest = Nest(np.array(s) * 1000, np.array(e) * 1000, np.zeros(len(s), np.int64))
     qk = np.zeros(len(q), np.int64)
     np.testing.assert_array_equal(nest.depth, depth)
@@ -115,3 +120,14 @@ def test_overhanging_children_answer_as_if_cut_back(seed):
     np.testing.assert_array_equal(nest.depth, proper.depth)
     np.testing.assert_array_equal(nest.innermost(q, qk), proper.innermost(q, qk))
     np.testing.assert_array_equal(nest.outermost(q, qk), proper.outermost(q, qk))
+
+
+def test_a_chain_of_roundings_is_mended_link_by_link():
+    """A [0, 21) holds B [10, 20.8); C [20.5, 90) starts inside B. Mended once, B ends where
+    C starts (siblings under A), but A still reaches 0.5 µs into C; mended again, A ends
+    there too: C is a top-level op, the outermost op of its launches (before: A)."""
+    s, e = np.array([0, 10_000, 20_500]), np.array([21_000, 20_800, 90_000])
+    nest = Nest(s, e, np.zeros(3, np.int64))
+    q = np.array([20_700, 30_000])
+    np.testing.assert_array_equal(nest.depth, [0, 1, 0])
+    np.testing.assert_array_equal(nest.outermost(q, np.zeros(2, np.int64)), [2, 2])

@@ -448,10 +448,11 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
     attention call, k and v once each: (H, kv) 2·calls times, or with q and o 4·calls times
     (H, H) when kv = q = H. An MLP that runs more often than the attention is a MoE layer's
     loop over its hit experts (experts_gate_up, experts_down; the router (H, E) and a shared
-    expert's gate (H, 1) then run once per call). With `calls`, a trace without a dense MLP
-    (every MLP a MoE layer's) still has its attention's linears; without it, the largest
+    expert's gate (H, 1) then run once per call; without such a router the MLP is dense).
+    With `calls`, the attention's linears must each run exactly once per call, and a trace
+    without a dense MLP (every MLP a MoE layer's) still has them; without it, the largest
     MLP's down count stands in for `calls` and an MLP is required. Returns None when no
-    pattern is found (not a decoder layer's GEMMs).
+    pattern is found (not a decoder layer's GEMMs, or counts that do not add up).
     """
     c = {(int(a), int(b)): int(n) for a, b, n in kn[["K", "N", "count"]].itertuples(index=False)}
     if not c:
@@ -469,7 +470,7 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
         return None
     chosen = ([max(dense)] if dense else []) + experts  # (the MLP patterns that are MLPs)
     out = _attention_linears(c, h, calls or c[(max(dense), h)], calls, chosen)
-    if not dense and not _attention_runs_per_call(out, c, calls):
+    if (calls or not dense) and not _attention_runs_per_call(out, c, calls):
         return None
     if dense:
         out |= _mlp_linears(h, max(dense), mlps[max(dense)], _DENSE_MLP)
@@ -495,15 +496,15 @@ def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: 
         if o else h
     if c.get((h, q), 0) >= (2 * unit if q == h else 1):
         out["q_proj"] = (h, q)
-        kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q
-              and (not calls or cnt >= 2 * calls)]
+        kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q and cnt >= 2 * unit]
         if kv:
             n_kv = min(kv, key=lambda nc: abs(nc[1] - 2 * unit))[0]
             out["k_proj"] = out["v_proj"] = (h, n_kv)
-        elif calls and q == h and c[(h, h)] >= 4 * calls:
+        elif q == h and c[(h, h)] >= 4 * unit:
             out["k_proj"] = out["v_proj"] = (h, h)
     else:
-        fused_qkv = [n for (k, n) in c if k == h and n > q and (n - q) % 2 == 0
+        fused_qkv = [n for (k, n), cnt in c.items() if k == h and n > q and (n - q) % 2 == 0
+                     and cnt == c.get((q, h), 0)  # as often as o_proj (not the lm_head)
                      and not any(n in (i, 2 * i) for i in mlps)]  # (not an MLP's up)
         if fused_qkv:
             out["qkv_proj"] = (h, min(fused_qkv))
@@ -527,16 +528,18 @@ def _per_call(c: dict[tuple[int, int], int], h: int, calls: int,
               used: set[tuple[int, int]]) -> list[int]:
     """The N of GEMMs (H, N), 2 <= N < H, no linear in `used`, that run at most once per
     attention call, as a MoE layer's router does (k and v run twice, the lm_head is wider
-    than H), narrowest first."""
+    than H, a q_proj narrower than H has its o_proj (N, H)), narrowest first."""
     return sorted(n for (k, n), cnt in c.items()
-                  if k == h and 2 <= n < h and 0 < cnt <= calls and (k, n) not in used)
+                  if k == h and 2 <= n < h and 0 < cnt <= calls and (k, n) not in used
+                  and c.get((n, h)) != cnt)  # (not a q_proj, whose o_proj runs as often)
 
 
 def _attention_runs_per_call(linears: dict[str, tuple[int, int]],
                              counts: dict[tuple[int, int], int], calls: int) -> bool:
     """Whether the attention's linears (q, k, v or a fused qkv, and o) each run exactly once
     per attention call: a shape shared by several of them as many times more. Without a dense
-    MLP this is all that tells a decoder layer's GEMMs from others (a matmul loop)."""
+    MLP this is all that tells a decoder layer's GEMMs from others (a matmul loop); with one
+    it keeps a MoE layer's shared expert from passing for q and o."""
     shapes = list(linears.values())
     return ("k_proj" in linears or "qkv_proj" in linears) and all(
         counts.get(shape, 0) == calls * shapes.count(shape) for shape in shapes)

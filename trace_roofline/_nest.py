@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 ROUNDING_NS = 1000  # how far whole-microsecond timestamps may push an interval's end
+MENDS = 8  # rounds of mending improperly nested intervals (each mends one more link of a chain)
 
 
 def to_ns(us: pd.Series | np.ndarray) -> np.ndarray:
@@ -85,9 +86,11 @@ class Nest:
         rows, s, e = _in_start_order(rows, s, e)
         by_end = np.argsort(e, kind="stable")
         self._build(rows, s, e, rows[by_end], e[by_end])
-        clamped = self._clamped_ends()
-        if clamped is not None:  # improperly nested: build again, each child within its parent
-            rows, s, e = _in_start_order(rows, s, clamped)
+        for _ in range(MENDS):  # improperly nested: mend, build again (a chain: again)
+            clamped = self._clamped_ends()
+            if clamped is None or (clamped == self._sorted[2]).all():
+                break
+            rows, s, e = _in_start_order(self._sorted[0], self._sorted[1], clamped)
             by_end = np.argsort(e, kind="stable")
             self._build(rows, s, e, rows[by_end], e[by_end])
 
@@ -100,7 +103,9 @@ class Nest:
           the child's, one level down);
         - a parent whose end reaches that far into an interval it seems to hold, but which
           ends well after it, is cut back to that interval's start: the two are siblings.
-        Other overlaps are left as they are; so are times on the rank grid (`_grid`)."""
+        A child cut back never ends at or before its own start. Other overlaps are left as
+        they are; so are times on the rank grid (`_grid`: a trace spanning more than int64
+        nanoseconds per thread allow, where no tolerance in ns applies)."""
         e, par = self._sorted[2], self._parent
         has = par >= 0
         if self._grid is not None or not (e[has] > e[par[has]]).any():
@@ -109,7 +114,7 @@ class Nest:
         for level in self._levels[1:]:
             up = par[level]
             over = out[level] - out[up]
-            child = (over > 0) & (over <= ROUNDING_NS)
+            child = (over > 0) & (over <= ROUNDING_NS) & (s[level] < out[up])
             out[level[child]] = out[up[child]]
             sibling = (over > ROUNDING_NS) & (out[up] - s[level] <= ROUNDING_NS)
             np.minimum.at(out, up[sibling], s[level[sibling]])

@@ -168,15 +168,16 @@ def gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> byte
     installed, else zlib: the same bytes; a corrupt or truncated file is an InputError with
     either, though ISA-L accepts a header whose reserved flag bits are set)."""
     out = bytearray()
-    d, fed, done = inflating.decompressobj(wbits=31), False, 0
+    d, fed, done, between = inflating.decompressobj(wbits=31), False, 0, False
     try:
         while data := f.read(chunk):
             done += len(data)
-            while data := (data if fed else data.lstrip(b"\x00")):
+            while data := (data.lstrip(b"\x00") if between else data):
                 out += d.decompress(data)
-                data, fed = b"", True
+                data, fed, between = b"", True, False
                 if d.eof:  # next member of a concatenated gzip
                     data, d, fed = d.unused_data, inflating.decompressobj(wbits=31), False
+                    between = True
             if progress:
                 progress("read", done, size)
     except inflating.error as e:
