@@ -635,6 +635,25 @@ def _in_child(monkeypatch, name: str, action):
     monkeypatch.setattr(parallel, name, wrapper)
 
 
+def _parent_waits_for_a_claim(monkeypatch):
+    """The parent's first claim waits (up to 10 s) until the worker has claimed a segment: on a
+    slow or busy machine the parent could otherwise claim every event before the worker runs."""
+    real_init, real_parent = parallel.Claims.__init__, parallel.Claims.parent
+
+    def init(self, start, end):
+        real_init(self, start, end)
+        self.end0 = end
+
+    def parent(self, stop, after):
+        deadline = time.monotonic() + 10
+        while self.worker_stop() == self.end0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return real_parent(self, stop, after)
+
+    monkeypatch.setattr(parallel.Claims, "__init__", init)
+    monkeypatch.setattr(parallel.Claims, "parent", parent)
+
+
 def _exit():
     os._exit(9)
 
@@ -661,6 +680,8 @@ def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch
     path = write(doc, tmp_path / "t.json", gz=gz)
     serial = both(path, "serial")
     _in_child(monkeypatch, where, action)
+    if mode == "late":  # the worker dies after claiming: let it claim, however slow its start
+        _parent_waits_for_a_claim(monkeypatch)
     assert_identical(serial, both(path, mode))
     bad = tmp_path / "bad.json"
     bad.write_bytes(path.read_bytes()[:-40] if not gz else gzip.decompress(path.read_bytes())[:-40])
