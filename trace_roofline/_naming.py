@@ -433,7 +433,7 @@ def _attention_ops(rows: pd.DataFrame) -> pd.Series:
     they are instances of their own (attribute.py), a cache write among them."""
     op = operators.recognise(operators.ATTENTION, base_name(rows["op_name"]))
     top = operators.recognise(operators.ATTENTION, base_name(rows["top_name"]))
-    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH).fillna(False)
+    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH)
     return (op | (top & ~dispatch)).astype(bool)
 
 

@@ -84,15 +84,13 @@ class Nest:
         s, e = self._flat(start, key), self._flat(end, key)
         del start, end, key
         rows, s, e = _in_start_order(rows, s, e)
-        by_end = np.argsort(e, kind="stable")
-        self._build(rows, s, e, rows[by_end], e[by_end])
-        for _ in range(MENDS):  # improperly nested: mend, build again (a chain: again)
-            clamped = self._clamped_ends()
-            if clamped is None or (clamped == self._sorted[2]).all():
-                break
-            rows, s, e = _in_start_order(self._sorted[0], self._sorted[1], clamped)
+        for _ in range(MENDS + 1):  # improperly nested: mend, build again (a chain: again)
             by_end = np.argsort(e, kind="stable")
             self._build(rows, s, e, rows[by_end], e[by_end])
+            clamped = self._clamped_ends()
+            if clamped is None or (clamped == e).all():
+                break
+            rows, s, e = _in_start_order(rows, s, clamped)
 
     def _clamped_ends(self) -> np.ndarray | None:
         """None when every interval ends within its parent (proper nesting); else the ends
