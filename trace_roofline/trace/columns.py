@@ -18,9 +18,14 @@ from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
+try:
+    from trace_roofline.trace import _scan
+except ImportError:  # (not built: no C compiler at install)
+    _scan = None
 from trace_roofline.trace.schema import FLOW_PH, MAX_DUR_US, MAX_TS_US, MISSING, SKIP_REASONS, build_tables
 
 # Table codes. Device kinds first so that kind = code - 1.
@@ -59,6 +64,9 @@ class _CatTable(dict):
 
 
 _PH_CODES = {"X": 1, "s": 2, "f": 3}
+# The compiled scanner's type (see Accumulator.scan), None where it is not built; tests and
+# benchmarks set it to None to read the msgspec way alone.
+SCANNER = _scan.Scanner if _scan is not None else None
 _ABSENT = {None: MISSING}  # flows: ph code - 2 indexes FLOW_PH
 
 # Per table: output column -> (attribute paths on decode._Event, converter). A second path fills the rows
@@ -183,6 +191,27 @@ def _int_column(sub: dict[str, list], getters: tuple) -> np.ndarray:
     return out
 
 
+def _scanned_ints(ints: dict[str, np.ndarray], paths: tuple[str, ...], at: np.ndarray) -> np.ndarray:
+    """An int column from the scanner's columns: the rows `at` of the first path, a second path
+    filling the rows the first leaves MISSING."""
+    out = ints[paths[0]][at]
+    if len(paths) > 1:
+        out = np.where(out == MISSING, ints[paths[1]][at], out)
+    return out
+
+
+def _chunk(table: str, event_id: np.ndarray, ts: np.ndarray, dur: np.ndarray, t: np.ndarray,
+           ph: np.ndarray) -> dict[str, np.ndarray]:
+    """A table's chunk with the columns every way of reading fills alike (ids, times, and the
+    flows' phase or the device rows' kind, from their codes)."""
+    chunk = {"event_id": event_id, "ts_us": ts, "dur_us": dur}
+    if table == "flows":
+        chunk["ph"] = (ph - 2).astype(np.int8)
+    if table == "device":
+        chunk["kind"] = (t - _KERNEL).astype(np.int8)
+    return chunk
+
+
 class _Codes(dict):
     """value -> code: 0, 1, 2, ... in first-seen order (a new value gets the next one)."""
 
@@ -291,6 +320,13 @@ class Accumulator:
             for c, (_, conv) in fields.items()
             if conv == "str"
         }
+        self.scanner = SCANNER() if SCANNER is not None else None
+        self.declined: dict[str, int] = {}
+        self._strings: list = [None]  # scanner string code + 1 -> value (0: absent or null)
+        self._cat_lut = np.zeros(1, np.int8)  # ... -> table code
+        self._ph_lut = np.zeros(1, np.int8)  # ... -> phase code
+        self._raws: list[bytes] = []  # scanner raw code -> key
+        self._luts: dict[Any, np.ndarray] = {}  # (table, column) or table -> scanner code -> code
         self.raw_groups = {
             t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
             for t, fields in _FIELDS.items()
@@ -302,9 +338,7 @@ class Accumulator:
         n = len(evs)
         tab = np.fromiter(map(self.cat_table.__getitem__, map(_cat_of, evs)), np.int8, n)
         ph = np.fromiter(map(_PH_CODES.get, map(_ph_of, evs), repeat(0, n)), np.int8, n)
-        complete = (tab >= _KERNEL) & (tab <= _PYFRAME)
-        self.skipped["phase"] += int(np.count_nonzero(complete & (ph != 1)))
-        keep = (complete & (ph == 1)) | ((tab == _FLOW) & (ph >= 2))
+        keep = self._kept(tab, ph)
         idx = np.flatnonzero(keep)
         if not len(idx):
             return
@@ -314,6 +348,37 @@ class Accumulator:
         ts = np.fromiter(map(_ts_of, evs), np.float64, m)
         dur = np.fromiter(map(_dur_of, evs), np.float64, m)
         t, ph = tab[idx], ph[idx]
+        order, bounds = self._grouped(t, ts, dur)
+        grouped = list(map(evs.__getitem__, order.tolist()))
+        for k, table in enumerate(_FIELDS):
+            lo, hi = bounds[k], bounds[k + 1]
+            if lo == hi:
+                continue
+            rows = order[lo:hi]
+            sub = {"event": grouped[lo:hi]}
+            sub["args"] = list(map(_args_of, sub["event"])) if table in _WITH_ARGS else None
+            chunk = _chunk(table, start + idx[rows], ts[rows], dur[rows], t[rows], ph[rows])
+            for col, (getters, conv) in self.getters[table].items():
+                if conv == "int":
+                    chunk[col] = _int_column(sub, getters)
+                elif conv == "str":
+                    source, getter = getters[0]
+                    chunk[col] = self.interners[table, col].codes(map(getter, sub[source]), hi - lo)
+            if table in self.raw_groups:
+                chunk["raw"] = self.raw_groups[table].codes(sub["args"])
+            self.chunks[table].append(chunk)
+
+    def _kept(self, tab: np.ndarray, ph: np.ndarray) -> np.ndarray:
+        """Which events to keep, from their table and phase codes: complete events ('X') of a
+        kept category and flow events ('s', 'f'); complete categories in another phase are
+        counted as skipped."""
+        complete = (tab >= _KERNEL) & (tab <= _PYFRAME)
+        self.skipped["phase"] += int(np.count_nonzero(complete & (ph != 1)))
+        return (complete & (ph == 1)) | ((tab == _FLOW) & (ph >= 2))
+
+    def _grouped(self, t: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """(the kept events' order grouped by table, stable; the table bounds in it): events with
+        unusable times are counted by reason and left out."""
         flow = t == _FLOW
         missing = np.isnan(ts) | (~flow & np.isnan(dur))
         negative = ~flow & (dur < 0)
@@ -328,29 +393,76 @@ class Accumulator:
         # group the rows by table (stable: file order within a table), one slice per table
         table_of = np.where(valid, _TABLE_OF_CODE[t], len(_FIELDS))
         order = np.argsort(table_of, kind="stable")
-        bounds = np.searchsorted(table_of[order], np.arange(len(_FIELDS) + 1)).tolist()
-        grouped = list(map(evs.__getitem__, order.tolist()))
+        return order, np.searchsorted(table_of[order], np.arange(len(_FIELDS) + 1)).tolist()
+
+    def scan(self, buf, lo: int, hi: int, start: int) -> int | None:
+        """Append the columns of the events in buf[lo:hi] (a JSON array's content), numbered
+        from `start`, read by the compiled scanner; their number, or None where it declines
+        (the reason counted in `declined`) or is not built: then decode them with msgspec."""
+        if self.scanner is None:
+            return None
+        got = self.scanner.scan(buf, lo, hi)
+        if isinstance(got, str):
+            self.declined[got] = self.declined.get(got, 0) + 1
+            return None
+        n, i32, f64, i64 = got
+        self._learn()
+        strs = dict(zip(_scan.I32_COLUMNS, np.frombuffer(i32, np.int32).reshape(-1, n)))
+        floats = np.frombuffer(f64, np.float64).reshape(-1, n)
+        ints = dict(zip(_scan.I64_COLUMNS, np.frombuffer(i64, np.int64).reshape(-1, n)))
+        idx = np.flatnonzero(self._kept(self._cat_lut[strs["cat"]], self._ph_lut[strs["ph"]]))
+        if not len(idx):
+            return n
+        t, ph = self._cat_lut[strs["cat"][idx]], self._ph_lut[strs["ph"][idx]]
+        ts, dur = floats[0, idx], floats[1, idx]
+        order, bounds = self._grouped(t, ts, dur)
         for k, table in enumerate(_FIELDS):
-            lo, hi = bounds[k], bounds[k + 1]
-            if lo == hi:
+            lo_, hi_ = bounds[k], bounds[k + 1]
+            if lo_ == hi_:
                 continue
-            rows = order[lo:hi]
-            sub = {"event": grouped[lo:hi]}
-            sub["args"] = list(map(_args_of, sub["event"])) if table in _WITH_ARGS else None
-            chunk = {"event_id": start + idx[rows], "ts_us": ts[rows], "dur_us": dur[rows]}
-            for col, (getters, conv) in self.getters[table].items():
-                if conv == "ph":
-                    chunk[col] = (ph[rows] - 2).astype(np.int8)
-                elif conv == "int":
-                    chunk[col] = _int_column(sub, getters)
-                else:
-                    source, getter = getters[0]
-                    chunk[col] = self.interners[table, col].codes(map(getter, sub[source]), hi - lo)
+            rows = order[lo_:hi_]
+            at = idx[rows]
+            chunk = _chunk(table, start + at, ts[rows], dur[rows], t[rows], ph[rows])
+            for col, (paths, conv) in _FIELDS[table].items():
+                if conv == "int":
+                    chunk[col] = _scanned_ints(ints, paths, at)
+                elif conv == "str":
+                    chunk[col] = self._recode((table, col), self.interners[table, col], strs[paths[0]][at],
+                                              self._strings)
             if table in self.raw_groups:
-                chunk["raw"] = self.raw_groups[table].codes(sub["args"])
-            if table == "device":
-                chunk["kind"] = (t[rows] - _KERNEL).astype(np.int8)
+                chunk["raw"] = self._recode(table, self.raw_groups[table].interner,
+                                            strs[f"raw.{table}"][at], self._raws)
             self.chunks[table].append(chunk)
+        return n
+
+    def _learn(self) -> None:
+        """Take the scanner's new string and raw keys (string keys decoded once each, and
+        classified as categories and phases)."""
+        new = [msgspec.json.decode(b'"' + k + b'"') for k in self.scanner.strings()]
+        if new:
+            self._strings += new
+            self._cat_lut = np.append(self._cat_lut, np.fromiter(map(self.cat_table.__getitem__, new),
+                                                                  np.int8, len(new)))
+            self._ph_lut = np.append(self._ph_lut, [_PH_CODES.get(v, 0) for v in new]).astype(np.int8)
+        self._raws += self.scanner.raws()
+
+    def _recode(self, key: Any, interner: _Interner, g: np.ndarray, values: list) -> np.ndarray:
+        """Scanner codes `g` (into `values`) -> `interner`'s codes, new values taken in their
+        first-seen order (as the msgspec way interns them)."""
+        lut = self._luts.get(key)
+        if lut is None or len(lut) < len(values):
+            grown = np.full(len(values), -1, np.int32)
+            if lut is not None:
+                grown[: len(lut)] = lut
+            lut = self._luts[key] = grown
+        out = lut[g]
+        new = out < 0
+        if new.any():
+            u, first = np.unique(g[new], return_index=True)
+            for v in u[np.argsort(first)].tolist():
+                lut[v] = interner.seen[values[v]]
+            out = lut[g]
+        return out
 
     def export(self) -> dict:
         """Everything gathered so far, picklable: per table one concatenated chunk whose

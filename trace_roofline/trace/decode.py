@@ -36,6 +36,7 @@ from trace_roofline.trace.read import Buffer, Document, Window
 from trace_roofline.trace.schema import MISSING, Progress
 
 BATCH_BYTES = 1 << 20  # bytes of events per batch: bounds live Python objects
+SCAN_BATCH_BYTES = 4 << 20  # ... when the compiled scanner reads them (no Python objects per event)
 BATCH_EVENTS = 4096  # events per batch when the document is read as Raw slices
 _RETRIES = 8  # batch ends tried before giving a span up as not valid JSON
 SEARCH_BYTES = 1 << 20  # how far from the document's ends the events' bounds are looked for
@@ -239,35 +240,49 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
     where the span ends now: `stop`, or less where another process has the rest
     (parallel.Claims); the span, and this batch, then end there."""
     pos, n, total = start, 0, end - start
+    step = BATCH_BYTES if acc.scanner is None else SCAN_BATCH_BYTES
     while pos < end:
         stop = pos
         for _ in range(_RETRIES):
-            cut = w.search(CUT, min(stop + BATCH_BYTES, end), end, pos - 1)
+            cut = w.search(CUT, min(stop + step, end), end, pos - 1)
             stop, after = cut or (end, end)
             if claim is not None and (got := claim(stop, after)) < stop:
                 end = stop = after = got
             if stop <= pos:  # (claimed by the other process, up to here)
                 return n
-            evs = _decode_range(p, w, pos, stop, acc)
-            if evs is not None or stop >= end:
+            got = _read_range(p, w, pos, stop, acc, n)
+            if got is not None or stop >= end:
                 break
-        if evs is None:
+        if got is None:
             return None
-        acc.add(evs, n)
-        n += len(evs)
-        del evs  # (the batch's structs, and their views of the window, before it moves on)
+        n += got
         pos = after
         if progress:
             progress("parse", pos - start, total)
     return n
 
 
-def _decode_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator) -> list | None:
-    """The events of document bytes [start, stop) decoded as a JSON array, or None if it is
-    not one (or holds an event the decoder rejects, or the text ends first). Its two bracket
-    bytes are patched in for the decode and restored after."""
+def _read_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator, first: int) -> int | None:
+    """Add the events of document bytes [start, stop), a JSON array's content, to `acc`,
+    numbered from `first`: by the compiled scanner, or where it declines by msgspec. Their
+    number, or None if the bytes are not such a content (or hold an event the decoder
+    rejects, or the text ends first)."""
     if not w.fill(start - 1, stop + 1):
         return None
+    got = acc.scan(w.buf, start - w.lo, stop - w.lo, first)
+    if got is not None:
+        return got
+    evs = _decode_range(p, w, start, stop, acc)
+    if evs is None:
+        return None
+    acc.add(evs, first)
+    return len(evs)  # (the batch's structs, and their views of the window, go before it moves)
+
+
+def _decode_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator) -> list | None:
+    """The events of document bytes [start, stop) (held in `w`) decoded as a JSON array, or
+    None if it is not one (or holds an event the decoder rejects). Its two bracket bytes are
+    patched in for the decode and restored after."""
     buf, i, j = w.buf, start - 1 - w.lo, stop - w.lo
     keep = buf[i], buf[j]
     buf[i], buf[j] = 0x5B, 0x5D  # '[', ']'

@@ -1,0 +1,7 @@
+"""The compiled event scanner (trace_roofline/trace/_scan.c), optional: where it cannot be
+built (no C compiler), the install still succeeds and traces are decoded by msgspec alone."""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("trace_roofline.trace._scan", ["trace_roofline/trace/_scan.c"],
+                             optional=True, extra_compile_args=["-O2"])])

@@ -1,0 +1,775 @@
+/* Compiled event scanner: a batch of trace events (the content of a JSON array of objects)
+ * straight into columns, for the well-formed common case only.
+ *
+ * `Scanner.scan(buf, start, stop)` reads bytes [start, stop) of `buf` as the content of a JSON
+ * array of event objects and returns (n, i32, f64, i64): n events and three bytes objects
+ * holding column-major arrays (I32_COLUMNS x n int32, F64_COLUMNS x n float64, I64_COLUMNS x n
+ * int64; see the enums below). String fields (ph, cat, name) are codes + 1 into the scanner's
+ * string table (0: absent or null); raw fields are codes into its raw table, one key per event
+ * and table (its raw-JSON argument values joined with \x01, as columns.py's _RawGroup joins
+ * them). Ints absent or null are MISSING (-2**63); floats absent are NaN. `strings()` and
+ * `raws()` return the keys added since their last call (string keys as their JSON text
+ * between the quotes, escapes kept).
+ *
+ * It gives exactly what decode.py's msgspec Structs give, or declines: anything it does not
+ * read the way msgspec reads it (a value of another type, an integer out of int64, a non-ASCII
+ * byte in a string, an escape in a key, a repeated key, JSON it cannot prove valid) makes it
+ * return a short reason (str) instead, and the batch is decoded the msgspec way. It keeps no
+ * reference to `buf`.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MISSING INT64_MIN
+#define MAX_DEPTH 64
+
+enum { S_PH, S_CAT, S_NAME, R_DEVICE, R_CPU, I32_COLUMNS };
+enum { F_TS, F_DUR, F64_COLUMNS };
+enum { I_PID, I_TID, I_ID, I_DEVICE, I_STREAM, I_CORRELATION, I_EXTERNAL, I_EXTERNAL_LEGACY,
+       I_PYTHON_ID, I_PYTHON_PARENT, I64_COLUMNS };
+/* raw argument values: device key = grid \x01 block; cpu key = the five below, in this order */
+enum { A_GRID, A_BLOCK, A_DIMS, A_DIMS_LEGACY, A_TYPES, A_CONCRETE, A_STRIDES, RAW_ARGS };
+
+/* ---------------------------------------------------------------- interning tables */
+
+typedef struct {
+    uint64_t *hash;   /* per slot; 0 = empty */
+    int32_t *code;    /* per slot */
+    size_t cap;       /* slots, a power of 2 */
+    char *arena;      /* key bytes, back to back */
+    size_t used, room;
+    size_t *at;       /* code -> offset of its key in arena (n + 1 entries) */
+    size_t n, at_room;
+    size_t handed;    /* codes already returned to Python */
+} Table;
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w ^ ((uint64_t)n << 56)) * 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 32;
+    return h | 1;
+}
+
+static void table_free(Table *t) {
+    PyMem_Free(t->hash);
+    PyMem_Free(t->code);
+    PyMem_Free(t->arena);
+    PyMem_Free(t->at);
+    memset(t, 0, sizeof *t);
+}
+
+static int table_grow(Table *t) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    uint64_t *hash = PyMem_Calloc(cap, sizeof *hash);
+    int32_t *code = PyMem_Malloc(cap * sizeof *code);
+    if (!hash || !code) {
+        PyMem_Free(hash);
+        PyMem_Free(code);
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->hash[i]) continue;
+        size_t j = t->hash[i] & (cap - 1);
+        while (hash[j]) j = (j + 1) & (cap - 1);
+        hash[j] = t->hash[i];
+        code[j] = t->code[i];
+    }
+    PyMem_Free(t->hash);
+    PyMem_Free(t->code);
+    t->hash = hash;
+    t->code = code;
+    t->cap = cap;
+    return 0;
+}
+
+/* The code of key s[:n], added if new; -1 when out of memory. */
+static int32_t table_code(Table *t, const char *s, size_t n) {
+    if ((t->n + 1) * 2 > t->cap && table_grow(t) < 0) return -1;
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & (t->cap - 1);
+    for (; t->hash[j]; j = (j + 1) & (t->cap - 1)) {
+        if (t->hash[j] != h) continue;
+        int32_t c = t->code[j];
+        size_t a = t->at[c], len = t->at[c + 1] - a;
+        if (len == n && memcmp(t->arena + a, s, n) == 0) return c;
+    }
+    if (t->n >= INT32_MAX - 1) return -1;
+    if (t->used + n > t->room) {
+        size_t room = (t->room + n) * 2 + 4096;
+        char *arena = PyMem_Realloc(t->arena, room);
+        if (!arena) return -1;
+        t->arena = arena;
+        t->room = room;
+    }
+    if (t->n + 2 > t->at_room) {
+        size_t room = t->at_room * 2 + 1024;
+        size_t *at = PyMem_Realloc(t->at, room * sizeof *at);
+        if (!at) return -1;
+        t->at = at;
+        t->at_room = room;
+        if (t->n == 0) t->at[0] = 0;
+    }
+    memcpy(t->arena + t->used, s, n);
+    t->used += n;
+    t->at[t->n + 1] = t->used;
+    t->hash[j] = h;
+    t->code[j] = (int32_t)t->n;
+    return (int32_t)t->n++;
+}
+
+/* The keys added since the last call, as a list of bytes. */
+static PyObject *table_new_keys(Table *t) {
+    PyObject *out = PyList_New((Py_ssize_t)(t->n - t->handed));
+    if (!out) return NULL;
+    for (size_t c = t->handed; c < t->n; c++) {
+        PyObject *k = PyBytes_FromStringAndSize(t->arena + t->at[c], t->at[c + 1] - t->at[c]);
+        if (!k) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)(c - t->handed), k);
+    }
+    t->handed = t->n;
+    return out;
+}
+
+/* ---------------------------------------------------------------- growable columns */
+
+typedef struct {
+    PyObject_HEAD
+    Table strings, raws;
+    int32_t *i32;
+    double *f64;
+    int64_t *i64;
+    size_t room; /* events the column blocks hold */
+    char *key;   /* scratch for raw keys */
+    size_t key_room;
+    int32_t absent[RAW_ARGS + 1]; /* by key width: the code of the key with no value, or -1 */
+} Scanner;
+
+/* ---------------------------------------------------------------- JSON lexing */
+
+typedef struct {
+    const char *p, *end;
+    const char *why; /* the reason for declining, once set */
+} Lex;
+
+static const unsigned char IS_WS[256] = {[' '] = 1, ['\n'] = 1, ['\r'] = 1, ['\t'] = 1};
+
+static inline void skip_ws(Lex *x) {
+    const char *p = x->p, *end = x->end;
+    while (p < end && IS_WS[(unsigned char)*p]) p++;
+    x->p = p;
+}
+
+static inline int decline(Lex *x, const char *why) {
+    if (!x->why) x->why = why;
+    return -1;
+}
+
+static inline int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+
+/* The first byte at or after p that is not plain string content ('"', '\\', a control
+ * character or a non-ASCII byte), or end: eight bytes at a time. */
+static inline const char *plain_run(const char *p, const char *end) {
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t quote = w ^ (ONES * '"'), slash = w ^ (ONES * '\\');
+        uint64_t hit = ((quote - ONES) & ~quote) | ((slash - ONES) & ~slash) | ((w - ONES * 0x20) & ~w) | w;
+        hit &= HIGHS;
+        if (hit) return p + (__builtin_ctzll(hit) >> 3);
+        p += 8;
+    }
+    while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x80) p++;
+    return p;
+}
+
+/* A string at x->p (its opening quote): its content [*s, *s + *n), whether it has escapes. */
+static int lex_string(Lex *x, const char **s, size_t *n, int *escaped) {
+    const char *p = x->p + 1, *end = x->end;
+    int esc = 0;
+    for (;;) {
+        p = plain_run(p, end);
+        if (p >= end) return decline(x, "a string runs past the batch");
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') break;
+        if (c != '\\') return decline(x, c < 0x20 ? "a control character in a string" : "a non-ASCII byte");
+        esc = 1;
+        if (p + 1 >= end) return decline(x, "a string runs past the batch");
+        char e = p[1];
+        if (e == 'u') {
+            if (p + 6 > end) return decline(x, "a string runs past the batch");
+            int v = 0;
+            for (int i = 2; i < 6; i++) {
+                int h = hexval(p[i]);
+                if (h < 0) return decline(x, "a bad \\u escape");
+                v = v * 16 + h;
+            }
+            if (v >= 0xD800 && v <= 0xDFFF) return decline(x, "a surrogate escape");
+            p += 6;
+        } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
+            p += 2;
+        } else {
+            return decline(x, "a bad escape");
+        }
+    }
+    *s = x->p + 1;
+    *n = (size_t)(p - *s);
+    *escaped = esc;
+    x->p = p + 1;
+    return 0;
+}
+
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A number at x->p, validated. With `want`: *is_int (no fraction or exponent; then *iv is its
+ * value and *fits whether it is within int64) and *dv (its value as the nearest double). */
+static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, double *dv) {
+    const char *p = x->p, *end = x->end, *start = p;
+    int neg = 0;
+    if (p < end && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9') return decline(x, "not a JSON value");
+    uint64_t m = 0;
+    int digits = 0, over = 0;
+    if (*p == '0') {
+        p++;
+    } else {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (m > (UINT64_MAX - 9) / 10) over = 1;
+            else m = m * 10 + (uint64_t)(*p - '0');
+            digits++;
+            p++;
+        }
+    }
+    int frac = 0, exp10 = 0, integral = 1;
+    if (p < end && *p == '.') {
+        integral = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return decline(x, "a bad number");
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (m > (UINT64_MAX - 9) / 10) over = 1;
+            else m = m * 10 + (uint64_t)(*p - '0');
+            frac++;
+            p++;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        integral = 0;
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-')) eneg = *p++ == '-';
+        if (p >= end || *p < '0' || *p > '9') return decline(x, "a bad number");
+        int e = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (e < 100000) e = e * 10 + (*p - '0');
+            p++;
+        }
+        exp10 = eneg ? -e : e;
+    }
+    if (p >= end) return decline(x, "a number runs past the batch");
+    x->p = p;
+    if (!want) return 0;
+    if (integral && over) return decline(x, "an integer out of uint64");
+    *is_int = integral;
+    *fits = 0;
+    if (integral && !over) {
+        if (!neg && m <= (uint64_t)INT64_MAX) {
+            *fits = 1;
+            *iv = (int64_t)m;
+        } else if (neg && m <= (uint64_t)INT64_MAX) {  /* > MISSING, which means absent */
+            *fits = 1;
+            *iv = -(int64_t)m;
+        }
+    }
+    int e = exp10 - frac;
+    if (!over && m <= (1ull << 53) && e >= -22 && e <= 22) {  /* exact: one rounding */
+        double d = (double)m;
+        d = e < 0 ? d / POW10[-e] : d * POW10[e];
+        *dv = neg ? -d : d;
+        return 0;
+    }
+    if (integral && !over) {  /* (a correctly rounded conversion) */
+        double d = (double)m;
+        *dv = neg ? -d : d;
+        return 0;
+    }
+    size_t len = (size_t)(p - start);
+    if (len > 300) return decline(x, "a long number");
+    char tmp[320];
+    memcpy(tmp, start, len);
+    tmp[len] = 0;
+    double d = PyOS_string_to_double(tmp, NULL, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return decline(x, "a bad number");
+    }
+    if (!isfinite(d)) return decline(x, "a number out of range");
+    *dv = d;
+    return 0;
+}
+
+static int skip_value(Lex *x, int depth);
+
+static int lex_literal(Lex *x, const char *word, size_t n) {
+    if ((size_t)(x->end - x->p) <= n || memcmp(x->p, word, n) != 0) return decline(x, "not a JSON value");
+    x->p += n;
+    return 0;
+}
+
+/* Any JSON value at x->p, validated and skipped. */
+static int skip_value(Lex *x, int depth) {
+    if (x->p >= x->end) return decline(x, "a value runs past the batch");
+    char c = *x->p;
+    const char *s;
+    size_t n;
+    int esc, is_int, fits;
+    int64_t iv;
+    double dv;
+    switch (c) {
+    case '"':
+        return lex_string(x, &s, &n, &esc);
+    case 't':
+        return lex_literal(x, "true", 4);
+    case 'f':
+        return lex_literal(x, "false", 5);
+    case 'n':
+        return lex_literal(x, "null", 4);
+    case '[':
+    case '{': {
+        if (depth >= MAX_DEPTH) return decline(x, "nested too deeply");
+        char close = c == '[' ? ']' : '}';
+        x->p++;
+        skip_ws(x);
+        if (x->p < x->end && *x->p == close) {
+            x->p++;
+            return 0;
+        }
+        for (;;) {
+            if (close == '}') {
+                if (x->p >= x->end || *x->p != '"') return decline(x, "an object key is not a string");
+                if (lex_string(x, &s, &n, &esc) < 0) return -1;
+                skip_ws(x);
+                if (x->p >= x->end || *x->p != ':') return decline(x, "no ':' after a key");
+                x->p++;
+                skip_ws(x);
+            }
+            if (skip_value(x, depth + 1) < 0) return -1;
+            skip_ws(x);
+            if (x->p >= x->end) return decline(x, "a value runs past the batch");
+            if (*x->p == close) {
+                x->p++;
+                return 0;
+            }
+            if (*x->p != ',') return decline(x, "no ',' between values");
+            x->p++;
+            skip_ws(x);
+        }
+    }
+    default:
+        return lex_number(x, 0, &is_int, &fits, &iv, &dv);
+    }
+}
+
+/* ---------------------------------------------------------------- fields */
+
+/* K_INT: an int64; _NULL: or null (absent); _STR: or a string, read as columns.as_int reads it
+ * when it holds no digit (absent); one with a digit is declined. */
+typedef enum { K_SKIP, K_STR, K_F64, K_INT_STR_NULL, K_INT_STR, K_INT_NULL, K_INT, K_RAW, K_ARGS } Kind;
+
+typedef struct {
+    const char *key;
+    size_t len;
+    Kind kind;
+    int column;      /* i32 / f64 / i64 column, or raw argument index */
+    uint64_t w0, w1; /* the key's bytes as two words (prepare_fields) */
+} Field;
+
+static Field EVENT_FIELDS[] = {
+    {"ph", 2, K_STR, S_PH},           {"cat", 3, K_STR, S_CAT},          {"name", 4, K_STR, S_NAME},
+    {"pid", 3, K_INT_STR_NULL, I_PID}, {"tid", 3, K_INT_STR_NULL, I_TID},  {"ts", 2, K_F64, F_TS},
+    {"dur", 3, K_F64, F_DUR},         {"id", 2, K_INT_STR_NULL, I_ID},    {"args", 4, K_ARGS, 0},
+};
+static Field ARGS_FIELDS[] = {
+    {"External id", 11, K_INT, I_EXTERNAL},
+    {"external id", 11, K_INT, I_EXTERNAL_LEGACY},
+    {"correlation", 11, K_INT, I_CORRELATION},
+    {"device", 6, K_INT, I_DEVICE},
+    {"stream", 6, K_INT_STR, I_STREAM},
+    {"grid", 4, K_RAW, A_GRID},
+    {"block", 5, K_RAW, A_BLOCK},
+    {"Input Dims", 10, K_RAW, A_DIMS},
+    {"Input dims", 10, K_RAW, A_DIMS_LEGACY},
+    {"Input type", 10, K_RAW, A_TYPES},
+    {"Concrete Inputs", 15, K_RAW, A_CONCRETE},
+    {"Input Strides", 13, K_RAW, A_STRIDES},
+    {"Python id", 9, K_INT_NULL, I_PYTHON_ID},
+    {"Python parent id", 16, K_INT_NULL, I_PYTHON_PARENT},
+};
+#define N_EVENT_FIELDS (sizeof EVENT_FIELDS / sizeof *EVENT_FIELDS)
+#define N_ARGS_FIELDS (sizeof ARGS_FIELDS / sizeof *ARGS_FIELDS)
+
+/* Key bytes [off, off + 8) of s[:n] as a little-endian word, zero past n. */
+static inline uint64_t key_word(const char *s, size_t n, size_t off) {
+    uint64_t w = 0;
+    if (n > off) memcpy(&w, s + off, n - off < 8 ? n - off : 8);
+    return w;
+}
+
+/* The index of key s[:n] in `fields` (keys of at most 16 bytes), or -1. */
+static int find_field(Field *fields, size_t count, const char *s, size_t n) {
+    if (n > 16) return -1;
+    uint64_t w0 = key_word(s, n, 0), w1 = key_word(s, n, 8);
+    for (size_t i = 0; i < count; i++)
+        if (fields[i].w0 == w0 && fields[i].len == n && fields[i].w1 == w1) return (int)i;
+    return -1;
+}
+
+/* Fill in the fields' key words. */
+static void prepare_fields(Field *fields, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        fields[i].w0 = key_word(fields[i].key, fields[i].len, 0);
+        fields[i].w1 = key_word(fields[i].key, fields[i].len, 8);
+    }
+}
+
+typedef struct {
+    const char *raw[RAW_ARGS];
+    size_t raw_len[RAW_ARGS];
+} RawArgs;
+
+/* One row's values as they are read. */
+typedef struct {
+    int32_t *i32;
+    double *f64;
+    int64_t *i64;
+    size_t n, row;
+} Row;
+
+static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r, RawArgs *ra, int depth);
+
+/* The value of a known field at x->p, into the row. */
+static int read_field(Scanner *sc, Lex *x, const Field *f, Row *r, RawArgs *ra, int depth) {
+    const char *s;
+    size_t n;
+    int esc, is_int, fits;
+    int64_t iv;
+    double dv;
+    if (x->p >= x->end) return decline(x, "a value runs past the batch");
+    char c = *x->p;
+    switch (f->kind) {
+    case K_STR:
+        if (c == 'n') return lex_literal(x, "null", 4); /* (the row already says absent) */
+        if (c != '"') return decline(x, "a string field of another type");
+        if (lex_string(x, &s, &n, &esc) < 0) return -1;
+        {
+            int32_t code = table_code(&sc->strings, s, n);
+            if (code < 0) return decline(x, "out of memory");
+            r->i32[f->column * r->n + r->row] = code + 1;
+        }
+        return 0;
+    case K_F64:
+        if (c != '-' && (c < '0' || c > '9')) return decline(x, "a float field of another type");
+        if (lex_number(x, 1, &is_int, &fits, &iv, &dv) < 0) return -1;
+        r->f64[f->column * r->n + r->row] = dv;
+        return 0;
+    case K_INT_STR_NULL:
+    case K_INT_NULL:
+        if (c == 'n') return lex_literal(x, "null", 4);
+        /* fall through */
+    case K_INT_STR:
+    case K_INT:
+        if (c == '"' && (f->kind == K_INT_STR_NULL || f->kind == K_INT_STR)) {
+            if (lex_string(x, &s, &n, &esc) < 0) return -1;
+            for (size_t i = 0; i < n; i++)
+                if (esc || (s[i] >= '0' && s[i] <= '9')) return decline(x, "an int field holds a string with a digit");
+            return 0; /* (MISSING, as the row already says) */
+        }
+        if (c != '-' && (c < '0' || c > '9')) return decline(x, "an int field of another type");
+        if (lex_number(x, 1, &is_int, &fits, &iv, &dv) < 0) return -1;
+        if (!is_int || !fits) return decline(x, "an int field out of int64");
+        r->i64[f->column * r->n + r->row] = iv;
+        return 0;
+    case K_RAW: {
+        const char *a = x->p;
+        if (skip_value(x, depth) < 0) return -1;
+        ra->raw[f->column] = a;
+        ra->raw_len[f->column] = (size_t)(x->p - a);
+        return 0;
+    }
+    case K_ARGS:
+        if (c != '{') return decline(x, "args is not an object");
+        return read_fields(sc, x, ARGS_FIELDS, N_ARGS_FIELDS, r, ra, depth + 1);
+    default:
+        return skip_value(x, depth);
+    }
+}
+
+/* An object at x->p whose known keys are `fields`; others are skipped. */
+static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r, RawArgs *ra, int depth) {
+    uint32_t seen = 0;
+    const char *s;
+    size_t n;
+    int esc;
+    if (depth >= MAX_DEPTH) return decline(x, "nested too deeply");
+    x->p++; /* '{' */
+    skip_ws(x);
+    if (x->p < x->end && *x->p == '}') {
+        x->p++;
+        return 0;
+    }
+    for (;;) {
+        if (x->p >= x->end || *x->p != '"') return decline(x, "an object key is not a string");
+        if (lex_string(x, &s, &n, &esc) < 0) return -1;
+        if (esc) return decline(x, "an escape in a key");
+        skip_ws(x);
+        if (x->p >= x->end || *x->p != ':') return decline(x, "no ':' after a key");
+        x->p++;
+        skip_ws(x);
+        int i = find_field(fields, count, s, n);
+        if (i >= 0) {
+            if (seen & (1u << i)) return decline(x, "a repeated key");
+            seen |= 1u << i;
+            if (read_field(sc, x, &fields[i], r, ra, depth) < 0) return -1;
+        } else if (skip_value(x, depth + 1) < 0) {
+            return -1;
+        }
+        skip_ws(x);
+        if (x->p >= x->end) return decline(x, "an object runs past the batch");
+        if (*x->p == '}') {
+            x->p++;
+            return 0;
+        }
+        if (*x->p != ',') return decline(x, "no ',' between members");
+        x->p++;
+        skip_ws(x);
+    }
+}
+
+/* ---------------------------------------------------------------- the scanner */
+
+static int reserve(Scanner *sc, size_t events) {
+    if (events <= sc->room) return 0;
+    size_t room = events * 2 + 256;
+    int32_t *i32 = PyMem_Realloc(sc->i32, room * I32_COLUMNS * sizeof *i32);
+    if (i32) sc->i32 = i32;
+    double *f64 = PyMem_Realloc(sc->f64, room * F64_COLUMNS * sizeof *f64);
+    if (f64) sc->f64 = f64;
+    int64_t *i64 = PyMem_Realloc(sc->i64, room * I64_COLUMNS * sizeof *i64);
+    if (i64) sc->i64 = i64;
+    if (!i32 || !f64 || !i64) return -1;
+    sc->room = room;
+    return 0;
+}
+
+/* The raw key of args fields `idx` (count of them) joined with \x01; its code. */
+static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int count) {
+    int present = 0;
+    for (int i = 0; i < count; i++) present |= ra->raw_len[idx[i]] != 0;
+    if (!present) { /* (the key of none: count - 1 separators, interned once) */
+        int32_t *absent = &sc->absent[count];
+        if (*absent < 0) *absent = table_code(&sc->raws, "\x01\x01\x01\x01\x01\x01\x01", (size_t)(count - 1));
+        return *absent;
+    }
+    size_t need = (size_t)count;
+    for (int i = 0; i < count; i++) need += ra->raw_len[idx[i]];
+    if (need > sc->key_room) {
+        char *key = PyMem_Realloc(sc->key, need * 2);
+        if (!key) return -1;
+        sc->key = key;
+        sc->key_room = need * 2;
+    }
+    size_t k = 0;
+    for (int i = 0; i < count; i++) {
+        if (i) sc->key[k++] = '\x01';
+        memcpy(sc->key + k, ra->raw[idx[i]], ra->raw_len[idx[i]]);
+        k += ra->raw_len[idx[i]];
+    }
+    return table_code(&sc->raws, sc->key, k);
+}
+
+static const int DEVICE_RAW[] = {A_GRID, A_BLOCK};
+static const int CPU_RAW[] = {A_DIMS, A_DIMS_LEGACY, A_TYPES, A_CONCRETE, A_STRIDES};
+
+/* Events of text [p, end) into the column blocks (laid out for `room` rows); their number, or -1. */
+static Py_ssize_t scan_events(Scanner *sc, Lex *x, size_t room) {
+    size_t row = 0;
+    skip_ws(x);
+    if (x->p >= x->end) return 0;
+    for (;;) {
+        if (*x->p != '{') return decline(x, "an event is not an object");
+        if (row >= room) return decline(x, "more events than expected");
+        Row r = {sc->i32, sc->f64, sc->i64, room, row};
+        for (int c = 0; c < I32_COLUMNS; c++) sc->i32[c * room + row] = 0;
+        sc->f64[F_TS * room + row] = NAN;
+        sc->f64[F_DUR * room + row] = NAN;
+        for (int c = 0; c < I64_COLUMNS; c++) sc->i64[c * room + row] = MISSING;
+        RawArgs ra;
+        memset(&ra, 0, sizeof ra);
+        if (read_fields(sc, x, EVENT_FIELDS, N_EVENT_FIELDS, &r, &ra, 1) < 0) return -1;
+        int32_t dev = raw_code(sc, &ra, DEVICE_RAW, 2), cpu = raw_code(sc, &ra, CPU_RAW, 5);
+        if (dev < 0 || cpu < 0) return decline(x, "out of memory");
+        sc->i32[R_DEVICE * room + row] = dev;
+        sc->i32[R_CPU * room + row] = cpu;
+        row++;
+        skip_ws(x);
+        if (x->p >= x->end) return (Py_ssize_t)row;
+        if (*x->p != ',') return decline(x, "no ',' between events");
+        x->p++;
+        skip_ws(x);
+        if (x->p >= x->end) return decline(x, "a trailing ','");
+    }
+}
+
+/* An upper bound on the events in [p, end): the '{' bytes in it. */
+static size_t count_braces(const char *p, const char *end) {
+    size_t n = 0;
+    while ((p = memchr(p, '{', (size_t)(end - p))) != NULL) {
+        n++;
+        p++;
+    }
+    return n;
+}
+
+static PyObject *packed(const void *data, size_t columns, size_t room, size_t n, size_t item) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(columns * n * item));
+    if (!out) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    for (size_t c = 0; c < columns; c++)
+        memcpy(dst + c * n * item, (const char *)data + c * room * item, n * item);
+    return out;
+}
+
+static PyObject *Scanner_scan(Scanner *sc, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &stop)) return NULL;
+    if (start < 0 || stop < start || stop > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: start and stop must satisfy 0 <= start <= stop <= len(buf)");
+        return NULL;
+    }
+    const char *base = (const char *)view.buf;
+    size_t room = count_braces(base + start, base + stop);
+    if (reserve(sc, room) < 0) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Lex x = {base + start, base + stop, NULL};
+    Py_ssize_t n = scan_events(sc, &x, room);
+    PyBuffer_Release(&view);
+    if (n < 0) return PyUnicode_FromString(x.why ? x.why : "declined");
+    PyObject *a = packed(sc->i32, I32_COLUMNS, room, (size_t)n, sizeof(int32_t));
+    PyObject *b = a ? packed(sc->f64, F64_COLUMNS, room, (size_t)n, sizeof(double)) : NULL;
+    PyObject *c = b ? packed(sc->i64, I64_COLUMNS, room, (size_t)n, sizeof(int64_t)) : NULL;
+    PyObject *out = c ? Py_BuildValue("nOOO", n, a, b, c) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return out;
+}
+
+static PyObject *Scanner_strings(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
+    return table_new_keys(&sc->strings);
+}
+
+static PyObject *Scanner_raws(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
+    return table_new_keys(&sc->raws);
+}
+
+static void Scanner_dealloc(Scanner *sc) {
+    table_free(&sc->strings);
+    table_free(&sc->raws);
+    PyMem_Free(sc->i32);
+    PyMem_Free(sc->f64);
+    PyMem_Free(sc->i64);
+    PyMem_Free(sc->key);
+    Py_TYPE(sc)->tp_free((PyObject *)sc);
+}
+
+static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Scanner *sc = (Scanner *)PyType_GenericNew(type, args, kwds);
+    if (sc)
+        for (int i = 0; i <= RAW_ARGS; i++) sc->absent[i] = -1;
+    return (PyObject *)sc;
+}
+
+static PyMethodDef Scanner_methods[] = {
+    {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
+     "scan(buf, start, stop) -> (n, i32, f64, i64) columns of the events in buf[start:stop], "
+     "or a str saying why they are left to the msgspec decoder."},
+    {"strings", (PyCFunction)Scanner_strings, METH_NOARGS, "String keys added since the last call."},
+    {"raws", (PyCFunction)Scanner_raws, METH_NOARGS, "Raw keys added since the last call."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "trace_roofline.trace._scan.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_dealloc = (destructor)Scanner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Trace events -> columns, with string and raw-key tables kept across batches.",
+    .tp_methods = Scanner_methods,
+    .tp_new = Scanner_new,
+};
+
+static struct PyModuleDef scan_module = {
+    PyModuleDef_HEAD_INIT, "_scan", "Compiled event scanner (see _scan.c).", -1, NULL,
+};
+
+/* PyModule_AddObjectRef that also drops `value` (Python < 3.13 has no PyModule_Add). */
+static int add_constant(PyObject *m, const char *name, PyObject *value) {
+    int r = value ? PyModule_AddObjectRef(m, name, value) : -1;
+    Py_XDECREF(value);
+    return r;
+}
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    prepare_fields(EVENT_FIELDS, N_EVENT_FIELDS);
+    prepare_fields(ARGS_FIELDS, N_ARGS_FIELDS);
+    PyObject *m = PyModule_Create(&scan_module);
+    if (!m) return NULL;
+    Py_INCREF(&ScannerType);
+    if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(&ScannerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* the columns of scan()'s three blocks, by the field paths of columns.py */
+    if (add_constant(m, "I32_COLUMNS", Py_BuildValue("(sssss)", "ph", "cat", "name", "raw.device", "raw.cpu_ops")) < 0 ||
+        add_constant(m, "F64_COLUMNS", Py_BuildValue("(ss)", "ts", "dur")) < 0 ||
+        add_constant(m, "I64_COLUMNS", Py_BuildValue("(ssssssssss)", "pid", "tid", "id", "args.device", "args.stream",
+                                                     "args.correlation", "args.external_id", "args.external_id_legacy",
+                                                     "args.python_id", "args.python_parent_id")) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
