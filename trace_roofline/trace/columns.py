@@ -407,9 +407,11 @@ class Accumulator:
             return None
         n, i32, f64, i64 = got
         self._learn()
-        strs = dict(zip(_scan.I32_COLUMNS, np.frombuffer(i32, np.int32).reshape(-1, n)))
+        if not n:
+            return 0
+        strs = dict(zip(_scan.I32_COLUMNS, np.frombuffer(i32, np.int32).reshape(-1, n), strict=True))
         floats = np.frombuffer(f64, np.float64).reshape(-1, n)
-        ints = dict(zip(_scan.I64_COLUMNS, np.frombuffer(i64, np.int64).reshape(-1, n)))
+        ints = dict(zip(_scan.I64_COLUMNS, np.frombuffer(i64, np.int64).reshape(-1, n), strict=True))
         idx = np.flatnonzero(self._kept(self._cat_lut[strs["cat"]], self._ph_lut[strs["ph"]]))
         if not len(idx):
             return n
