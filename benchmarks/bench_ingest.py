@@ -14,6 +14,8 @@ process tree, since big files fork a parse worker):
   orjson   orjson.loads of the same bytes with the GC off (a generic decoder, the yardstick:
            absolute times differ between machines, the ratio analyze/orjson less so)
   load-serial, analyze-serial   the same with the parse worker disabled (one process)
+  analyze-msgspec   `analyze` (a first run) with the compiled scanner switched off: every
+           event decoded by msgspec, as before the scanner (trace/_scan.c)
   hta      HolisticTraceAnalysis 0.5.0 TraceAnalysis(trace_dir=...) on the same file, in a
            throwaway venv under benchmarks/data/ (skipped with a note if it cannot be set up)
 The timed runs are interleaved, every tool once per round (`--repeat` rounds), so that a ratio
@@ -67,10 +69,13 @@ ORJSON = ("import gc, sys; gc.disable(); import orjson\n"
           "if data[:2] == b'\\x1f\\x8b': import gzip; data = gzip.decompress(data)\n"
           "orjson.loads(data)")
 CLI = ["-m", "trace_roofline.cli", "analyze"]
+FIRST_RUNS = ("analyze", "analyze-msgspec")  # the cache is emptied before each of their runs
 LOAD_SERIAL = ("import sys; from trace_roofline.trace import load_trace; "
                "load_trace(sys.argv[1], workers=1)")
 # The CLI has no workers= to pass: automatic mode's threshold out of reach keeps it on one core.
 SERIAL = "import trace_roofline.trace.parallel as P; P.PARALLEL_MIN_BYTES = float('inf'); "
+# Events decoded by msgspec alone (the compiled scanner switched off), as before it existed.
+MSGSPEC = "import trace_roofline.trace.columns as C; C.SCANNER = None; "
 STARTUP = "import trace_roofline.cli, trace_roofline.pipeline, pandas"
 HTA = ("import sys; from hta.trace_analysis import TraceAnalysis; "
        "TraceAnalysis(trace_dir=sys.argv[1])")
@@ -208,6 +213,7 @@ def tools_for(file: Path, out: Path) -> dict[str, list[str]]:
         "orjson": [py, "-c", ORJSON, str(file)],
         "load-serial": [py, "-c", LOAD_SERIAL, str(file)],
         "analyze-serial": [py, "-c", SERIAL + ANALYZE, str(file), "--no-cache"],
+        "analyze-msgspec": [py, "-c", MSGSPEC + ANALYZE, str(file)],
     }
 
 
@@ -232,7 +238,7 @@ def summary(rows: list[dict]) -> list[str]:
         if (file, "orjson") not in med:
             continue
         ow, oc, orow = med[file, "orjson"]
-        for tool in ("analyze", "analyze-nocache", "analyze-cached", "analyze-cached-out"):
+        for tool in ("analyze", "analyze-nocache", "analyze-msgspec", "analyze-cached", "analyze-cached-out"):
             if (file, tool) in med:
                 w, c, r = med[file, tool]
                 lines.append(f"- {file}: {tool} / orjson = {w / ow:.2f} wall, {c / oc:.2f} CPU; "
@@ -260,7 +266,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--tools", default="load,analyze,hta",
                     help="any of load, analyze, analyze-nocache, analyze-cached, "
-                         "analyze-cached-out, orjson, hta, load-serial, analyze-serial (the "
+                         "analyze-cached-out, analyze-msgspec, orjson, hta, load-serial, analyze-serial (the "
                          "last two force the one-process parse, for comparison)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (all recorded)")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
@@ -310,7 +316,7 @@ def main() -> None:
             trees: dict[str, dict] = {}
             for tool, cmd in tools:  # the memory-sampled runs first (their times are not used)
                 if args.memory and tool != "hta":
-                    if tool == "analyze":
+                    if tool in FIRST_RUNS:
                         shutil.rmtree(cache, ignore_errors=True)
                     elif tool.startswith("analyze-cached"):  # fill the cache (not recorded)
                         measure(commands["analyze-cached"], args.timeout, env=env)
@@ -319,12 +325,12 @@ def main() -> None:
             # runs minutes apart at most on a machine whose speed drifts
             cached = False  # whether the cache holds this file's entry (an analyze run writes it)
             for _, (tool, cmd) in itertools.product(range(args.repeat), tools):
-                cold, tree = tool == "analyze", trees.get(tool, {})
+                cold, tree = tool in FIRST_RUNS, trees.get(tool, {})
                 if cold:
                     shutil.rmtree(cache, ignore_errors=True)
                 elif tool.startswith("analyze-cached") and not cached:
                     measure(commands["analyze-cached"], args.timeout, env=env)  # fill it
-                cached = cached or tool == "analyze" or tool.startswith("analyze-cached")
+                cached = cached or tool in FIRST_RUNS or tool.startswith("analyze-cached")
                 wait_idle(args.wait_idle)
                 load = os.getloadavg()[0]
                 r = measure(cmd, args.timeout, env=env)

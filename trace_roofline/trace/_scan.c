@@ -57,7 +57,7 @@ static uint64_t hash_bytes(const char *s, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, s, n);
+    for (size_t i = 0; i < n; i++) w |= (uint64_t)(unsigned char)s[i] << (8 * i);
     h = (h ^ w ^ ((uint64_t)n << 56)) * 0xC4CEB9FE1A85EC53ull;
     h ^= h >> 32;
     return h | 1;
@@ -437,14 +437,28 @@ static Field ARGS_FIELDS[] = {
 /* Key bytes [off, off + 8) of s[:n] as a little-endian word, zero past n. */
 static inline uint64_t key_word(const char *s, size_t n, size_t off) {
     uint64_t w = 0;
-    if (n > off) memcpy(&w, s + off, n - off < 8 ? n - off : 8);
+    for (size_t i = off; i < n && i < off + 8; i++) w |= (uint64_t)(unsigned char)s[i] << (8 * (i - off));
     return w;
 }
 
-/* The index of key s[:n] in `fields` (keys of at most 16 bytes), or -1. */
-static int find_field(Field *fields, size_t count, const char *s, size_t n) {
+static inline uint64_t low_bytes(uint64_t w, size_t k) {
+    return k >= 8 ? w : w & ((1ull << (8 * k)) - 1);
+}
+
+/* The index of key s[:n] in `fields` (keys of at most 16 bytes), or -1. `room`: the bytes
+ * readable from s (16 or more: the key words are two plain loads). */
+static int find_field(Field *fields, size_t count, const char *s, size_t n, size_t room) {
     if (n > 16) return -1;
-    uint64_t w0 = key_word(s, n, 0), w1 = key_word(s, n, 8);
+    uint64_t w0, w1;
+    if (room >= 16) {
+        memcpy(&w0, s, 8);
+        memcpy(&w1, s + 8, 8);
+        w0 = low_bytes(w0, n);
+        w1 = n > 8 ? low_bytes(w1, n - 8) : 0;
+    } else {
+        w0 = key_word(s, n, 0);
+        w1 = key_word(s, n, 8);
+    }
     for (size_t i = 0; i < count; i++)
         if (fields[i].w0 == w0 && fields[i].len == n && fields[i].w1 == w1) return (int)i;
     return -1;
@@ -551,7 +565,7 @@ static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r,
         if (x->p >= x->end || *x->p != ':') return decline(x, "no ':' after a key");
         x->p++;
         skip_ws(x);
-        int i = find_field(fields, count, s, n);
+        int i = find_field(fields, count, s, n, (size_t)(x->end - s));
         if (i >= 0) {
             if (seen & (1u << i)) return decline(x, "a repeated key");
             seen |= 1u << i;
