@@ -425,8 +425,9 @@ CASES = [
     ("ws-none", [text(K, colon=":", comma=","), text(CPU_OP, colon=":", comma=",")], READ),
     ("ws-inside-values", [with_(K, args_grid="[ 1 ,\n2\t, 3\r\n]", ts=" 100.5 ")], READ),
     ("event-empty", ["{}", "{ }", "{\n}"], READ),
-    ("events-not-objects", ["7"], "an event is not an object"),
-    *[(f"event-{v}", [v], "an event is not an object") for v in ("null", '"x"', "[1]", "[]", "true")],
+    *[(f"event-{v}", [v, text(K)], "an event is not an object")  # (the last one an object: proven)
+      for v in ("7", "null", '"x"', "[1]", "[]", "true", "-0.5")],
+    ("event-last-not-object", [text(K), "7"], None),  # (no '}' before ']': the Raw way, no scanner)
     ("trailing-comma-event", [text(K)[:-1] + ", }"], ERROR),
     ("trailing-comma-args", [with_(K, args_grid="[1, 2,]")], ERROR),
     ("trailing-comma-array", [text(K) + ","], ERROR),
@@ -501,7 +502,7 @@ def test_meta_and_counters_of_a_mixed_file(tmp_path):
     events = [text(e) for e in [*BASE, RUNTIME, ANNOT, FRAME, FLOW]]
     odd = [text(with_(K, pid="true")), text(with_(K, args="[1]")), "7", text(with_(K, ts="null")),
            text(with_(K, name='"gemm_é"')), text(with_(K, ph='"B"'))]
-    mixed = [e for i in range(40) for e in (events if i % 3 else events + odd[i % len(odd):][:1])]
+    mixed = [e for i in range(60) for e in (events if i % 10 else [*events, odd[i // 10 % len(odd)]])]
     path = tmp_path / "t.json"
     path.write_bytes(document(mixed)[0])
     with pytest.MonkeyPatch.context() as m:

@@ -445,9 +445,45 @@ static inline uint64_t low_bytes(uint64_t w, size_t k) {
     return k >= 8 ? w : w & ((1ull << (8 * k)) - 1);
 }
 
-/* The index of key s[:n] in `fields` (keys of at most 16 bytes), or -1. `room`: the bytes
- * readable from s (16 or more: the key words are two plain loads). */
-static int find_field(Field *fields, size_t count, const char *s, size_t n, size_t room) {
+/* Fill in the fields' key words. */
+static void prepare_fields(Field *fields, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        fields[i].w0 = key_word(fields[i].key, fields[i].len, 0);
+        fields[i].w1 = key_word(fields[i].key, fields[i].len, 8);
+    }
+}
+
+/* Field lookup by the key's words: a 64-slot table per field list (slot: a multiplicative hash
+ * of w0, w1 and the length), checked to hold each field alone at init, else the lookup is the
+ * linear search. */
+#define SLOTS 64
+typedef struct {
+    Field *fields;
+    size_t count;
+    int8_t slot[SLOTS]; /* field index + 1, 0: none */
+    int usable;
+} Lookup;
+
+static inline unsigned slot_of(uint64_t w0, uint64_t w1, size_t n) {
+    return (unsigned)(((w0 ^ (w1 * 0xFF51AFD7ED558CCDull) ^ n) * 0x9E3779B97F4A7C15ull) >> 58);
+}
+
+static void prepare_lookup(Lookup *lk, Field *fields, size_t count) {
+    prepare_fields(fields, count);
+    lk->fields = fields;
+    lk->count = count;
+    lk->usable = 1;
+    memset(lk->slot, 0, sizeof lk->slot);
+    for (size_t i = 0; i < count; i++) {
+        unsigned j = slot_of(fields[i].w0, fields[i].w1, fields[i].len);
+        if (lk->slot[j]) lk->usable = 0;
+        lk->slot[j] = (int8_t)(i + 1);
+    }
+}
+
+/* The index of key s[:n] among the lookup's fields (keys of at most 16 bytes), or -1. `room`:
+ * the bytes readable from s (16 or more: the key words are two plain loads). */
+static int find_in(const Lookup *lk, const char *s, size_t n, size_t room) {
     if (n > 16) return -1;
     uint64_t w0, w1;
     if (room >= 16) {
@@ -459,17 +495,14 @@ static int find_field(Field *fields, size_t count, const char *s, size_t n, size
         w0 = key_word(s, n, 0);
         w1 = key_word(s, n, 8);
     }
-    for (size_t i = 0; i < count; i++)
-        if (fields[i].w0 == w0 && fields[i].len == n && fields[i].w1 == w1) return (int)i;
-    return -1;
-}
-
-/* Fill in the fields' key words. */
-static void prepare_fields(Field *fields, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-        fields[i].w0 = key_word(fields[i].key, fields[i].len, 0);
-        fields[i].w1 = key_word(fields[i].key, fields[i].len, 8);
+    const Field *f = lk->fields;
+    if (lk->usable) {
+        int i = lk->slot[slot_of(w0, w1, n)] - 1;
+        return i >= 0 && f[i].w0 == w0 && f[i].w1 == w1 && f[i].len == n ? i : -1;
     }
+    for (size_t i = 0; i < lk->count; i++)
+        if (f[i].w0 == w0 && f[i].len == n && f[i].w1 == w1) return (int)i;
+    return -1;
 }
 
 typedef struct {
@@ -485,7 +518,9 @@ typedef struct {
     size_t n, row;
 } Row;
 
-static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r, RawArgs *ra, int depth);
+static Lookup EVENT_LOOKUP, ARGS_LOOKUP;
+
+static int read_fields(Scanner *sc, Lex *x, const Lookup *lk, Row *r, RawArgs *ra, int depth);
 
 /* The value of a known field at x->p, into the row. */
 static int read_field(Scanner *sc, Lex *x, const Field *f, Row *r, RawArgs *ra, int depth) {
@@ -538,14 +573,14 @@ static int read_field(Scanner *sc, Lex *x, const Field *f, Row *r, RawArgs *ra, 
     }
     case K_ARGS:
         if (c != '{') return decline(x, "args is not an object");
-        return read_fields(sc, x, ARGS_FIELDS, N_ARGS_FIELDS, r, ra, depth + 1);
+        return read_fields(sc, x, &ARGS_LOOKUP, r, ra, depth + 1);
     default:
         return skip_value(x, depth);
     }
 }
 
 /* An object at x->p whose known keys are `fields`; others are skipped. */
-static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r, RawArgs *ra, int depth) {
+static int read_fields(Scanner *sc, Lex *x, const Lookup *lk, Row *r, RawArgs *ra, int depth) {
     uint32_t seen = 0;
     const char *s;
     size_t n;
@@ -565,11 +600,11 @@ static int read_fields(Scanner *sc, Lex *x, Field *fields, size_t count, Row *r,
         if (x->p >= x->end || *x->p != ':') return decline(x, "no ':' after a key");
         x->p++;
         skip_ws(x);
-        int i = find_field(fields, count, s, n, (size_t)(x->end - s));
+        int i = find_in(lk, s, n, (size_t)(x->end - s));
         if (i >= 0) {
             if (seen & (1u << i)) return decline(x, "a repeated key");
             seen |= 1u << i;
-            if (read_field(sc, x, &fields[i], r, ra, depth) < 0) return -1;
+            if (read_field(sc, x, &lk->fields[i], r, ra, depth) < 0) return -1;
         } else if (skip_value(x, depth + 1) < 0) {
             return -1;
         }
@@ -645,7 +680,7 @@ static Py_ssize_t scan_events(Scanner *sc, Lex *x, size_t room) {
         for (int c = 0; c < I64_COLUMNS; c++) sc->i64[c * room + row] = MISSING;
         RawArgs ra;
         memset(&ra, 0, sizeof ra);
-        if (read_fields(sc, x, EVENT_FIELDS, N_EVENT_FIELDS, &r, &ra, 1) < 0) return -1;
+        if (read_fields(sc, x, &EVENT_LOOKUP, &r, &ra, 1) < 0) return -1;
         int32_t dev = raw_code(sc, &ra, DEVICE_RAW, 2), cpu = raw_code(sc, &ra, CPU_RAW, 5);
         if (dev < 0 || cpu < 0) return decline(x, "out of memory");
         sc->i32[R_DEVICE * room + row] = dev;
@@ -766,8 +801,8 @@ static int add_constant(PyObject *m, const char *name, PyObject *value) {
 
 PyMODINIT_FUNC PyInit__scan(void) {
     if (PyType_Ready(&ScannerType) < 0) return NULL;
-    prepare_fields(EVENT_FIELDS, N_EVENT_FIELDS);
-    prepare_fields(ARGS_FIELDS, N_ARGS_FIELDS);
+    prepare_lookup(&EVENT_LOOKUP, EVENT_FIELDS, N_EVENT_FIELDS);
+    prepare_lookup(&ARGS_LOOKUP, ARGS_FIELDS, N_ARGS_FIELDS);
     PyObject *m = PyModule_Create(&scan_module);
     if (!m) return NULL;
     Py_INCREF(&ScannerType);

@@ -1,5 +1,7 @@
-"""Decoded events -> columns: each batch of event structs (decode.py) becomes column chunks at
-once, then the chunks become the tables of schema.py.
+"""Decoded events -> columns: each batch of events becomes column chunks at once, then the
+chunks become the tables of schema.py. A batch comes either as the compiled scanner's columns
+(`Accumulator.scan`: its string and raw-key codes re-coded to the interners below, new values
+in first-seen order) or as msgspec structs (decode.py; `Accumulator.add`, described here).
 
 Every batch is classified by category and phase, counted into meta's skip reasons, grouped by
 table (one stable sort) and turned into columns with C-level `map`/`attrgetter`/`np.fromiter`;
@@ -412,10 +414,11 @@ class Accumulator:
         strs = dict(zip(_scan.I32_COLUMNS, np.frombuffer(i32, np.int32).reshape(-1, n), strict=True))
         floats = np.frombuffer(f64, np.float64).reshape(-1, n)
         ints = dict(zip(_scan.I64_COLUMNS, np.frombuffer(i64, np.int64).reshape(-1, n), strict=True))
-        idx = np.flatnonzero(self._kept(self._cat_lut[strs["cat"]], self._ph_lut[strs["ph"]]))
+        tab, ph = self._cat_lut[strs["cat"]], self._ph_lut[strs["ph"]]
+        idx = np.flatnonzero(self._kept(tab, ph))
         if not len(idx):
             return n
-        t, ph = self._cat_lut[strs["cat"][idx]], self._ph_lut[strs["ph"][idx]]
+        t, ph = tab[idx], ph[idx]
         ts, dur = floats[0, idx], floats[1, idx]
         order, bounds = self._grouped(t, ts, dur)
         for k, table in enumerate(_FIELDS):

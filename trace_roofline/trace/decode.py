@@ -1,9 +1,11 @@
-"""Bytes -> event structs. The events array is cut at proven boundaries into batches of about
-BATCH_BYTES, each decoded in place as a JSON array of GC-free msgspec Structs carrying only the
-fields columns.py reads (the C decoder skips everything else in an event). Shape arrays
-(`Input Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A plain
-file is read as it is decoded, through a `read.Window` (one reused buffer): the whole text is
-never in memory at once.
+"""Bytes -> event columns. The events array is cut at proven boundaries into batches, each read
+in place by the compiled scanner (`_scan.c`, through `Accumulator.scan`: batches of about
+SCAN_BATCH_BYTES) or, where it declines or is not built, decoded as a JSON array of GC-free
+msgspec Structs carrying only the fields columns.py reads (the C decoder skips everything else
+in an event; batches of about BATCH_BYTES). Both give the same columns. Shape arrays (`Input
+Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A plain file is
+read as it is decoded, through a `read.Window` (one reused buffer): the whole text is never in
+memory at once.
 
 Where the events start and end (`events_start` in the first HEAD_BYTES, `events_end` in the
 last SEARCH_BYTES) and where a batch ends (`CUT`, a '}' ',' '{' between two events) are found by
