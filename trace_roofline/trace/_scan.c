@@ -453,31 +453,38 @@ static void prepare_fields(Field *fields, size_t count) {
     }
 }
 
-/* Field lookup by the key's words: a 64-slot table per field list (slot: a multiplicative hash
- * of w0, w1 and the length), checked to hold each field alone at init, else the lookup is the
- * linear search. */
+/* Field lookup by the key's words: a 64-slot table per field list, the slot a multiplicative
+ * hash of the words and the length whose multiplier is the first found at import that puts
+ * every field in a slot of its own (none found: the lookup is a linear search). */
 #define SLOTS 64
 typedef struct {
     Field *fields;
     size_t count;
+    uint64_t mul;
     int8_t slot[SLOTS]; /* field index + 1, 0: none */
     int usable;
 } Lookup;
 
-static inline unsigned slot_of(uint64_t w0, uint64_t w1, size_t n) {
-    return (unsigned)(((w0 ^ (w1 * 0xFF51AFD7ED558CCDull) ^ n) * 0x9E3779B97F4A7C15ull) >> 58);
+static inline unsigned slot_of(uint64_t mul, uint64_t w0, uint64_t w1, size_t n) {
+    uint64_t h = (w0 ^ (w1 * 0xFF51AFD7ED558CCDull) ^ n) * mul;
+    h ^= h >> 32;
+    return (unsigned)((h * 0xBF58476D1CE4E5B9ull) >> 58);
 }
 
 static void prepare_lookup(Lookup *lk, Field *fields, size_t count) {
     prepare_fields(fields, count);
     lk->fields = fields;
     lk->count = count;
-    lk->usable = 1;
-    memset(lk->slot, 0, sizeof lk->slot);
-    for (size_t i = 0; i < count; i++) {
-        unsigned j = slot_of(fields[i].w0, fields[i].w1, fields[i].len);
-        if (lk->slot[j]) lk->usable = 0;
-        lk->slot[j] = (int8_t)(i + 1);
+    lk->usable = 0;
+    for (uint64_t k = 0; k < 4096 && !lk->usable; k++) {
+        lk->mul = 0x9E3779B97F4A7C15ull + 2 * k;
+        lk->usable = 1;
+        memset(lk->slot, 0, sizeof lk->slot);
+        for (size_t i = 0; i < count && lk->usable; i++) {
+            unsigned j = slot_of(lk->mul, fields[i].w0, fields[i].w1, fields[i].len);
+            if (lk->slot[j]) lk->usable = 0;
+            lk->slot[j] = (int8_t)(i + 1);
+        }
     }
 }
 
@@ -497,7 +504,7 @@ static int find_in(const Lookup *lk, const char *s, size_t n, size_t room) {
     }
     const Field *f = lk->fields;
     if (lk->usable) {
-        int i = lk->slot[slot_of(w0, w1, n)] - 1;
+        int i = lk->slot[slot_of(lk->mul, w0, w1, n)] - 1;
         return i >= 0 && f[i].w0 == w0 && f[i].w1 == w1 && f[i].len == n ? i : -1;
     }
     for (size_t i = 0; i < lk->count; i++)
@@ -808,6 +815,11 @@ PyMODINIT_FUNC PyInit__scan(void) {
     Py_INCREF(&ScannerType);
     if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType) < 0) {
         Py_DECREF(&ScannerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* whether both key lookups are hashed (a test keeps it so as keys are added) */
+    if (PyModule_AddIntConstant(m, "HASHED_LOOKUPS", EVENT_LOOKUP.usable && ARGS_LOOKUP.usable) < 0) {
         Py_DECREF(m);
         return NULL;
     }
