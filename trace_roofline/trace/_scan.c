@@ -308,6 +308,7 @@ static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, dou
         }
     }
     int e = exp10 - frac;
+    if (integral && m == 0) neg = 0; /* (an integer -0 is the int 0, as a float 0.0) */
     if (!over && m <= (1ull << 53) && e >= -22 && e <= 22) {  /* exact: one rounding */
         double d = (double)m;
         d = e < 0 ? d / POW10[-e] : d * POW10[e];
