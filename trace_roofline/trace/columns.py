@@ -422,23 +422,25 @@ class Accumulator:
         ts, dur = floats[0, idx], floats[1, idx]
         order, bounds = self._grouped(t, ts, dur)
         for k, table in enumerate(_FIELDS):
-            lo_, hi_ = bounds[k], bounds[k + 1]
-            if lo_ == hi_:
-                continue
-            rows = order[lo_:hi_]
-            at = idx[rows]
-            chunk = _chunk(table, start + at, ts[rows], dur[rows], t[rows], ph[rows])
-            for col, (paths, conv) in _FIELDS[table].items():
-                if conv == "int":
-                    chunk[col] = _scanned_ints(ints, paths, at)
-                elif conv == "str":
-                    chunk[col] = self._recode((table, col), self.interners[table, col], strs[paths[0]][at],
-                                              self._strings)
-            if table in self.raw_groups:
-                chunk["raw"] = self._recode(table, self.raw_groups[table].interner,
-                                            strs[f"raw.{table}"][at], self._raws)
-            self.chunks[table].append(chunk)
+            if bounds[k] < bounds[k + 1]:
+                rows = order[bounds[k] : bounds[k + 1]]
+                chunk = _chunk(table, start + idx[rows], ts[rows], dur[rows], t[rows], ph[rows])
+                self.chunks[table].append(self._scanned(table, chunk, idx[rows], strs, ints))
         return n
+
+    def _scanned(self, table: str, chunk: dict, at: np.ndarray, strs: dict, ints: dict) -> dict:
+        """`chunk` of `table` completed from the scanner's columns (`strs`: string and raw-key
+        codes, `ints`) at the batch's rows `at`."""
+        for col, (paths, conv) in _FIELDS[table].items():
+            if conv == "int":
+                chunk[col] = _scanned_ints(ints, paths, at)
+            elif conv == "str":
+                chunk[col] = self._recode((table, col), self.interners[table, col], strs[paths[0]][at],
+                                          self._strings)
+        if table in self.raw_groups:
+            chunk["raw"] = self._recode(table, self.raw_groups[table].interner, strs[f"raw.{table}"][at],
+                                        self._raws)
+        return chunk
 
     def _learn(self) -> None:
         """Take the scanner's new string and raw keys (string keys decoded once each, and
