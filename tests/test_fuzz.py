@@ -92,9 +92,11 @@ def reference_device_durations(doc) -> list[float] | None:
 
 
 # Batch and read sizes for the two-process parse: a few events per batch (decode.BATCH_BYTES,
-# the batch-by-batch way; decode.BATCH_EVENTS, the Raw way of documents not proven) and file
-# reads smaller than a batch (read.CHUNK_BYTES: the window slides, and grows to hold a batch).
-SMALL = [(decode, "BATCH_BYTES", 1000), (decode, "BATCH_EVENTS", 16), (trace_read, "CHUNK_BYTES", 700)]
+# the batch-by-batch way, and SCAN_BATCH_BYTES, the compiled scanner's; decode.BATCH_EVENTS,
+# the Raw way of documents not proven) and file reads smaller than a batch (read.CHUNK_BYTES:
+# the window slides, and grows to hold a batch).
+SMALL = [(decode, "BATCH_BYTES", 1000), (decode, "SCAN_BATCH_BYTES", 1000), (decode, "BATCH_EVENTS", 16),
+         (trace_read, "CHUNK_BYTES", 700)]
 
 
 def load_both(p: Path):

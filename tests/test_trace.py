@@ -303,6 +303,7 @@ def test_batches_and_reads_join_seamlessly(tmp_path, monkeypatch, batch, chunk):
     compact = tmp_path / "b.json"
     compact.write_text(json.dumps(doc, separators=(",", ":")))
     monkeypatch.setattr(decode, "BATCH_BYTES", batch)
+    monkeypatch.setattr(decode, "SCAN_BATCH_BYTES", batch)
     monkeypatch.setattr(trace_read, "CHUNK_BYTES", chunk)
     for path in (tmp_path / "a.json", compact):
         for workers in (1, 2):
@@ -339,21 +340,22 @@ def test_cuts_inside_events_are_retried_further_on(tmp_path, monkeypatch, batch)
     with monkeypatch.context() as m:
         m.setattr(decode, "events_bounds", lambda *args: None)
         raw_way = load_trace(path, workers=1)
-    spans, misses, real_span, real_range = [], [], decode.parse_span, decode._decode_range
+    spans, misses, real_span, real_range = [], [], decode.parse_span, decode._read_range
 
     def parse_span(*args):
         spans.append(real_span(*args))
         return spans[-1]
 
-    def decode_range(*args):
-        evs = real_range(*args)
-        if evs is None:
+    def read_range(*args):
+        got = real_range(*args)
+        if got is None:
             misses.append(args[2:4])
-        return evs
+        return got
 
     monkeypatch.setattr(decode, "parse_span", parse_span)
-    monkeypatch.setattr(decode, "_decode_range", decode_range)
+    monkeypatch.setattr(decode, "_read_range", read_range)
     monkeypatch.setattr(decode, "BATCH_BYTES", batch)
+    monkeypatch.setattr(decode, "SCAN_BATCH_BYTES", batch)  # (the compiled scanner's batches)
     monkeypatch.setattr(decode, "_RETRIES", 1000)
     assert_identical(load_trace(path, workers=1), raw_way)
     assert spans == [raw_way.meta["event_count"]] and misses
@@ -502,6 +504,7 @@ def both(monkeypatch):
     for module in (decode, parallel):  # the one-process parse; the parent's (and worker's) part
         monkeypatch.setattr(module, "parse_span", parse)
     monkeypatch.setattr(decode, "BATCH_BYTES", 2000)
+    monkeypatch.setattr(decode, "SCAN_BATCH_BYTES", 2000)  # (the compiled scanner's batches)
     monkeypatch.setattr(trace_read, "CHUNK_BYTES", 1500)  # (windows slide, and grow to hold a batch)
     monkeypatch.setattr(parallel, "SEGMENT_BYTES", 20_000)
     monkeypatch.setattr(parallel, "MIN_SEGMENT_BYTES", 2000)

@@ -111,18 +111,20 @@ class Window:
         self.hi = lo if f else lo + len(buf)
 
     def fill(self, keep: int, upto: int) -> bool:
-        """Hold at least the bytes [keep, upto), reading on from the file (dropping the bytes
-        before `keep`, growing the buffer if they do not fit); False if the text ends first.
+        """Hold at least the bytes [keep, upto), reading on from the file into the rest of the
+        buffer (where they do not fit, dropping the bytes before `keep` first, and growing the
+        buffer if they still do not fit); False if the text ends first.
         No memoryview of `buf` may be alive (it may be resized)."""
         if self.hi >= upto:
             return True
         if self.f is None:
             return False
-        n = self.hi - keep
-        self.buf[:n] = self.buf[keep - self.lo : self.hi - self.lo]  # (a memmove)
-        self.lo = keep
-        if upto - keep > len(self.buf):
-            self.buf.extend(bytes(upto - keep + CHUNK_BYTES - len(self.buf)))
+        if upto - self.lo > len(self.buf):  # (only then: a memmove of what is kept)
+            n = self.hi - keep
+            self.buf[:n] = self.buf[keep - self.lo : self.hi - self.lo]
+            self.lo = keep
+            if upto - keep > len(self.buf):
+                self.buf.extend(bytes(upto - keep + CHUNK_BYTES - len(self.buf)))
         view = memoryview(self.buf)
         try:
             while self.hi < upto:
