@@ -202,6 +202,15 @@ def _scanned_ints(ints: dict[str, np.ndarray], paths: tuple[str, ...], at: np.nd
     return out
 
 
+def _room(a: np.ndarray, n: int, fill: int) -> np.ndarray:
+    """`a` with room for at least n entries (at least doubled when it grows; new ones `fill`)."""
+    if len(a) >= n:
+        return a
+    grown = np.full(max(n, 2 * len(a)), fill, a.dtype)
+    grown[: len(a)] = a
+    return grown
+
+
 def _chunk(table: str, event_id: np.ndarray, ts: np.ndarray, dur: np.ndarray, t: np.ndarray,
            ph: np.ndarray) -> dict[str, np.ndarray]:
     """A table's chunk with the columns every way of reading fills alike (ids, times, and the
@@ -447,21 +456,18 @@ class Accumulator:
         classified as categories and phases)."""
         new = [msgspec.json.decode(b'"' + k + b'"') for k in self.scanner.strings()]
         if new:
+            at = len(self._strings)
             self._strings += new
-            self._cat_lut = np.append(self._cat_lut, np.fromiter(map(self.cat_table.__getitem__, new),
-                                                                  np.int8, len(new)))
-            self._ph_lut = np.append(self._ph_lut, [_PH_CODES.get(v, 0) for v in new]).astype(np.int8)
+            self._cat_lut = _room(self._cat_lut, len(self._strings), 0)
+            self._ph_lut = _room(self._ph_lut, len(self._strings), 0)
+            self._cat_lut[at:len(self._strings)] = list(map(self.cat_table.__getitem__, new))
+            self._ph_lut[at:len(self._strings)] = [_PH_CODES.get(v, 0) for v in new]
         self._raws += self.scanner.raws()
 
     def _recode(self, key: Any, interner: _Interner, g: np.ndarray, values: list) -> np.ndarray:
         """Scanner codes `g` (into `values`) -> `interner`'s codes, new values taken in their
         first-seen order (as the msgspec way interns them)."""
-        lut = self._luts.get(key)
-        if lut is None or len(lut) < len(values):
-            grown = np.full(len(values), -1, np.int32)
-            if lut is not None:
-                grown[: len(lut)] = lut
-            lut = self._luts[key] = grown
+        lut = self._luts[key] = _room(self._luts.get(key, np.empty(0, np.int32)), len(values), -1)
         out = lut[g]
         new = out < 0
         if new.any():
