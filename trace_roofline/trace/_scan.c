@@ -15,7 +15,7 @@
  * read the way msgspec reads it (a value of another type, an integer out of int64, a non-ASCII
  * byte in a string, an escape in a key, a repeated key, JSON it cannot prove valid) makes it
  * return a short reason (str) instead, and the batch is decoded the msgspec way. It keeps no
- * reference to `buf`.
+ * reference to `buf`, and scans without the GIL (a Scanner serves one thread at a time).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -64,20 +64,20 @@ static uint64_t hash_bytes(const char *s, size_t n) {
 }
 
 static void table_free(Table *t) {
-    PyMem_Free(t->hash);
-    PyMem_Free(t->code);
-    PyMem_Free(t->arena);
-    PyMem_Free(t->at);
+    PyMem_RawFree(t->hash);
+    PyMem_RawFree(t->code);
+    PyMem_RawFree(t->arena);
+    PyMem_RawFree(t->at);
     memset(t, 0, sizeof *t);
 }
 
 static int table_grow(Table *t) {
     size_t cap = t->cap ? t->cap * 2 : 1024;
-    uint64_t *hash = PyMem_Calloc(cap, sizeof *hash);
-    int32_t *code = PyMem_Malloc(cap * sizeof *code);
+    uint64_t *hash = PyMem_RawCalloc(cap, sizeof *hash);
+    int32_t *code = PyMem_RawMalloc(cap * sizeof *code);
     if (!hash || !code) {
-        PyMem_Free(hash);
-        PyMem_Free(code);
+        PyMem_RawFree(hash);
+        PyMem_RawFree(code);
         return -1;
     }
     for (size_t i = 0; i < t->cap; i++) {
@@ -87,8 +87,8 @@ static int table_grow(Table *t) {
         hash[j] = t->hash[i];
         code[j] = t->code[i];
     }
-    PyMem_Free(t->hash);
-    PyMem_Free(t->code);
+    PyMem_RawFree(t->hash);
+    PyMem_RawFree(t->code);
     t->hash = hash;
     t->code = code;
     t->cap = cap;
@@ -109,14 +109,14 @@ static int32_t table_code(Table *t, const char *s, size_t n) {
     if (t->n >= INT32_MAX - 1) return -1;
     if (t->used + n > t->room) {
         size_t room = (t->room + n) * 2 + 4096;
-        char *arena = PyMem_Realloc(t->arena, room);
+        char *arena = PyMem_RawRealloc(t->arena, room);
         if (!arena) return -1;
         t->arena = arena;
         t->room = room;
     }
     if (t->n + 2 > t->at_room) {
         size_t room = t->at_room * 2 + 1024;
-        size_t *at = PyMem_Realloc(t->at, room * sizeof *at);
+        size_t *at = PyMem_RawRealloc(t->at, room * sizeof *at);
         if (!at) return -1;
         t->at = at;
         t->at_room = room;
@@ -158,6 +158,7 @@ typedef struct {
     char *key;   /* scratch for raw keys */
     size_t key_room;
     int32_t absent[RAW_ARGS + 1]; /* by key width: the code of the key with no value, or -1 */
+    int busy;                     /* a scan is running (without the GIL) */
 } Scanner;
 
 /* ---------------------------------------------------------------- JSON lexing */
@@ -325,11 +326,12 @@ static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, dou
     char tmp[320];
     memcpy(tmp, start, len);
     tmp[len] = 0;
+    PyGILState_STATE gil = PyGILState_Ensure(); /* (the scan runs without the GIL) */
     double d = PyOS_string_to_double(tmp, NULL, NULL);
-    if (d == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return decline(x, "a bad number");
-    }
+    int bad = d == -1.0 && PyErr_Occurred();
+    if (bad) PyErr_Clear();
+    PyGILState_Release(gil);
+    if (bad) return decline(x, "a bad number");
     if (!isfinite(d)) return decline(x, "a number out of range");
     *dv = d;
     return 0;
@@ -633,11 +635,11 @@ static int read_fields(Scanner *sc, Lex *x, const Lookup *lk, Row *r, RawArgs *r
 static int reserve(Scanner *sc, size_t events) {
     if (events <= sc->room) return 0;
     size_t room = events * 2 + 256;
-    int32_t *i32 = PyMem_Realloc(sc->i32, room * I32_COLUMNS * sizeof *i32);
+    int32_t *i32 = PyMem_RawRealloc(sc->i32, room * I32_COLUMNS * sizeof *i32);
     if (i32) sc->i32 = i32;
-    double *f64 = PyMem_Realloc(sc->f64, room * F64_COLUMNS * sizeof *f64);
+    double *f64 = PyMem_RawRealloc(sc->f64, room * F64_COLUMNS * sizeof *f64);
     if (f64) sc->f64 = f64;
-    int64_t *i64 = PyMem_Realloc(sc->i64, room * I64_COLUMNS * sizeof *i64);
+    int64_t *i64 = PyMem_RawRealloc(sc->i64, room * I64_COLUMNS * sizeof *i64);
     if (i64) sc->i64 = i64;
     if (!i32 || !f64 || !i64) return -1;
     sc->room = room;
@@ -656,7 +658,7 @@ static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int coun
     size_t need = (size_t)count;
     for (int i = 0; i < count; i++) need += ra->raw_len[idx[i]];
     if (need > sc->key_room) {
-        char *key = PyMem_Realloc(sc->key, need * 2);
+        char *key = PyMem_RawRealloc(sc->key, need * 2);
         if (!key) return -1;
         sc->key = key;
         sc->key_room = need * 2;
@@ -713,6 +715,11 @@ static size_t count_braces(const char *p, const char *end) {
     return n;
 }
 
+static PyObject *busy_error(void) {
+    PyErr_SetString(PyExc_RuntimeError, "this Scanner is scanning in another thread");
+    return NULL;
+}
+
 static PyObject *packed(const void *data, size_t columns, size_t room, size_t n, size_t item) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(columns * n * item));
     if (!out) return NULL;
@@ -737,8 +744,17 @@ static PyObject *Scanner_scan(Scanner *sc, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
+    if (sc->busy) {
+        PyBuffer_Release(&view);
+        return busy_error();
+    }
     Lex x = {base + start, base + stop, NULL};
-    Py_ssize_t n = scan_events(sc, &x, room);
+    Py_ssize_t n;
+    sc->busy = 1;
+    Py_BEGIN_ALLOW_THREADS /* (other threads run meanwhile: the parse worker's receiver) */
+    n = scan_events(sc, &x, room);
+    Py_END_ALLOW_THREADS
+    sc->busy = 0;
     PyBuffer_Release(&view);
     if (n < 0) return PyUnicode_FromString(x.why ? x.why : "declined");
     PyObject *a = packed(sc->i32, I32_COLUMNS, room, (size_t)n, sizeof(int32_t));
@@ -752,20 +768,20 @@ static PyObject *Scanner_scan(Scanner *sc, PyObject *args) {
 }
 
 static PyObject *Scanner_strings(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
-    return table_new_keys(&sc->strings);
+    return sc->busy ? busy_error() : table_new_keys(&sc->strings);
 }
 
 static PyObject *Scanner_raws(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
-    return table_new_keys(&sc->raws);
+    return sc->busy ? busy_error() : table_new_keys(&sc->raws);
 }
 
 static void Scanner_dealloc(Scanner *sc) {
     table_free(&sc->strings);
     table_free(&sc->raws);
-    PyMem_Free(sc->i32);
-    PyMem_Free(sc->f64);
-    PyMem_Free(sc->i64);
-    PyMem_Free(sc->key);
+    PyMem_RawFree(sc->i32);
+    PyMem_RawFree(sc->f64);
+    PyMem_RawFree(sc->i64);
+    PyMem_RawFree(sc->key);
     Py_TYPE(sc)->tp_free((PyObject *)sc);
 }
 
