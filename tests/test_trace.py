@@ -599,11 +599,12 @@ def _mixed_events() -> dict:
 
 
 @needs_fork
-def test_parallel_parse_is_bit_identical_with_skipped_and_bad_events(tmp_path, both):
+def test_parallel_parse_is_bit_identical_with_skipped_and_bad_events(tmp_path, both, monkeypatch):
     doc = _mixed_events()
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc).replace("Infinity", "1e400"))
     serial = both(path, "serial")
+    _parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
     assert serial.meta["skipped_events"] and serial.meta["events_with_dropped_fields"] == 3
     assert "only_in_the_second_half" in serial.device["name"].cat.categories
     assert_identical(serial, both(path, "two"))
@@ -695,7 +696,7 @@ def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch
 @pytest.mark.parametrize("case", ["no_boundary", "duplicate_key", "duplicate_key_first",
                                   "tail_array", "truncated", "last_not_object", "garbage_after",
                                   "array_then_brace", "key_in_a_key"])
-def test_unproven_splits_fall_back_to_one_process(tmp_path, both, case):
+def test_unproven_splits_fall_back_to_one_process(tmp_path, both, monkeypatch, case):
     """Files whose halves cannot be proven to be the trace's events (no event boundary after
     the cut, a second traceEvents key, ...) are parsed by the one-process path, identically."""
     doc = gpu_trace(steps=6)
@@ -719,6 +720,8 @@ def test_unproven_splits_fall_back_to_one_process(tmp_path, both, case):
     serial = both(path, "serial")
     mode = {"tail_array": "two", "duplicate_key": "fallback",
             "duplicate_key_first": "fallback"}.get(case, "unforked")
+    if mode == "two":  # (a small file: the parent could decode it all before the worker runs)
+        _parent_waits_for_a_claim(monkeypatch)
     out = both(path, mode)
     if isinstance(serial, str):
         assert out == serial
@@ -757,12 +760,13 @@ def test_every_malformed_file_case_gives_the_same_error_in_parallel(tmp_path, bo
 
 
 @needs_fork
-def test_parallel_parse_when_children_are_reaped_automatically(tmp_path, both):
+def test_parallel_parse_when_children_are_reaped_automatically(tmp_path, both, monkeypatch):
     """A host program ignoring SIGCHLD (the kernel reaps children at once) still gets a result."""
     import signal
 
     path = write(_mixed_events(), tmp_path / "t.json")
     serial = both(path, "serial")
+    _parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
     old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
         assert_identical(serial, both(path, "two"))
