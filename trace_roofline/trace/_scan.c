@@ -247,7 +247,8 @@ static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 /* A number at x->p, validated. With `want`: *is_int (no fraction or exponent; then *iv is its
- * value and *fits whether it is within int64) and *dv (its value as the nearest double). */
+ * value and *fits whether it is within int64) and *dv (its value as the nearest double);
+ * without, the outputs are not touched (they may be NULL). */
 static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, double *dv) {
     const char *p = x->p, *end = x->end, *start = p;
     int neg = 0;
@@ -257,14 +258,13 @@ static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, dou
     }
     if (p >= end || *p < '0' || *p > '9') return decline(x, "not a JSON value");
     uint64_t m = 0;
-    int digits = 0, over = 0;
+    int over = 0;
     if (*p == '0') {
         p++;
     } else {
         while (p < end && *p >= '0' && *p <= '9') {
             if (m > (UINT64_MAX - 9) / 10) over = 1;
             else m = m * 10 + (uint64_t)(*p - '0');
-            digits++;
             p++;
         }
     }
@@ -351,9 +351,7 @@ static int skip_value(Lex *x, int depth) {
     char c = *x->p;
     const char *s;
     size_t n;
-    int esc, is_int, fits;
-    int64_t iv;
-    double dv;
+    int esc;
     switch (c) {
     case '"':
         return lex_string(x, &s, &n, &esc);
@@ -395,7 +393,7 @@ static int skip_value(Lex *x, int depth) {
         }
     }
     default:
-        return lex_number(x, 0, &is_int, &fits, &iv, &dv);
+        return lex_number(x, 0, NULL, NULL, NULL, NULL);
     }
 }
 
@@ -403,7 +401,7 @@ static int skip_value(Lex *x, int depth) {
 
 /* K_INT: an int64; _NULL: or null (absent); _STR: or a string, read as columns.as_int reads it
  * when it holds no digit (absent); one with a digit is declined. */
-typedef enum { K_SKIP, K_STR, K_F64, K_INT_STR_NULL, K_INT_STR, K_INT_NULL, K_INT, K_RAW, K_ARGS } Kind;
+typedef enum { K_STR, K_F64, K_INT_STR_NULL, K_INT_STR, K_INT_NULL, K_INT, K_RAW, K_ARGS } Kind;
 
 typedef struct {
     const char *key;
@@ -584,9 +582,8 @@ static int read_field(Scanner *sc, Lex *x, const Field *f, Row *r, RawArgs *ra, 
     case K_ARGS:
         if (c != '{') return decline(x, "args is not an object");
         return read_fields(sc, x, &ARGS_LOOKUP, r, ra, depth + 1);
-    default:
-        return skip_value(x, depth);
     }
+    return decline(x, "an unknown field kind");
 }
 
 /* An object at x->p whose known keys are `fields`; others are skipped. */
@@ -738,15 +735,15 @@ static PyObject *Scanner_scan(Scanner *sc, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "scan: start and stop must satisfy 0 <= start <= stop <= len(buf)");
         return NULL;
     }
+    if (sc->busy) { /* (before reserve: it may move the blocks that scan is writing) */
+        PyBuffer_Release(&view);
+        return busy_error();
+    }
     const char *base = (const char *)view.buf;
     size_t room = count_braces(base + start, base + stop);
     if (reserve(sc, room) < 0) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
-    }
-    if (sc->busy) {
-        PyBuffer_Release(&view);
-        return busy_error();
     }
     Lex x = {base + start, base + stop, NULL};
     Py_ssize_t n;

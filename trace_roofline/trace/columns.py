@@ -240,9 +240,23 @@ class _Interner:
 
     def __init__(self):
         self.seen = _Codes()
+        self.lut = np.empty(0, np.int32)  # the compiled scanner's code -> code (-1: not yet)
 
     def codes(self, values, n: int) -> np.ndarray:
         return np.fromiter(map(self.seen.__getitem__, values), np.int32, n)
+
+    def recode(self, g: np.ndarray, values: list) -> np.ndarray:
+        """Codes of the scanner's codes `g` (indexes into `values`, every value it has seen),
+        new values taken in their first-seen order, as `codes` takes them."""
+        lut = self.lut = _room(self.lut, len(values), -1)
+        out = lut[g]
+        new = out < 0
+        if new.any():
+            u, first = np.unique(g[new], return_index=True)
+            for v in u[np.argsort(first)].tolist():
+                lut[v] = self.seen[values[v]]
+            out = lut[g]
+        return out
 
     def dense(self, chunks: list[np.ndarray]) -> tuple[list, np.ndarray]:
         """(every value in first-seen order, the rows' codes into that list) to ship."""
@@ -337,7 +351,6 @@ class Accumulator:
         self._cat_lut = np.zeros(1, np.int8)  # ... -> table code
         self._ph_lut = np.zeros(1, np.int8)  # ... -> phase code
         self._raws: list[bytes] = []  # scanner raw code -> key
-        self._luts: dict[Any, np.ndarray] = {}  # (table, column) or table -> scanner code -> code
         self.raw_groups = {
             t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
             for t, fields in _FIELDS.items()
@@ -444,11 +457,9 @@ class Accumulator:
             if conv == "int":
                 chunk[col] = _scanned_ints(ints, paths, at)
             elif conv == "str":
-                chunk[col] = self._recode((table, col), self.interners[table, col], strs[paths[0]][at],
-                                          self._strings)
+                chunk[col] = self.interners[table, col].recode(strs[paths[0]][at], self._strings)
         if table in self.raw_groups:
-            chunk["raw"] = self._recode(table, self.raw_groups[table].interner, strs[f"raw.{table}"][at],
-                                        self._raws)
+            chunk["raw"] = self.raw_groups[table].interner.recode(strs[f"raw.{table}"][at], self._raws)
         return chunk
 
     def _learn(self) -> None:
@@ -463,19 +474,6 @@ class Accumulator:
             self._cat_lut[at:len(self._strings)] = list(map(self.cat_table.__getitem__, new))
             self._ph_lut[at:len(self._strings)] = [_PH_CODES.get(v, 0) for v in new]
         self._raws += self.scanner.raws()
-
-    def _recode(self, key: Any, interner: _Interner, g: np.ndarray, values: list) -> np.ndarray:
-        """Scanner codes `g` (into `values`) -> `interner`'s codes, new values taken in their
-        first-seen order (as the msgspec way interns them)."""
-        lut = self._luts[key] = _room(self._luts.get(key, np.empty(0, np.int32)), len(values), -1)
-        out = lut[g]
-        new = out < 0
-        if new.any():
-            u, first = np.unique(g[new], return_index=True)
-            for v in u[np.argsort(first)].tolist():
-                lut[v] = interner.seen[values[v]]
-            out = lut[g]
-        return out
 
     def export(self) -> dict:
         """Everything gathered so far, picklable: per table one concatenated chunk whose
