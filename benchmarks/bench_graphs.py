@@ -33,7 +33,9 @@ from tile import tile  # noqa: E402
 CHILD = r"""
 import json, sys, time, resource
 import trace_roofline as tr
-from trace_roofline import graphs, passes, shapes
+from trace_roofline.attribution import graphs
+from trace_roofline.attribution import passes
+from trace_roofline.costs import shapes
 replay, mapping, model = sys.argv[1], sys.argv[2], tr.get_model(sys.argv[3])
 out = {}
 t = time.perf_counter(); m_trace = tr.load_trace(mapping)
@@ -58,7 +60,7 @@ print(json.dumps(out))
 def align_scaling(lengths: list[int]) -> list[dict]:
     """graphs.align on a sequence of n kernels (a 60-kernel layer pattern repeated) against
     itself with 1% of kernels dropped and 1% inserted: seconds per kernel should stay flat."""
-    from trace_roofline import graphs
+    from trace_roofline.attribution import graphs
 
     rng = np.random.default_rng(0)
     layer = rng.integers(0, 40, size=60)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.models import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"

@@ -23,15 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.builders import SAMPLES, Kineto
-from trace_roofline._nest import Nest
-from trace_roofline.attribute import (
+from trace_roofline.attribution.attribute import (
     ATTRIBUTED_COLUMNS,
     OPERATOR_TABLE_COLUMNS,
     attribute,
     coverage,
     operator_table,
 )
-from trace_roofline.models import get_model
+from trace_roofline.attribution.nest import Nest
+from trace_roofline.model.models import get_model
 from trace_roofline.trace import load_trace
 
 BF = "c10::BFloat16"

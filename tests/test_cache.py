@@ -16,11 +16,11 @@ import pytest
 import trace_roofline.cache as cache_mod
 from tests.builders import SAMPLES, run_cli
 from trace_roofline import pipeline
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution.attribute import attribute
 from trace_roofline.cache import TraceCache, cache_dir
 from trace_roofline.cli import main
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.trace import load_trace
 

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 from tests.builders import SAMPLES, attributed, qwen_layer, run_cli
-from trace_roofline._files import write_files
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
-from trace_roofline.report import report_dict
+from trace_roofline.files import write_files
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
+from trace_roofline.outputs.report import report_dict
 from trace_roofline.roofline import analyze
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"

@@ -18,13 +18,14 @@ import pandas as pd
 import pytest
 
 from tests.builders import BF, SAMPLES, Kineto, Op, attributed, concat, qwen_layer
-from trace_roofline import comms, operators
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution import comms
+from trace_roofline.attribution.attribute import attribute
+from trace_roofline.costs.shapes import attach_costs, kernel_dtype
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import PRESETS, from_json, get_hardware
-from trace_roofline.models import get_model
+from trace_roofline.model import operators
+from trace_roofline.model.hardware import PRESETS, from_json, get_hardware
+from trace_roofline.model.models import get_model
 from trace_roofline.roofline import analyze
-from trace_roofline.shapes import attach_costs, kernel_dtype
 from trace_roofline.trace import load_trace
 
 QWEN = get_model("qwen2.5-7b")

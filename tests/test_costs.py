@@ -4,79 +4,79 @@ import math
 
 import pytest
 
-from trace_roofline import costs
+from trace_roofline.model import formulas
 
 H, I_FF = 3584, 18944
 
 
 def test_gemm_decode_q_proj_bf16_with_bias():
     # 2·1·3584·3584 + 1·3584 bias adds
-    assert costs.gemm_flops(1, H, H, bias=True) == 25_690_112 + 3_584
+    assert formulas.gemm_flops(1, H, H, bias=True) == 25_690_112 + 3_584
     # (X 3584 + W 12,845,056 + Y 3584 + bias 3584) elements × 2 bytes
-    assert costs.gemm_bytes(1, H, H, 2, bias=True) == 25_711_616
-    assert costs.gemm_intensity(1, H, H, 2, bias=True) == pytest.approx(0.99930, abs=1e-5)
+    assert formulas.gemm_bytes(1, H, H, 2, bias=True) == 25_711_616
+    assert formulas.gemm_intensity(1, H, H, 2, bias=True) == pytest.approx(0.99930, abs=1e-5)
 
 
 def test_gemm_without_bias_matches_lesson():
-    assert costs.gemm_flops(256, H, H) == 6_576_668_672
-    assert costs.gemm_bytes(256, H, H, 2) == 29_360_128
-    assert round(costs.gemm_intensity(256, H, H, 2), 1) == 224.0
-    assert round(costs.gemm_intensity(256, H, 512, 2), 1) == 162.9
-    assert round(costs.gemm_intensity(256, H, I_FF, 2), 1) == 236.0
-    assert round(costs.gemm_intensity(256, I_FF, H, 2), 1) == 236.0
+    assert formulas.gemm_flops(256, H, H) == 6_576_668_672
+    assert formulas.gemm_bytes(256, H, H, 2) == 29_360_128
+    assert round(formulas.gemm_intensity(256, H, H, 2), 1) == 224.0
+    assert round(formulas.gemm_intensity(256, H, 512, 2), 1) == 162.9
+    assert round(formulas.gemm_intensity(256, H, I_FF, 2), 1) == 236.0
+    assert round(formulas.gemm_intensity(256, I_FF, H, 2), 1) == 236.0
 
 
 def test_gemm_dtypes_fp32_and_fp8():
     # fp32, M=1, 4096²: 33,554,432 FLOPs over (4096 + 16,777,216 + 4096)·4 bytes
-    assert costs.gemm_bytes(1, 4096, 4096, 4) == 67_141_632
-    assert costs.gemm_intensity(1, 4096, 4096, 4) == pytest.approx(33_554_432 / 67_141_632)
+    assert formulas.gemm_bytes(1, 4096, 4096, 4) == 67_141_632
+    assert formulas.gemm_intensity(1, 4096, 4096, 4) == pytest.approx(33_554_432 / 67_141_632)
     # fp8: one byte per element -> ≈ 2 FLOP/byte at M = 1
-    assert costs.gemm_intensity(1, 4096, 4096, 1) == pytest.approx(1.999, abs=1e-3)
+    assert formulas.gemm_intensity(1, 4096, 4096, 1) == pytest.approx(1.999, abs=1e-3)
 
 
 def test_attention_decode_gqa_is_seven_for_qwen():
-    f = costs.attention_flops(1, 28, 1, 2048, 128)
+    f = formulas.attention_flops(1, 28, 1, 2048, 128)
     assert f == 4 * 28 * 128 * 2048 == 29_360_128
-    assert costs.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "kv") == 4_194_304
-    assert costs.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "all") == 4_194_304 + 14_336
-    assert costs.attention_intensity(28, 4, 1, 2048, 128, 2, "full", "kv") == 7.0
+    assert formulas.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "kv") == 4_194_304
+    assert formulas.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "all") == 4_194_304 + 14_336
+    assert formulas.attention_intensity(28, 4, 1, 2048, 128, 2, "full", "kv") == 7.0
     # S cancels in decode
-    assert costs.attention_intensity(28, 4, 1, 128, 128, 2, "full", "kv") == 7.0
+    assert formulas.attention_intensity(28, 4, 1, 128, 128, 2, "full", "kv") == 7.0
 
 
 def test_attention_gqa_ratio_llama():
     # Llama-3-8B: 32 query heads over 8 KV heads -> 2/2 · 4 = 4 FLOP/byte at decode
-    assert costs.attention_intensity(32, 8, 1, 4096, 128, 2, "full", "kv") == 4.0
+    assert formulas.attention_intensity(32, 8, 1, 4096, 128, 2, "full", "kv") == 4.0
     # MHA (n_q = n_kv) in fp32: 2/4 = 0.5
-    assert costs.attention_intensity(8, 8, 1, 4096, 64, 4, "full", "kv") == 0.5
+    assert formulas.attention_intensity(8, 8, 1, 4096, 64, 4, "full", "kv") == 0.5
 
 
 def test_attention_prefill_conventions():
     # lesson: T = S, every pair, K/V only -> 7·S
-    assert costs.attention_intensity(28, 4, 512, 512, 128, 2, "full", "kv") == 3584.0
+    assert formulas.attention_intensity(28, 4, 512, 512, 128, 2, "full", "kv") == 3584.0
     # causal pairs for T = S = 4: 1 + 2 + 3 + 4 = 10 (of 16)
-    assert costs.attention_pairs(4, 4, "causal") == 10
-    assert costs.attention_pairs(4, 4, "full") == 16
+    assert formulas.attention_pairs(4, 4, "causal") == 10
+    assert formulas.attention_pairs(4, 4, "full") == 16
     # chunked prefill: 2 new queries after 3 cached keys (S = 5): 4 + 5 = 9
-    assert costs.attention_pairs(2, 5, "causal") == 9
-    assert costs.attention_pairs(1, 2048, "causal") == 2048
-    f_full = costs.attention_flops(2, 28, 8, 8, 128, "full")
-    f_causal = costs.attention_flops(2, 28, 8, 8, 128, "causal")
+    assert formulas.attention_pairs(2, 5, "causal") == 9
+    assert formulas.attention_pairs(1, 2048, "causal") == 2048
+    f_full = formulas.attention_flops(2, 28, 8, 8, 128, "full")
+    f_causal = formulas.attention_flops(2, 28, 8, 8, 128, "causal")
     assert f_causal / f_full == 36 / 64
     with pytest.raises(ValueError):
-        costs.attention_pairs(1, 1, "bogus")
+        formulas.attention_pairs(1, 1, "bogus")
     with pytest.raises(ValueError):
-        costs.attention_bytes(1, 1, 1, 1, 1, 1, 2, "bogus")
+        formulas.attention_bytes(1, 1, 1, 1, 1, 1, 2, "bogus")
 
 
 def test_elementwise_and_roofline_helpers():
     # RMSNorm over [1, 3584] bf16: read x and weight, write y
-    assert costs.elementwise_bytes(2 * H, H, 2) == 21_504
-    assert costs.ridge(990e12, 4.8e12) == pytest.approx(206.25)
-    assert costs.attainable(1.0, 990e12, 4.8e12) == 4.8e12
-    assert costs.attainable(1000.0, 990e12, 4.8e12) == 990e12
-    assert costs.bound(7.0, 206.25) == "memory"
-    assert costs.bound(206.25, 206.25) == "compute"
+    assert formulas.elementwise_bytes(2 * H, H, 2) == 21_504
+    assert formulas.ridge(990e12, 4.8e12) == pytest.approx(206.25)
+    assert formulas.attainable(1.0, 990e12, 4.8e12) == 4.8e12
+    assert formulas.attainable(1000.0, 990e12, 4.8e12) == 990e12
+    assert formulas.bound(7.0, 206.25) == "memory"
+    assert formulas.bound(206.25, 206.25) == "compute"
 
 
 def test_m_star_matches_closed_form():
@@ -84,13 +84,13 @@ def test_m_star_matches_closed_form():
     k = n = H
     # 2MKN ≥ R·b·(MK + KN + MN)  =>  M ≥ R·b·KN / (2KN − R·b·(K + N))
     closed = math.ceil(ridge * 2 * k * n / (2 * k * n - ridge * 2 * (k + n)))
-    assert costs.m_star(k, n, 2, ridge) == closed == 181
+    assert formulas.m_star(k, n, 2, ridge) == closed == 181
     # at M*, compute-bound; one below, memory-bound
-    assert costs.gemm_intensity(closed, k, n, 2) >= ridge > costs.gemm_intensity(closed - 1, k, n, 2)
+    assert formulas.gemm_intensity(closed, k, n, 2) >= ridge > formulas.gemm_intensity(closed - 1, k, n, 2)
     # a thin GEMM that can never reach the ridge: limit 2KN/((K+N)b) = 2·64·64/(128·2) = 32
-    assert costs.m_star(64, 64, 2, ridge) is None
+    assert formulas.m_star(64, 64, 2, ridge) is None
 
 
 def test_s_star_lesson_convention():
     ridge = 165.2e12 / 1008e9  # 163.9: 7·S ≥ 163.9 -> S = 24
-    assert costs.s_star(28, 4, 128, 2, ridge, "full", "kv") == 24
+    assert formulas.s_star(28, 4, 128, 2, ridge, "full", "kv") == 24

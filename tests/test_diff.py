@@ -7,10 +7,10 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES
-from trace_roofline import diff
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
-from trace_roofline.report import report_dict
+from trace_roofline.outputs import diff
+from trace_roofline.outputs.report import report_dict
 
 EAGER = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 COMPILED = SAMPLES / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz"

@@ -22,7 +22,7 @@ def test_readme_starts_with_the_two_commands():
 
 def test_readme_python_example_runs():
     code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
-    check = ("\nimport sys\nimport trace_roofline.attribute\nassert callable(tr.attribute)\n"
+    check = ("\nimport sys\nimport trace_roofline.attribution.attribute\nassert callable(tr.attribute)\n"
              "assert 'torch' not in sys.modules\nprint(a.whole['intensity'])\n")
     r = subprocess.run([sys.executable, "-c", code + check], cwd=ROOT, capture_output=True,
                        text=True)
@@ -40,7 +40,7 @@ def test_analyzer_modules_never_import_torch():
 
 
 def test_readme_documents_the_report_schema_and_share_scale():
-    from trace_roofline.report import OPERATOR_KEYS, SCHEMA_VERSION
+    from trace_roofline.outputs.report import OPERATOR_KEYS, SCHEMA_VERSION
 
     assert f'{{"schema_version": {SCHEMA_VERSION}, "traces": [...]}}' in README
     assert "`roof_fraction`" in README and "fractions from 0 to 1" in README

@@ -14,11 +14,13 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES, Kineto, attributed, qwen_layer, read, run_cli
-from trace_roofline import crosscheck, roofline
+from trace_roofline import roofline
+from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import get_hardware
-from trace_roofline.operators import EVIDENCE
-from trace_roofline.report import report_dict, terminal_table
+from trace_roofline.model import models
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.operators import EVIDENCE
+from trace_roofline.outputs.report import report_dict, terminal_table
 
 CNN = SAMPLES / "cnn_b8_cpu.json.gz"  # real: workloads/non_llm.py on this machine's CPU
 MATMUL = SAMPLES / "matmul_loop_cpu.json.gz"
@@ -188,7 +190,7 @@ def test_without_a_model_the_shapes_name_their_preset_or_custom():
 
 
 def test_expected_linears_and_degrees():
-    assert crosscheck.expected_linears(QWEN)["down_proj"] == (18944, 3584)
+    assert models.expected_linears(QWEN)["down_proj"] == (18944, 3584)
     costed = pd.DataFrame({"operator": ["q_proj", "o_proj", "o_proj"], "cost_kind": "gemm",
                            "K": pd.array([3584, 896, 3584], dtype="Int64"),
                            "N": pd.array([896, 3584, 896], dtype="Int64"),

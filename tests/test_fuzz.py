@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from tests.builders import SAMPLES, gpu_trace, legacy_trace, read
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.trace import MAX_DUR_US, MAX_TS_US, SCHEMAS, decode, load_trace
 from trace_roofline.trace import read as trace_read

@@ -1,4 +1,4 @@
-"""CUDA-graph replays (trace_roofline.graphs): replays built from a real H200 eager trace."""
+"""CUDA-graph replays (trace_roofline.attribution.graphs): replays built from a real H200 eager trace."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import trace_roofline as tr
 from tests import replay_factory as rf
 from tests.builders import SAMPLES, read, write
-from trace_roofline import graphs
-from trace_roofline.passes import forward_passes
-from trace_roofline.shapes import attach_costs
+from trace_roofline.attribution import graphs
+from trace_roofline.attribution.passes import forward_passes
+from trace_roofline.costs.shapes import attach_costs
 
 STATIC = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_static_h200.json.gz"
 QWEN = tr.get_model("qwen2.5-7b")

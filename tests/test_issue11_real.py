@@ -12,7 +12,7 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES, read, write
-from trace_roofline import graphs
+from trace_roofline.attribution import graphs
 
 GEN = SAMPLES / "hf_generate" / "hf-qwen2-qwen2.5-7b-2l_{}_h200.json.gz"
 CG = SAMPLES / "cuda_graphs" / "hf-qwen2-qwen2.5-7b-2l_{}_h200.json.gz"

@@ -1,4 +1,4 @@
-"""The CLI's memory settings (trace_roofline._memory): freed big arrays are reused, not faulted in
+"""The CLI's memory settings (trace_roofline.memory): freed big arrays are reused, not faulted in
 again, and numpy no longer advises huge pages. Each check runs in a fresh interpreter, since
 the settings are process-wide."""
 
@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from trace_roofline import _memory
+from trace_roofline import memory
 
 REFAULTS = """
 import resource, sys
 import numpy as np
-from trace_roofline import _memory
-_memory.tune()
+from trace_roofline import memory
+memory.tune()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 x = [np.ones(1 << 21) for _ in range(4)]  # 4 arrays of 16 MiB
 del x
@@ -26,8 +26,8 @@ print(faults() - before)
 
 ADVICE = """
 import numpy._core.multiarray as m
-from trace_roofline import _memory
-_memory.tune()
+from trace_roofline import memory
+memory.tune()
 print(m._set_madvise_hugepage(True))  # the setting before this call
 """
 
@@ -37,7 +37,7 @@ def _run(code: str) -> str:
                           check=True).stdout.strip()
 
 
-@pytest.mark.skipif(_memory._glibc() is None, reason="glibc's mallopt only")
+@pytest.mark.skipif(memory._glibc() is None, reason="glibc's mallopt only")
 def test_freed_arrays_are_reused_without_page_faults():
     # 5 rounds of 64 MiB: 81920 faults of 4 KiB pages if each array were mapped afresh
     assert int(_run(REFAULTS)) < 256

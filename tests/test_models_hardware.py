@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tests.builders import SAMPLES
-from trace_roofline import hardware
 from trace_roofline.errors import InputError
-from trace_roofline.models import PRESETS, dtype_bytes, from_hf_config, get_model
+from trace_roofline.model import hardware
+from trace_roofline.model.models import PRESETS, dtype_bytes, from_hf_config, get_model
 
 QWEN_7B_CONFIG = {  # Qwen/Qwen2.5-7B-Instruct config.json (abridged, real values)
     "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
@@ -149,7 +149,7 @@ def test_fp8_config_extrapolates(tmp_path, dtype_fields):
     ("signed char", "int8", 1, None), ("int8", "int8", 1, None), ("double", "fp64", 8, None),
 ])
 def test_dtype_table(spelling, short, nbytes, peak):
-    from trace_roofline import dtypes
+    from trace_roofline.model import dtypes
 
     d = dtypes.lookup(spelling)
     assert (d.short, d.bytes, d.peak) == (short, nbytes, peak)
@@ -162,7 +162,7 @@ def test_dtype_table(spelling, short, nbytes, peak):
 
 
 def test_dtype_table_misses_and_scalar_types():
-    from trace_roofline import dtypes
+    from trace_roofline.model import dtypes
 
     assert dtypes.lookup("Scalar") is None and dtypes.lookup("TensorList") is None
     assert dtypes.by_scalar_type("15").short == "bf16"

@@ -18,7 +18,7 @@ import pytest
 import trace_roofline as tr
 from tests import replay_factory
 from tests.builders import SAMPLES, read, write
-from trace_roofline import graphs
+from trace_roofline.attribution import graphs
 
 CG = str(SAMPLES / "cuda_graphs" / "hf-moe-{}-2l_decode_b4_s512_static1024_groupedmm_{}_h200.json.gz")
 REPLAYS, LAYERS, BATCH = 4, 2, 4

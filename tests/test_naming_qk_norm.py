@@ -14,9 +14,9 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import BF, F32, SAMPLES, Kineto, Op
-from trace_roofline import graphs
-from trace_roofline.attribute import operator_table
-from trace_roofline.models import from_hf_config
+from trace_roofline.attribution import graphs
+from trace_roofline.attribution.attribute import operator_table
+from trace_roofline.model.models import from_hf_config
 
 QWEN3 = tr.get_model("qwen3-30b-a3b")
 Q3 = "hf-moe-qwen3-30b-a3b-2l_"

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from tests.builders import SAMPLES
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution.attribute import attribute
 from trace_roofline.errors import InputError
-from trace_roofline.ncu import (
+from trace_roofline.trace import load_trace
+from trace_roofline.trace.ncu import (
     MEASURED_COLUMNS,
     NCU_COLUMNS,
     kernel_key,
@@ -19,7 +20,6 @@ from trace_roofline.ncu import (
     measured_by_operator,
     read_ncu_csv,
 )
-from trace_roofline.trace import load_trace
 
 ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>,"
        " std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from trace_roofline._nest import Nest
+from trace_roofline.attribution.nest import Nest
 
 
 def _brute(s, e, k, q, qk, innermost):

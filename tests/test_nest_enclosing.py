@@ -4,7 +4,7 @@ of a subset Nest, and Nest.enclosing over a point's innermost interval, which an
 import numpy as np
 import pytest
 
-from trace_roofline._nest import Nest
+from trace_roofline.attribution.nest import Nest
 
 
 def _tree(rng, lo: int, hi: int, depth: int, out: list) -> None:

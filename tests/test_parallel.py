@@ -17,12 +17,12 @@ import pytest
 
 from benchmarks.tile import tile
 from tests.builders import ROOT, SAMPLES, read, run_cli
-from trace_roofline import report
 from trace_roofline.errors import InputError
-from trace_roofline.models import get_model
+from trace_roofline.model.models import get_model
+from trace_roofline.outputs import report
 from trace_roofline.parallel import analyze_many, bounded_map, compact
-from trace_roofline.pipeline import analyze_trace, operators_frame
-from trace_roofline.roofline import coverage
+from trace_roofline.pipeline import analyze_trace
+from trace_roofline.roofline import coverage, operators_frame
 
 # Real traces of every kind: annotated H200, HF eager and compiled, fused, a TP=2 rank.
 TRACES = [SAMPLES / n for n in (

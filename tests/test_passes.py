@@ -1,4 +1,4 @@
-"""Forward passes and their phases (trace_roofline.passes) on real H200 traces and hand-built rows."""
+"""Forward passes and their phases (attribution.passes) on real H200 traces and hand-built rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES
-from trace_roofline.passes import PASS_COLUMNS, forward_passes
+from trace_roofline.attribution.passes import PASS_COLUMNS, forward_passes
 
 QWEN = tr.get_model("qwen2.5-7b")
 
@@ -180,7 +180,7 @@ def test_no_structure_no_pass():
 
 
 def test_annotate_sets_step_to_the_pass(hf_decode, hf_prefill):
-    from trace_roofline.passes import annotate
+    from trace_roofline.attribution.passes import annotate
 
     pre = hf_prefill[hf_prefill["step"] == 3]
     gen = pd.concat([pre, hf_decode.assign(ts_us=hf_decode["ts_us"] + 1e6)], ignore_index=True)

@@ -10,9 +10,9 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES, read
-from trace_roofline import perfetto
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
+from trace_roofline.outputs import perfetto
 from trace_roofline.pipeline import analyze_trace_kernels
 
 EAGER = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"

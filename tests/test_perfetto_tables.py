@@ -11,9 +11,10 @@ import pytest
 import trace_roofline as tr
 from tests.builders import SAMPLES
 from trace_roofline import cache as cache_module
-from trace_roofline import perfetto, pipeline
+from trace_roofline import pipeline
 from trace_roofline.cache import TraceCache
 from trace_roofline.cli import main
+from trace_roofline.outputs import perfetto
 from trace_roofline.pipeline import analyze_trace_kernels
 from trace_roofline.trace import load
 

@@ -10,9 +10,9 @@ import pytest
 from matplotlib.text import Text
 
 from tests.builders import attributed, concat, qwen_layer
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
-from trace_roofline.plot import roofline_figure
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
+from trace_roofline.outputs.plot import roofline_figure
 from trace_roofline.roofline import analyze, place
 
 QWEN = get_model("qwen2.5-7b")

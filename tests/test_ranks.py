@@ -10,10 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.builders import SAMPLES, read
-from trace_roofline.cli import main
-from trace_roofline.errors import InputError
-from trace_roofline.parallel import analyze_many
-from trace_roofline.ranks import (
+from trace_roofline.attribution.ranks import (
     CrossRank,
     RankInfo,
     rank_from_name,
@@ -22,6 +19,9 @@ from trace_roofline.ranks import (
     summarize,
     unranked_note,
 )
+from trace_roofline.cli import main
+from trace_roofline.errors import InputError
+from trace_roofline.parallel import analyze_many
 
 B1 = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 B64 = SAMPLES / "qwen2.5-7b_decode_b64_s2048_h200.json.gz"

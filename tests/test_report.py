@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tests.builders import BF, Op, attributed, concat, qwen_layer
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
-from trace_roofline.report import (
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
+from trace_roofline.outputs.report import (
     SCHEMA_VERSION,
     duration,
     markdown,

@@ -8,12 +8,13 @@ import pandas as pd
 import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, gpu_trace, qwen_layer, write
-from trace_roofline import costs, roofline
+from trace_roofline import roofline
+from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware, get_hardware
-from trace_roofline.models import get_model
+from trace_roofline.model import formulas
+from trace_roofline.model.hardware import Hardware, get_hardware
+from trace_roofline.model.models import get_model
 from trace_roofline.roofline import analyze, extrapolate, place, reconcile, whole_model
-from trace_roofline.shapes import attach_costs
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")  # 989.4 TFLOP/s bf16, 4.8 TB/s
@@ -243,7 +244,7 @@ def test_h200_decode_gemms_at_one_attention_at_seven(h200_decode):
         row = agg(ops, name, "decode")
         k, n, bias = QWEN.linears()[name]
         assert row["intensity"] == pytest.approx(
-            costs.gemm_flops(1, k, n, bias) / costs.gemm_bytes(1, k, n, 2, bias), rel=1e-12)
+            formulas.gemm_flops(1, k, n, bias) / formulas.gemm_bytes(1, k, n, 2, bias), rel=1e-12)
         assert row["intensity"] == pytest.approx(1.0, abs=0.003)
         assert row["bound"] == "memory"
     attn = agg(ops, "attention", "decode")
@@ -272,7 +273,7 @@ def test_h200_prefill_gemms_and_attention_compute_bound():
             assert row["bound"] == "compute", (name, row["intensity"])
         q = agg(a.operators, "q_proj", "prefill")
         assert q["intensity"] == pytest.approx(
-            costs.gemm_intensity(2048, H, H, 2, bias=True), rel=1e-12)
+            formulas.gemm_intensity(2048, H, H, 2, bias=True), rel=1e-12)
     full = sample("qwen2.5-7b_prefill_b1_t2048_h200", causal="full")
     causal, full = agg(a.operators, "attention"), agg(full.operators, "attention")
     assert causal["flops"] / full["flops"] == pytest.approx(2049 / 4096, rel=1e-12)
@@ -281,7 +282,7 @@ def test_h200_prefill_gemms_and_attention_compute_bound():
 def test_h200_fused_layout_and_hf_kv_cache_copies():
     fused = sample("qwen2.5-7b_decode_b32_s2048_fused_h200")
     qkv = agg(fused.operators, "qkv_proj", "decode")
-    assert qkv["intensity"] == pytest.approx(costs.gemm_intensity(32, H, 4608, 2, bias=True),
+    assert qkv["intensity"] == pytest.approx(formulas.gemm_intensity(32, H, 4608, 2, bias=True),
                                              rel=1e-12)
     assert fused.costed["check"].isna().all()
     hf = sample("hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200")
@@ -349,7 +350,7 @@ def test_a_trace_with_both_phases_gets_a_whole_model_per_phase():
 def test_h200_prefill_then_decode_in_one_trace():
     """The committed prefill T=512 and decode S=2048 traces joined: before, one blended line
     said 180.79 FLOP/B while the phases' contributions summed to 278.95 and 1.05."""
-    from trace_roofline.attribute import attribute
+    from trace_roofline.attribution.attribute import attribute
     from trace_roofline.pipeline import trace_hardware
     from trace_roofline.trace import load_trace
 

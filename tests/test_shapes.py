@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, qwen_layer
-from trace_roofline import shapes
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution.attribute import attribute
+from trace_roofline.costs import shapes
+from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
-from trace_roofline.models import get_model
-from trace_roofline.shapes import attach_costs
+from trace_roofline.model.models import get_model
 from trace_roofline.trace import load_trace
 
 QWEN = get_model("qwen2.5-7b")
@@ -472,7 +472,7 @@ def test_a_bug_in_a_cost_rule_is_not_swallowed(monkeypatch):
 def test_flex_attention_is_attention_but_honestly_uncosted():
     """flex_attention is recognised as attention (one regex, operators.py) and goes to the
     attention rule, which has no layout for it: its block mask is not recorded."""
-    from trace_roofline import operators
+    from trace_roofline.model import operators
 
     base = pd.Series(["flex_attention", "_scaled_dot_product_flash_attention",
                       "triton_tem_fused_flex_attention_0"])

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.builders import SAMPLES, read, run_cli
-from trace_roofline import comms
+from trace_roofline.attribution import comms
+from trace_roofline.attribution.tp import infer_tp
 from trace_roofline.errors import InputError
-from trace_roofline.models import get_model
+from trace_roofline.model.models import get_model
 from trace_roofline.pipeline import analyze_trace
-from trace_roofline.tp import infer_tp
 
 QWEN = get_model("qwen2.5-7b")
 H, NQ, NKV, D, INTER, T = 3584, 28, 4, 128, 18944, 2
@@ -158,7 +158,7 @@ def test_waiting_rank_named(analyses, folder: str, waiter: str, straggler: str) 
 
 
 def test_report_flags_slow_communication(analyses) -> None:
-    from trace_roofline.report import terminal_table
+    from trace_roofline.outputs.report import terminal_table
 
     folder = "tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200"
     waiter, straggler = (terminal_table([analyses[(folder, r)]]) for r in (0, 1))

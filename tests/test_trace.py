@@ -110,7 +110,7 @@ def test_cpu_ops_keep_raw_shapes_and_parse_lazily(gpu):
 def test_input_strides_carried_raw_like_input_dims(tmp_path):
     """`Input Strides` becomes the raw-JSON column input_strides (a 0 stride marks a broadcast
     dim); an op without it gets NA; attribute() passes it through to the op's kernels."""
-    from trace_roofline.attribute import attribute
+    from trace_roofline.attribution.attribute import attribute
 
     doc = gpu_trace(1)
     ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]

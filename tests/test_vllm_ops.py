@@ -20,8 +20,8 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import BF, F32, Kineto, Op, attributed
-from trace_roofline.attribute import operator_table
-from trace_roofline.shapes import attach_costs
+from trace_roofline.attribution.attribute import operator_table
+from trace_roofline.costs.shapes import attach_costs
 from workloads.synth_fused_moe import fa3_args
 
 QWEN = tr.get_model("qwen2.5-7b")

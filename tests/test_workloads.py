@@ -13,7 +13,7 @@ from tests.builders import ROOT, read
 
 torch = pytest.importorskip("torch")
 
-from trace_roofline.models import get_model  # noqa: E402
+from trace_roofline.model.models import get_model  # noqa: E402
 from workloads.layer import OPERATORS, DecoderStack  # noqa: E402
 from workloads.runner import RunConfig, build, check_correctness, gpu_tag, run, trace_stem  # noqa: E402,E501
 
@@ -103,7 +103,8 @@ def test_layer_matches_hf_qwen2_decoder_layer() -> None:
 def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
     """--cache static: StaticCache writes by index_copy_, SDPA reads every slot each step."""
     pytest.importorskip("transformers")
-    from trace_roofline import attribute, load_trace
+    from trace_roofline import load_trace
+    from trace_roofline.attribution import attribute
     from workloads.cli import main
 
     args = ["hf-capture", "--phase", "decode", "--model", "qwen-tiny", "--tokens", "8",
@@ -292,7 +293,7 @@ def test_cli_calibrate_cpu_writes_hardware_json(tmp_path: Path) -> None:
                for m in streams)
     best = max(streams, key=lambda m: m["bytes_per_s"])
     assert hw["ceilings_from"]["mem_bandwidth"].startswith(f"{best['kernel']} {best['dtype']}")
-    from trace_roofline.hardware import from_json  # the analyzer reads what calibrate writes
+    from trace_roofline.model.hardware import from_json  # the analyzer reads what calibrate writes
 
     loaded = from_json(out)
     assert loaded.name == "cpu-measured" and loaded.peak("bfloat16") == hw["peak_flops"]["bf16"]

@@ -3,21 +3,20 @@
 The pipeline's public functions are importable from here (matplotlib loads on first plot).
 """
 
-from trace_roofline.attribute import attribute, operator_table
+from trace_roofline.attribution.attribute import attribute, operator_table
+from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware, get_hardware
-from trace_roofline.models import ModelSpec, get_model
-from trace_roofline.ncu import match_kernels, read_ncu_csv
+from trace_roofline.model.hardware import Hardware, get_hardware
+from trace_roofline.model.models import ModelSpec, get_model
+from trace_roofline.outputs.report import markdown, report_dict, terminal_table
 from trace_roofline.pipeline import (
     analyze_trace,
     attribute_trace,
-    operators_frame,
     trace_hardware,
 )
-from trace_roofline.report import markdown, report_dict, terminal_table
-from trace_roofline.roofline import Analysis, analyze
-from trace_roofline.shapes import attach_costs
+from trace_roofline.roofline import Analysis, analyze, operators_frame
 from trace_roofline.trace import Trace, load_trace, load_traces
+from trace_roofline.trace.ncu import match_kernels, read_ncu_csv
 
 __all__ = [
     "Analysis", "Hardware", "InputError", "ModelSpec", "Trace", "analyze", "analyze_trace",
@@ -30,7 +29,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """`roofline_figure` imports matplotlib only when asked for."""
     if name == "roofline_figure":
-        from trace_roofline.plot import roofline_figure
+        from trace_roofline.outputs.plot import roofline_figure
 
         return roofline_figure
     raise AttributeError(f"module 'trace_roofline' has no attribute {name!r}")

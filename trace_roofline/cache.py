@@ -66,8 +66,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trace_roofline.attribute import attribute
-from trace_roofline.models import ModelSpec
+from trace_roofline.attribution.attribute import attribute
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Progress, Trace, load_trace
 
 if TYPE_CHECKING:

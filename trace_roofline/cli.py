@@ -17,14 +17,17 @@ import re
 import sys
 import threading
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from trace_roofline import _memory, calculator, costs
-from trace_roofline._files import check_targets, find_traces, staged_file, write_files
+from trace_roofline import memory
+from trace_roofline.costs import calculator
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import get_hardware
-from trace_roofline.models import get_model
+from trace_roofline.files import check_targets, find_traces, staged_file, write_files
+from trace_roofline.model import formulas
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
 
 PROG = "trace-roofline"
 DESCRIPTION = """\
@@ -42,6 +45,8 @@ examples:
   trace-roofline intensity --model qwen2.5-7b --hardware rtx4090 --lesson
   trace-roofline run --phase prefill --tokens 2048 --device cuda
 """
+# Packages add subcommands through this entry-point group: a function taking the subparsers.
+COMMANDS_GROUP = "trace_roofline.commands"
 # Library parameter name -> the flag that sets it. Applied to error messages (`flag_message`).
 FLAGS = {
     "attention_bytes": "--attention-bytes", "by_shape": "--by-shape", "causal": "--causal",
@@ -129,10 +134,10 @@ def model_arg(text: str) -> str:
 def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> None:
     """--causal / --attention-bytes (and --lesson where the lesson's table is reproducible:
     then both default to None, resolved by `conventions`)."""
-    p.add_argument("--causal", choices=costs.CAUSAL_CONVENTIONS, default=None if lesson else "causal",
+    p.add_argument("--causal", choices=formulas.CAUSAL_CONVENTIONS, default=None if lesson else "causal",
                    help="attention FLOPs: every query-key pair (full) or unmasked ones (causal)"
                         + (" (default: causal; full with --lesson)" if lesson else ""))
-    p.add_argument("--attention-bytes", choices=costs.ATTENTION_BYTES_CONVENTIONS,
+    p.add_argument("--attention-bytes", choices=formulas.ATTENTION_BYTES_CONVENTIONS,
                    default=None if lesson else "all",
                    help="attention bytes: K,V reads only (kv) or Q,K,V read + O written (all)"
                         + (" (default: all; kv with --lesson)" if lesson else ""))
@@ -200,8 +205,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from trace_roofline import ranks, report
+    from trace_roofline.attribution import ranks
     from trace_roofline.cache import TraceCache
+    from trace_roofline.outputs import report
     from trace_roofline.parallel import analyze_many
     from trace_roofline.pipeline import analyze_trace_kernels
     from trace_roofline.trace import progress_bar
@@ -222,7 +228,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if (args.batch is None) != (args.context is None):
         raise InputError("--batch and --context go together (the decode shapes of graph replays)")
     if args.batch is not None:
-        from trace_roofline.graphs import DecodeShapes
+        from trace_roofline.attribution.graphs import DecodeShapes
 
         if model is None:
             raise InputError("--batch/--context need --model (the shapes of its linears)")
@@ -274,7 +280,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _html_report(out: Path, analyses) -> dict[Path, bytes]:
     """report.html when the optional `html` extra (Bokeh) is installed; a note otherwise."""
     try:
-        from trace_roofline.html_report import report_html
+        from trace_roofline.outputs.html_report import report_html
 
         return {out / "report.html": report_html(analyses).encode()}
     except ModuleNotFoundError as e:
@@ -288,7 +294,7 @@ def _html_report(out: Path, analyses) -> dict[Path, bytes]:
 def _write_perfetto(stack: contextlib.ExitStack, path: Path, kernels, analysis) -> None:
     """Stream the enriched trace into a staged file (gzip when the name ends in .gz), from
     the kernels (pipeline.Attributed) the analysis was computed from."""
-    from trace_roofline.perfetto import enriched_trace
+    from trace_roofline.outputs.perfetto import enriched_trace
 
     f = stack.enter_context(staged_file(path))
     out = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) if path.suffix == ".gz" else f
@@ -300,8 +306,8 @@ def _write_perfetto(stack: contextlib.ExitStack, path: Path, kernels, analysis) 
 
 def _diff_side(path: str, args: argparse.Namespace, label: str):
     """A report.json (a JSON object whose first key is "schema_version", "trace" or "traces") or a trace."""
-    from trace_roofline import diff
-    from trace_roofline._files import read_json
+    from trace_roofline.files import read_json
+    from trace_roofline.outputs import diff
     from trace_roofline.pipeline import analyze_trace
     from trace_roofline.trace import progress_bar
 
@@ -324,7 +330,7 @@ _REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from trace_roofline import diff
+    from trace_roofline.outputs import diff
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
@@ -333,7 +339,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     table = diff.diff(a, b)
     text = diff.format_table(table, a, b)
     if out is not None:
-        from trace_roofline.plot_diff import diff_figure
+        from trace_roofline.outputs.plot_diff import diff_figure
 
         png = io.BytesIO()
         diff_figure(table, a, b).savefig(png, format="png")
@@ -467,10 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="info: location, size and the count of each kind of entry; clear: delete "
                         "every entry (default: none)")
     p.set_defaults(func=_cmd_cache)
-    from workloads.cli import add_calibrate_parser, add_run_parser, add_sweep_parser  # torch-free
-
-    for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):
-        add(sub)
+    for plugin in entry_points(group=COMMANDS_GROUP):  # workloads' run, sweep, calibrate
+        plugin.load()(sub)
     return parser
 
 
@@ -488,7 +492,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _memory.tune()  # this process is ours: allocator settings for big, short-lived arrays
+    memory.tune()  # this process is ours: allocator settings for big, short-lived arrays
     return dispatch(build_parser().parse_args(argv))
 
 

@@ -37,11 +37,11 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from trace_roofline.attribution.ranks import RankInfo, rank_info
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.hardware import Hardware
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.pipeline import analyze_trace
-from trace_roofline.ranks import RankInfo, rank_info
 from trace_roofline.roofline import Analysis
 from trace_roofline.trace import Progress
 from trace_roofline.trace.parallel import usable_cores

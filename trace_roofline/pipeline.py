@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from trace_roofline import graphs, passes
-from trace_roofline import ncu as ncu_csv
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution import graphs, passes
+from trace_roofline.attribution.attribute import attribute
+from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware, for_device_name
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.hardware import Hardware, for_device_name
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.roofline import Analysis, analyze
-from trace_roofline.tp import gemm_shapes, infer_tp
 from trace_roofline.trace import Progress, Trace, load_trace
+from trace_roofline.trace import ncu as ncu_csv
 
 if TYPE_CHECKING:
     from trace_roofline.cache import TraceCache
@@ -221,11 +221,3 @@ def attribute_trace(
                                               shapes=decode_shapes)
     attributed, found = passes.annotate(attributed)
     return attributed, replays, found
-
-
-def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:
-    """All analyses' operator tables stacked, with a leading `trace` column (operators.csv)."""
-    return pd.concat(
-        [a.operators.assign(trace=a.trace)[["trace", *a.operators.columns]] for a in analyses],
-        ignore_index=True,
-    )

@@ -35,15 +35,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from trace_roofline import comms, costs, crosscheck, dtypes, moe
+from trace_roofline import frames
+from trace_roofline.attribution import comms
+from trace_roofline.costs import crosscheck
+from trace_roofline.costs.shapes import attach_costs, mlp_costs, model_level_costs
 from trace_roofline.errors import InputError
-from trace_roofline.hardware import Hardware
-from trace_roofline.models import ModelSpec
-from trace_roofline.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, MOE, OPERATORS
-from trace_roofline.shapes import attach_costs, mlp_costs, model_level_costs
+from trace_roofline.model import dtypes, formulas, moe
+from trace_roofline.model.hardware import Hardware
+from trace_roofline.model.models import ModelSpec
+from trace_roofline.model.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, MOE, OPERATORS
 
 if TYPE_CHECKING:
-    from trace_roofline.graphs import GraphReport
+    from trace_roofline.attribution.graphs import GraphReport
 
 # One row per (phase, operator, layer); layer NA = aggregated over layers and steps.
 OPERATOR_COLUMNS = {
@@ -484,7 +487,7 @@ def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
     dtype of the group's instance doing the most FLOPs (then bytes) sets its compute peak;
     `_evidence`."""
     parts = [inst.codes[k] for k in keys]
-    ids, first_rows = crosscheck.distinct_codes(parts)
+    ids, first_rows = frames.distinct_codes(parts)
     out = inst.numbers.groupby(ids, sort=False).agg(  # per column: a block sums in another order
         kernels=("kernels", "sum"), instances=("kernels", "size"),
         costed_instances=("_costed", "sum"), time_us=("time_us", "sum"),
@@ -519,7 +522,7 @@ def _evidence(ids: np.ndarray, evidence: np.ndarray, time_us: pd.Series, values:
     """Per group number of `ids` (0, 1, ...): the evidence naming most of its time, and every
     evidence's fraction of it ("annotation 0.97, position 0.03"); `evidence`: codes of
     `values`."""
-    pair, first = crosscheck.distinct_codes([ids, evidence])
+    pair, first = frames.distinct_codes([ids, evidence])
     t = pd.DataFrame({"group": ids[first], "evidence": _decode(evidence[first], values),
                       "time_us": time_us.groupby(pair, sort=False).sum().to_numpy()})
     by = t.groupby("group", sort=False)["time_us"]
@@ -643,11 +646,11 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
     if hardware is not None and out["intensity"] == out["intensity"]:
         peak = peak_for(hardware, main_dtype(rows))
         i = float(out["intensity"])
-        ridge = costs.ridge(peak, hardware.mem_bandwidth)
-        bound = costs.bound(i, ridge)
+        ridge = formulas.ridge(peak, hardware.mem_bandwidth)
+        bound = formulas.bound(i, ridge)
         out.update({
             "peak_flops_per_s": peak,
-            "attainable_flops_per_s": costs.attainable(i, peak, hardware.mem_bandwidth),
+            "attainable_flops_per_s": formulas.attainable(i, peak, hardware.mem_bandwidth),
             "pct_of_roof": 100.0 * (out["achieved_bytes_per_s"] / hardware.mem_bandwidth
                                     if bound == "memory" else out["achieved_flops_per_s"] / peak),
             "bound": bound,
@@ -763,3 +766,24 @@ def _tokens(c: pd.DataFrame) -> tuple[int, int]:
     gemm = c[c["cost_kind"].eq("gemm")]
     m = int(gemm["M"].median()) if len(gemm) else 1
     return m, m
+
+
+def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str, object] | None:
+    """The device's ceilings (`hardware`, else the analysis's) at the trace's compute dtype."""
+    hw = hardware or a.hardware
+    if hw is None:
+        return None
+    dtype = peak_key(hw, main_dtype(a.costed))
+    peak = hw.peak_flops[dtype]
+    return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
+            "source": hw.source, "link_bandwidth_bytes_per_s": hw.link_bandwidth,
+            "link_source": hw.link_source or None}
+
+
+def operators_frame(analyses: list[Analysis]) -> pd.DataFrame:
+    """All analyses' operator tables stacked, with a leading `trace` column (operators.csv)."""
+    return pd.concat(
+        [a.operators.assign(trace=a.trace)[["trace", *a.operators.columns]] for a in analyses],
+        ignore_index=True,
+    )

@@ -23,7 +23,7 @@ sleep, see sweep._time_calls; perf_counter on CPU), median. Every median is kept
 `measurements` and the kernel behind each ceiling in `ceilings_from`, so the figures can be
 audited. Schema: {name, peak_flops{bf16,fp16,tf32,fp32}, mem_bandwidth, source, device_name,
 device_names, date, method, ceilings_from, measurements[, link_bandwidth, link_method,
-link_measurements]} -- trace_roofline.hardware.from_json
+link_measurements]} -- trace_roofline.model.hardware.from_json
 reads the first ones and keeps the rest in `extra`.
 """
 
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trace_roofline.models import PRESETS
+from trace_roofline.model.models import PRESETS
 from workloads.runner import device_tag, resolve_device, sync
 from workloads.sweep import _time_calls
 
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(res, indent=2) + "\n"
     if args.out:
-        from trace_roofline._files import write_files
+        from trace_roofline.files import write_files
 
         write_files({Path(args.out): text.encode()})
     else:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.models import ModelSpec
 from workloads import hf_capture
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from trace_roofline.models import get_model
+from trace_roofline.model.models import get_model
 from workloads.capture_common import (
     DTYPES,
     hf_stem,

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trace_roofline.models import get_model
+from trace_roofline.model.models import get_model
 from workloads.capture_common import (
     DTYPES,
     NCCL_SAFE_ENV,

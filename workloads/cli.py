@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from trace_roofline._files import check_targets, write_files
 from trace_roofline.cli import Parser, dispatch, int_list, model_arg  # noqa: F401 (int_list: shared type)
 from trace_roofline.errors import InputError
+from trace_roofline.files import check_targets, write_files
 
 DEVICE_HELP = "cuda, cuda:N or cpu (default: cuda if torch sees one, else cpu)"
 
@@ -109,10 +109,10 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _analysis_table(trace: str, model: str, hardware: str | None) -> str:
     """The main job's last step: the captured trace, attributed and placed on the roofline."""
-    from trace_roofline.hardware import get_hardware
-    from trace_roofline.models import get_model
+    from trace_roofline.model.hardware import get_hardware
+    from trace_roofline.model.models import get_model
+    from trace_roofline.outputs.report import terminal_table
     from trace_roofline.pipeline import analyze_trace
-    from trace_roofline.report import terminal_table
 
     hw = get_hardware(hardware) if hardware else None
     return terminal_table([analyze_trace(trace, get_model(model), hw)])
@@ -239,6 +239,12 @@ def hf_capture_command(args: argparse.Namespace) -> int:
         raise InputError(str(e)) from None
     print(path)
     return 0
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """The `trace_roofline.commands` entry point: register run, sweep and calibrate."""
+    for add in (add_run_parser, add_sweep_parser, add_calibrate_parser):
+        add(subparsers)
 
 
 def _write_json(path: Path, obj: object) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from trace_roofline.models import ModelSpec, get_model
+from trace_roofline.model.models import ModelSpec, get_model
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.models import ModelSpec
 
 # Canonical operator names, in execution order, for each layout.
 OPERATORS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trace_roofline.models import ModelSpec
+from trace_roofline.model.models import ModelSpec
 
 # Accepted ||out - ref|| / ||ref|| per dtype of the layer under test (float32 reference).
 # float32 (TF32 off) lands orders of magnitude below 1e-4; bf16's 8-bit mantissa, rounded at

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from trace_roofline.errors import InputError
-from trace_roofline.models import get_model
+from trace_roofline.model.models import get_model
 from workloads.layer import DecoderStack, max_positions_for
 from workloads.reference import TOLERANCE, reference_layer, rel_error
 

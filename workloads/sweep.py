@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from trace_roofline._files import read_json, write_files
 from trace_roofline.errors import InputError
-from trace_roofline.models import get_model
+from trace_roofline.files import read_json, write_files
+from trace_roofline.model.models import get_model
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
 PEAK_KEY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -38,11 +38,11 @@ def gemm_cost(m: int, k: int, n: int, b: int) -> tuple[float, float]:
 
 def load_hardware(spec: str | None, device_name: str | None) -> dict | None:
     """Roofs as {name, peak_flops{dtype: FLOP/s}, mem_bandwidth B/s, source}: from a hardware
-    JSON path, else a trace_roofline.hardware preset name, else the preset matching the device."""
+    JSON path, else a trace_roofline.model.hardware preset name, else the preset matching the device."""
     if spec and spec.endswith(".json"):
         return read_json(spec)
     try:
-        from trace_roofline import hardware as hw
+        from trace_roofline.model import hardware as hw
         if spec:
             h = hw.get_hardware(spec)
         elif device_name:

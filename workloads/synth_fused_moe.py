@@ -53,8 +53,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_roofline import moe
-from trace_roofline._files import write_files
+from trace_roofline.files import write_files
+from trace_roofline.model import moe
 
 SOURCES = {  # vllm-project/vllm file -> the stored revision read for this script
     "vllm/model_executor/layers/fused_moe/fused_moe.py": "000d1458098ebf47491dad470d164d443ab18a9c",

@@ -12,10 +12,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_roofline import dtypes
-from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
-from trace_roofline.moe import Experts
+from trace_roofline.files import read_json
+from trace_roofline.model import dtypes
+from trace_roofline.model.moe import Experts
+
+TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel degrees a trace's shapes are checked against
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -152,6 +154,15 @@ class ModelSpec:
         if e.shared_gate:
             out["shared_expert_gate"] = (h, 1, False)
         return out
+
+
+def expected_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """operator -> (K, N) of the model's linears, fused forms and (with a vocabulary) lm_head."""
+    out = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
+    if model.vocab_size:
+        out["lm_head"] = (model.hidden_size, model.vocab_size)
+    return out
+
 
 
 # Sources: each model's config.json on the Hugging Face Hub.

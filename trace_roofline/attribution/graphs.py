@@ -51,7 +51,7 @@ its replays, so the cost is linear in kernels. Evidence, best first (`evidence` 
    silu_and_mul and moe_sum kernels are recognised by name, and named by their place as in
    eager traces (router, moe_dispatch, experts_act, moe_combine).
    The rest is named as in eager traces from its place between these anchors and its kernel's
-   op (`_naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
+   op (`naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
    sequence is never named.
 Costs for `kernel_name` graphs (and for graph_map graphs whose shapes were refused) come only
 from `shapes` (--batch B --context S, decode: T = 1): the projections as [B, K] x [K, N], lm_head
@@ -71,11 +71,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming, dtypes, moe, operators
-from trace_roofline.attribute import attribute
+from trace_roofline.attribution import naming
+from trace_roofline.attribution.attribute import attribute
+from trace_roofline.attribution.passes import decode_args, forward_passes
 from trace_roofline.errors import InputError
-from trace_roofline.models import ModelSpec
-from trace_roofline.passes import _decode, _gemm_m, forward_passes
+from trace_roofline.model import dtypes, layouts, moe, operators
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Trace
 
 GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
@@ -585,8 +586,8 @@ def _template_m(tmpl: pd.DataFrame) -> int | None:
     q = tmpl[tmpl["operator"].isin(["q_proj", "qkv_proj"]) & tmpl["input_dims"].notna()]
     if q.empty:
         return None
-    dims = _decode(str(q["input_dims"].iloc[0]))
-    return _gemm_m(str(q["op_name"].iloc[0]), dims) if dims else None
+    dims = decode_args(str(q["input_dims"].iloc[0]))
+    return layouts.gemm_tokens(str(q["op_name"].iloc[0]), dims) if dims else None
 
 
 def align(a: np.ndarray, b: np.ndarray, band: int = BAND) -> np.ndarray:
@@ -647,7 +648,7 @@ def kernel_ops(names: pd.Series) -> pd.Series:
             out[hit] = u[hit] if op == "" else op
             left &= ~hit
         return out
-    return _naming.per_value(names, per)
+    return naming.per_value(names, per)
 
 
 def _post_layouts(model: ModelSpec, layers: int) -> dict[int, tuple[str, ...]] | str:
@@ -726,7 +727,7 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
 def _weight_gathers(op: np.ndarray, gemm_name: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """batched_mm's gathers of its experts' weights, per position: an `index` kernel whose next
     kernel, past memsets and copies (`mem`), is an expert GEMM. They join that GEMM, as an
-    eager trace names the gather after the GEMM it feeds (_naming.name_gemms); grouped_mm's
+    eager trace names the gather after the GEMM it feeds (naming.name_gemms); grouped_mm's
     token gathers have the dispatch's kernels and the GEMM's prepare kernel in between."""
     n = len(op)
     later = _ffill(np.where(mem, -1, np.arange(n)), False)  # the next non-copy, from here on
@@ -781,7 +782,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     # as an unmatched `linear[K×N]` GEMM of an eager trace is
     gemm = pd.Series(np.where((op[idx] == "fp32_gemm"), "linear[fp32]", gemm_name[idx]),
                      dtype="string")
-    named, _ = _naming.position_names(inst, gemm, qk_norm=model.qk_norm)
+    named, _ = naming.position_names(inst, gemm, qk_norm=model.qk_norm)
     name = np.full(n, None, dtype=object)
     name[idx] = named.to_numpy(dtype=object)
     src = np.where(core, np.arange(n), -1)

@@ -34,10 +34,8 @@ from dataclasses import asdict
 
 import pandas as pd
 
-from trace_roofline.crosscheck import describe
-from trace_roofline.hardware import Hardware
-from trace_roofline.pipeline import operators_frame
-from trace_roofline.roofline import Analysis, main_dtype, peak_key
+from trace_roofline.costs.crosscheck import describe
+from trace_roofline.roofline import Analysis, hardware_summary, operators_frame
 
 SCHEMA_VERSION = 2
 # Analysis column -> output name where the output's scale differs (percent -> fraction).
@@ -62,19 +60,6 @@ OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "b
                  "exceeds_roof", "evidence", "evidence_mix", "measured_bytes",
                  "measured_intensity", "experts_active", "experts_active_low",
                  "experts_active_high"]
-
-
-def hardware_summary(a: Analysis, hardware: Hardware | None = None) -> dict[str, object] | None:
-    """The device's ceilings (`hardware`, else the analysis's) at the trace's compute dtype."""
-    hw = hardware or a.hardware
-    if hw is None:
-        return None
-    dtype = peak_key(hw, main_dtype(a.costed))
-    peak = hw.peak_flops[dtype]
-    return {"name": hw.name, "dtype": dtype, "peak_flops_per_s": peak,
-            "bandwidth_bytes_per_s": hw.mem_bandwidth, "ridge": peak / hw.mem_bandwidth,
-            "source": hw.source, "link_bandwidth_bytes_per_s": hw.link_bandwidth,
-            "link_source": hw.link_source or None}
 
 
 def conventions_line(a: Analysis) -> str:
@@ -525,7 +510,7 @@ def output_files(analyses: Sequence[Analysis], chart: bool = True,
         "report.md": markdown(analyses, chart="roofline.png" if chart else None).encode(),
     }
     if chart:
-        from trace_roofline import plot  # matplotlib: only when a chart is drawn
+        from trace_roofline.outputs import plot  # matplotlib: only when a chart is drawn
 
         fig = plot.roofline_figure(analyses)
         for fmt in ("png", "svg"):

@@ -83,7 +83,7 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
     if isinstance(x, Side):
         return x
     if isinstance(x, Analysis):
-        from trace_roofline.report import hardware_summary
+        from trace_roofline.roofline import hardware_summary
 
         ops = x.operators[x.operators["layer"].isna()]
         steps = x.costed.groupby("phase")["step"].nunique()

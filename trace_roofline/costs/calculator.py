@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trace_roofline import costs, moe
-from trace_roofline.hardware import Hardware
-from trace_roofline.models import ModelSpec
+from trace_roofline.model import formulas, moe
+from trace_roofline.model.hardware import Hardware
+from trace_roofline.model.models import ModelSpec
 
 
 def intensity_table(
@@ -15,14 +15,14 @@ def intensity_table(
     hardware: Hardware,
     ms: Sequence[int] = (1, 256),
     ss: Sequence[int] = (128, 512, 2048),
-    causal: costs.Causal = "causal",
-    attention_bytes: costs.AttentionBytes = "all",
+    causal: formulas.Causal = "causal",
+    attention_bytes: formulas.AttentionBytes = "all",
     fused: bool = False,
 ) -> dict:
     """Everything `trace-roofline intensity` shows, as a JSON-ready dict."""
     b = model.bytes_per_element
     peak = hardware.peak(model.dtype)
-    ridge = costs.ridge(peak, hardware.mem_bandwidth)
+    ridge = formulas.ridge(peak, hardware.mem_bandwidth)
     linears = model.fused_linears() if fused else model.linears()
     if model.experts is not None and len(model.sparse_layers) == model.num_layers:
         # no dense MLP anywhere: its projections are the experts' (the MoE section)
@@ -35,8 +35,8 @@ def intensity_table(
             "k": k,
             "n": n,
             "bias": bias,
-            "intensity": (i := costs.gemm_intensity(m, k, n, b, bias)),
-            "bound": costs.bound(i, ridge),
+            "intensity": (i := formulas.gemm_intensity(m, k, n, b, bias)),
+            "bound": formulas.bound(i, ridge),
         }
         for m in ms
         for name, (k, n, bias) in linears.items()
@@ -45,10 +45,10 @@ def intensity_table(
     for s in ss:
         row: dict[str, object] = {"s": s}
         for phase, t in (("decode", 1), ("prefill", s)):
-            i = costs.attention_intensity(
+            i = formulas.attention_intensity(
                 model.num_heads, model.num_kv_heads, t, s, model.head_dim, b, causal, attention_bytes
             )
-            row[phase] = {"intensity": i, "bound": costs.bound(i, ridge)}
+            row[phase] = {"intensity": i, "bound": formulas.bound(i, ridge)}
         attention.append(row)
     return {
         "model": model.name,
@@ -64,9 +64,9 @@ def intensity_table(
         "gemm": gemms,
         "attention": attention,
         "m_star": {
-            name: costs.m_star(k, n, b, ridge, bias) for name, (k, n, bias) in linears.items()
+            name: formulas.m_star(k, n, b, ridge, bias) for name, (k, n, bias) in linears.items()
         },
-        "s_star": costs.s_star(
+        "s_star": formulas.s_star(
             model.num_heads, model.num_kv_heads, model.head_dim, b, ridge, causal, attention_bytes
         ),
         "moe": _moe_table(model, ms, b, ridge),
@@ -90,7 +90,7 @@ def _moe_table(model: ModelSpec, tokens: Sequence[int], b: int, ridge: float) ->
             "tokens": t, "experts_active": active.expected, "experts_active_low": active.low,
             "experts_active_high": active.high,
             "tokens_per_active_expert": moe.tokens_per_active_expert(e, t),
-            "intensity": by, "bound": costs.bound(by["expected"], ridge),
+            "intensity": by, "bound": formulas.bound(by["expected"], ridge),
             "dense_equivalent_intensity": moe.dense_equivalent_intensity(e, h, t, b),
         })
     return {"experts": e.num_experts, "top_k": e.top_k, "intermediate": e.intermediate_size,

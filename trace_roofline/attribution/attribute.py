@@ -23,12 +23,12 @@ per distinct value, and the `str` output columns are decoded from the codes at t
 Naming an op instance, strongest evidence first (the `evidence` column, operators.EVIDENCE):
 1. `annotation`: the innermost enclosing record_function range with a canonical name
    (`q_proj`, also `model.layers.3.self_attn.q_proj`); `layers.N` in a range name is the layer;
-2. `module`: nn.Module frames of with_stack=True traces (see _naming.module_names);
+2. `module`: nn.Module frames of with_stack=True traces (see naming.module_names);
 3. `shape`: a GEMM whose (K, N) (and, for linears sharing a shape, order) matches the model's
    linears, or the linears inferred from the trace's own GEMMs when no model is given;
    `kernel_name`: the op's own name says what it is (attention, embedding ops);
    `position`: everything else, by where it sits between those anchors and its op name (or
-   the aten ops a Triton kernel's name fuses) (_naming.position_names);
+   the aten ops a Triton kernel's name fuses) (naming.position_names);
 4. `fallback`: a name outside the operator vocabulary, given without evidence: `other`,
    `unattributed`, an unmatched GEMM's `linear[K×N]` and, in a trace with no decoder-layer
    operator at all (a CNN, a matmul loop), the op's own name (`aten::conv2d`) for `other`.
@@ -55,10 +55,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline import _naming, crosscheck, operators
-from trace_roofline._nest import KeySpace, Nest, to_ns
-from trace_roofline.models import ModelSpec
-from trace_roofline.tp import gemm_shapes, infer_tp
+from trace_roofline.attribution import naming
+from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
+from trace_roofline.attribution.tp import gemm_shapes, infer_tp
+from trace_roofline.model import models, operators
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Trace
 
 # One row per timed unit, in the trace's device-row order (file order of the events).
@@ -123,7 +124,7 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
                     trace.python_frames)
     ops = _ops_frame(trace.cpu_ops, keys)
     units = _cpu_units(ops) if trace.cpu_only else _device_units(trace, ops, keys)
-    units["coll"] = _categorical(_naming.per_value(units["name"], _kernel_collective))
+    units["coll"] = _categorical(naming.per_value(units["name"], _kernel_collective))
     units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
                                                                         keys)
     inst = _instances(units, ops)
@@ -555,14 +556,14 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
     """(K, N) of each instance's weight GEMM and (WE, WK, WN) of its expert weights
-    (_naming.expert_weight_kn), parsed once per distinct (op name, Input Dims) pair."""
-    return inst.assign(**_naming.per_value(inst[["op_name", "input_dims"]], _weight_shapes))
+    (naming.expert_weight_kn), parsed once per distinct (op name, Input Dims) pair."""
+    return inst.assign(**naming.per_value(inst[["op_name", "input_dims"]], _weight_shapes))
 
 
 def _weight_shapes(distinct: pd.DataFrame) -> pd.DataFrame:
-    base = _naming.base_name(distinct["op_name"]).fillna("")
-    k, n = _naming.gemm_kn(base, distinct["input_dims"])
-    we, wk, wn = _naming.expert_weight_kn(base, distinct["input_dims"])
+    base = naming.base_name(distinct["op_name"]).fillna("")
+    k, n = naming.gemm_kn(base, distinct["input_dims"])
+    we, wk, wn = naming.expert_weight_kn(base, distinct["input_dims"])
     return pd.DataFrame({"K": k, "N": n, "WE": we, "WK": wk, "WN": wn})
 
 
@@ -575,12 +576,12 @@ _FUSED_LAYOUTS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
     """The model's linears if any GEMM of the trace matches them, else linears inferred (with
-    the experts of its grouped GEMMs, _naming.infer_moe_linears)."""
+    the experts of its grouped GEMMs, naming.infer_moe_linears)."""
     gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
     weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
     seen = set(map(tuple, pd.concat([gemms, weights]).drop_duplicates().to_numpy().tolist()))
     if model is not None:
-        lin = _naming.with_moe_linears(crosscheck.expected_linears(model), model)
+        lin = naming.with_moe_linears(models.expected_linears(model), model)
         if seen & set(lin.values()):
             for fused, parts in _FUSED_LAYOUTS:
                 if fused in lin:
@@ -590,10 +591,10 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
     per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
     if not len(per):
         return None
-    moe = _naming.infer_moe_linears(per, _expert_weights(inst))
+    moe = naming.infer_moe_linears(per, _expert_weights(inst))
     kn = list(zip(per["K"], per["N"], strict=True))
-    dense = _naming.infer_linears(per[[p not in moe.values() for p in kn]],
-                                  _naming.attention_calls(inst)) or {}
+    dense = naming.infer_linears(per[[p not in moe.values() for p in kn]],
+                                  naming.attention_calls(inst)) or {}
     return dense | moe or None
 
 
@@ -601,7 +602,7 @@ def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
     """The expert weights (columns E, K, N) of the grouped GEMMs that multiply all experts at
     once: `_grouped_mm`, an engine's fused experts, and batched_mm's `index` gathers of the
     [E, N, K] weights that feed a weight-first `bmm` of the same (K, N)."""
-    base = _naming.Names.of(inst["op_name"]).mapped(operators.base_names)
+    base = naming.Names.of(inst["op_name"]).mapped(operators.base_names)
     has = (inst["WE"] >= 0).to_numpy()
     wk, wn = inst["WK"].to_numpy(np.int64), inst["WN"].to_numpy(np.int64)
     kn = wk * (int(wn.max(initial=0)) + 1) + wn  # one key per (K, N)
@@ -612,10 +613,10 @@ def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
 
 
 def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
-    """_naming.module_frames, evaluated once per distinct frame name and mapped back to rows
+    """naming.module_frames, evaluated once per distinct frame name and mapped back to rows
     (class and kind as categoricals)."""
     names = _categorical(frames["name"])
-    per = _naming.module_frames(pd.DataFrame({
+    per = naming.module_frames(pd.DataFrame({
         "name": np.asarray(names.categories, dtype=object), "_cat": np.arange(len(names.categories))
     }))
     pos = np.full(len(names.categories) + 1, -1)
@@ -639,8 +640,8 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
         return empty, empty, pd.array([], dtype="Int64")
     inst = _gemm_shapes(inst)
-    gemm = _naming.name_gemms(inst, _linears(inst, model))
-    pos_name, pos_evidence = _naming.position_names(inst, gemm)
+    gemm = naming.name_gemms(inst, _linears(inst, model))
+    pos_name, pos_evidence = naming.position_names(inst, gemm)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
@@ -648,7 +649,7 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
         mod["s"] = to_ns(mod["ts_us"])
         mod["e"] = mod["s"] + to_ns(mod["dur_us"])
         mod["key"] = keys.codes(mod["pid"], mod["tid"])
-        named, layer = _naming.module_names(inst["t"].to_numpy(), inst["key"].to_numpy(), mod,
+        named, layer = naming.module_names(inst["t"].to_numpy(), inst["key"].to_numpy(), mod,
                                             pos_name)
         mod_name, mod_layer = _categorical(named), layer.array
     ann = inst["ann_name"].array
@@ -715,8 +716,8 @@ def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, evidence:
     """Instances that are collectives take the collective's name, whatever else named them:
     by their op or the outermost op around it, else by a kernel (evidence `kernel_name`)."""
     n = len(inst)
-    by_op = _naming.Names.of(inst["op_name"]).mapped(_op_collective).categorical()
-    by_top = _naming.Names.of(inst["top_name"]).mapped(_op_collective).categorical()
+    by_op = naming.Names.of(inst["op_name"]).mapped(_op_collective).categorical()
+    by_top = naming.Names.of(inst["top_name"]).mapped(_op_collective).categorical()
     (nm, o, t, k), cats = _unify(pd.Categorical.from_codes(name, cats), by_op, by_top,
                                  inst["kernel_coll"].array)
     op_level = np.where(o >= 0, o, t)

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from trace_roofline import dtypes
-from trace_roofline._files import read_json
 from trace_roofline.errors import InputError
+from trace_roofline.files import read_json
+from trace_roofline.model import dtypes
 
 T = 1e12
 G = 1e9
@@ -171,7 +171,7 @@ def measured(name: str) -> Hardware | None:
     fname = MEASURED_FILES.get(name)
     if fname is None:
         return None
-    res = resources.files("trace_roofline") / "data" / fname
+    res = resources.files("trace_roofline.model") / "data" / fname
     if not res.is_file():
         return None
     return _from_dict(json.loads(res.read_text()), f"trace_roofline/data/{fname}")

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from trace_roofline.plot import TRACE_COLOURS, short_name
-from trace_roofline.report import hardware_summary
-from trace_roofline.roofline import Analysis
+from trace_roofline.outputs.plot import TRACE_COLOURS, short_name
+from trace_roofline.roofline import Analysis, hardware_summary
 
 _MARKERS = {"decode": "circle", "prefill": "square", "unknown": "triangle"}
 _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),

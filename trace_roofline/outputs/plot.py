@@ -28,9 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
-from trace_roofline.hardware import Hardware
-from trace_roofline.report import hardware_summary
-from trace_roofline.roofline import Analysis
+from trace_roofline.model.hardware import Hardware
+from trace_roofline.roofline import Analysis, hardware_summary
 
 PHASE_MARKERS = {"decode": "o", "prefill": "s", "unknown": "^"}
 TRACE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -64,7 +63,7 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     fig.draw_without_rendering()
     fig.set_layout_engine("none")  # freeze the layout the labels are placed in
     for ax, points, roof_texts in placed:
-        _place_labels(fig, ax, points, roof_texts)
+        place_labels(fig, ax, points, roof_texts)
     notes = []
     many = len(analyses) > 1
     tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
@@ -119,7 +118,7 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
     for p in points:  # intensity-only points sit just above the bottom edge
         if p["y"] is None:
             p["y"] = y_lo * (y_hi / y_lo) ** 0.025
-    roof_texts = _draw_roof(ax, hw, peak, summary["dtype"]) if hw is not None and peak else []
+    roof_texts = draw_roof(ax, hw, peak, summary["dtype"]) if hw is not None and peak else []
     for p in points:
         if "mx" in p:  # measured intensity: hollow marker, dashed link to the analytical point
             ax.plot([p["x"], p["mx"]], [p["y"], p["y"]], ls="--", lw=0.8, color=p["c"], zorder=2)
@@ -133,7 +132,7 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
                    zorder=3 if p["whole"] else 4, alpha=0.9)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
     ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
-    ax.yaxis.set_major_formatter(_rate_formatter())
+    ax.yaxis.set_major_formatter(rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
     device = (f"{hw.name}: {peak / 1e12:.0f} TFLOP/s {summary['dtype']}, "
@@ -169,26 +168,26 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.itertuples():
             x, y = r.intensity, r.achieved_flops_per_s
-            if not (_pos(x) and _pos(y)):
+            if not (pos(x) and pos(y)):
                 if r.operator != "unattributed" and r.flops == r.flops:
                     skipped.setdefault(r.operator, []).append(short_name(a.trace))
                 continue
-            share = r.time_share if _pos(r.time_share) else 0.0
+            share = r.time_share if pos(r.time_share) else 0.0
             p = {"x": float(x), "y": float(y), "c": colour, "m": _style(i, a, r.phase)[1],
                  "s": 25 + 600 * share, "label": r.operator, "whole": False, "rank": share}
             mi = getattr(r, "measured_intensity", None)
-            if _pos(mi):
+            if pos(mi):
                 p["mx"] = float(mi)
             points.append(p)
         for phase, w in a.whole_by_phase.items():
-            if (_pos(w.get("intensity")) and _pos(w.get("achieved_flops_per_s"))
+            if (pos(w.get("intensity")) and pos(w.get("achieved_flops_per_s"))
                     and not w.get("withheld")):  # most time uncosted: no figure to draw
                 label = "whole model" if len(a.whole_by_phase) == 1 else f"whole model ({phase})"
                 points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
                                "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,
                                "label": label})
         for e in a.extrapolated_whole.values():  # no time: marked on the bottom edge
-            if _pos(e.get("intensity")):
+            if pos(e.get("intensity")):
                 points.append({"x": float(e["intensity"]), "y": None, "c": colour, "m": "^",
                                "s": 110, "whole": True, "rank": 1.5, "hollow": True,
                                "label": f"{a.layers} layers: I = {e['intensity']:.3g}"})
@@ -203,7 +202,7 @@ def short_name(path: str) -> str:
     return name
 
 
-def _pos(x: object) -> bool:
+def pos(x: object) -> bool:
     try:
         v = float(x)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -211,7 +210,7 @@ def _pos(x: object) -> bool:
     return math.isfinite(v) and v > 0
 
 
-def _draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
+def draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
     """Roof polyline, ridge line and their labels (returned: labels must not cover them)."""
     bw = hw.mem_bandwidth
     ridge = peak / bw
@@ -239,10 +238,10 @@ def _draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
     return texts
 
 
-def _rate_formatter():
+def rate_formatter():
     from matplotlib.ticker import FuncFormatter
 
-    def fmt(v: float, _pos: int) -> str:
+    def fmt(v: float, pos: int) -> str:
         for scale, unit in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
             if v >= scale:
                 return f"{v / scale:g} {unit}FLOP/s"
@@ -283,7 +282,7 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
         ax.legend(handles=handles[1:], loc="upper left", fontsize=6, framealpha=0.9)
 
 
-def _place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
+def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
     """Greedy placement: biggest points first, each label at the nearest candidate offset whose
     box overlaps no placed label, marker, roof line or roof text, the legend or the axes edge;
     a leader line joins a label set away from its point."""

@@ -17,9 +17,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from trace_roofline.diff import WHOLE, Side
-from trace_roofline.hardware import Hardware
-from trace_roofline.plot import PHASE_MARKERS, _draw_roof, _place_labels, _pos, _rate_formatter, short_name
+from trace_roofline.model.hardware import Hardware
+from trace_roofline.outputs.diff import WHOLE, Side
+from trace_roofline.outputs.plot import (
+    PHASE_MARKERS,
+    draw_roof,
+    place_labels,
+    pos,
+    rate_formatter,
+    short_name,
+)
 
 FASTER, SLOWER, ONE_SIDE = "#2ca02c", "#d62728", "0.45"
 
@@ -29,8 +36,8 @@ def _points(table: pd.DataFrame) -> tuple[list[dict], list[tuple], list[str]]:
     operators that cannot sit on log axes."""
     points, arrows, skipped = [], [], []
     for r in table.itertuples():
-        a = _pos(r.intensity_a) and _pos(r.achieved_flops_per_s_a)
-        b = _pos(r.intensity_b) and _pos(r.achieved_flops_per_s_b)
+        a = pos(r.intensity_a) and pos(r.achieved_flops_per_s_a)
+        b = pos(r.intensity_b) and pos(r.achieved_flops_per_s_b)
         whole = r.operator == WHOLE
         marker = "*" if whole else PHASE_MARKERS.get(r.phase, "^")
         size = 260 if whole else 60
@@ -75,7 +82,7 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
     if hw:
         device = Hardware(str(hw["name"]), {str(hw["dtype"]): peak},
                           float(hw["bandwidth_bytes_per_s"]), str(hw.get("source", "")))
-        roof_texts = _draw_roof(ax, device, peak, str(hw["dtype"]))
+        roof_texts = draw_roof(ax, device, peak, str(hw["dtype"]))
     for xa, ya, xb, yb, colour, marker, size in arrows:
         ax.annotate("", (xb, yb), xytext=(xa, ya), zorder=3,
                     arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.1,
@@ -91,7 +98,7 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
                        linewidths=1.2, zorder=4)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
     ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
-    ax.yaxis.set_major_formatter(_rate_formatter())
+    ax.yaxis.set_major_formatter(rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
     ax.set_title(title or f"A {short_name(a.trace)} → B {short_name(b.trace)}", fontsize=11)
@@ -101,7 +108,7 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
                Line2D([], [], color=SLOWER, label="B slower"),
                Line2D([], [], ls="", marker="*", color="0.3", markersize=12, label=WHOLE)]
     ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
-    _place_labels(fig, ax, points, roof_texts)
+    place_labels(fig, ax, points, roof_texts)
     fig.set_layout_engine("none")
     if skipped:
         note = "not on the log axes (0 FLOPs or no time): " + ", ".join(dict.fromkeys(skipped))

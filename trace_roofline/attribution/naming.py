@@ -59,11 +59,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trace_roofline import operators
-from trace_roofline._nest import Nest
-from trace_roofline.crosscheck import distinct_codes, factorized
-from trace_roofline.models import ModelSpec
-from trace_roofline.operators import Stage
+from trace_roofline.attribution.nest import Nest
+from trace_roofline.frames import distinct_codes, factorized
+from trace_roofline.model import operators
+from trace_roofline.model.models import ModelSpec
+from trace_roofline.model.operators import Stage
 
 PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
 MLP_IN = operators.at_stage(Stage.MLP_IN)
@@ -122,7 +122,7 @@ _TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
 
 
 def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, distinct values) of a column (crosscheck.factorized): codes index the distinct
+    """(codes, distinct values) of a column (frames.factorized): codes index the distinct
     values (an object array); missing is one more distinct value, the last."""
     codes, uniques = factorized(values)
     return (np.where(codes < 0, len(uniques), codes),
@@ -389,7 +389,7 @@ def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarr
 
 def with_moe_linears(linears: dict[str, tuple[int, int]],
                      model: ModelSpec) -> dict[str, tuple[int, int]]:
-    """`linears` (crosscheck.expected_linears) and, for a MoE model, its sparse layers' GEMMs
+    """`linears` (models.expected_linears) and, for a MoE model, its sparse layers' GEMMs
     (ModelSpec.moe_linears). A dense MLP shape that a MoE GEMM also has (Mixtral's experts are
     its intermediate_size, Qwen1.5-MoE's shared expert too) is named as the MoE GEMM;
     attribute.py renames by layer where a dense layer holds it."""

@@ -53,9 +53,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline.crosscheck import distinct_codes
-from trace_roofline.operators import STAGES
-from trace_roofline.shapes import _ATTENTION_LAYOUTS, _VARLEN_LAYOUTS
+from trace_roofline.frames import distinct_codes
+from trace_roofline.model import layouts
+from trace_roofline.model.operators import STAGES
 
 PASS_COLUMNS = {
     "pass": "int64",  # 0, 1, ... in order of first device start
@@ -75,14 +75,14 @@ PASS_COLUMNS = {
 PHASES = ("prefill", "decode", "mixed", "unknown")
 
 _MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
-ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in _ATTENTION_LAYOUTS.items()}
+ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
 _EAGER_ATTENTION_OPS = {"bmm", "baddbmm", "matmul", "softmax", "_softmax", "_safe_softmax"}
 _KV_OPS = {"index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_", "cat"}
 _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
 # argument indices of (cu_seqlens_q, max_seqlen_q): engines' flash-attention forwards
-# (shapes._VARLEN_LAYOUTS), else aten's and flash_attn's (q, k, v, cu_seqlens_q, cu_seqlens_k,
+# (layouts.VARLEN_LAYOUTS), else aten's and flash_attn's (q, k, v, cu_seqlens_q, cu_seqlens_k,
 # max_seqlen_q, ...)
-_VARLEN_ARGS = {name: (v.cu_seqlens_q, v.max_seqlen_q) for name, v in _VARLEN_LAYOUTS.items()}
+_VARLEN_ARGS = {name: (v.cu_seqlens_q, v.max_seqlen_q) for name, v in layouts.VARLEN_LAYOUTS.items()}
 _VARLEN_DEFAULT_ARGS = (3, 5)
 _Q_PROJ = {"q_proj", "qkv_proj"}
 _JSON = msgspec.json.Decoder()
@@ -334,11 +334,11 @@ def _read_combo(operator: str, op_name: str, dims_raw: str, conc_raw: str):
     """(rule, T_min, T_max, B, S, M, B4) of one distinct op: the first rule that reads it; the
     M of a q_proj / qkv_proj GEMM and the leading dim B4 of the first 4-D argument of a cache or
     attention op (rule 5 combines them per pass later)."""
-    dims, conc = _decode(dims_raw), _decode(conc_raw)
+    dims, conc = decode_args(dims_raw), decode_args(conc_raw)
     if dims is None:
         return (None,) * 7
     if operator in _Q_PROJ:
-        return None, None, None, None, None, _gemm_m(op_name, dims), None
+        return None, None, None, None, None, layouts.gemm_tokens(op_name, dims), None
     four = next((d for d in _flat(dims) if _is4d(d)), None)
     b4 = four[0] if four is not None and operator in ("kv_cache", "attention") else None
     for rule in TOKEN_RULES:
@@ -358,18 +358,8 @@ def _flat(dims: list) -> list:
     return out
 
 
-def _gemm_m(op_name: str, dims: list) -> int | None:
-    """Tokens M of a linear / mm / addmm: the activation's leading dims."""
-    base = _base(op_name)
-    x = dims[1] if base in ("addmm", "_addmm_activation") and len(dims) > 1 else dims[0]
-    if base not in ("linear", "mm", "addmm", "_addmm_activation", "matmul"):
-        return None
-    if not (isinstance(x, list) and len(x) >= 2 and all(isinstance(v, int) for v in x)):
-        return None
-    return int(np.prod(x[:-1]))
-
-
-def _decode(raw: str) -> list | None:
+def decode_args(raw: str) -> list | None:
+    """A recorded argument list (`Input Dims`, `Concrete Inputs`) as Python lists, None if not one."""
     if not raw:
         return None
     try:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trace_roofline import _naming, crosscheck
+from trace_roofline.attribution import naming
 from trace_roofline.errors import InputError
-from trace_roofline.models import ModelSpec
+from trace_roofline.model import models
+from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Trace
-
-CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried
 
 
 def gemm_shapes(trace: Trace) -> set[tuple[int, int]]:
@@ -31,7 +30,7 @@ def gemm_shapes(trace: Trace) -> set[tuple[int, int]]:
     key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1
     _, first = np.unique(key, return_index=True)
     names = pd.Series(name.take(first), dtype="string")
-    k, n = _naming.gemm_kn(_naming.base_name(names).fillna(""),
+    k, n = naming.gemm_kn(naming.base_name(names).fillna(""),
                            pd.Series(dims.take(first), dtype="string"))
     ok = k >= 0
     return set(zip(k[ok].tolist(), n[ok].tolist(), strict=True))
@@ -41,12 +40,12 @@ def infer_tp(shapes: set[tuple[int, int]], model: ModelSpec) -> int:
     """The TP degree whose shard of `model` explains most of the GEMM `shapes` (K, N) (1 when
     none matches any): see the module docstring."""
     best, score = 1, 0
-    for t in CANDIDATES:
+    for t in models.TP_DEGREES:
         try:
             shard = model.shard(t)
         except InputError:  # t does not divide the heads or the intermediate size
             continue
-        hits = len(shapes & set(crosscheck.expected_linears(shard).values()))
+        hits = len(shapes & set(models.expected_linears(shard).values()))
         if hits > score:
             best, score = t, hits
     return best

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from trace_roofline import _naming, operators
+from trace_roofline.attribution import naming
+from trace_roofline.model import operators
 
 # One row per collective call of one trace (`calls`).
 CALL_COLUMNS = {
@@ -57,7 +58,7 @@ MOSTLY = 0.5
 def is_collective(operator: pd.Series) -> np.ndarray:
     """Whether each operator name is a collective (operators.COMMUNICATION), also as the first
     word of a by-shape row name ('all_reduce 28672xbf16 ...')."""
-    first_word = _naming.per_value(operator, lambda names: names.str.split(" ", n=1).str[0])
+    first_word = naming.per_value(operator, lambda names: names.str.split(" ", n=1).str[0])
     return first_word.isin(operators.COMMUNICATION).to_numpy(dtype=bool)
 
 

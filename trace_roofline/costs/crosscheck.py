@@ -26,18 +26,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trace_roofline import operators
-from trace_roofline.models import PRESETS, ModelSpec
+from trace_roofline import frames
+from trace_roofline.model import models, operators
+from trace_roofline.model.models import PRESETS, ModelSpec
 
-TP_DEGREES = (2, 4, 8)
-
-
-def expected_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
-    """operator -> (K, N) of the model's linears, fused forms and (with a vocabulary) lm_head."""
-    out = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
-    if model.vocab_size:
-        out["lm_head"] = (model.hidden_size, model.vocab_size)
-    return out
+TP_DEGREES = tuple(t for t in models.TP_DEGREES if t > 1)
 
 
 def _degree(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -57,48 +50,13 @@ def _int(col: pd.Series) -> np.ndarray:
 _CHECKED = ["operator", "cost_kind", "K", "N", "n_q", "n_kv", "head_dim"]
 
 
-def distinct_rows(frame: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
-    """The distinct rows of `frame[cols]` (missing values included), in order of first
-    appearance, and per row of `frame` the index of its distinct row."""
-    sub = frame[cols]
-    codes, first = distinct_codes([factorized(sub[c])[0] for c in cols])
-    return sub.iloc[first].reset_index(drop=True), codes
-
-
-def factorized(values: pd.Series) -> tuple[np.ndarray, pd.Index | pd.api.extensions.ExtensionArray]:
-    """pd.factorize(values) (codes, -1 where missing, and the values they number), but a
-    categorical's own codes and categories as they are (numbered in category order, not in
-    order of appearance; categories that no row holds kept)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return values.cat.codes.to_numpy(), values.cat.categories
-    return pd.factorize(values.array)
-
-
-def distinct_codes(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the number of its distinct combination of `parts` (integer codes of equal
-    length, -1 for missing), numbered in order of first appearance; and the first row of each
-    combination."""
-    n = len(parts[0]) if parts else 0
-    ids, bound = np.zeros(n, dtype=np.int64), 1
-    for p in parts:  # mixed radix, renumbered before it could overflow
-        size = int(p.max(initial=-1)) + 2
-        if bound * size >= 2**62:
-            ids = pd.factorize(ids)[0]
-            bound = int(ids.max(initial=-1)) + 1
-        ids, bound = ids * size + (p + 1), bound * size
-    ids = pd.factorize(ids)[0].astype(np.int64)
-    # numbered by first appearance: a row is a first where its number exceeds all before it
-    new = np.r_[True, ids[1:] > np.maximum.accumulate(ids)[:-1]] if n else np.zeros(0, bool)
-    return ids, np.flatnonzero(new)
-
-
 _ROW_PARALLEL = {o.name: o.row_parallel for o in operators.OPERATORS}
 
 
 def _linear_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
     """(checked, t) per row (of distinct rows: a few dozen) for GEMMs named as one of the
     model's linears."""
-    expect = expected_linears(model)
+    expect = models.expected_linears(model)
     op = costed["operator"].astype(object).tolist()
     named = np.array([o in expect for o in op], dtype=bool)
     checked = costed["cost_kind"].eq("gemm").to_numpy(bool) & named
@@ -126,7 +84,7 @@ def instance_checks(costed: pd.DataFrame, model: ModelSpec | None) -> pd.Series:
     'attention: n_q,n_kv,d=28,4,128 but llama-3-8b has 32,8,128'."""
     if model is None or costed.empty:
         return pd.Series(None, index=costed.index, dtype="str")
-    distinct, codes = distinct_rows(costed, _CHECKED)
+    distinct, codes = frames.distinct_rows(costed, _CHECKED)
     msg = _checks(distinct, model).to_numpy(object)
     return pd.Series(msg[codes], index=costed.index, dtype="str")
 
@@ -136,7 +94,7 @@ def _checks(costed: pd.DataFrame, model: ModelSpec) -> pd.Series:
     out = pd.Series(None, index=costed.index, dtype="object")
     lin, t_lin = _linear_degrees(costed, model)
     att, t_att = _attention_degrees(costed, model)
-    expect = expected_linears(model)
+    expect = models.expected_linears(model)
     bad_lin = lin & (t_lin == 0)
     if bad_lin.any():
         rows = costed[bad_lin]
@@ -156,7 +114,7 @@ def _checks(costed: pd.DataFrame, model: ModelSpec) -> pd.Series:
 def tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
     """The TP degrees the consistent checked instances show ({1}: unsharded; empty: none
     checked). More than one degree means the shapes agree with no single layout."""
-    return _tp_degrees(distinct_rows(costed, _CHECKED)[0], model)
+    return _tp_degrees(frames.distinct_rows(costed, _CHECKED)[0], model)
 
 
 def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
@@ -170,7 +128,7 @@ def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
 def fitting_presets(costed: pd.DataFrame) -> list[str]:
     """Each preset no instance contradicts and one at least is checked against, with its TP
     degree when sharded: ['qwen2.5-7b'], ['llama-3-8b (TP=4)']."""
-    distinct = distinct_rows(costed, _CHECKED)[0]
+    distinct = frames.distinct_rows(costed, _CHECKED)[0]
     out = []
     for name, spec in PRESETS.items():
         degrees = _tp_degrees(distinct, spec)

@@ -104,7 +104,7 @@ def bound(intensity: float, ridge_intensity: float) -> str:
     return "memory" if intensity < ridge_intensity else "compute"
 
 
-def _smallest_int(pred: Callable[[int], bool], hi: int = 1 << 40) -> int | None:
+def smallest_int(pred: Callable[[int], bool], hi: int = 1 << 40) -> int | None:
     """Smallest n ≥ 1 with pred(n), for a pred that is monotone in n; None if none up to hi."""
     if not pred(hi):
         return None
@@ -123,7 +123,7 @@ def m_star(k: int, n: int, b: float, ridge_intensity: float, bias: bool = False)
 
     None when the GEMM can never reach the ridge (I → 2KN/((K+N)·b) as M → ∞).
     """
-    return _smallest_int(lambda m: gemm_intensity(m, k, n, b, bias) >= ridge_intensity)
+    return smallest_int(lambda m: gemm_intensity(m, k, n, b, bias) >= ridge_intensity)
 
 
 def s_star(
@@ -134,5 +134,5 @@ def s_star(
     def compute_bound(s: int) -> bool:
         return attention_intensity(n_q, n_kv, s, s, d, b, causal, convention) >= ridge_intensity
 
-    return _smallest_int(compute_bound, hi=1 << 30)
+    return smallest_int(compute_bound, hi=1 << 30)
 

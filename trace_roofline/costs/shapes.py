@@ -3,7 +3,7 @@
 The stage between `attribute` and `roofline`. attribute() numbers the op instances (its
 `instance` column: the shape-carrying cpu op that launched the kernels, so a split-K GEMM's two
 kernels are one instance), and each instance is costed from the `Input Dims` / `Input type` the
-trace recorded, through the formulas of `trace_roofline.costs`. The model preset is only a
+trace recorded, through the formulas of `trace_roofline.model.formulas`. The model preset is only a
 cross-check (`check` names contradictions, crosscheck.instance_checks).
 
 Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
@@ -14,7 +14,7 @@ op outside aten an engine's rule for its base name (`ENGINE_RULES`).
 The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
 input_strides) combination and the costs are mapped back to the instances by factorised codes.
 
-Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, costs.py):
+Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, formulas.py):
 - Broadcast inputs: where `Input Strides` are recorded, an input is read as its distinct
   elements, the product of its dims whose stride is not 0 (an `expand`ed [512, 3584] index with
   strides [1, 0] reads 512 elements, HF's K/V expanded to n_q heads reads n_kv heads); outputs
@@ -22,12 +22,12 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   copies, gather indices, Triton buffers), not to GEMMs and attention.
 - GEMM: mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K], bias?);
   matmul (broadcast batch); bmm / baddbmm (batch x GEMM); _scaled_mm (fp8 in, out_dtype out).
-  FLOPs 2·M·K·N (+ M·N for a bias add), costs.gemm_flops.
+  FLOPs 2·M·K·N (+ M·N for a bias add), formulas.gemm_flops.
 - Attention (SDPA and its flash / efficient / cudnn / CPU backends, flash_attn): Q [B,n_q,T,d],
   K,V [B,n_kv,S,d]; decode when T == 1, else prefill. The op is causal when its concrete
   `is_causal` says so, else when T > 1; with the `causal` convention only unmasked pairs count
-  (costs.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
-  flash-attention's forwards as engines call them (`_VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
+  (formulas.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
+  flash-attention's forwards as engines call them (`layouts.VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
   _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd) are costed so where the shapes fix every
   sequence's T and S (one sequence, or a dense batch); packed or paged batches are uncosted:
   their lengths are tensor values. vLLM's unified_attention (new tokens only) is uncosted too,
@@ -111,9 +111,11 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from trace_roofline import costs, crosscheck, dtypes, moe, operators
+from trace_roofline import frames
+from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
-from trace_roofline.models import ModelSpec
+from trace_roofline.model import dtypes, formulas, layouts, moe, operators
+from trace_roofline.model.models import ModelSpec
 
 # One row per op instance (op_id; a kernel with no linked op is an instance of its own).
 COSTED_COLUMNS = {
@@ -289,12 +291,12 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     collective that does not record its own (`_collective`). Time is conserved:
     Σ time_us == Σ dur_us.
     """
-    if causal not in costs.CAUSAL_CONVENTIONS:
-        raise InputError(f"causal must be one of {', '.join(costs.CAUSAL_CONVENTIONS)}, "
+    if causal not in formulas.CAUSAL_CONVENTIONS:
+        raise InputError(f"causal must be one of {', '.join(formulas.CAUSAL_CONVENTIONS)}, "
                          f"got {causal!r}")
-    if attention_bytes not in costs.ATTENTION_BYTES_CONVENTIONS:
+    if attention_bytes not in formulas.ATTENTION_BYTES_CONVENTIONS:
         raise InputError(f"attention_bytes must be one of "
-                         f"{', '.join(costs.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
+                         f"{', '.join(formulas.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
     inst = _instances(attributed)
     # a collective's cost also depends on which collective it is and its kernel's name (taken
     # for those rows alone: kernel names are long, hundreds of bytes each)
@@ -310,7 +312,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     inst["_part"] = inst["operator"].where(fused, None)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
             "_kernel", "_part"]
-    combos, codes = crosscheck.distinct_rows(inst, text)
+    combos, codes = frames.distinct_rows(inst, text)
     fallback = _fallback_dtype(model, inst["input_types"])
     table = [
         _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
@@ -336,7 +338,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row
     # (per operator: a fused MoE op's gate_up and down halves are costed apart).
-    _, first = crosscheck.distinct_codes([pd.factorize(out[c].array)[0]
+    _, first = frames.distinct_codes([pd.factorize(out[c].array)[0]
                                           for c in ("op_id", "operator")])
     repeated = np.ones(len(out), dtype=bool)
     repeated[first] = False
@@ -535,14 +537,14 @@ def _gemm(m: int, k: int, n: int, a: _Arg, *, batch: int = 1, bias: _Arg | None 
     a larger one (addmm's full C) is read in full; `w_numel` overrides a broadcast weight's size."""
     b = a.b
     vec_bias = bias is not None and bias.is_tensor and bias.numel == n
-    flops = batch * costs.gemm_flops(m, k, n, bias=bias is not None and bias.is_tensor)
-    nbytes = batch * costs.gemm_bytes(m, k, n, b, bias=vec_bias)
+    flops = batch * formulas.gemm_flops(m, k, n, bias=bias is not None and bias.is_tensor)
+    nbytes = batch * formulas.gemm_bytes(m, k, n, b, bias=vec_bias)
     if bias is not None and bias.is_tensor and not vec_bias:
-        nbytes += costs.elementwise_bytes(bias.numel, 0, bias.b)
+        nbytes += formulas.elementwise_bytes(bias.numel, 0, bias.b)
     if w_numel is not None:  # one weight shared by the whole batch
-        nbytes -= (batch - 1) * costs.elementwise_bytes(w_numel, 0, b)
+        nbytes -= (batch - 1) * formulas.elementwise_bytes(w_numel, 0, b)
     if out_b is not None:  # output in another dtype than the operands (fp8 GEMMs)
-        nbytes += batch * costs.elementwise_bytes(0, m * n, out_b - b)
+        nbytes += batch * formulas.elementwise_bytes(0, m * n, out_b - b)
     shape = f"{batch}x" if batch > 1 else ""
     shape += f"[{m},{k}]x[{k},{n}]" + ("+bias" if bias is not None and bias.is_tensor else "")
     return Cost("gemm", flops, nbytes, a.dtype, shape, m=m, k=k, n=n)
@@ -605,7 +607,7 @@ def _grouped_mm(c: _Call) -> Cost:
     FLOPs and activations exact; the active experts' weights are added per layer."""
     a, w = _tensor(c.args, 0, 2), _tensor(c.args, 1, 3)
     (s, k), (e, _, n) = a.dims, w.dims
-    nbytes = costs.elementwise_bytes(s * k, s * n, a.b)
+    nbytes = formulas.elementwise_bytes(s * k, s * n, a.b)
     return Cost("gemm", 2.0 * s * k * n, nbytes, a.dtype, f"{e} experts [{s},{k}]x[{k},{n}]",
                 m=s, k=k, n=n, experts=e, expert_bytes=float(k * n * w.b))
 
@@ -631,7 +633,7 @@ def _fused_experts(c: _Call) -> Cost:
     if c.operator not in halves:
         return Cost(uncosted=f"{c.name}: named {c.operator}, not an expert GEMM half")
     k, n = halves[c.operator]
-    return Cost("gemm", 2.0 * rows * k * n, costs.elementwise_bytes(rows * k, rows * n, x.b),
+    return Cost("gemm", 2.0 * rows * k * n, formulas.elementwise_bytes(rows * k, rows * n, x.b),
                 x.dtype, f"{e} experts [{rows},{k}]x[{k},{n}] fused", m=rows, k=k, n=n,
                 experts=e, expert_bytes=float(k * n * x.b))
 
@@ -644,7 +646,7 @@ def _topk(c: _Call) -> Cost:
         return Cost(uncosted=f"{c.name}: k not recorded")
     k = _int(c.args[1].concrete, "topk k")
     rows = x.numel // max(x.dims[-1] if x.dims else 1, 1)
-    nbytes = costs.elementwise_bytes(x.numel, rows * k, x.b) + rows * k * 8
+    nbytes = formulas.elementwise_bytes(x.numel, rows * k, x.b) + rows * k * 8
     return Cost("reduction", float(x.numel), float(nbytes), x.dtype, f"{x.dims} top-{k}")
 
 
@@ -653,8 +655,8 @@ def _topk_softmax(c: _Call) -> Cost:
     logits [M, E] fp32): reads the logits, writes the three [M, k] outputs; softmax's
     5 FLOPs per logit."""
     weights, ids, rows, logits = _tensors(c.args, 4)[:4]
-    nbytes = costs.elementwise_bytes(logits.numel, 0, logits.b)
-    nbytes += sum(costs.elementwise_bytes(0, t.numel, t.b) for t in (weights, ids, rows))
+    nbytes = formulas.elementwise_bytes(logits.numel, 0, logits.b)
+    nbytes += sum(formulas.elementwise_bytes(0, t.numel, t.b) for t in (weights, ids, rows))
     return Cost("reduction", 5.0 * logits.numel, float(nbytes), logits.dtype,
                 f"{logits.dims} top-{weights.dims[-1]}")
 
@@ -664,8 +666,8 @@ def _moe_align(c: _Call) -> Cost:
     num_tokens_post_pad [1]): reads the ids, writes the three outputs (all recorded)."""
     ts = _tensors(c.args, 2)
     ids, outs = ts[0], ts[1:]
-    nbytes = costs.elementwise_bytes(ids.numel, 0, ids.b)
-    nbytes += sum(costs.elementwise_bytes(0, t.numel, t.b) for t in outs)
+    nbytes = formulas.elementwise_bytes(ids.numel, 0, ids.b)
+    nbytes += sum(formulas.elementwise_bytes(0, t.numel, t.b) for t in outs)
     return Cost("copy", 0.0, float(nbytes), ids.dtype, f"{ids.dims} -> {[t.dims for t in outs]}")
 
 
@@ -708,9 +710,9 @@ def _fused_add_rms_norm(c: _Call) -> Cost:
         raise Malformed(f"fused_add_rms_norm input {x.dims}, residual {res.dims}, "
                         f"weight {w.dims}")
     flops = (_POINTWISE_FLOPS["add"] + _NORMS["rms_norm"]) * x.numel
-    nbytes = (costs.elementwise_bytes(x.numel, x.numel, x.b)
-              + costs.elementwise_bytes(res.numel, res.numel, res.b)
-              + costs.elementwise_bytes(w.numel, 0, w.b))
+    nbytes = (formulas.elementwise_bytes(x.numel, x.numel, x.b)
+              + formulas.elementwise_bytes(res.numel, res.numel, res.b)
+              + formulas.elementwise_bytes(w.numel, 0, w.b))
     return Cost("norm", flops, float(nbytes), x.dtype,
                 f"{x.dims} + residual {res.dims} -> both, weight {w.dims}")
 
@@ -729,9 +731,9 @@ def _rope(heads: Sequence[_Arg], tokens: int, head: int, table: _Arg, pos: _Arg)
             raise Malformed(f"{x.dims} is not {tokens} tokens of heads of {head}")
         n = x.numel // head * rot
         rotated += n
-        nbytes += costs.elementwise_bytes(n, n, x.b)
-    nbytes += costs.elementwise_bytes(min(tokens, table.dims[0]) * rot, 0, table.b)
-    nbytes += costs.elementwise_bytes(pos.distinct, 0, pos.b)
+        nbytes += formulas.elementwise_bytes(n, n, x.b)
+    nbytes += formulas.elementwise_bytes(min(tokens, table.dims[0]) * rot, 0, table.b)
+    nbytes += formulas.elementwise_bytes(pos.distinct, 0, pos.b)
     shape = " ".join(str(x.dims) for x in heads) + f" rot {rot} of head {head}"
     return Cost("elementwise", _ROPE_FLOPS * rotated, float(nbytes), heads[0].dtype, shape)
 
@@ -762,7 +764,7 @@ def _apply_rope_cos_sin_cache(c: _Call) -> Cost:
         store = _cache_write([k, v], [k_buf, v_buf], loc)
         # the rotated part of k is already read by the RoPE: the store reads the rest and v
         rotated_k = k.numel // q.dims[-1] * table.dims[1]
-        extra = store.bytes - costs.elementwise_bytes(rotated_k, 0, k.b)
+        extra = store.bytes - formulas.elementwise_bytes(rotated_k, 0, k.b)
         return Cost(rope.kind, rope.flops, rope.bytes + extra, rope.dtype,
                     f"{rope.shape}; {store.shape}")
     return rope
@@ -785,12 +787,12 @@ def _cache_write(sources: Sequence[_Arg], caches: Sequence[_Arg], slots: _Arg) -
     read. Never the whole cache: only the slots written move. 0 FLOPs (an fp8 cache's
     scaling multiply is not counted)."""
     tokens = slots.numel
-    nbytes = costs.elementwise_bytes(slots.distinct, 0, slots.b)
+    nbytes = formulas.elementwise_bytes(slots.distinct, 0, slots.b)
     for src, cache in zip(sources, caches, strict=True):
         if not src.dims or src.dims[0] < tokens:
             raise Malformed(f"{src.dims} holds fewer than the {tokens} tokens of slot_mapping")
         moved = src.numel // src.dims[0] * tokens if tokens else 0
-        nbytes += costs.elementwise_bytes(moved, 0, src.b) + costs.elementwise_bytes(
+        nbytes += formulas.elementwise_bytes(moved, 0, src.b) + formulas.elementwise_bytes(
             0, moved, cache.b)
     shape = " ".join(str(s.dims) for s in sources) + f" -> {tokens} slots"
     return Cost("copy", 0.0, float(nbytes), sources[0].dtype, shape)
@@ -804,7 +806,7 @@ def _reshape_and_cache(c: _Call) -> Cost:
     key, value = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1, min_rank=1)
     caches = [_tensor(c.args, 2), _tensor(c.args, 3)]
     out = _cache_write([key, value], caches, _tensor(c.args, 4, 1))
-    scales = sum(costs.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[6:8] if a.is_tensor)
+    scales = sum(formulas.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[6:8] if a.is_tensor)
     return Cost(out.kind, out.flops, out.bytes + scales, out.dtype, out.shape)
 
 
@@ -814,7 +816,7 @@ def _concat_and_cache_mla(c: _Call) -> Cost:
     both parts of T' tokens written into the one cache (`_cache_write`), plus the scale."""
     kv_c, k_pe, cache = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2), _tensor(c.args, 2)
     out = _cache_write([kv_c, k_pe], [cache, cache], _tensor(c.args, 3, 1))
-    scale = sum(costs.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[5:6] if a.is_tensor)
+    scale = sum(formulas.elementwise_bytes(a.distinct, 0, a.b) for a in c.args[5:6] if a.is_tensor)
     return Cost(out.kind, out.flops, out.bytes + scale, out.dtype, out.shape)
 
 
@@ -828,52 +830,6 @@ def _store_kv_cache(c: _Call) -> Cost:
 
 
 # ----------------------------------------------------------------------------- attention
-# Attention ops with a known argument layout: name -> (Q/K/V layout, index of is_causal in
-# Concrete Inputs). BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d]
-# (flash/efficient kernels). flash-attention's packed / paged forwards are `_VARLEN_LAYOUTS`.
-# Every other op the vocabulary recognises as attention (flex_attention, paged and unified
-# attention) is uncosted: its mask or sequence lengths are not among its recorded arguments.
-_ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
-    "aten::scaled_dot_product_attention": ("BHTD", 5),
-    "aten::_scaled_dot_product_attention_math": ("BHTD", 5),
-    "aten::_scaled_dot_product_flash_attention": ("BHTD", 4),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": ("BHTD", 4),
-    "aten::_scaled_dot_product_efficient_attention": ("BHTD", 6),
-    "aten::_scaled_dot_product_cudnn_attention": ("BHTD", 6),
-    "aten::_cudnn_attention_forward": ("BHTD", 10),
-    "aten::_flash_attention_forward": ("BTHD", 8),
-    "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
-    "flash_attn::_flash_attn_forward": ("BTHD", 5),
-}
-
-
-@dataclass(frozen=True)
-class _Varlen:
-    """Argument indices of a flash-attention forward over packed ([total, heads, d] with
-    cu_seqlens) or paged ([pages, page_size, heads, d] with a page table) sequences."""
-
-    cu_seqlens_q: int
-    seqused_k: int
-    max_seqlen_q: int
-    max_seqlen_k: int
-    page_table: int
-    causal_from: int  # is_causal: the first True/False in Concrete Inputs from this index
-
-
-# FA3's `fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new,
-# seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, page_table, ..., softmax_scale, is_causal,
-# ...)` (vllm-project/flash-attention hopper/flash_api_torch_lib.cpp, sgl-kernel
-# flash_extension.cc; later revisions insert o_scale before softmax_scale) and FA2's
-# `varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
-# alibi_slopes, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal,
-# ...)` (csrc/flash_attn/flash_api_torch_lib.cpp).
-_FA3 = _Varlen(cu_seqlens_q=7, seqused_k=11, max_seqlen_q=12, max_seqlen_k=13, page_table=14,
-               causal_from=23)
-_VARLEN_LAYOUTS: dict[str, _Varlen] = {
-    "_vllm_fa3_C::fwd": _FA3, "sgl_kernel::fwd": _FA3, "flash_attn_3::fwd": _FA3,
-    "_vllm_fa2_C::varlen_fwd": _Varlen(cu_seqlens_q=4, seqused_k=6, max_seqlen_q=10,
-                                       max_seqlen_k=11, page_table=8, causal_from=15),
-}
 # Attention ops whose arguments hold only the step's new tokens, with why they are uncosted.
 _ATTENTION_WITHOUT_LENGTHS = {
     name: "query [T, n_q, d], key and value [T, n_kv, d] are the step's new tokens only; "
@@ -884,15 +840,15 @@ _ATTENTION_WITHOUT_LENGTHS = {
 
 def _attention(c: _Call) -> Cost:
     """Q [B,n_q,T,d], K [B,n_kv,S,d] (or BTHD; or a flash-attention forward over packed or
-    paged sequences, `_varlen_attention`): costs.attention_flops / attention_bytes."""
-    if c.name in _VARLEN_LAYOUTS:
-        return _varlen_attention(c, _VARLEN_LAYOUTS[c.name])
+    paged sequences, `_varlen_attention`): formulas.attention_flops / attention_bytes."""
+    if c.name in layouts.VARLEN_LAYOUTS:
+        return _varlen_attention(c, layouts.VARLEN_LAYOUTS[c.name])
     if c.name in _ATTENTION_WITHOUT_LENGTHS:
         return Cost(uncosted=f"{c.name}: {_ATTENTION_WITHOUT_LENGTHS[c.name]}")
-    if c.name not in _ATTENTION_LAYOUTS:
+    if c.name not in layouts.ATTENTION_LAYOUTS:
         return Cost(uncosted=f"{c.name}: attention op without a known argument layout "
                              "(its mask and sequence lengths are not recorded)")
-    layout, causal_at = _ATTENTION_LAYOUTS[c.name]
+    layout, causal_at = layouts.ATTENTION_LAYOUTS[c.name]
     q, k = _tensor(c.args, 0), _tensor(c.args, 1)
     if len(q.dims) != 4 or len(k.dims) != 4:
         return Cost(uncosted=f"{c.name}: variable-length attention (sequence lengths not recorded)")
@@ -914,15 +870,15 @@ def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int
     # A single query token attends to every cached key; otherwise trust is_causal when recorded.
     is_causal = t > 1 and (flag == "True" if flag in ("True", "False") else True)
     counted = c.causal if is_causal else "full"
-    flops = costs.attention_flops(batch, n_q, t, s, d, causal=counted)
-    nbytes = costs.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=c.attention_bytes)
+    flops = formulas.attention_flops(batch, n_q, t, s, d, causal=counted)
+    nbytes = formulas.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=c.attention_bytes)
     text = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
             + (" causal" if is_causal else ""))
     return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
                 causal=is_causal, heads=(n_q, n_kv, d))
 
 
-def _varlen_attention(c: _Call, at: _Varlen) -> Cost:
+def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
     """flash-attention's forward as engines call it: q [total_q, n_q, d] with cu_seqlens_q
     [B + 1] (or [B, T, n_q, d]); k, v packed [total_k, n_kv, d], paged [pages, page_size, n_kv,
     d] (with a page table) or dense [B, S, n_kv, d]. Costed by `_attention_cost` where the
@@ -968,8 +924,8 @@ def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: int, kind:
         dtype: str, extra_read_bytes: float = 0.0) -> Cost:
     """Read every tensor in `reads` once (its distinct elements), write `out_numel` elements of
     `out_b` bytes."""
-    nbytes = sum(costs.elementwise_bytes(r.distinct, 0, r.b) for r in reads)
-    nbytes += costs.elementwise_bytes(0, out_numel, out_b) + extra_read_bytes
+    nbytes = sum(formulas.elementwise_bytes(r.distinct, 0, r.b) for r in reads)
+    nbytes += formulas.elementwise_bytes(0, out_numel, out_b) + extra_read_bytes
     shape = " ".join(str(r.dims) for r in reads) + f" -> {int(out_numel)}"
     return Cost(kind, float(flops), float(nbytes), dtype, shape)
 
@@ -1046,7 +1002,7 @@ def _cat(c: _Call) -> Cost:
     n = sum(math.prod(d) for d in first.dims)
     b = dtypes.lookup(c.fallback).bytes
     shape = f"{len(first.dims)} tensors -> {n}"
-    return Cost("copy", 0.0, costs.elementwise_bytes(n, n, b), c.fallback, shape)
+    return Cost("copy", 0.0, formulas.elementwise_bytes(n, n, b), c.fallback, shape)
 
 
 def _index_write(c: _Call) -> Cost:
@@ -1054,7 +1010,7 @@ def _index_write(c: _Call) -> Cost:
     written slots of `self` move."""
     ts = _tensors(c.args, 2)
     dst, src = ts[0], ts[-1]
-    index_bytes = sum(costs.elementwise_bytes(t.distinct, 0, t.b) for t in ts[1:-1])
+    index_bytes = sum(formulas.elementwise_bytes(t.distinct, 0, t.b) for t in ts[1:-1])
     flops = float(src.numel) if c.plain == "index_add" else 0.0
     return _io(flops, [src], src.numel, dst.b, "copy", dst.dtype, index_bytes)
 
@@ -1074,8 +1030,8 @@ def _gather(c: _Call) -> Cost:
             raise Malformed(f"index_select dim {dim} out of range for {table.dims}")
         rest = [d for i, d in enumerate(table.dims) if i != dim % len(table.dims)]
         rows = math.prod(rest) * index.numel
-    nbytes = costs.elementwise_bytes(rows, rows, table.b)
-    nbytes += costs.elementwise_bytes(index.distinct, 0, index.b)
+    nbytes = formulas.elementwise_bytes(rows, rows, table.b)
+    nbytes += formulas.elementwise_bytes(index.distinct, 0, index.b)
     return Cost("copy", 0.0, nbytes, table.dtype, f"{table.dims}[{index.dims}] -> {rows}")
 
 
@@ -1084,7 +1040,7 @@ def _sort(c: _Call) -> Cost:
     only the indices); no FLOPs counted (comparisons, not arithmetic)."""
     x = _tensors(c.args, 1)[0]
     out = x.numel * (8 + (0 if c.plain == "argsort" else x.b))
-    return Cost("copy", 0.0, float(costs.elementwise_bytes(x.numel, 0, x.b) + out), x.dtype,
+    return Cost("copy", 0.0, float(formulas.elementwise_bytes(x.numel, 0, x.b) + out), x.dtype,
                 f"{x.dims} sorted")
 
 
@@ -1133,7 +1089,7 @@ def _arange(c: _Call) -> Cost:
         raise Malformed(f"arange bounds {start}, {end}, {step}")
     n = max(math.ceil((end - start) / step), 0)
     short = "int64" if all(v.is_integer() for v in (start, end, step)) else "fp32"
-    nbytes = costs.elementwise_bytes(0, n, dtypes.lookup(short).bytes)
+    nbytes = formulas.elementwise_bytes(0, n, dtypes.lookup(short).bytes)
     return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
@@ -1158,7 +1114,7 @@ def _fused(c: _Call) -> Cost:
     main = max(ts, key=lambda t: t.numel)
     work = _work(name, c.args, ts)
     moved = [t.distinct if work is None else min(t.distinct, work) for t in ts]
-    nbytes = sum(costs.elementwise_bytes(n, 0, t.b) for n, t in zip(moved, ts, strict=True))
+    nbytes = sum(formulas.elementwise_bytes(n, 0, t.b) for n, t in zip(moved, ts, strict=True))
     shape = " ".join(str(t.dims) for t in ts)
     shape += f" over {work}" if work is not None else " (no sizes recorded)"
     flops = work if work is not None else main.numel
@@ -1429,7 +1385,7 @@ def _dims_at(raw: object, arg: int, dim: int | None) -> float:
 
 def _each_distinct(values: pd.Series, fn) -> np.ndarray:
     """fn of each row's value, evaluated once per distinct value (an object array)."""
-    codes, uniques = crosscheck.factorized(values)
+    codes, uniques = frames.factorized(values)
     return np.asarray([fn(u) for u in uniques] + [fn(None)], dtype=object)[codes]
 
 

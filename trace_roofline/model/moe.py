@@ -24,7 +24,7 @@ doing the same FLOPs per token (intermediate k·I) on the same tokens: it reads 
 worth of weights once, so the MoE reads A/k times more weight bytes for the same FLOPs. At one
 decode token A = k and the two agree; with many tokens A -> E and the MoE falls E/k times below.
 
-b = bytes per element; every function counts 2 FLOPs per multiply-add (costs.py conventions).
+b = bytes per element; every function counts 2 FLOPs per multiply-add (formulas.py conventions).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from trace_roofline import costs
 from trace_roofline.errors import InputError
+from trace_roofline.model import formulas
 
 Assumption = Literal["expected", "low", "high"]
 ASSUMPTIONS: tuple[str, ...] = ("expected", "low", "high")
@@ -185,8 +185,8 @@ def dense_equivalent_intensity(experts: Experts, hidden: int, tokens: int, b: fl
     """FLOP/byte of a dense SwiGLU MLP with intermediate k·I on the same tokens: the same
     FLOPs per token, its weights read once (gate, up: [T,H]x[H,kI]; down: [T,kI]x[kI,H])."""
     n = experts.top_k * experts.intermediate_size
-    flops = 2 * costs.gemm_flops(tokens, hidden, n) + costs.gemm_flops(tokens, n, hidden)
-    nbytes = 2 * costs.gemm_bytes(tokens, hidden, n, b) + costs.gemm_bytes(tokens, n, hidden, b)
+    flops = 2 * formulas.gemm_flops(tokens, hidden, n) + formulas.gemm_flops(tokens, n, hidden)
+    nbytes = 2 * formulas.gemm_bytes(tokens, hidden, n, b) + formulas.gemm_bytes(tokens, n, hidden, b)
     return flops / nbytes
 
 
@@ -207,4 +207,4 @@ def crossing_tokens(experts: Experts, hidden: int, b: float, ridge_intensity: fl
     def reaches(tokens: int) -> bool:
         return experts_intensity(experts, hidden, tokens, b, assumption) >= ridge_intensity
 
-    return costs._smallest_int(reaches, hi=1 << 40)
+    return formulas.smallest_int(reaches, hi=1 << 40)

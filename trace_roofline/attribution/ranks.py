@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trace_roofline import comms
+from trace_roofline.attribution import comms
 from trace_roofline.errors import InputError
 
 # Coordinates of a rank in a multi-dimensional parallel layout, in this (canonical) order.
