@@ -1,0 +1,335 @@
+"""The one registry of kernel-name families: which library wrote a kernel and what it does.
+
+`FAMILIES` is an ordered table of (family, vendor/library, regex, role): a kernel's family is
+the first entry whose regex matches (searched, not anchored, unless the regex anchors itself)
+its name. Order matters where names overlap: Inductor's pointwise and reduction kernels come
+first (`triton_poi_fused__scaled_dot_product_cudnn_attention_..._5` is elementwise work, not an
+attention), fused add+RMSNorm before plain norms, ck_tile's `FmhaBatchPrefillWithPagedKVCache`
+before FlashInfer's `BatchPrefillWithPagedKVCache`, MoE GEMMs before the generic GEMM patterns,
+specific ATen functors (silu, argmax) before ATen's generic elementwise and reduce kernels.
+
+`classify(names)` works once per distinct name (the categories of a categorical Series) and
+broadcasts back: no per-row Python. Roles (`ROLES`) say what the kernel computes, not which
+operator of a model it belongs to: a `softmax` or a `sort_scan` may be attention, a MoE router
+or sampling, which the kernel's place decides (attribution/naming.py). A name no entry matches
+is `unknown`.
+
+Names of kernels in the entries' comments are real ones from the committed traces
+(sample_traces/, ../shared/traces/) or the libraries' sources; tests/test_kernels.py checks
+every family against at least one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from trace_roofline.model import operators
+
+ROLES: tuple[str, ...] = (
+    "gemm", "moe_gemm", "conv", "attention", "attention_reduce", "norm", "fused_add_norm", "rope",
+    "activation", "elementwise", "reduction", "copy", "kv_cache_write", "moe_routing",
+    "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", "sampling", "loss",
+    "optimizer", "unknown",
+)
+GEMM_ROLES = frozenset({"gemm", "moe_gemm"})  # weight GEMMs: named by shape, never by position
+ATTENTION_ROLES = frozenset({"attention", "attention_reduce"})
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """One entry of the registry."""
+
+    family: str
+    vendor: str
+    pattern: re.Pattern[str]
+    role: str
+
+
+def _f(family: str, vendor: str, rx: str, role: str) -> KernelFamily:
+    assert role in ROLES, role
+    return KernelFamily(family, vendor, re.compile(rx), role)
+
+
+# collective kernels: the patterns operators.COLLECTIVES already holds (NCCL/RCCL, vLLM's
+# custom all-reduce, symmetric-memory one/two-shot), plus the multimem all-reduce
+_COLLECTIVE_RX = "|".join(o.kernels.pattern for o in operators.COLLECTIVES if o.kernels is not None)
+
+FAMILIES: tuple[KernelFamily, ...] = (
+    # CUDA / HIP runtime copies and fills: "Memcpy DtoD (Device -> Device)", "Memset (Device)"
+    _f("runtime_memcpy", "CUDA/HIP runtime", r"^(?:Memcpy|Memset|memcpy|memset)\b", "memcpy"),
+    # Inductor's generated kernels: what they fuse is in the name, what they are is not
+    # (triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy_..._5 is a copy)
+    _f("inductor_pointwise", "PyTorch Inductor", r"^triton_poi_", "elementwise"),
+    _f("inductor_reduction", "PyTorch Inductor", r"^triton_(?:red|per)_", "reduction"),
+    # Inductor templates: flex attention (triton_tem_fused_flex_attention_0 and its backward),
+    # matmuls (triton_tem_fused_mm_0, triton_tem_fused_addmm_1, triton_tem_fused_bmm_2,
+    # triton_tem_fused__scaled_mm_0), convolutions
+    _f("inductor_flex_attention", "PyTorch Inductor",
+       r"^triton_tem_fused_.*flex_(?:attention|decoding)|^triton_tem_fused_flex", "attention"),
+    _f("inductor_mm_template", "PyTorch Inductor",
+       r"^triton_tem_fused_(?:.*_)?(?:mm|addmm|bmm|baddbmm|_scaled_mm|scaled_mm)(?:_|$)", "gemm"),
+    _f("inductor_conv_template", "PyTorch Inductor", r"^triton_tem_fused_(?:.*_)?convolution",
+       "conv"),
+    # FlashAttention 2/3 (Dao-AILab, and vLLM's / SGLang's vendored builds): flash_fwd_kernel,
+    # flash_fwd_splitkv_kernel (+ flash_fwd_splitkv_combine_kernel), FlashAttnFwdSm90
+    _f("pytorch_flash", "PyTorch SDPA (vendored FlashAttention)", r"pytorch_flash::", "attention"),
+    _f("flash_attention_combine", "FlashAttention",
+       r"flash_fwd_splitkv_combine|FlashAttnFwdCombine|flash::.*[Cc]ombine", "attention_reduce"),
+    _f("flash_attention", "FlashAttention",
+       r"flash_fwd_|flash_bwd_|FlashAttnFwd|FlashAttnBwd|flash::", "attention"),
+    # cuDNN's SDPA: cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_..., its
+    # decode split reduction cudnn::fusion::lean_reduction_kernel<false, false, false>
+    _f("cudnn_sdpa_reduce", "NVIDIA cuDNN", r"cudnn::fusion::lean_reduction", "attention_reduce"),
+    _f("cudnn_sdpa", "NVIDIA cuDNN", r"cudnn.*(?:sdpa|fmha|flash_[fb]prop|mha)", "attention"),
+    # PyTorch's memory-efficient attention (xformers' CUTLASS kernels):
+    # fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>)
+    _f("mem_efficient_attention", "PyTorch SDPA (xformers CUTLASS)",
+       r"fmha_cutlass|PyTorchMemEffAttention|mem_efficient|efficient_attention", "attention"),
+    # ck_tile / aiter attention (AMD): ck_tile::kentry<2, FmhaBatchPrefillWithPagedKVCacheKernel
+    # <...>>, FmhaFwdSplitKVCombine, aiter::mha_batch_prefill, aiter's paged attention
+    _f("ck_fmha_combine", "AMD ck_tile", r"Fmha\w*SplitKVCombine|fmha_fwd_splitkv_combine",
+       "attention_reduce"),
+    _f("ck_fmha", "AMD ck_tile / aiter",
+       r"Fmha|fmha_|mha_batch_prefill|mha_varlen_fwd|mha_fwd|aiter::\w*paged_attention",
+       "attention"),
+    # FlashInfer: BatchDecodeWithPagedKVCacheKernel, BatchPrefillWithPagedKVCacheKernel,
+    # BatchPrefillWithRaggedKVCacheKernel, Single{Decode,Prefill}WithKVCacheKernel, MLA; their
+    # split-KV merge (MergeStatesKernel, VariableLengthMergeStatesKernel)
+    _f("flashinfer_merge", "FlashInfer", r"MergeStates", "attention_reduce"),
+    _f("flashinfer_attention", "FlashInfer",
+       r"Batch(?:Decode|Prefill)With(?:Paged|Ragged)KVCache|Single(?:Decode|Prefill)WithKVCache|"
+       r"BatchMLAPaged", "attention"),
+    # ROCm / vLLM paged attention: paged_attention_ll4mi_QKV_mfma16_kernel<...> and
+    # paged_attention_ll4mi_reduce_kernel<...>; vLLM's paged_attention_v2_reduce_kernel
+    _f("paged_attention_reduce", "vLLM / ROCm", r"paged_attention\w*reduce", "attention_reduce"),
+    _f("paged_attention", "vLLM / ROCm", r"paged_attention", "attention"),
+    # vLLM's Triton unified attention (kernel_unified_attention_2d / _3d) and the 3d variant's
+    # reduce_segments; SGLang's Triton decode attention (_fwd_grouped_kernel_stage1, stage2)
+    _f("vllm_unified_attention_reduce", "vLLM (Triton)", r"^reduce_segments", "attention_reduce"),
+    _f("vllm_unified_attention", "vLLM (Triton)", r"kernel_unified_attention_(?:2d|3d)",
+       "attention"),
+    _f("sglang_triton_attention_reduce", "SGLang (Triton)", r"^_fwd_kernel_stage2",
+       "attention_reduce"),
+    _f("sglang_triton_attention", "SGLang (Triton)",
+       r"^_fwd_(?:grouped_)?kernel_stage1|^_?attn_fwd|^_fwd_kernel$|^_fwd_kernel_flash_decode",
+       "attention"),
+    # KV-cache writes: vllm::reshape_and_cache_flash_kernel<...>, concat_and_cache_mla_kernel,
+    # SGLang's store_kvcache<2048l, 4, false, long>
+    _f("kv_cache_write", "vLLM / SGLang",
+       r"reshape_and_cache|concat_and_cache_mla|store_kvcache|set_kv_buffer", "kv_cache_write"),
+    # norms: aiter::add_rmsnorm_quant_kernel (fused residual add + RMSNorm, mangled
+    # _ZN5aiter24add_rmsnorm_quant_kernel...), vllm::fused_add_rms_norm_kernel<...>, FlashInfer's
+    # FusedAddRMSNormKernel; ck_tile::Rmsnorm2dFwd, vllm::rms_norm_kernel, ATen's layer norm
+    _f("fused_add_rmsnorm", "aiter / vLLM / FlashInfer",
+       r"add_rms_?norm|fused_add_rms_norm|FusedAddRMSNorm", "fused_add_norm"),
+    _f("ck_rmsnorm", "AMD ck_tile", r"Rmsnorm2dFwd|Layernorm2dFwd", "norm"),
+    _f("rmsnorm", "vLLM / SGLang / FlashInfer / ATen",
+       r"rms_?norm|RMSNorm|RmsNorm|layer_?norm|LayerNorm|RowwiseMoments|GammaBetaBackward|"
+       r"cuComputeGradInput|cuComputePartGradGammaBeta", "norm"),
+    # RoPE: rotary_embedding_kernel<c10::BFloat16, true> (vLLM, SGLang's sgl_kernel), FlashInfer's
+    # BatchQKApplyRotaryPosIdsCosSinCache
+    _f("rotary_embedding", "vLLM / SGLang / FlashInfer",
+       r"rotary_embedding|rotary_emb|apply_rotary|ApplyRotary", "rope"),
+    # quantisation: vllm scaled_fp8_quant / dynamic_per_token_scaled_fp8_quant kernels,
+    # per_token_group_quant_fp8
+    _f("fp8_quant", "vLLM / SGLang",
+       r"scaled_fp8_quant|fp8_quant|per_token_group_quant|scaled_int8_quant|quantize_", "quant"),
+    # mixture of experts: vLLM / SGLang's Triton fused_moe_kernel (w13, then w2); triton_kernels'
+    # _topk_forward, _combined_routing_compute / _memset, _sum_bitmatrix_rows,
+    # _matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1(_swiglu), _finalize_matmul_scatter_bf16;
+    # vLLM's topkGatingSoftmax, moeTopK, moeSoftmax, moe_align_block_size_kernel,
+    # count_and_sort_expert_tokens_kernel, moe_sum_kernel; TRT-LLM / FlashInfer's bmm_* expert
+    # GEMMs (bmm_Bfloat16_MxE2m1MxE4m3_...), routing and finalize; torch's grouped GEMM
+    # (CUTLASS GroupProblemShape) and its prepare_grouped_gemm_data
+    _f("fused_moe_triton", "vLLM / SGLang (Triton)", r"^fused_moe_kernel", "moe_gemm"),
+    _f("triton_kernels_matmul_ogs", "triton_kernels", r"^_matmul_ogs_|^_p_matmul_ogs_",
+       "moe_gemm"),
+    _f("triton_kernels_finalize", "triton_kernels", r"^_finalize_matmul_scatter", "moe_finalize"),
+    _f("triton_kernels_routing", "triton_kernels",
+       r"^_topk_forward|^_combined_routing|^_sum_bitmatrix|^_routing_|^_bitmatrix", "moe_routing"),
+    _f("trtllm_moe_gemm", "TensorRT-LLM / FlashInfer",
+       r"^bmm_(?:Bfloat16|Fp16|E4m3|E2m1|MxE|Fp8|BF16|FP8)", "moe_gemm"),
+    _f("trtllm_moe_routing", "TensorRT-LLM / FlashInfer",
+       r"routingMainKernel|routingIndicesCluster|routingRenormalize|routingDeepSeek|routingLlama4|"
+       r"routingIndices", "moe_routing"),
+    _f("trtllm_moe_finalize", "TensorRT-LLM / FlashInfer", r"finalizeKernel|finalize_moe",
+       "moe_finalize"),
+    _f("vllm_moe_routing", "vLLM / SGLang",
+       r"topkGatingSoftmax|moeTopK|moeSoftmax|topk_softmax|moe_align_block_size|"
+       r"count_and_sort_expert_tokens|sgl_moe_align|grouped_topk|biased_grouped_topk",
+       "moe_routing"),
+    _f("vllm_moe_sum", "vLLM / SGLang", r"moe_sum_kernel|moe_sum", "moe_finalize"),
+    _f("torch_grouped_gemm", "PyTorch (CUTLASS grouped GEMM)",
+       r"prepare_grouped_gemm_data|GroupProblemShape", "moe_gemm"),
+    # collectives: ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...), ncclKernel_* (NCCL, and RCCL,
+    # which keeps the names), vLLM's cross_device_reduce_1stage<...>, symmetric memory's
+    # multimem_all_reduce_kernel / one_shot_all_reduce
+    _f("nccl_rccl", "NCCL / RCCL", r"^(?:void )?(?:nccl|rccl)(?:Dev)?Kernel", "collective"),
+    _f("custom_all_reduce", "vLLM / SGLang / torch symmetric memory",
+       _COLLECTIVE_RX + r"|multimem_all_reduce|multimem_all_gather|all_reduce_kernel",
+       "collective"),
+    # activations: vllm::act_and_mul_kernel<...silu_kernel...>, SGLang's
+    # sgl_hip::activation::act_and_mul_kernel (mangled _ZN7sgl_hip10activation18act_and_mul...),
+    # ATen's silu / gelu / sigmoid functors
+    _f("act_and_mul", "vLLM / SGLang", r"act_and_mul|silu_and_mul|gelu_and_mul|gelu_tanh_and_mul|"
+       r"swiglu", "activation"),
+    # the expert bmm's of TRT-LLM were matched above: what is left here is weight GEMM libraries
+    # _scaled_mm: cuBLASLt FP8 GEMMs (sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_...), CUTLASS
+    # cutlass_scaled_mm, fbgemm f8f8bf16
+    _f("scaled_mm", "cuBLASLt / CUTLASS (FP8)",
+       r"scaled_mm|f8f8bf16|fp8_gemm|(?:gemm|xmma|nvjet).*(?:e4m3|e5m2)", "gemm"),
+    # cuBLAS GEMV and its dot/reduce pair: internal::gemvx::kernel<...>, gemv2T_kernel,
+    # dot_kernel<float, 128, 0, cublasDotParams<...>>, reduce_1Block_kernel<..cublasGemv..>
+    _f("cublas_gemv", "NVIDIA cuBLAS",
+       r"gemvx|gemv2?[NT]?_kernel|gemv|dot_kernel.*cublas|reduce_1Block_kernel.*cublas", "gemm"),
+    _f("cublas_splitk_reduce", "NVIDIA cuBLASLt",
+       r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk", "gemm"),
+    _f("cublaslt_nvjet", "NVIDIA cuBLASLt", r"nvjet_", "gemm"),
+    _f("cublas_xmma", "NVIDIA cuBLAS", r"sm\d+_xmma_|xmma_gemm", "gemm"),
+    _f("cublas_legacy", "NVIDIA cuBLAS",
+       r"(?:ampere|volta|turing|hopper|sm\d+)_\w*gemm|\bgemmSN_|gemmk1_kernel", "gemm"),
+    _f("cutlass_gemm", "NVIDIA CUTLASS",
+       r"cutlass\w*gemm|cutlass.*Gemm|GemmUniversal|cutlass_80_simt_sgemm|wgmma", "gemm"),
+    # hipBLASLt / Tensile: Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x256x32_...;
+    # CK / aiter GEMMs
+    _f("hipblaslt_tensile", "AMD hipBLASLt / Tensile", r"^Cijk_", "gemm"),
+    _f("ck_gemm", "AMD ck / aiter",
+       r"gemm_a16w16|gemm_a8w8|ck_tile.*Gemm|kernel_gemm_xdl|DeviceGemm|bf16gemm", "gemm"),
+    # Triton matmuls written by hand (not Inductor's): matmul_kernel, _matmul_kernel,
+    # persistent matmuls
+    _f("triton_matmul", "Triton",
+       r"^_?(?:persistent_)?matmul_kernel|^_?matmul_|^_kernel_matmul|^mm_kernel|^_?bmm_kernel",
+       "gemm"),
+    _f("gemm_other", "other GEMM libraries", r"gemm|Gemm|GEMM|cublas", "gemm"),
+    # training: cross-entropy's log-softmax and NLL kernels, fused / foreach optimizer kernels
+    _f("torch_loss", "PyTorch ATen",
+       r"nll_loss|cross_entropy|LogSoftMax|log_softmax|cunn_ClassNLLCriterion", "loss"),
+    _f("torch_optimizer", "PyTorch ATen",
+       r"FusedAdam|fused_adam|[Aa]damW?Functor|_fused_adamw?|FusedSgd|fused_sgd|LambFunctor",
+       "optimizer"),
+    # sampling: multinomial / exponential draws, argmax, FlashInfer's and vLLM's samplers,
+    # penalties
+    _f("sampling", "PyTorch ATen / FlashInfer / vLLM",
+       r"distribution_elementwise|distribution_nullary|multinomial|sampleMultinomial|renormRows|"
+       r"TopKTopP|SamplingFromProb|TopPRenorm|TopKRenorm|TopKMaskLogits|apply_penalt|"
+       r"repetition_penalt|ArgMaxOps|ArgMinOps|argmax|exponential_kernel", "sampling"),
+    # softmax (attention's eager softmax, a router's, sampling's): softmax_warp_forward<...>,
+    # cunn_SoftMaxForward
+    _f("torch_softmax", "PyTorch ATen", r"softmax_warp|SoftMaxForward|SoftMaxBackward|softmax",
+       "softmax"),
+    # sorting, scans, top-k (a router's top-k and dispatch, sampling's top-p): ATen's
+    # bitonicSortKVInPlace, radixSortKVInPlace, sbtopk::gatherTopK; CUB (DeviceScanKernel,
+    # DeviceRadixSort, DeviceSelectSweepKernel); rocPRIM's trampoline_kernel<...scan...>
+    _f("rocprim", "AMD rocPRIM", r"rocprim::", "sort_scan"),
+    _f("cub", "NVIDIA CUB", r"\bcub::|DeviceRadixSort|DeviceScan|DeviceSegmentedSort|DeviceSelect|"
+       r"DeviceCompact|DeviceReduce", "sort_scan"),
+    _f("torch_sort_topk", "PyTorch ATen",
+       r"bitonicSort|radixSort|RadixSort|segmented_sort|gatherTopK|sbtopk|mbtopk|"
+       r"tensor_kernel_scan|kernelHistogram1D|sort_postprocess|write_indices", "sort_scan"),
+    # ATen's activation functors: silu_kernel, gelu_kernel, sigmoid_kernel_cuda, ...
+    _f("torch_activation", "PyTorch ATen",
+       r"silu_kernel|silu_backward|gelu_kernel|gelu_backward|sigmoid_kernel|sigmoid_backward|"
+       r"relu_kernel|threshold_kernel|tanh_kernel|tanh_backward", "activation"),
+    # ATen copies, concatenation, gathers and scatters: CatArrayBatchedCopy, direct_copy_kernel_cuda,
+    # bfloat16_copy_kernel_cuda, index_copy_kernel_impl, index_put_kernel_impl,
+    # indexSelectSmallIndex, vectorized_gather_kernel, index_kernel_impl, indexFuncSmallIndex
+    _f("torch_copy", "PyTorch ATen",
+       r"CatArrayBatchedCopy|copy_kernel|index_copy_kernel|index_put_kernel|indexSelect|"
+       r"vectorized_gather_kernel|index_kernel_impl|indexFunc|_scatter_gather|scatter_kernel|"
+       r"gather_kernel|embedding_backward|EmbeddingBag|embedding", "copy"),
+    _f("torch_reduce", "PyTorch ATen", r"reduce_kernel|ReduceOp|reduce_1Block|reduction_kernel",
+       "reduction"),
+    _f("torch_foreach", "PyTorch ATen", r"multi_tensor_apply_kernel", "elementwise"),
+    _f("torch_elementwise", "PyTorch ATen",
+       r"elementwise_kernel|unrolled_elementwise|vectorized_elementwise|FillFunctor|at::native::",
+       "elementwise"),
+)
+
+_NAMES = np.asarray([f.family for f in FAMILIES] + [UNKNOWN], dtype=object)
+_VENDORS = np.asarray([f.vendor for f in FAMILIES] + [""], dtype=object)
+_ROLES = np.asarray([f.role for f in FAMILIES] + [UNKNOWN], dtype=object)
+BY_FAMILY: dict[str, KernelFamily] = {f.family: f for f in FAMILIES}
+
+
+def _distinct(names: pd.Series) -> tuple[np.ndarray, pd.Series]:
+    """(per row, an index into the distinct names; the distinct names as strings): a
+    categorical's categories, else the factorized values (missing: the last, "")."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = pd.Series(np.asarray(names.cat.categories, dtype=object)).astype("string")
+        codes = names.cat.codes.to_numpy()
+    else:
+        codes, uniq = pd.factorize(names.to_numpy(dtype=object), use_na_sentinel=True)
+        cats = pd.Series(np.asarray(uniq, dtype=object)).astype("string")
+    return np.where(codes < 0, len(cats), codes), pd.concat(
+        [cats, pd.Series([""], dtype="string")], ignore_index=True)
+
+
+def family_index(distinct: pd.Series) -> np.ndarray:
+    """Per distinct name, the index in FAMILIES of its family (len(FAMILIES): unknown): one
+    vectorised regex search per family over the distinct names, the first match kept."""
+    text = distinct.astype("string").fillna("")
+    out = np.full(len(text), len(FAMILIES), dtype=np.int64)
+    for i, fam in enumerate(FAMILIES):
+        todo = out == len(FAMILIES)
+        if not todo.any():
+            break
+        hit = text[todo].str.contains(fam.pattern).fillna(False).to_numpy(dtype=bool)
+        out[np.flatnonzero(todo)[hit]] = i
+    out[(text == "").to_numpy()] = len(FAMILIES)
+    return out
+
+
+def classify(names: pd.Series) -> pd.DataFrame:
+    """Per kernel name (a Series, categorical or not): its `family`, `vendor` and `role`, as
+    categoricals, indexed like `names`. Worked out once per distinct name."""
+    codes, distinct = _distinct(names)
+    fam = family_index(distinct)[codes]
+    return pd.DataFrame({
+        "family": pd.Categorical(_NAMES[fam], categories=pd.unique(_NAMES)),
+        "vendor": pd.Categorical(_VENDORS[fam], categories=pd.unique(_VENDORS)),
+        "role": pd.Categorical(_ROLES[fam], categories=list(ROLES)),
+    }, index=names.index)
+
+
+def roles(names: pd.Series) -> pd.Series:
+    """Per kernel name, its role (categorical over ROLES)."""
+    return classify(names)["role"]
+
+
+def role_of(name: str) -> str:
+    """The role of one kernel name (tests, messages)."""
+    return str(roles(pd.Series([name], dtype=object)).iloc[0])
+
+
+def family_of(name: str) -> str:
+    """The family of one kernel name (tests, messages)."""
+    return str(classify(pd.Series([name], dtype=object))["family"].iloc[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# What an Inductor kernel fuses: triton_{poi,red,per,tem}_fused_<aten ops>_<n> lists the aten
+# ops of the graph nodes it fused, which tells a norm, RoPE, a cache store or an activation
+# apart (the family above only says pointwise or reduction)
+# ----------------------------------------------------------------------------------------------
+INDUCTOR_KERNEL = operators.TRITON_KERNEL_OP
+INDUCTOR_FUSES: dict[str, re.Pattern[str]] = {
+    "norm": re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)"),
+    "rope": re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)"),
+    "store": re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)"),
+    "cat": re.compile(r"(?:^|_)cat(?:_|$)"),
+    "act": re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)"),
+}
+
+
+def inductor_fuses(names: pd.Series, what: str) -> pd.Series:
+    """Per name (strings; non-Inductor names: False), whether the Inductor kernel fuses `what`
+    (a key of INDUCTOR_FUSES). `_to_copy` counts as a cast, not a copy."""
+    text = names.astype("string").fillna("")
+    tri = text.where(text.str.match(INDUCTOR_KERNEL), "").str.replace("_to_copy", "_cast",
+                                                                        regex=False)
+    return tri.str.contains(INDUCTOR_FUSES[what]).fillna(False).astype(bool)
