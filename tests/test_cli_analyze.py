@@ -15,7 +15,7 @@ from trace_roofline.files import write_files
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.outputs.report import report_dict
-from trace_roofline.roofline import analyze
+from trace_roofline.pipeline import analyze
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"

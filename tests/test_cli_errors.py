@@ -7,7 +7,8 @@ import json
 import pytest
 
 from tests.builders import SAMPLES
-from trace_roofline.cli import build_parser, flag_message, main
+from trace_roofline.cli import FLAGS, build_parser, main
+from trace_roofline.errors import InputError
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
@@ -104,18 +105,32 @@ def test_ncu_files_must_match_the_traces(capsys):
 
 
 # ---------------------------------------------------------------- parameters -> flags
-@pytest.mark.parametrize("library,cli", [
-    ("layers needs model (embedding and lm_head come from the model)",
+@pytest.mark.parametrize("error,cli", [
+    (InputError("`layers` needs `model` (embedding and lm_head come from the model)", "layers", "model"),
      "--layers needs --model (embedding and lm_head come from the model)"),
-    ("layers must be >= 1, got 0", "--layers must be >= 1, got 0"),
-    ("causal must be one of causal, full", "--causal must be one of causal, full"),
-    ("attention_bytes must be one of all, kv", "--attention-bytes must be one of all, kv"),
-    ("t.json: `hardware` has no bf16 peak", "t.json: --hardware has no bf16 peak"),
-    ("extrapolated to 28 layers of the model", "extrapolated to 28 layers of the model"),
-    ("--layers must be >= 1", "--layers must be >= 1"),
+    (InputError("`layers` must be >= 1, got 0", "layers"), "--layers must be >= 1, got 0"),
+    (InputError("`attention_bytes` must be one of all, kv", "attention_bytes"),
+     "--attention-bytes must be one of all, kv"),
+    (InputError("t.json: `hardware` has no bf16 peak", "hardware"), "t.json: --hardware has no bf16 peak"),
+    # prose that merely contains a parameter's name is left alone; so is an unlisted backquote
+    (InputError("extrapolated to 28 layers of the model"), "extrapolated to 28 layers of the model"),
+    (InputError("`force` is not a parameter here"), "`force` is not a parameter here"),
 ])
-def test_library_parameters_become_flags(library, cli):
-    assert flag_message(library) == cli
+def test_library_parameters_become_flags(error, cli):
+    assert error.spelled(FLAGS) == cli
+
+
+def test_parameters_survive_pickling_and_rewrapping():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(InputError("`tp` 3 does not divide 28 heads", "tp")))
+    assert e.parameters == ("tp",) and e.spelled(FLAGS) == "--tp 3 does not divide 28 heads"
+
+
+def test_every_library_parameter_has_a_flag(capsys):
+    """Each parameter a library error names is one of the CLI's flags (no raw name leaks)."""
+    assert main(["analyze", str(DECODE), "--layers", "28"]) == 2
+    assert "--layers needs --model" in capsys.readouterr().err
 
 
 def test_int_lists_are_checked_once_for_both_clis(capsys):

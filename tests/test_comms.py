@@ -25,7 +25,7 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import operators
 from trace_roofline.model.hardware import PRESETS, from_json, get_hardware
 from trace_roofline.model.models import get_model
-from trace_roofline.roofline import analyze
+from trace_roofline.pipeline import analyze
 from trace_roofline.trace import load_trace
 
 QWEN = get_model("qwen2.5-7b")

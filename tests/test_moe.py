@@ -23,7 +23,8 @@ from trace_roofline.model import moe
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec, from_hf_config, get_model
 from trace_roofline.outputs import report
-from trace_roofline.roofline import Analysis, analyze
+from trace_roofline.pipeline import analyze
+from trace_roofline.roofline import Analysis
 from trace_roofline.trace import load_trace
 
 I32 = "int"

@@ -13,7 +13,8 @@ from tests.builders import attributed, concat, qwen_layer
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.outputs.plot import roofline_figure
-from trace_roofline.roofline import analyze, place
+from trace_roofline.pipeline import analyze
+from trace_roofline.roofline import place
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")

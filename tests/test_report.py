@@ -16,7 +16,7 @@ from trace_roofline.outputs.report import (
     si,
     terminal_table,
 )
-from trace_roofline.roofline import analyze
+from trace_roofline.pipeline import analyze
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")

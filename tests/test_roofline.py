@@ -14,7 +14,8 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import get_model
-from trace_roofline.roofline import analyze, extrapolate, place, reconcile, whole_model
+from trace_roofline.pipeline import analyze
+from trace_roofline.roofline import extrapolate, place, reconcile, whole_model
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")  # 989.4 TFLOP/s bf16, 4.8 TB/s

@@ -8,21 +8,24 @@ from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import ModelSpec, get_model
+from trace_roofline.options import AnalysisOptions, DecodeShapes
 from trace_roofline.outputs.report import markdown, report_dict, terminal_table
 from trace_roofline.pipeline import (
+    analyze,
     analyze_trace,
     attribute_trace,
     trace_hardware,
 )
-from trace_roofline.roofline import Analysis, analyze, operators_frame
+from trace_roofline.roofline import Analysis, operators_frame
 from trace_roofline.trace import Trace, load_trace, load_traces
 from trace_roofline.trace.ncu import match_kernels, read_ncu_csv
 
 __all__ = [
-    "Analysis", "Hardware", "InputError", "ModelSpec", "Trace", "analyze", "analyze_trace",
-    "attach_costs", "attribute", "attribute_trace", "get_hardware", "get_model", "load_trace", "load_traces",
-    "markdown", "match_kernels", "operator_table", "operators_frame", "read_ncu_csv",
-    "report_dict", "roofline_figure", "terminal_table", "trace_hardware",
+    "Analysis", "AnalysisOptions", "DecodeShapes", "Hardware", "InputError", "ModelSpec", "Trace",
+    "analyze", "analyze_trace", "attach_costs", "attribute", "attribute_trace", "get_hardware",
+    "get_model", "load_trace", "load_traces", "markdown", "match_kernels", "operator_table",
+    "operators_frame", "read_ncu_csv", "report_dict", "roofline_figure", "terminal_table",
+    "trace_hardware",
 ]
 
 

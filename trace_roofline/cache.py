@@ -66,7 +66,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trace_roofline.attribution.attribute import attribute
+from trace_roofline import files
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Progress, Trace, load_trace
 
@@ -141,12 +141,6 @@ def _model_key(model: ModelSpec | None) -> dict | None:
     return json.loads(json.dumps({"type": type(model).__name__, **dataclasses.asdict(model)}))
 
 
-def _file_key(p: Path) -> dict:
-    st = p.stat()
-    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "inode": st.st_ino}
-
-
 def _argument_key(value: object) -> object:
     """A JSON-able key for one analysis argument: None, bool, int, float and str as they are,
     a dataclass (model, hardware) as its type name and fields, a path as its file's key (an
@@ -156,7 +150,7 @@ def _argument_key(value: object) -> object:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"type": type(value).__name__, **dataclasses.asdict(value)}
     if isinstance(value, os.PathLike):
-        return {"file": _file_key(Path(value))}
+        return {"file": files.identity(Path(value))}
     raise TypeError(f"no cache key for {type(value).__name__}")
 
 
@@ -177,16 +171,17 @@ class TraceCache:
 
     # ------------------------------------------------------------------------------------------
     def load(self, path: str | os.PathLike, model: ModelSpec | None = None,
-             progress: Progress | None = None) -> tuple[Trace, pd.DataFrame, CacheStatus]:
-        """The trace at `path` and `attribute(trace, model)`, each from the cache when a valid
-        part is there, else computed and stored. A directory (or anything but a regular file,
-        so that load_trace reports a missing one) is loaded uncached."""
+             progress: Progress | None = None) -> tuple[Trace, pd.DataFrame | None]:
+        """The trace at `path` (from the cache when a valid part is there, else parsed and
+        stored) and its cached attribution under `model`, None when there is none (the caller
+        attributes and `store_attributed`s it). A directory (or anything but a regular file, so
+        that load_trace reports a missing one) is loaded uncached."""
         p = Path(path)
         if not p.is_file():
-            trace = load_trace(p, progress=progress)
-            return trace, attribute(trace, model), self._logged(CacheStatus(str(p), False, False))
+            self._logged(CacheStatus(str(p), False, False))
+            return load_trace(p, progress=progress), None
         key = self._key(p)
-        entry = self.root / hashlib.sha256(key["path"].encode()).hexdigest()[:32]
+        entry = self._entry(key)
         errors: list[str] = []
         trace = self._read_trace(entry / _TRACE_PART, key, str(p))
         trace_hit = trace is not None
@@ -195,14 +190,34 @@ class TraceCache:
             shutil.rmtree(entry, ignore_errors=True)  # stale key: every part of it is stale
             self._store(entry, _TRACE_PART, key, _trace_files(trace), errors)
         akey = {**key, "model": _model_key(model)}
-        apart = f"{_ATTRIBUTED}-{_digest(akey['model'])[:16]}"
-        attributed = self._read_attributed(entry / apart, akey)
-        attribution_hit = attributed is not None
-        if attributed is None:
-            attributed = attribute(trace, model)
-            self._store(entry, apart, akey, {_ATTRIBUTED: attributed}, errors)
-        return trace, attributed, self._logged(
-            CacheStatus(str(p), trace_hit, attribution_hit, "; ".join(errors) or None))
+        attributed = self._read_attributed(entry / self._attributed_part(akey), akey)
+        self._logged(CacheStatus(str(p), trace_hit, attributed is not None,
+                                 "; ".join(errors) or None))
+        return trace, attributed
+
+    def store_attributed(self, trace: Trace, model: ModelSpec | None,
+                         attributed: pd.DataFrame) -> None:
+        """Keep `attribute(trace, model)`'s table for the next `load` of the same file and
+        model (not when the file changed since it was loaded, or is not a regular file)."""
+        p = Path(trace.path)
+        if not p.is_file():
+            return
+        key = self._key(p)
+        akey = {**key, "model": _model_key(model)}
+        errors: list[str] = []
+        self._store(self._entry(key), self._attributed_part(akey), akey,
+                    {_ATTRIBUTED: attributed}, errors)
+        if errors and self.log:
+            last = self.log[-1]
+            self.log[-1] = dataclasses.replace(
+                last, write_error="; ".join(filter(None, [last.write_error, *errors])))
+
+    def _entry(self, key: dict) -> Path:
+        return self.root / hashlib.sha256(key["path"].encode()).hexdigest()[:32]
+
+    @staticmethod
+    def _attributed_part(akey: dict) -> str:
+        return f"{_ATTRIBUTED}-{_digest(akey['model'])[:16]}"
 
     def analysis(self, path: str | os.PathLike, arguments: Mapping[str, object],
                  compute: Callable[[], Analysis]) -> Analysis:
@@ -222,7 +237,7 @@ class TraceCache:
             digest = _digest(args)
         except (OSError, TypeError, ValueError):  # an ncu path that is not there: compute says so
             return compute()
-        entry = self.root / hashlib.sha256(key["path"].encode()).hexdigest()[:32]
+        entry = self._entry(key)
         part = entry / f"{_ANALYSIS}-{digest[:16]}"
         akey = {**key, _ANALYSIS: args}
         cached = self._read_analysis(part, akey)
@@ -281,7 +296,7 @@ class TraceCache:
 
     @staticmethod
     def _key(p: Path) -> dict:
-        return {**_file_key(p), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
+        return {**files.identity(p), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
                 "pandas": pd.__version__, "pyarrow": pa.__version__}
 
     def _read_trace(self, part: Path, key: dict, given: str) -> Trace | None:

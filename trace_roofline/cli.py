@@ -1,8 +1,7 @@
 """`trace-roofline` command line: a thin layer that parses arguments, calls the library, prints/writes.
 
-Every user error ends in one line on stderr and exit code 2. Library errors name parameters
-(`layers must be >= 1`, `layers needs model`); `FLAGS` turns those names into this CLI's flags,
-once, where errors are printed (`flag_message`).
+Every user error ends in one line on stderr and exit code 2; the parameters an InputError is
+about are spelled as this CLI's flags (`FLAGS`).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from trace_roofline.files import check_targets, find_traces, staged_file, write_
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
+from trace_roofline.options import AnalysisOptions, DecodeShapes
 
 PROG = "trace-roofline"
 DESCRIPTION = """\
@@ -47,7 +47,7 @@ examples:
 """
 # Packages add subcommands through this entry-point group: a function taking the subparsers.
 COMMANDS_GROUP = "trace_roofline.commands"
-# Library parameter name -> the flag that sets it. Applied to error messages (`flag_message`).
+# Library parameter name -> the flag that sets it: how InputError.spelled writes a parameter.
 FLAGS = {
     "attention_bytes": "--attention-bytes", "by_shape": "--by-shape", "causal": "--causal",
     "context": "--context", "device": "--device", "dtype": "--dtype", "force": "--force",
@@ -55,22 +55,8 @@ FLAGS = {
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
     "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
-    "graph_map": "--graph-map",
+    "graph_map": "--graph-map", "jobs": "--jobs", "dask": "--dask",
 }
-# A parameter is a flag in backquotes, as the subject (`layers must`, `layers=`), before its
-# quoted value (`device 'tpu'`) or as the object of a requirement (`needs model`); elsewhere the
-# same word is prose ("28 layers").
-_PARAM = "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
-_AS_PARAMETER = re.compile(
-    rf"(?<![\w-])(?:`({_PARAM})`|({_PARAM})(?= (?:must|needs|requires|is not|expects)\b|=| ')"
-    rf"|(?<=\bneeds )({_PARAM})\b|(?<=\bwithout )({_PARAM})\b)")
-
-
-def flag_message(message: str) -> str:
-    """A library error message with each parameter it names spelled as the CLI flag."""
-    return _AS_PARAMETER.sub(lambda m: FLAGS[next(g for g in m.groups() if g)], message)
-
-
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the description's and epilog's lines; appends each option's default to its help
     (an option whose default is None says in its help what happens without it)."""
@@ -228,23 +214,22 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if (args.batch is None) != (args.context is None):
         raise InputError("--batch and --context go together (the decode shapes of graph replays)")
     if args.batch is not None:
-        from trace_roofline.attribution.graphs import DecodeShapes
-
         if model is None:
             raise InputError("--batch/--context need --model (the shapes of its linears)")
         shapes = DecodeShapes(args.batch, args.context)
-    options = dict(causal=args.causal, attention_bytes=args.attention_bytes, layers=args.layers,
-                   by_shape=args.by_shape, force=args.force, tp=args.tp,
-                   graph_map=args.graph_map, decode_shapes=shapes)
+    options = AnalysisOptions(causal=args.causal, attention_bytes=args.attention_bytes,
+                              layers=args.layers, by_shape=args.by_shape, force=args.force,
+                              tp=args.tp, graph_map=args.graph_map, decode_shapes=shapes)
     if args.perfetto:  # the enriched file needs the trace and the kernels the analysis named
         if len(traces) != 1:
             raise InputError(f"--perfetto takes one trace, got {len(traces)}")
-        analysis, kernels = analyze_trace_kernels(traces[0], model, hw, ncu=ncu[0],
-                                                  progress=progress_bar(), cache=cache, **options)
+        analysis, kernels = analyze_trace_kernels(traces[0], model, hw,
+                                                  options.replace(ncu=ncu[0]),
+                                                  progress=progress_bar(), cache=cache)
         analyses, infos = [analysis], []
     else:
-        results = analyze_many(traces, model, hw, ncu=ncu, jobs=args.jobs, dask=args.dask,
-                               progress=progress_bar(), cache=cache, **options)
+        results = analyze_many(traces, model, hw, options, ncu=ncu, jobs=args.jobs,
+                               dask=args.dask, progress=progress_bar(), cache=cache)
         analyses, infos = [r.analysis for r in results], [r.rank for r in results]
     for status in cache.log if cache else []:  # in this process only (jobs 1, no dask)
         if status.write_error:
@@ -484,7 +469,7 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except InputError as e:
-        print(f"{PROG}: error: {flag_message(str(e))}", file=sys.stderr)
+        print(f"{PROG}: error: {e.spelled(FLAGS)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `trace-roofline analyze ... | head`: stop quietly
         sys.stderr.close()

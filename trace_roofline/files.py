@@ -33,6 +33,14 @@ def read_json(path: str | Path) -> object:
 SNIFF_BYTES = 1 << 20
 
 
+
+def identity(path: Path) -> dict[str, object]:
+    """What identifies a file's content for a cache key: its resolved path, size, mtime, inode."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "inode": st.st_ino}
+
+
 def find_traces(directory: str | Path) -> tuple[list[Path], list[Path]]:
     """(trace files, skipped files) of a directory, each sorted by path.
 

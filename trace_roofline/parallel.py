@@ -38,9 +38,11 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from trace_roofline.attribution.ranks import RankInfo, rank_info
+from trace_roofline.cache import TraceCache
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.roofline import Analysis
 from trace_roofline.trace import Progress
@@ -87,30 +89,31 @@ def compact(a: Analysis) -> Analysis:
 
 def analyze_path(path: str | os.PathLike, ncu: str | os.PathLike | None = None, *,
                  model: ModelSpec | None = None, hardware: Hardware | None = None,
-                 progress: Progress | None = None, **options: Any) -> Result:
-    """Load and analyse one trace (pipeline.analyze_trace with `options`, `cache` included)
-    into a `Result`."""
-    a = analyze_trace(path, model, hardware, ncu=ncu, progress=progress, **options)
+                 options: AnalysisOptions | None = None, progress: Progress | None = None,
+                 cache: TraceCache | None = None) -> Result:
+    """Load and analyse one trace (pipeline.analyze_trace, with `ncu` for it) into a `Result`."""
+    options = (options or AnalysisOptions()).replace(ncu=ncu)
+    a = analyze_trace(path, model, hardware, options, progress=progress, cache=cache)
     meta = {"distributedInfo": a.distributed} if a.distributed is not None else {}
     return Result(compact(a), rank_info(path, meta))
 
 
 def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = None,
-                 hardware: Hardware | None = None, *,
+                 hardware: Hardware | None = None, options: AnalysisOptions | None = None, *,
                  ncu: Sequence[str | os.PathLike | None] | None = None, jobs: int = 1,
                  dask: str | None = None, progress: Progress | None = None,
-                 **options: Any) -> list[Result]:
+                 cache: TraceCache | None = None, **changes: Any) -> list[Result]:
     """Analyse every trace of `paths` (with `ncu[i]` for trace i, if given), each in one worker.
 
     `jobs` = 1 and no `dask`: one after another in this process (`progress` draws there only);
-    `jobs` > 1: that many local processes; `dask`: a Dask cluster (module docstring). `options`
-    are pipeline.analyze_trace's keywords (causal, attention_bytes, layers, by_shape, force, tp,
-    cache: a TraceCache, copied to each worker).
+    `jobs` > 1: that many local processes; `dask`: a Dask cluster (module docstring). `changes`
+    replace fields of `options`; `cache` (a TraceCache) is copied to each worker.
     """
+    options = (options or AnalysisOptions()).replace(**changes)
     if jobs < 1:
-        raise InputError(f"jobs must be at least 1, got {jobs}")
+        raise InputError(f"`jobs` must be at least 1, got {jobs}", "jobs")
     pairs = list(zip(paths, ncu if ncu is not None else [None] * len(paths), strict=True))
-    work = partial(_analyze_pair, model=model, hardware=hardware, **options)
+    work = partial(_analyze_pair, model=model, hardware=hardware, options=options, cache=cache)
     if dask is not None:
         return _on_dask(work, pairs, dask, jobs if jobs > 1 else None)
     if jobs == 1:
@@ -145,7 +148,7 @@ def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int
     try:
         return bounded_map(partial(pool.submit, work), cf.wait, pairs, jobs)
     except BrokenProcessPool:
-        raise InputError(f"a worker process died while analysing traces with jobs={jobs} "
+        raise InputError(f"a worker process died while analysing traces with `jobs` {jobs} "
                          "(killed, e.g. out of memory): try fewer jobs") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -156,7 +159,8 @@ def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,
     try:
         import distributed
     except ImportError:
-        raise InputError("dask needs the optional extra: pip install 'trace-roofline[dask]'") from None
+        raise InputError("`dask` needs the optional extra: pip install 'trace-roofline[dask]'",
+                         "dask") from None
     if address == "local":
         cluster: Any = distributed.LocalCluster(
             n_workers=jobs or usable_cores(), threads_per_worker=1,
@@ -167,12 +171,12 @@ def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,
         try:
             client = distributed.Client(target, timeout=DASK_CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as e:
-            raise InputError(f"dask={address}: cannot reach a Dask scheduler ({e})") from None
+            raise InputError(f"`dask` {address}: cannot reach a Dask scheduler ({e})", "dask") from None
         with client:
             window = jobs or sum(client.nthreads().values()) or 1
             submit = partial(client.submit, work, pure=False)
             try:
                 return bounded_map(submit, distributed.wait, pairs, window)
             except distributed.KilledWorker as e:
-                raise InputError(f"dask={address}: a worker died while analysing traces ({e})"
-                                 ) from None
+                raise InputError(f"`dask` {address}: a worker died while analysing traces ({e})",
+                                 "dask") from None

@@ -38,12 +38,13 @@ import pandas as pd
 from trace_roofline import frames
 from trace_roofline.attribution import comms
 from trace_roofline.costs import crosscheck
-from trace_roofline.costs.shapes import attach_costs, mlp_costs, model_level_costs
+from trace_roofline.costs.shapes import mlp_costs, model_level_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, moe
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.model.operators import EVIDENCE, FALLBACK, MODEL_LEVEL, MOE, OPERATORS
+from trace_roofline.options import AnalysisOptions
 
 if TYPE_CHECKING:
     from trace_roofline.attribution.graphs import GraphReport
@@ -147,35 +148,29 @@ class Analysis:
         return max(self.whole_by_phase.values(), key=lambda w: w["time_us"])
 
 
-def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardware | None, *,
-            trace: str = "", causal: str = "causal", attention_bytes: str = "all",
-            layers: int | None = None, measured: pd.DataFrame | None = None,
-            by_shape: bool = False, force: bool = False, tp: int | None = None,
-            group_size: int | None = None) -> Analysis:
-    """Cost, place, reconcile (and with `layers`, extrapolate) one attributed trace.
+def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpec | None,
+                 hardware: Hardware | None, options: AnalysisOptions, *, trace: str = "",
+                 measured: pd.DataFrame | None = None, tp: int | None = None) -> Analysis:
+    """Place, reconcile (and with `options.layers`, extrapolate) one trace's costed instances
+    (costs.shapes.attach_costs of `attributed`).
 
-    `by_shape` places each (operator, shape) on its own, e.g. one q_proj point per M of a sweep
-    or per batch size of a serving trace; measured bytes then stay per operator only. `model`
-    is the rank's shard under tensor parallelism (`ModelSpec.shard(tp)`), `tp` is reported;
-    `group_size` is the ranks of collectives that do not record theirs (shapes.attach_costs).
+    `options.by_shape` places each (operator, shape) on its own; measured bytes then stay per
+    operator only. `model` is the rank's shard under tensor parallelism, `tp` is reported.
     Collectives are placed under the link roof and kept out of the whole model.
-
     Shapes that contradict `model` (crosscheck.instance_checks: not explained by a TP shard)
     are an InputError naming the operator, its shape and the presets the shapes fit, unless
-    `force`: then a warning, and no extrapolation. `warnings` also say: no decoder layer in
-    the trace, an irregular operator order (crosscheck.irregular_order), uncosted time,
-    whole-model figures withheld (MIN_COSTED), malformed and implausible shapes, and an
-    extrapolation skipped.
+    `options.force`: then a warning, and no extrapolation. `warnings` also say: no decoder
+    layer, an irregular operator order, uncosted time, whole-model figures withheld
+    (MIN_COSTED), malformed and implausible shapes, and an extrapolation skipped.
     """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
-    costed = attach_costs(attributed, model, causal=causal, attention_bytes=attention_bytes,
-                          group_size=group_size)
+    layers, by_shape, force = options.layers, options.by_shape, options.force
     inferred = crosscheck.inferred(costed)
     contradiction = _contradiction(costed, model, inferred)
     if contradiction and not force:
         raise InputError(f"{trace or 'trace'}: {contradiction}; pass `force` to analyse anyway "
-                         "(no extrapolation)")
+                         "(no extrapolation)", "force")
     if model is not None and inferred is not None:
         degrees = crosscheck.tp_degrees(costed, model)
         inferred = {**inferred, "model": model.name, "model_tp": max(degrees, default=None)}
@@ -192,7 +187,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
         hbm = ops[~comms.is_collective(ops["operator"])]
         whole = {p: _withheld(whole_model(hbm[hbm["phase"] == p], hardware)) for p in phases}
     except InputError as e:  # a floating-point dtype without a peak: name the trace too
-        raise InputError(f"{trace or 'trace'}: {e}") from None
+        raise InputError(f"{trace or 'trace'}: {e}", *e.parameters) from None
     calls = comms.calls(attributed, costed)
     decoder = _has_decoder(costed)
     warnings = [*([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
@@ -203,7 +198,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
     ext, ext_whole = None, {}
     if layers is not None:
         if model is None:
-            raise InputError("layers needs a model (embedding and lm_head come from the model)")
+            raise InputError("`layers` needs `model` (embedding and lm_head come from the model)",
+                             "layers", "model")
         why = ("the shapes contradict the model" if contradiction else
                None if decoder else "the trace has no decoder layer")
         if why is None:
@@ -213,7 +209,7 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None, hardware: Hardwar
             warnings.append(f"not extrapolated to {layers} layers: {why}")
     return Analysis(
         trace=trace, model=model, hardware=hardware,
-        conventions={"causal": causal, "attention_bytes": attention_bytes},
+        conventions={"causal": options.causal, "attention_bytes": options.attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
         reconciliation=reconcile(hbm), coverage=coverage(costed),
         layers=layers if ext is not None else None, extrapolated=ext,
@@ -550,9 +546,9 @@ def peak_key(hardware: Hardware, dtype: str | None, main: str | None = None) -> 
             continue
         if key not in hardware.peak_flops:
             raise InputError(
-                f"hardware {hardware.name!r} has no {key} peak (has: "
+                f"`hardware` {hardware.name!r} has no {key} peak (has: "
                 f"{', '.join(hardware.peak_flops)}) for the {key} operators; add \"{key}\" to "
-                "peak_flops in a hardware JSON file")
+                "peak_flops in a hardware JSON file", "hardware")
         return key
     if "bf16" in hardware.peak_flops:
         return "bf16"
@@ -687,7 +683,7 @@ def extrapolate(costed: pd.DataFrame, model: ModelSpec, layers: int) -> pd.DataF
     the LM head reads the (shared) matrix once per step either way.
     """
     if layers < 1:
-        raise InputError(f"layers must be >= 1, got {layers}")
+        raise InputError(f"`layers` must be >= 1, got {layers}", "layers")
     n_sparse = len(model.sparse_among(layers))
     parts = []
     for phase, c in costed[costed["flops"].notna()].groupby("phase", sort=False):

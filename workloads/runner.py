@@ -60,12 +60,12 @@ def resolve_device(device: str | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise InputError(f"device {device!r} is not one of cuda, cuda:N, cpu")
+        raise InputError(f"`device` {device!r} is not one of cuda, cuda:N, cpu", "device")
     if device.startswith("cuda"):
         index = int(device.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
-            raise InputError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA "
-                             "device(s)")
+            raise InputError(f"`device` {device!r}: torch sees {torch.cuda.device_count()} CUDA "
+                             "device(s)", "device")
     return torch.device(device)
 
 
@@ -122,17 +122,17 @@ def sync(device: torch.device) -> None:
 def validate(cfg: RunConfig) -> None:
     """Raise InputError, naming the parameter, before anything is measured or written."""
     if cfg.phase not in ("decode", "prefill"):
-        raise InputError(f"phase must be decode or prefill, got {cfg.phase!r}")
+        raise InputError(f"`phase` must be decode or prefill, got {cfg.phase!r}", "phase")
     for name in ("batch", "context", "tokens", "layers", "steps"):
         if getattr(cfg, name) < 1:
-            raise InputError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+            raise InputError(f"`{name}` must be >= 1, got {getattr(cfg, name)}", name)
     if cfg.warmup < 0:
-        raise InputError(f"warmup must be >= 0, got {cfg.warmup}")
+        raise InputError(f"`warmup` must be >= 0, got {cfg.warmup}", "warmup")
     if (cfg.dtype or "bfloat16").lower() not in DTYPES:
-        raise InputError(f"dtype {cfg.dtype!r} is not one of {', '.join(DTYPES)}")
+        raise InputError(f"`dtype` {cfg.dtype!r} is not one of {', '.join(DTYPES)}", "dtype")
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: out is not a directory")
+        raise InputError(f"{out}: `out` is not a directory", "out")
     get_model(cfg.model)
 
 

@@ -200,7 +200,7 @@ def run_sweep(model: str = "qwen2.5-7b", projection: str = "q_proj",
     hw = load_hardware(hardware, name)
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: out is not a directory")
+        raise InputError(f"{out_dir}: `out` is not a directory", "out")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{spec.name}_msweep_{projection}_{PEAK_KEY[tdt]}_{device_tag(dev)}"
     progress(f"[sweep] {projection} K={k} N={n} {tdt} on {dev}; M in {list(ms)}")

@@ -77,6 +77,7 @@ from trace_roofline.attribution.passes import decode_args, forward_passes
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, layouts, moe, operators
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.options import DecodeShapes
 from trace_roofline.trace import Trace
 
 GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
@@ -156,19 +157,6 @@ _POST_SHARED = {8: ("o_proj", "shared_gate_proj", "shared_up_proj", "shared_down
                     "experts_gate_up", "experts_down", "shared_expert_gate"),
                 7: ("o_proj", "shared_gate_up_proj", "shared_down_proj", "shared_expert_gate",
                     "router", "experts_gate_up", "experts_down")}
-
-
-@dataclass(frozen=True)
-class DecodeShapes:
-    """Shapes the user gives for replayed decode steps: B sequences, S keys per query."""
-
-    batch: int
-    context: int
-
-    def __post_init__(self) -> None:
-        for name, value in (("batch", self.batch), ("context", self.context)):
-            if value < 1:
-                raise InputError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)

@@ -292,11 +292,12 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     Σ time_us == Σ dur_us.
     """
     if causal not in formulas.CAUSAL_CONVENTIONS:
-        raise InputError(f"causal must be one of {', '.join(formulas.CAUSAL_CONVENTIONS)}, "
-                         f"got {causal!r}")
+        raise InputError(f"`causal` must be one of {', '.join(formulas.CAUSAL_CONVENTIONS)}, "
+                         f"got {causal!r}", "causal")
     if attention_bytes not in formulas.ATTENTION_BYTES_CONVENTIONS:
-        raise InputError(f"attention_bytes must be one of "
-                         f"{', '.join(formulas.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}")
+        raise InputError(f"`attention_bytes` must be one of "
+                         f"{', '.join(formulas.ATTENTION_BYTES_CONVENTIONS)}, got {attention_bytes!r}",
+                         "attention_bytes")
     inst = _instances(attributed)
     # a collective's cost also depends on which collective it is and its kernel's name (taken
     # for those rows alone: kernel names are long, hundreds of bytes each)

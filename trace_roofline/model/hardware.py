@@ -48,7 +48,8 @@ class Hardware:
         key = dtype_key(dtype)
         if key in self.peak_flops:
             return self.peak_flops[key]
-        raise InputError(f"hardware {self.name!r} has no {key} peak (has: {', '.join(self.peak_flops)})")
+        raise InputError(f"`hardware` {self.name!r} has no {key} peak (has: {', '.join(self.peak_flops)})",
+                             "hardware")
 
     def ridge(self, dtype: str = "bf16") -> float:
         """Ridge intensity I* = P / B_mem in FLOP/byte."""
