@@ -180,12 +180,12 @@ def test_cli_jobs_errors_exit_2(tmp_path):
     assert r.stderr.count("\n") == 1 and "missing.json" in r.stderr
     r = run_cli("analyze", str(TRACES[0]), "--jobs", "0")
     assert r.returncode == 2 and "--jobs: expected a positive integer" in r.stderr
-    with pytest.raises(InputError, match="jobs must be at least 1"):
+    with pytest.raises(InputError, match="`jobs` must be at least 1"):
         analyze_many(TRACES[:1], jobs=0)
 
 
 def test_dask_unreachable_and_missing(tmp_path, monkeypatch):
-    with pytest.raises(InputError, match=r"^dask=tcp://127\.0\.0\.1:9: cannot reach a Dask scheduler"):
+    with pytest.raises(InputError, match=r"^`dask` tcp://127\.0\.0\.1:9: cannot reach a Dask scheduler"):
         isolated(tmp_path, TRACES[:1], dask="tcp://127.0.0.1:9", timeout_s=1)
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
     with pytest.raises(InputError, match=r"trace-roofline\[dask\]"):

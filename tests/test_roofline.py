@@ -157,7 +157,7 @@ def test_extrapolation_divides_by_layers_and_steps_in_the_trace():
     assert ext.loc["q_proj", "source"] == "trace x14"
     with pytest.raises(InputError, match="layers"):
         extrapolate(costed, QWEN, 0)
-    with pytest.raises(InputError, match="layers needs a model"):
+    with pytest.raises(InputError, match="`layers` needs `model`"):
         analyze(parts[0], None, H200, layers=28)
 
 
