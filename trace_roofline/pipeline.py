@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from trace_roofline.attribution import graphs, passes
+from trace_roofline.attribution import captures, graphs, passes, steps
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.costs.shapes import attach_costs
@@ -190,22 +190,32 @@ def attribute_trace(
     progress: Progress | None = None,
 ) -> tuple[pd.DataFrame, graphs.GraphReport | None, passes.Passes]:
     """Every kernel of `trace` with its operator, layer, evidence, forward pass (`step`) and
-    phase: `attribute` (or `attributed`, its table already at hand), then CUDA-graph replays
-    named (`graphs.name_replays`: from `options.graph_map`, an eager trace of the same step
-    attributed with the same model, when given), then the passes (`passes.annotate`). Returns
-    the table, the replays' report (None without replays) and the passes."""
+    phase: `attribute` (or `attributed`, its table already at hand), then CUDA/HIP-graph
+    replays named (`graphs.name_replays`: from `options.graph_map`, an eager trace of the same
+    step attributed with the same model, or graph captures (a capture trace or a folder of
+    them, captures.py); without it a `capture_traces/` folder beside the trace, said in the
+    output), then the passes (`passes.annotate`), then the serving steps' annotations
+    (steps.py: each annotated step's phase on its kernels and passes, its batch statistics in
+    `serving_step`). Returns the table, the replays' report (None without replays and
+    without anything to say) and the passes."""
     options = options or AnalysisOptions()
     if options.decode_shapes is not None and model is None:
         raise InputError("`decode_shapes` need `model` (the shapes of its linears)",
                          "decode_shapes", "model")
-    mapping = None
-    if options.graph_map is not None:
-        source = options.graph_map
-        m_trace = source if isinstance(source, Trace) else load_trace(source, progress=progress)
-        mapping = graphs.mapping_from(m_trace, attribute(m_trace, model))
+    mapping, found_captures, notes = captures.graph_sources(trace, model, options.graph_map,
+                                                            progress)
     if attributed is None:
         attributed = attribute(trace, model)
+    step_table = steps.parse(trace.annotations)
+    of_row = steps.kernel_steps(trace, step_table)
     attributed, replays = graphs.name_replays(trace, attributed, model, mapping=mapping,
-                                              shapes=options.decode_shapes)
+                                              shapes=options.decode_shapes,
+                                              captures=found_captures, steps=step_table,
+                                              step_of_row=of_row)
+    unused = graphs.unused_options(replays, options.graph_map, options.decode_shapes)
+    replays = graphs.with_notes(replays, [*notes, *unused])
     attributed, found = passes.annotate(attributed)
+    if not step_table.empty:
+        attributed, table = steps.apply(attributed, found.table, step_table, of_row)
+        found = dataclasses.replace(found, phase=attributed["phase"].array, table=table)
     return attributed, replays, found

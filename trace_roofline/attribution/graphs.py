@@ -1,6 +1,8 @@
-"""CUDA-graph replays: name, and where shapes are known cost, the kernels a graph launch replays.
+"""CUDA- and HIP-graph replays: name, and where shapes are known cost, the kernels a graph launch
+replays.
 
-A replayed kernel hangs off one `cudaGraphLaunch` (its `correlation` is the launch's) with no cpu
+A replayed kernel hangs off one `cudaGraphLaunch` (`hipGraphLaunch` on ROCm: `GRAPH_LAUNCH`;
+its `correlation` is the launch's, shared by every kernel of the replay) with no cpu
 op and no shapes, so `attribute` leaves it unattributed (torch.CUDAGraph.replay: no External id)
 or, worse, names it after the op around the launch (torch.compile's cudagraph trees: the
 External id of that op); `name_replays` replaces either.
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,12 +78,12 @@ from trace_roofline.attribution import naming
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.passes import decode_args, forward_passes
 from trace_roofline.errors import InputError
-from trace_roofline.model import dtypes, layouts, moe, operators
+from trace_roofline.model import dtypes, kernels, layouts, moe, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import DecodeShapes
 from trace_roofline.trace import Trace
 
-GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")
+GRAPH_LAUNCH = re.compile(r"^(?:cu(?:da)?|hip)GraphLaunch")
 BAND = 64  # kernels either side of the diagonal the alignment may stray
 MAPPING_MATCH = 0.8  # share of a graph's kernels a mapping's best pass must match by name
 OWN_PASS_MATCH = 0.9  # the same for the replay trace's own eager passes
@@ -95,28 +98,19 @@ _REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk
 _TRITON_SUFFIX = re.compile(r"_\d+$")
 _EXPERT_GEMMS = ("experts_gate_up", "experts_down")  # a weight gather joins these
 
-# Kernel name -> the op it runs (first match wins); "gemm" is a weight GEMM, named by order;
-# PREPARE sets up the grouped GEMM after it (its part, like a memset before a kernel).
+# Kernel name -> the ATen or engine op it runs (first match wins), for what the kernel-name
+# registry (model/kernels.py: families and roles) does not say: ATen's functors (the op a norm,
+# RoPE or dispatch is built of), the MoE engine ops naming.py names by their op, the fp32 SIMT
+# GEMM of RoPE's table (no weight) and torch's grouped-GEMM set-up (PREPARE joins the GEMM after
+# it, like a memset). Weight GEMMs and attention come from the registry's roles (`kernel_ops`).
 PREPARE = "grouped_gemm_prepare"
+FP32_GEMM = "fp32_gemm"
 KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
-    (r"simt_sgemm|_sgemm_", "fp32_gemm"),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
-    (r"^triton_tem_fused_(?:addmm|mm)", "gemm"),
-    (r"flash_fwd|flash_fprop|FlashAttnFwd|fmha|_sdpa_|attention|attn_fwd|flashinfer|"
-     r"lean_reduction", "aten::scaled_dot_product_attention"),
-    (r"^triton_", ""),  # the Triton kernel's own name (its fused ops)
-    # mixture of experts: torch's grouped GEMM (HF grouped_mm) and vLLM / SGLang's kernels
+    (r"simt_sgemm|_sgemm_", FP32_GEMM),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
     (r"prepare_grouped_gemm", PREPARE),
-    (r"^fused_moe_kernel", "gemm"),  # Triton, launched on w13 then on w2
     (r"topkGatingSoftmax|moeTopK|moeSoftmax", "_moe_C::topk_softmax"),
     (r"moe_align_block_size|count_and_sort_expert_tokens", "_moe_C::moe_align_block_size"),
     (r"moe_sum_kernel", "_moe_C::moe_sum"),
-    (r"act_and_mul_kernel", "_C::silu_and_mul"),
-    # vLLM's own kernels of a decoder layer
-    (r"rotary_embedding_kernel", "_C::rotary_embedding"),
-    (r"fused_add_rms_norm_kernel", "_C::fused_add_rms_norm"),
-    (r"rms_norm_kernel", "_C::rms_norm"),
-    (r"reshape_and_cache", "_C_cache_ops::reshape_and_cache_flash"),
-    (r"nvjet|gemm|cutlass|xmma|cublas|wgmma", "gemm"),
     (r"gatherTopK|sbtopk|mbtopk", "aten::topk"),
     (r"bitonicSort|radixSort|RadixSort|segmented_sort", "aten::sort"),
     (r"kernelHistogram1D", "aten::histc"),
@@ -143,6 +137,8 @@ KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for 
     (r"softmax", "aten::_softmax"),
     (r"sum_functor", "aten::sum"),
 ))
+GEMM = "gemm"  # kernel_ops' op of a weight GEMM (named by its place)
+ATTENTION_OP = "aten::scaled_dot_product_attention"  # kernel_ops' op of an attention kernel
 _GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
              "_scaled_mm"}
 _PRE = {3: ("q_proj", "k_proj", "v_proj"), 1: ("qkv_proj",)}
@@ -168,6 +164,16 @@ class Mapping:
     rows: pd.DataFrame  # CARRIED + layer, op_id, name, kind, grid
     starts: np.ndarray  # template t = rows[starts[t]:starts[t + 1]]
     positional: bool = False  # a capture: names unknown, kernel k is the k-th launch
+    batch: int | None = None  # a capture's batch size, when known (captures.py)
+    mode: str | None = None  # a capture's graph mode (FULL, PIECEWISE), when known
+    capture: bool = False  # a profiled capture (its kernels did not run): captures.py
+
+    @property
+    def label(self) -> str:
+        """The source with the batch and mode it was captured for."""
+        what = ", ".join(x for x in (f"batch {self.batch}" if self.batch else "", self.mode or "")
+                         if x)
+        return self.source + (f" ({what})" if what else "")
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,32 @@ GRAPH_COLUMNS = {
     "shapes": "str",  # mapping | user | none
     "note": "str",
 }
+
+
+def has_replays(trace: Trace) -> bool:
+    """Whether a CUDA/HIP-graph launch in the trace replayed kernels."""
+    return not replay_rows(trace).empty
+
+
+def with_notes(report: GraphReport | None, notes: Sequence[str]) -> GraphReport | None:
+    """The report with `notes` first among its flags; a report of no replays holding only
+    them when there is something to say but no replay."""
+    if not notes:
+        return report
+    if report is None:
+        empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in GRAPH_COLUMNS.items()})
+        return GraphReport(0, 0, 0.0, 0, 0.0, 0.0, 0.0, tuple(notes), empty)
+    return dataclasses.replace(report, flags=(*notes, *report.flags))
+
+
+def unused_options(report: GraphReport | None, graph_map: object,
+                   shapes: DecodeShapes | None) -> list[str]:
+    """A word for each graph option that changed nothing because the trace holds no replays."""
+    if report is not None and report.replays:
+        return []
+    given = [f"--graph-map {graph_map}"] * (graph_map is not None)
+    given += [f"--batch {shapes.batch} --context {shapes.context}"] * (shapes is not None)
+    return [f"{g}: not used: the trace holds no CUDA/HIP-graph replays" for g in given]
 
 
 def replay_rows(trace: Trace) -> pd.DataFrame:
@@ -261,15 +293,23 @@ def mapping_from(trace: Trace, attributed: pd.DataFrame) -> Mapping:
 
 _CAPTURE_BEGIN = re.compile(r"StreamBeginCapture")
 _CAPTURE_END = re.compile(r"StreamEndCapture")
-_LAUNCH = re.compile(r"^(?:cu(?:da)?LaunchKernel(?:Ex|ExC)?(?:_v\d+)?|cudaMemsetAsync|cudaMemcpyAsync)")
+_LAUNCH = re.compile(r"^(?:cu(?:da)?LaunchKernel(?:Ex|ExC)?(?:_v\d+)?|cudaMemsetAsync|cudaMemcpyAsync|"
+                     r"hip(?:Ext)?(?:Module)?LaunchKernel|hipMemsetAsync|hipMemcpyAsync)")
+_MEMSET = re.compile(r"^(?:cuda|hip)MemsetAsync")
+_MEMCPY = re.compile(r"^(?:cuda|hip)MemcpyAsync")
 
 
-def capture_mapping(trace: Trace, model: ModelSpec | None = None) -> Mapping | None:
+def capture_mapping(trace: Trace, model: ModelSpec | None = None,
+                    launches: pd.DataFrame | None = None) -> Mapping | None:
     """Templates from graph captures in the trace itself: the kernel launches recorded between
-    a cudaStreamBeginCapture and its cudaStreamEndCapture on one thread (they ran no kernel;
-    their cpu ops carry the shapes), in launch order, one template per capture. They are named
-    by attributing them as if each had run a kernel at its launch (`attribute`, rows appended
-    to the device table), so a captured op gets the name and shapes its eager twin would."""
+    a cudaStreamBeginCapture and its cudaStreamEndCapture on one thread (hip* on ROCm; they
+    ran no kernel; their cpu ops carry the shapes), in launch order, one template per capture.
+    They are named by attributing them as if each had run a kernel at its launch (`attribute`,
+    rows appended to the device table), so a captured op gets the name and shapes its eager
+    twin would. With `launches` (correlation, name, grid, block: the launch args a capture
+    trace recorded, captures.capture_launches) each launch's kernel carries its own name and
+    grid, so the kernel families name it too and the template is aligned by name; without
+    them kernel k is the k-th launch (`positional`)."""
     rt = trace.runtime.reset_index(drop=True)
     is_begin = _matches(rt["name"], _CAPTURE_BEGIN)
     if not is_begin.any():
@@ -292,66 +332,177 @@ def capture_mapping(trace: Trace, model: ModelSpec | None = None) -> Mapping | N
     if not len(rows):
         return None
     dev = trace.device
-    kind = np.where(name.to_numpy()[rows] == "cudaMemsetAsync", "memset",
-                    np.where(name.to_numpy()[rows] == "cudaMemcpyAsync", "memcpy", "kernel"))
+    launch_name = name.to_numpy()[rows]
+    kind = np.where(_matches(pd.Series(launch_name), _MEMSET), "memset",
+                    np.where(_matches(pd.Series(launch_name), _MEMCPY), "memcpy", "kernel"))
+    kernel, grid, block = _launch_args(launches, corr[rows], kind)
     fake = pd.DataFrame({
-        "event_id": -1 - np.arange(len(rows)), "name": "captured launch", "kind": kind,
+        "event_id": -1 - np.arange(len(rows)), "name": kernel, "kind": kind,
         "pid": dev["pid"].iloc[0] if len(dev) else pd.NA, "device": 0, "stream": -1,
         "ts_us": ts[rows], "dur_us": 0.0, "correlation": corr[rows],
-        "external_id": rt["external_id"].to_numpy()[rows], "grid": None, "block": None,
+        "external_id": rt["external_id"].to_numpy()[rows], "grid": grid, "block": block,
     })
     fake = fake.astype({c: t for c, t in dev.dtypes.items() if str(t) != "category"})
     both = pd.concat([dev.astype({c: object for c, t in dev.dtypes.items()
                                   if str(t) == "category"}), fake], ignore_index=True)
     att = attribute(dataclasses.replace(trace, device=both), model).iloc[len(dev):]
-    att = att.assign(grid=None, _pass=capture[rows], _t=ts[rows])
+    att = att.assign(grid=grid, _pass=capture[rows], _t=ts[rows])
     att = att.sort_values(["_pass", "_t"], kind="stable").reset_index(drop=True)
     cols = [*CARRIED, "layer", "op_id", "name", "kind", "grid", "_pass"]
     p = att["_pass"].to_numpy()
     bounds = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
-    return Mapping(f"{trace.path} (capture)", att[cols], np.r_[bounds, len(att)], positional=True)
+    return Mapping(f"{trace.path} (capture)", att[cols], np.r_[bounds, len(att)],
+                   positional=launches is None, capture=True)
+
+
+_MEMCPY_NAMES = {"memset": "Memset (Device)", "memcpy": "Memcpy DtoD (Device -> Device)"}
+
+
+def _launch_args(launches: pd.DataFrame | None, corr: np.ndarray, kind: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kernel name, grid, block) per captured launch: its recorded args, a runtime copy's
+    name for memsets and memcpys, "captured launch" where nothing is recorded."""
+    default = np.array([_MEMCPY_NAMES.get(k, "captured launch") for k in kind], dtype=object)
+    if launches is None:
+        return default, np.full(len(corr), None, object), np.full(len(corr), None, object)
+    by = launches.set_index("correlation")
+    got = by.reindex(corr)
+    name = got["name"].to_numpy(dtype=object)
+    return (np.where(pd.notna(name), name, default), got["grid"].to_numpy(dtype=object),
+            got["block"].to_numpy(dtype=object))
 
 
 def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None = None,
-                 mapping: Mapping | None = None, shapes: DecodeShapes | None = None
+                 mapping: Mapping | None = None, shapes: DecodeShapes | None = None,
+                 captures: Sequence[Mapping] = (), steps: pd.DataFrame | None = None,
+                 step_of_row: np.ndarray | None = None
                  ) -> tuple[pd.DataFrame, GraphReport | None]:
     """Name the replayed kernels of `attributed` (attribute(trace)'s table); None when the trace
-    holds no replays. Rows outside replays are returned unchanged."""
+    holds no replays. Rows outside replays are returned unchanged. `captures`: profiled graph
+    captures (captures.load), each graph matched to those of its step's batch size and mode
+    (`for_graph`) before its own eager passes; `steps` (steps.parse) and `step_of_row` (its
+    step per device row, steps.kernel_steps): the annotated step of each replay, whose batch
+    statistics cost a graph named from kernel names (`step_shapes`; `shapes`, the user's
+    --batch/--context, only where no step annotation gives them)."""
     rr = replay_rows(trace)
     if rr.empty:
         return attributed, None
     if len(attributed) != len(trace.device):
         raise InputError(f"{trace.path}: attributed table does not match the trace's kernels")
     rows = rr["row"].to_numpy()
-    if mapping is not None:
-        candidates = [(mapping, MAPPING_MATCH, True)]
-    else:
-        own, cap = _own_mapping(trace, attributed), capture_mapping(trace, model)
-        candidates = [(own, OWN_PASS_MATCH, False)] * (own is not None)
-        candidates += [(cap, 1.0, False)] * (cap is not None)
+    own, cap = (None, None) if mapping is not None else (_own_mapping(trace, attributed),
+                                                         capture_mapping(trace, model))
     dev = trace.device
     names = dev["name"].cat
     vocab = names.categories.astype(object)
-    for m, _, _ in candidates:
-        vocab = vocab.append(pd.Index(m.rows["name"].astype(object).unique())).unique()
+    for m in (mapping, own, cap, *captures):
+        if m is not None:
+            vocab = vocab.append(pd.Index(m.rows["name"].astype(object).unique())).unique()
     codes = np.append(vocab.get_indexer(names.categories.astype(object)), -1)[
         names.codes.to_numpy()[rows]]
     replay = rr["replay"].to_numpy()
     graph, reps = _graphs(codes, replay)
     starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
+    step_of = _replay_steps(step_of_row, rows[starts])
+    modes = step_modes(step_of)
     results, per_graph, flags = [], [], []
     for r in reps:
         seq = slice(starts[r], starts[r + 1] if r + 1 < len(starts) else len(rows))
         at = rows[seq]
+        step = steps.iloc[step_of[r]] if steps is not None and step_of[r] >= 0 else None
+        batch = _step_batch(step)
+        kept, why = for_graph(list(captures), batch, modes[r])
+        candidates = [(m, MAPPING_MATCH, True) for m in ([mapping] if mapping else kept)]
+        candidates += [(own, OWN_PASS_MATCH, False)] * (own is not None)
+        candidates += [(cap, 1.0, False)] * (cap is not None)
+        g_shapes, shape_note = step_shapes(step, shapes)
         res, info = _name_graph(codes[seq], vocab[codes[seq]].to_numpy(dtype=object),
                                 dev["kind"].astype(object).to_numpy()[at],
                                 dev["grid"].astype(object).to_numpy()[at], vocab,
-                                candidates, model, shapes)
+                                candidates, model, g_shapes)
+        info["flags"] += [f"graph {len(per_graph)}: {why}"] * (why is not None)
+        info["flags"] += _unused_shapes(len(per_graph), info, shapes, shape_note)
         results.append(res)
         flags.extend(info.pop("flags"))
         per_graph.append(info)
     out, how = _write(attributed, rr, graph, results)
     return out, _report(out, rr, graph, how, per_graph, flags)
+
+
+def _unused_shapes(g: int, info: dict, given: DecodeShapes | None, step_note: str | None
+                   ) -> list[str]:
+    """Notes on the shapes a graph was costed from: the step annotation's (in its note), and
+    a flag for --batch/--context given but not used (the step or the mapping gave shapes)."""
+    if info["shapes"] == "step" and step_note:
+        info["note"] = "; ".join(x for x in (info["note"], step_note.split("; ")[0]) if x)
+    if given is None or info["shapes"] == "user":
+        return []
+    why = ("the step annotation gives the shapes" if info["shapes"] == "step" else
+           f"its kernels carry the shapes of {info['template']}" if info["shapes"] == "mapping"
+           else "nothing in it was costed from them")
+    return [f"graph {g}: --batch {given.batch} --context {given.context} not used: {why}"]
+
+
+def _replay_steps(step_of_row: np.ndarray | None, first_rows: np.ndarray) -> np.ndarray:
+    """Per replay, the annotated step of its first kernel (-1: none)."""
+    if step_of_row is None:
+        return np.full(len(first_rows), -1, dtype=np.int64)
+    return np.asarray(step_of_row, dtype=np.int64)[first_rows]
+
+
+def _step_batch(step: pd.Series | None) -> int | None:
+    """The tokens of an annotated step (its batch for decode graphs), None without one."""
+    if step is None or pd.isna(step["tokens"]):
+        return None
+    return int(step["tokens"])
+
+
+def step_modes(replay_step: np.ndarray) -> np.ndarray:
+    """Per replay, its graph mode from the replays its step holds: FULL for one (the whole
+    forward in one graph), PIECEWISE for several (None outside an annotated step)."""
+    s = pd.Series(replay_step)
+    count = s.map(s[s >= 0].value_counts()).to_numpy()
+    return np.where(replay_step < 0, None, np.where(count == 1, "FULL", "PIECEWISE"))
+
+
+GRAPH_MODES = ("FULL", "PIECEWISE")  # vLLM's cudagraph modes; a capture's "DECODE" is a phase
+
+
+def for_graph(captures: list[Mapping], batch: int | None, mode: str | None
+              ) -> tuple[list[Mapping], str | None]:
+    """The captures a graph of this batch size and graph mode may be matched to, in order (an
+    unknown batch or mode matches any), and a note when none is left for it."""
+    def fits(c: Mapping) -> bool:
+        same_batch = batch is None or c.batch is None or c.batch == batch
+        both = c.mode in GRAPH_MODES and mode in GRAPH_MODES
+        return same_batch and (not both or c.mode == mode)
+    kept = [c for c in captures if fits(c)]
+    if kept or not captures:
+        return kept, None
+    want = f"batch {batch}" + (f", {mode}" if mode else "")
+    return kept, (f"no capture of its step's {want} among "
+                  f"{', '.join(c.label for c in captures)}: not matched to one")
+
+
+def step_shapes(step: pd.Series | None, given: DecodeShapes | None
+                ) -> tuple[DecodeShapes | None, str | None]:
+    """Shapes for a graph named from kernel names: its annotated step's (M = the step's
+    tokens, context = Σk / requests; attention from the step's sums, costs/shapes.py), else
+    the user's --batch/--context; and a note of which, and of a given option left unused."""
+    if step is None or pd.isna(step["tokens"]):
+        return given, None
+    keys = sum(int(step[c]) for c in ("p_sk", "d_sk") if pd.notna(step[c]))
+    requests = int(step["requests"]) if pd.notna(step["requests"]) else int(step["tokens"])
+    context = max(1, round(keys / max(requests, 1))) if keys else 1
+    got = StepShapes(int(step["tokens"]), context)
+    return got, (f"costed from the step annotation ({int(step['tokens'])} tokens, "
+                 f"{step['phase']}; attention from its sums)")
+
+
+@dataclass(frozen=True)
+class StepShapes(DecodeShapes):
+    """Shapes from a step annotation: GEMMs and the rest over its tokens; attention is left to
+    the step's sums (costs/shapes.py), never to a mean context."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -416,7 +567,7 @@ def _name_graph(codes, names, kinds, grids, vocab, candidates, model, shapes):
                else _by_mapping(codes, kinds, grids, vocab, m, model, shapes, info))
         if res is not None and info["matched"] >= need * len(codes):
             return res, info
-        flags = [f"graph mapping {m.source}: its best pass matches {info['matched']} of the "
+        flags = [f"graph mapping {m.label}: its best pass matches {info['matched']} of the "
                  f"graph's {len(codes)} kernels (< {need:.0%}): not the replayed step, not "
                  "used"] if explicit else []
         info = _fresh_info(flags)
@@ -443,8 +594,7 @@ def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
         base = tmpl["op_name"].astype(object).fillna("").str.rsplit("::", n=1).str[-1]
         t_gemm = base.isin(_GEMM_OPS).to_numpy()
         t_attn = operators.recognise(operators.ATTENTION, base).to_numpy()
-        fits = ((op == "gemm") <= t_gemm) & ((op == "aten::scaled_dot_product_attention")
-                                             <= t_attn)
+        fits = ((op == GEMM) <= t_gemm) & ((op == ATTENTION_OP) <= t_attn)
         fits &= (kinds == "memset") == (tmpl["kind"].to_numpy(dtype=object) == "memset")
         if not fits.all():
             continue
@@ -510,8 +660,13 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
     res["inst"] = np.where(ok, inst[np.maximum(src, 0)], -1)
     res["evidence"] = np.where(ok, "graph_map", operators.FALLBACK)
     res["how"] = how
-    info.update(method="graph_map", template=f"{m.source} pass {int(tmpl['_pass'].iloc[0])}",
-                matched=int((how == "matched").sum()), attached=int((how == "attached").sum()))
+    matched = int((how == "matched").sum())
+    where = m.label if m.capture else f"{m.source} pass {int(tmpl['_pass'].iloc[0])}"
+    info.update(method="graph_map", template=where, matched=matched,
+                attached=int((how == "attached").sum()),
+                note=(f"aligned with {where}: {matched} of {n} kernels matched by name in order "
+                      f"(LCS {matched} of {len(tmpl)} template kernels, "
+                      f"{matched / max(n, 1):.1%} of the graph)"))
     _check_shapes(res, match, grids, tmpl, model, shapes, info)
     return res
 
@@ -528,9 +683,11 @@ def _ffill(src: np.ndarray, forward: bool) -> np.ndarray:
 
 def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
     """Drop carried shapes the replay does not share (module docstring, shape check)."""
-    ok = match >= 0
     t_grid = tmpl["grid"].to_numpy(dtype=object)
-    differ = ok & (grids.astype(str) != np.where(ok, t_grid[np.maximum(match, 0)], "").astype(str))
+    twin = t_grid[np.maximum(match, 0)] if len(t_grid) else np.full(len(match), None, object)
+    # a replay or capture that records no grid (ROCm's replayed kernels) is not compared
+    ok = (match >= 0) & pd.notna(grids) & pd.notna(twin)
+    differ = ok & (grids.astype(str) != np.where(ok, twin, "").astype(str))
     info["grid_mismatch"] = int(differ.sum())
     in_attn = res["operator"].to_numpy(dtype=object) == "attention"
     refuse, why = False, None
@@ -562,10 +719,11 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
         info["shapes"] = "none"
         if shapes is not None and model is not None:
             user_shapes(res, model, shapes, gathers)
-            info["shapes"] = "user"
-            why += "; costed from the given decode shapes instead"
+            info["shapes"] = "step" if isinstance(shapes, StepShapes) else "user"
+            why += ("; costed from the step annotation instead" if info["shapes"] == "step"
+                    else "; costed from the given decode shapes instead")
     if why:
-        info["note"] = why
+        info["note"] = "; ".join(x for x in (info["note"], why) if x)
         info["flags"].append(f"graph mapping {info['template']}: {why}")
 
 
@@ -626,17 +784,35 @@ def align(a: np.ndarray, b: np.ndarray, band: int = BAND) -> np.ndarray:
 # No mapping: the model and the kernel sequence
 # ----------------------------------------------------------------------------------------------
 def kernel_ops(names: pd.Series) -> pd.Series:
-    """The op each kernel name runs (KERNEL_OPS), evaluated once per distinct name; "" when the
-    name says nothing."""
+    """The op each kernel name runs, evaluated once per distinct name, first that applies:
+    RoPE's fp32 SIMT GEMM and the grouped GEMM's set-up (KERNEL_OPS' first two), GEMM for the
+    registry's weight-GEMM roles (kernels.GEMM_ROLES), ATTENTION_OP for its attention roles, a
+    Triton kernel's own name (its fused ops), KERNEL_OPS' ATen or engine op, else "" (nothing
+    said)."""
+    first, rest = KERNEL_OPS[:2], KERNEL_OPS[2:]
+
     def per(u: pd.Series) -> pd.Series:
+        text = u.fillna("")
         out = pd.Series("", index=u.index, dtype=object)
-        left = pd.Series(True, index=u.index)
-        for rx, op in KERNEL_OPS:
-            hit = left & u.fillna("").str.contains(rx)
-            out[hit] = u[hit] if op == "" else op
-            left &= ~hit
+        role = kernels.roles(text).astype(object).to_numpy()
+        triton = text.str.startswith("triton_").to_numpy(bool)
+        steps = [(text.str.contains(rx).to_numpy(bool), op) for rx, op in first]
+        steps += [(np.isin(role, list(kernels.GEMM_ROLES)), GEMM),
+                  (np.isin(role, list(kernels.ATTENTION_ROLES)), ATTENTION_OP),
+                  (triton, None)]
+        steps += [(text.str.contains(rx).to_numpy(bool), op) for rx, op in rest]
+        left = np.ones(len(u), dtype=bool)
+        for hit, op in steps:
+            take = left & hit
+            out[take] = u[take] if op is None else op
+            left &= ~take
         return out
     return naming.per_value(names, per)
+
+
+def kernel_roles(names: np.ndarray) -> pd.Categorical:
+    """The registry's role of each kernel name (kernels.ROLES)."""
+    return pd.Categorical(kernels.roles(pd.Series(names, dtype=object)))
 
 
 def _post_layouts(model: ModelSpec, layers: int) -> dict[int, tuple[str, ...]] | str:
@@ -658,16 +834,16 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     n = len(names)
     op = _topk_sorts(kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object))
     # a row gather after the first GEMM is no embedding (vLLM's pick of the logits' rows)
-    op = np.where((op == "aten::embedding") & (np.cumsum(op == "gemm") > 0),
+    op = np.where((op == "aten::embedding") & (np.cumsum(op == GEMM) > 0),
                   "aten::index_select", op)
     reduce_ = pd.Series(names, dtype=object).str.contains(_REDUCE).to_numpy()
     copy_ = np.isin(kinds, ["memset", "memcpy"]) | (op == PREPARE)  # join the kernel after
     core = ~reduce_ & ~copy_
-    gemm = core & (op == "gemm")
+    gemm = core & (op == GEMM)
     # attention library kernels mark the layers; Inductor's Triton kernels that prepare SDPA's
     # inputs (named after it) are attention too but vary in number between layers
     triton = pd.Series(names, dtype=object).str.startswith("triton_").to_numpy(bool)
-    attn = core & (op == "aten::scaled_dot_product_attention") & ~triton
+    attn = core & (op == ATTENTION_OP) & ~triton
     g_before = np.cumsum(gemm) - gemm  # GEMMs before each position
     clusters = np.unique(g_before[attn])  # one attention run per layer: GEMMs split them
     layers = len(clusters)
@@ -757,7 +933,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     copies, give layers, group instances and add user shapes."""
     n = len(names)
     idx = np.flatnonzero(core)
-    is_gemm = np.isin(op[idx], ["gemm", "fp32_gemm"])
+    is_gemm = np.isin(op[idx], [GEMM, FP32_GEMM])
     pseudo = np.where(is_gemm, "aten::mm", np.where(op[idx] == "", "kernel", op[idx]))
     inst = pd.DataFrame({
         "grp": np.zeros(len(idx), np.int64),
@@ -765,10 +941,11 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
         "top_name": pd.Series(pseudo, dtype=object),
         "input_dims": pd.Series([None] * len(idx), dtype=object),
         "K": np.where(is_gemm, 0, -1),
+        "role": kernel_roles(names[idx]),  # the registry's: a norm, RoPE, KV write, ... kernel
     })
     # a GEMM that is no weight of the model (the fp32 RoPE table product) is named by its place,
     # as an unmatched `linear[K×N]` GEMM of an eager trace is
-    gemm = pd.Series(np.where((op[idx] == "fp32_gemm"), "linear[fp32]", gemm_name[idx]),
+    gemm = pd.Series(np.where((op[idx] == FP32_GEMM), "linear[fp32]", gemm_name[idx]),
                      dtype="string")
     named, _ = naming.position_names(inst, gemm, qk_norm=model.qk_norm)
     name = np.full(n, None, dtype=object)
@@ -792,7 +969,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     info.update(method="kernel_name")
     if shapes is not None:
         user_shapes(res, model, shapes, gathers, gemm_name)
-        info["shapes"] = "user"
+        info["shapes"] = "step" if isinstance(shapes, StepShapes) else "user"
     return res
 
 

@@ -112,9 +112,11 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline import frames
+from trace_roofline.attribution import steps
 from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, layouts, moe, operators
+from trace_roofline.model.architecture import Attention
 from trace_roofline.model.models import ModelSpec
 
 # One row per op instance (op_id; a kernel with no linked op is an instance of its own).
@@ -347,6 +349,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     out.loc[again, ["flops", "bytes", "expert_bytes"]] = 0.0
     # the forward pass's phase (passes.annotate) when the table has it, else per step
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
+    if "serving_step" in inst:
+        _step_attention(out, inst["serving_step"], model, causal, attention_bytes)
     out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
@@ -389,6 +393,8 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     })
     if "phase" in att:  # the forward pass's phase (passes.annotate)
         inst["phase"] = att["phase"].take(rows).array
+    if "serving_step" in att:  # the annotated serving step's sums (attribution/steps.py)
+        inst["serving_step"] = att["serving_step"].take(rows).to_numpy()
     return inst
 
 
@@ -718,6 +724,41 @@ def _fused_add_rms_norm(c: _Call) -> Cost:
                 f"{x.dims} + residual {res.dims} -> both, weight {w.dims}")
 
 
+def _aiter_rms_norm(c: _Call) -> Cost:
+    """aiter's rms_norm(input [.., H], weight [H], eps, ...) (vLLM's ROCm path), out returned:
+    reads input and weight, writes input's size; `_NORMS["rms_norm"]` FLOPs per element."""
+    x, w = _tensor(c.args, 0), _tensor(c.args, 1, 1)
+    if w.dims[0] != _last_dim(x):
+        raise Malformed(f"rms_norm input {x.dims}, weight {w.dims}")
+    return _io(_NORMS["rms_norm"] * x.numel, [x, w], x.numel, x.b, "norm", x.dtype)
+
+
+def _add_rms_norm_out(c: _Call) -> Cost:
+    """A fused residual add + RMSNorm with its outputs apart: aiter's add_rmsnorm /
+    rmsnorm2d_fwd_with_add[_ck](out, input, residual_in, residual_out, weight, eps, ...)
+    (SGLang, vLLM on ROCm): residual_out = input + residual_in, out = RMSNorm(residual_out) ·
+    weight. A norm with the residual add's bytes: input, residual_in and weight read, out and
+    residual_out written; the add's FLOP plus `_NORMS["rms_norm"]` per element."""
+    out, x, res_in, res_out = (_tensor(c.args, i) for i in range(4))
+    w = _tensor(c.args, 4, 1)
+    if not (out.dims == x.dims == res_in.dims == res_out.dims) or w.dims[0] != _last_dim(x):
+        raise Malformed(f"add_rmsnorm out {out.dims}, input {x.dims}, residual {res_in.dims} "
+                        f"-> {res_out.dims}, weight {w.dims}")
+    flops = (_POINTWISE_FLOPS["add"] + _NORMS["rms_norm"]) * x.numel
+    nbytes = (formulas.elementwise_bytes(x.distinct + res_in.distinct, 0, x.b)
+              + formulas.elementwise_bytes(w.numel, 0, w.b)
+              + formulas.elementwise_bytes(0, out.numel + res_out.numel, out.b))
+    return Cost("norm", flops, float(nbytes), x.dtype,
+                f"{x.dims} + residual {res_in.dims} -> out, residual; weight {w.dims}")
+
+
+def _store_cache(c: _Call) -> Cost:
+    """SGLang's store_cache(k [T, n_kv·d], v [T, n_kv·d], k_cache, v_cache, loc [T], ...) (its
+    ROCm path, `sglang::store_cache`): `_cache_write` of k and v at loc."""
+    k, v = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1, min_rank=1)
+    return _cache_write([k, v], [_tensor(c.args, 2), _tensor(c.args, 3)], _tensor(c.args, 4, 1))
+
+
 def _rope(heads: Sequence[_Arg], tokens: int, head: int, table: _Arg, pos: _Arg) -> Cost:
     """Rotate the first rot_dim = table.dims[1] dims of every head of the `heads` tensors
     ([tokens, .. heads·head ..]) in place, each token's cos|sin row gathered from `table`
@@ -918,6 +959,64 @@ def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
     flag = next((a.concrete for a in c.args[at.causal_from:] if a.concrete in ("True", "False")),
                 "")
     return _attention_cost(c, q, (batch, q.dims[-2], k.dims[-2], t, s, q.dims[-1]), flag)
+
+
+def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | None,
+                    causal: str, attention_bytes: str) -> None:
+    """Cost, in place, the attention instances their ops left uncosted (paged, packed or
+    new-token-only arguments) inside a serving step whose annotation holds the batch sums
+    (attribution/steps.py): per layer the step's query-key pairs (its window, if any) of the
+    model's heads, 2·n_q·(d + d_v) FLOPs per pair; bytes Q read and O written for Σq tokens,
+    K and V of the keys read (`attention_bytes` kv: those only). A layer's further attention
+    instances in the same step (a split kernel named apart) cost nothing more."""
+    todo = (out["operator"].eq("attention") & out["flops"].isna()).to_numpy(bool, copy=True)
+    text = pd.Series(step_text, index=out.index, dtype=object)
+    todo &= _each_distinct(text, lambda t: isinstance(t, str) and steps.parse_text(t) is not None
+                           ).astype(bool)
+    if not todo.any() or model is None:
+        return
+    arch = model.architecture
+    att = arch.attention
+    layer = out["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)
+    at = np.flatnonzero(todo)
+    seen = pd.DataFrame({"t": text.to_numpy()[at], "l": np.nan_to_num(layer[at], nan=-1.0)})
+    first = np.zeros(len(out), dtype=bool)
+    first[at[~seen.duplicated().to_numpy()]] = True
+    dt = dtypes.lookup(arch.precision.activations) or dtypes.lookup("bf16")
+    costs: dict[tuple[str, int | None], Cost] = {}
+    for i in np.flatnonzero(first):  # one per (step, layer): the sums are per step
+        w = att.window(int(layer[i])) if not np.isnan(layer[i]) else None
+        key = (text.iat[i], w)
+        if key not in costs:
+            costs[key] = _step_cost(text.iat[i], w, att, dt, causal, attention_bytes)
+        c = costs[key]
+        out.loc[out.index[i], ["cost_kind", "flops", "bytes", "dtype", "shape", "uncosted"]] = [
+            c.kind, c.flops, c.bytes, c.dtype, c.shape, None]
+        out.loc[out.index[i], ["B", "T", "n_q", "n_kv", "head_dim"]] = [
+            c.batch, c.t, att.num_heads, att.num_kv_heads, att.head_dim]
+        out.loc[out.index[i], "causal"] = c.causal
+    rest = todo & ~first
+    out.loc[rest, ["cost_kind", "flops", "bytes", "uncosted"]] = ["attention", 0.0, 0.0, None]
+    out.loc[rest, "shape"] = "counted in this layer's first attention instance of the step"
+
+
+def _step_cost(text: str, window: int | None, att: Attention, dt: dtypes.DType, causal: str,
+               attention_bytes: str) -> Cost:
+    """One layer's attention of one annotated step (`_step_attention`; its text holds sums)."""
+    sums = steps.parse_text(text)
+    assert sums is not None
+    a = steps.attention(sums, causal, window)
+    nq, nkv, d, dv, b = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim, dt.bytes
+    flops = 2.0 * nq * (d + dv) * a.pairs
+    kv = a.keys * nkv * (d + dv) * b
+    qo = a.queries * nq * (d + dv) * b
+    sinks = "; sinks: one learned logit per head and query, no key: no matmul FLOPs" \
+        if att.sinks else ""
+    shape = (f"{text.split(':')[0]}: {sums.chunks} chunk(s) + {sums.decodes} decode(s), "
+             f"{a.queries} queries; {a.note}{sinks}")
+    return Cost("attention", flops, kv + (qo if attention_bytes == "all" else 0.0), dt.short,
+                shape, batch=sums.chunks + sums.decodes, t=a.queries,
+                causal=sums.chunks > 0 and causal == "causal")
 
 
 # ---------------------------------------------------------------------- elementwise & co.
@@ -1248,6 +1347,11 @@ ENGINE_RULES: dict[str, Rule] = {
     **dict.fromkeys(("reshape_and_cache", "reshape_and_cache_flash"), _reshape_and_cache),
     "concat_and_cache_mla": _concat_and_cache_mla,
     "store_kv_cache": _store_kv_cache,
+    # by full name where a library's op of the same base name takes other arguments
+    "aiter::rms_norm": _aiter_rms_norm,
+    **dict.fromkeys(("aiter::add_rmsnorm", "aiter::rmsnorm2d_fwd_with_add",
+                     "aiter::rmsnorm2d_fwd_with_add_ck"), _add_rms_norm_out),
+    "sglang::store_cache": _store_cache,
 }
 
 
@@ -1275,7 +1379,7 @@ def rule_for(op_name: str) -> Rule | None:
     if base.startswith("triton_"):
         return _fused
     if not op_name.startswith("aten::"):
-        return ENGINE_RULES.get(op_name.rsplit("::", 1)[-1])
+        return ENGINE_RULES.get(op_name) or ENGINE_RULES.get(op_name.rsplit("::", 1)[-1])
     return ATEN_RULES.get(base) or ATEN_RULES.get(_plain(base))
 
 

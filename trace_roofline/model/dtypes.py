@@ -10,6 +10,13 @@ looked up by `by_scalar_type`.
 `peak` is the `Hardware.peak_flops` key of the dtype's tensor-core rate, None for the dtypes a
 hardware file lists no peak for (integers, bool, fp64, complex): the roofline borrows the
 trace's main dtype's peak for those.
+
+Low-precision weight formats count their scales in `bytes` (so it may be fractional, `bits` =
+8·bytes): fp8 (e4m3 / e5m2, 1 byte; per-tensor or per-block scales are negligible), MXFP4 (OCP
+microscaling: 4-bit e2m1 elements plus one 8-bit e8m0 scale per block of 32 = 4.25 bits, gpt-oss's
+routed experts) and NVFP4 (4-bit e2m1 plus one fp8 e4m3 scale per block of 16 = 4.5 bits; the
+per-tensor fp32 scale is negligible). Both 4-bit formats run on `fp4` tensor-core peaks
+(Blackwell, MI355X) where the hardware has them.
 """
 
 from __future__ import annotations
@@ -21,12 +28,21 @@ from dataclasses import dataclass
 class DType:
     """One dtype: its torch name, the short name the tables show, size and compute-peak key."""
 
-    name: str  # torch name: bfloat16, float8_e4m3fn, int64
+    name: str  # torch name: bfloat16, float8_e4m3fn, int64; mxfp4 / nvfp4 for weight formats
     short: str  # bf16, fp16, fp32, fp8, int64 (float8 variants all show as fp8)
-    bytes: int  # bytes per element
+    bytes: float  # bytes per element, block scales included (MXFP4: 4.25 / 8)
     peak: str | None  # Hardware.peak_flops key, None when no hardware lists one
     spellings: tuple[str, ...] = ()  # trace `Input type`, c10 and other names
     scalar_type: int | None = None  # c10::ScalarType number
+
+    @property
+    def bits(self) -> float:
+        """Bits per element, scales included."""
+        return self.bytes * 8.0
+
+
+MXFP4_BITS = 4.0 + 8.0 / 32  # e2m1 elements, one e8m0 scale per 32 (OCP Microscaling spec v1.0)
+NVFP4_BITS = 4.0 + 8.0 / 16  # e2m1 elements, one e4m3 scale per 16 (NVIDIA Blackwell NVFP4)
 
 
 DTYPES: tuple[DType, ...] = (
@@ -40,6 +56,8 @@ DTYPES: tuple[DType, ...] = (
     DType("float8_e4m3fnuz", "fp8", 1, "fp8", ("c10::Float8_e4m3fnuz",), 26),
     DType("float8_e5m2fnuz", "fp8", 1, "fp8", ("c10::Float8_e5m2fnuz",), 25),
     DType("float8_e8m0fnu", "fp8", 1, "fp8", ("c10::Float8_e8m0fnu",), 44),
+    DType("mxfp4", "mxfp4", MXFP4_BITS / 8, "fp4", ("fp4", "float4_e2m1fn_mx", "mx_fp4")),
+    DType("nvfp4", "nvfp4", NVFP4_BITS / 8, "fp4", ("nv_fp4",)),
     DType("int64", "int64", 8, None, ("long int", "long", "c10::Long"), 4),
     DType("int32", "int32", 4, None, ("int", "c10::Int"), 3),
     DType("int16", "int16", 2, None, ("short int", "short", "c10::Short"), 2),

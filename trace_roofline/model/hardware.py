@@ -71,6 +71,18 @@ class Hardware:
 _NVLINK4 = (450 * G, "NVLink 4, 900 GB/s bidirectional = 450 GB/s per direction (datasheet)")
 _NVLINK3 = (300 * G, "NVLink 3, 600 GB/s bidirectional = 300 GB/s per direction (A100 datasheet)")
 _PCIE4 = (31.5 * G, "no NVLink: PCIe 4.0 x16, 31.5 GB/s per direction (PCIe 4.0 spec)")
+# NVLink 5 (B200, GB200): 1.8 TB/s total = 900 GB/s each way (NVIDIA DGX B200 / GB200 NVL72
+# datasheets); H20 keeps Hopper's NVLink 4 (900 GB/s total, NVIDIA H20 product brief).
+_NVLINK5 = (900 * G, "NVLink 5, 1.8 TB/s bidirectional = 900 GB/s per direction (datasheet)")
+# AMD Infinity Fabric (MI300X, MI325X): 7 links of 128 GB/s bidirectional = 64 GB/s per link
+# and direction; a rank of an 8-GPU platform reaches its 7 peers at 7 x 64 = 448 GB/s per
+# direction, the ceiling of its bus bandwidth. MI355X: 7 links of 153.6 GB/s bidirectional
+# (76.8 per direction, AMD Instinct MI355X data sheet), 537.6 GB/s per direction in all.
+_XGMI3 = (448 * G, "Infinity Fabric: 7 links x 64 GB/s per direction = 448 GB/s "
+                   "(AMD Instinct MI300X / MI325X data sheets)")
+_XGMI4 = (537.6 * G, "Infinity Fabric: 7 links x 76.8 GB/s per direction = 537.6 GB/s "
+                     "(AMD Instinct MI355X data sheet)")
+_AMD_DOCS = "https://www.amd.com/en/products/accelerators/instinct"
 
 PRESETS: dict[str, Hardware] = {
     "rtx4090": Hardware(
@@ -114,6 +126,87 @@ PRESETS: dict[str, Hardware] = {
         ("NVIDIA H200",),
         link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
     ),
+    # AMD Instinct (CDNA 3 / CDNA 4): peak theoretical dense matrix rates, no sparsity.
+    "mi300x": Hardware(
+        "mi300x",
+        {"bf16": 1307.4 * T, "fp16": 1307.4 * T, "tf32": 653.7 * T, "fp32": 163.4 * T,
+         "fp8": 2614.9 * T},
+        5300 * G,
+        "AMD Instinct MI300X Accelerator data sheet (amd-instinct-mi300x-data-sheet.pdf, "
+        f"{_AMD_DOCS}/mi300/mi300x.html): dense matrix peaks, 5.3 TB/s HBM3",
+        ("AMD Instinct MI300X", "AMD Instinct MI300X VF", "AMD Instinct MI300X HF",
+         "AMD Instinct MI300X OAM"),
+        link_bandwidth=_XGMI3[0], link_source=_XGMI3[1],
+    ),
+    "mi325x": Hardware(
+        "mi325x",
+        {"bf16": 1307.4 * T, "fp16": 1307.4 * T, "tf32": 653.7 * T, "fp32": 163.4 * T,
+         "fp8": 2614.9 * T},
+        6000 * G,
+        "AMD Instinct MI325X Accelerator data sheet (amd-instinct-mi325x-datasheet.pdf, "
+        f"{_AMD_DOCS}/mi300/mi325x.html): the MI300X's compute, 6 TB/s HBM3E",
+        ("AMD Instinct MI325X", "AMD Instinct MI325X VF", "AMD Instinct MI325X OAM"),
+        link_bandwidth=_XGMI3[0], link_source=_XGMI3[1],
+    ),
+    "mi355x": Hardware(
+        "mi355x",
+        {"bf16": 2516.6 * T, "fp16": 2516.6 * T, "fp32": 157.3 * T, "fp8": 5033.2 * T,
+         "fp4": 10066.3 * T},
+        8000 * G,
+        "AMD Instinct MI355X GPU data sheet (amd-instinct-mi355x-gpu-data-sheet.pdf, "
+        f"{_AMD_DOCS}/mi350/mi355x.html): dense matrix peaks (MXFP4 as fp4), 8 TB/s HBM3E",
+        ("AMD Instinct MI355X", "AMD Instinct MI355X VF", "AMD Instinct MI355X OAM"),
+        link_bandwidth=_XGMI4[0], link_source=_XGMI4[1],
+    ),
+    # NVIDIA Blackwell, Hopper (China SKU), Ada: dense tensor rates (half the sparse figures)
+    "b200": Hardware(
+        "b200",
+        {"bf16": 2250 * T, "fp16": 2250 * T, "tf32": 1100 * T, "fp32": 80 * T,
+         "fp8": 4500 * T, "fp4": 9000 * T},
+        8000 * G,
+        "NVIDIA DGX B200 datasheet / Blackwell architecture technical brief, HGX B200 at 1000 W "
+        "(https://www.nvidia.com/en-us/data-center/dgx-b200/): dense, NVFP4 as fp4",
+        ("NVIDIA B200",),
+        link_bandwidth=_NVLINK5[0], link_source=_NVLINK5[1],
+    ),
+    "gb200": Hardware(
+        "gb200",
+        {"bf16": 2500 * T, "fp16": 2500 * T, "tf32": 1250 * T, "fp32": 90 * T,
+         "fp8": 5000 * T, "fp4": 10000 * T},
+        8000 * G,
+        "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU at 1200 W "
+        "(https://www.nvidia.com/en-us/data-center/gb200-nvl72/): dense, NVFP4 as fp4",
+        ("NVIDIA GB200",),
+        link_bandwidth=_NVLINK5[0], link_source=_NVLINK5[1],
+    ),
+    "h20": Hardware(
+        "h20",
+        {"bf16": 148 * T, "fp16": 148 * T, "tf32": 74 * T, "fp32": 44 * T, "fp8": 296 * T},
+        4000 * G,
+        "NVIDIA H20 product brief (HGX H20, 96 GB HBM3): dense tensor rates, 4.0 TB/s",
+        ("NVIDIA H20",),
+        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+    ),
+    "l40s": Hardware(
+        "l40s",
+        {"bf16": 362.05 * T, "fp16": 362.05 * T, "tf32": 183 * T, "fp32": 91.6 * T,
+         "fp8": 733 * T},
+        864 * G,
+        "NVIDIA L40S datasheet (https://www.nvidia.com/en-us/data-center/l40s/): dense tensor "
+        "rates (the sheet's starred figures are with sparsity), 864 GB/s GDDR6",
+        ("NVIDIA L40S",),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
+    ),
+}
+
+# A device whose trace names no GPU (ROCm builds may leave deviceProperties' name empty) is
+# known by its properties: (computeMajor, computeMinor, numSms, GiB of memory rounded) -> preset.
+# gfx942 (CDNA 3) with 304 CUs is an MI300X (192 GiB) or MI325X (256 GiB); gfx950 with 256 CUs
+# and 288 GB an MI355X.
+SIGNATURES: dict[tuple[int, int, int, int], str] = {
+    (9, 4, 304, 192): "mi300x",
+    (9, 4, 304, 256): "mi325x",
+    (9, 5, 256, 288): "mi355x",
 }
 
 MEASURED_FILES = {"h200-measured": "h200_measured.json"}  # committed `trace-roofline calibrate` runs
@@ -210,3 +303,63 @@ def for_device_name(device_name: str, prefer_measured: bool = True) -> Hardware 
         if hw is not None and any(wanted == d.lower() for d in hw.device_names):
             return hw
     return None
+
+
+def _gib(nbytes: object) -> int | None:
+    try:
+        return round(float(nbytes) / 2**30)
+    except (TypeError, ValueError):
+        return None
+
+
+def _signature(props: dict) -> tuple[int, int, int, int] | None:
+    keys = ("computeMajor", "computeMinor", "numSms")
+    if not all(isinstance(props.get(k), int) for k in keys):
+        return None
+    gib = _gib(props.get("totalGlobalMem"))
+    if gib is None:
+        return None
+    major, minor, sms = (int(props[k]) for k in keys)
+    # 288 GB (MI355X) is 268 GiB: match HBM sizes as vendors state them, within 8%
+    for sig, _ in SIGNATURES.items():
+        if sig[:3] == (major, minor, sms) and abs(gib - sig[3]) <= 0.08 * sig[3] + 1:
+            return sig
+    return None
+
+
+def for_device_properties(props: dict) -> tuple[Hardware | None, str]:
+    """The hardware one `deviceProperties` entry denotes and how it was known: by its name
+    (`for_device_name`), else, for an entry without a name, by its properties (`SIGNATURES`:
+    compute capability, multiprocessors, memory); None and a message naming the device and
+    asking for --hardware when neither knows it."""
+    name = str(props.get("name") or "").strip()
+    if name:
+        hw = for_device_name(name)
+        if hw is not None:
+            return hw, f"the trace's device {name!r}"
+        return None, (f"the trace's device {name!r} has no preset: give --hardware (a preset: "
+                      f"{', '.join(names())}; or a hardware JSON file)")
+    sig = _signature(props)
+    if sig is not None:
+        return PRESETS[SIGNATURES[sig]], (
+            f"the trace names no device; its properties (compute {sig[0]}.{sig[1]}, {sig[2]} "
+            f"multiprocessors, {_gib(props.get('totalGlobalMem'))} GiB) are a "
+            f"{SIGNATURES[sig]}'s")
+    desc = ", ".join(f"{k} {props[k]}" for k in ("computeMajor", "computeMinor", "numSms",
+                                                  "totalGlobalMem") if k in props)
+    return None, (f"the trace names no device ({desc or 'no properties'}): give --hardware "
+                  f"(a preset: {', '.join(names())}; or a hardware JSON file)")
+
+
+def trace_device(device_properties: list[dict]) -> tuple[Hardware | None, str]:
+    """The hardware of a trace's `deviceProperties` (its first entry that a preset knows) and
+    what says so, or None and a message naming the device and asking for --hardware."""
+    if not device_properties:
+        return None, "the trace holds no deviceProperties: give --hardware for a roofline"
+    first_msg = ""
+    for props in device_properties:
+        hw, msg = for_device_properties(props if isinstance(props, dict) else {})
+        if hw is not None:
+            return hw, msg
+        first_msg = first_msg or msg
+    return None, first_msg
