@@ -116,7 +116,7 @@ KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for 
     (r"kernelHistogram1D", "aten::histc"),
     (r"DeviceScan|tensor_kernel_scan", "aten::cumsum"),
     (r"arange_cuda_out", "aten::arange"),
-    (r"indexSelect|embedding", "aten::embedding"),
+    (r"indexSelect|(?<!rotary_)embedding", "aten::embedding"),
     (r"index_copy_kernel", "aten::index_copy_"),
     (r"index_put_kernel", "aten::index_put_"),
     (r"index_kernel_impl|vectorized_gather_kernel", "aten::index"),
@@ -233,8 +233,9 @@ def unused_options(report: GraphReport | None, graph_map: object,
     """A word for each graph option that changed nothing because the trace holds no replays."""
     if report is not None and report.replays:
         return []
-    given = [f"--graph-map {graph_map}"] * (graph_map is not None)
-    given += [f"--batch {shapes.batch} --context {shapes.context}"] * (shapes is not None)
+    given = [f"--graph-map {graph_map}"] if graph_map is not None else []
+    if shapes is not None:
+        given.append(f"--batch {shapes.batch} --context {shapes.context}")
     return [f"{g}: not used: the trace holds no CUDA/HIP-graph replays" for g in given]
 
 
@@ -426,7 +427,20 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
         flags.extend(info.pop("flags"))
         per_graph.append(info)
     out, how = _write(attributed, rr, graph, results)
-    return out, _report(out, rr, graph, how, per_graph, flags)
+    by_step = _step_costed(out, rows, steps, step_of_row)
+    return out, _report(out, rr, graph, how, per_graph, flags, by_step)
+
+
+def _step_costed(out: pd.DataFrame, rows: np.ndarray, steps: pd.DataFrame | None,
+                 step_of_row: np.ndarray | None) -> np.ndarray:
+    """Per replayed row, whether its step annotation's sums cost it (attention in a step with
+    the detailed sums: costs/shapes.py), though it carries no shapes."""
+    if steps is None or step_of_row is None or steps.empty:
+        return np.zeros(len(rows), dtype=bool)
+    has = steps[["p_sq", "d_sq"]].notna().all(axis=1).to_numpy()
+    s = np.asarray(step_of_row)[rows]
+    attn = out["operator"].to_numpy(dtype=object)[rows] == "attention"
+    return attn & (s >= 0) & has[np.maximum(s, 0)]
 
 
 def _unused_shapes(g: int, info: dict, given: DecodeShapes | None, step_note: str | None
@@ -879,7 +893,7 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     if len(rest) == 1:
         gemm_name[rest[0]] = "lm_head"
     downs = g_pos[clusters + post - 1]
-    why = _layers_differ(names, gemm | attn, first_q, downs)
+    why = _layers_differ(names, gemm, attn, first_q, downs)
     if why:
         info["note"] = why
         return None
@@ -907,17 +921,20 @@ def _topk_sorts(op: np.ndarray) -> np.ndarray:
     return np.where((op == "aten::sort") & after_topk, "aten::topk", op)
 
 
-def _layers_differ(names: np.ndarray, anchor: np.ndarray, first_q: list[int],
+def _layers_differ(names: np.ndarray, gemm: np.ndarray, attn: np.ndarray, first_q: list[int],
                    downs: np.ndarray) -> str | None:
     """Why the layers (first projection .. down_proj) do not repeat one kernel pattern, or None:
-    their GEMM and fused-attention kernels must be the same names in the same order, and each
-    layer's whole kernel sequence must share >= LAYER_MATCH of the longer one with the last
-    layer's (Triton kernels compared without their numeric suffix; torch.compile may schedule
-    the model's RoPE table kernels into layer 0)."""
+    their GEMM kernels must be the same names in the same order around one attention run (its
+    kernels may differ between layers: a sliding-window layer runs another attention kernel,
+    gpt-oss's unified_attention_2d against _3d + reduce_segments), and each layer's whole
+    kernel sequence must share >= LAYER_MATCH of the longer one with the last layer's (Triton
+    kernels compared without their numeric suffix; torch.compile may schedule the model's RoPE
+    table kernels into layer 0)."""
     canon = pd.Series(names, dtype=object).str.replace(_TRITON_SUFFIX, "", regex=True)
     codes = pd.factorize(canon)[0]
+    shape = np.where(attn, -1, codes)  # every attention kernel one code
     spans = [slice(q, d + 1) for q, d in zip(first_q, downs, strict=True)]
-    cores = {tuple(codes[sp][anchor[sp]]) for sp in spans}
+    cores = {_runs(shape[sp][(gemm | attn)[sp]]) for sp in spans}
     if len(cores) != 1:
         return "layers do not repeat one sequence of GEMM and attention kernels"
     ref = codes[spans[-1]]
@@ -926,6 +943,12 @@ def _layers_differ(names: np.ndarray, anchor: np.ndarray, first_q: list[int],
         if (align(body, ref) >= 0).sum() < LAYER_MATCH * max(len(body), len(ref)):
             return "layers do not repeat one kernel sequence"
     return None
+
+
+def _runs(seq: np.ndarray) -> tuple[int, ...]:
+    """The sequence with each run of equal codes kept once."""
+    keep = np.r_[True, seq[1:] != seq[:-1]] if len(seq) else np.zeros(0, bool)
+    return tuple(seq[keep].tolist())
 
 
 def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, shapes, info):
@@ -968,7 +991,8 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     res["how"] = np.where(pd.notna(name), "named", "none")
     info.update(method="kernel_name")
     if shapes is not None:
-        user_shapes(res, model, shapes, gathers, gemm_name)
+        user_shapes(res, model, shapes, gathers, gemm_name,
+                    np.asarray(kernel_roles(names).astype(object)))
         info["shapes"] = "step" if isinstance(shapes, StepShapes) else "user"
     return res
 
@@ -988,39 +1012,60 @@ def _layers(name: np.ndarray, first_q: list[int]) -> np.ndarray:
     return np.where(model_level | pd.isna(name), -1, lay)
 
 
+@dataclass(frozen=True)
+class Call:
+    """An op as user_shapes writes it into a position table: name, Input Dims, and per
+    argument the Input type (None: the model's dtype) and Concrete Inputs."""
+
+    op: str
+    dims: list
+    types: tuple[str | None, ...] = ()
+    concrete: tuple[str, ...] = ()
+
+
+_NORMS = ("input_norm", "post_attention_norm", "pre_feedforward_norm", "post_feedforward_norm",
+          "final_norm")
+_AFTER_OUTPUT = ("post_attention_norm", "post_feedforward_norm", "final_norm")  # add before
+
+
 def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes,
-                gathers: np.ndarray | None = None, gemms: np.ndarray | None = None) -> None:
-    """Write decode shapes from --batch/--context into a position table's named projections,
-    lm_head and attention (in place); for a model with experts the router's logits GEMM
-    [B, H] x [H, E], the routed experts' gate_up and down as one grouped GEMM over the B·k
-    routed rows ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H]: their weights are charged per
-    expected active expert, shapes.py) and the shared expert's projections; for a model with
-    q/k norms each as one RMSNorm over [B, heads, d]. Where the expert GEMMs hold batched_mm's
-    weight gathers (`gathers`, per row), as HF's batched_mm runs them: each gather an `index`
-    of the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm over the B·k gathered copies
-    ([B·k, 2I, H] x [B·k, H, 1]). A shared expert's sigmoid gate (H -> 1) is named `router`
-    too: with `gemms` (per row, the GEMM its layout names there) each `router` instance takes
-    the shape of its own GEMM, without them neither is given one. Other operators stay
-    without shapes."""
+                gathers: np.ndarray | None = None, gemms: np.ndarray | None = None,
+                roles: np.ndarray | None = None) -> None:
+    """Write shapes of B = shapes.batch tokens (--batch/--context: decode, one token per
+    sequence attending to S keys; a step annotation's StepShapes: the step's tokens) into a
+    position table's named operators, in place: the projections and lm_head as [B, K] x [K, N];
+    attention as SDPA Q [B, n_q, 1, d] over K, V [B, n_kv, S, d] (not for StepShapes: the
+    step's sums cost it, costs/shapes.py); the norms as engine RMSNorms over [B, H] (a fused
+    residual add where the kernel's role says so, or where no `residual` kernel runs and the
+    norm follows a sublayer's output); q/k norms over [B, heads, d]; RoPE over q [B, n_q·d],
+    k [B, n_kv·d]; the KV-cache write of B tokens; the gated activation [B, 2I] -> [B, I];
+    the embedding's B rows. For a model with experts the router's logits GEMM [B, H] x [H, E],
+    the routed experts' gate_up and down as one grouped GEMM over the B·k routed rows
+    ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H], the weights at the experts' dtype (MXFP4):
+    charged per expected active expert, shapes.py) and the shared expert's projections. Where
+    the expert GEMMs hold batched_mm's weight gathers (`gathers`, per row), as HF's batched_mm
+    runs them: each gather an `index` of the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm
+    over the B·k gathered copies ([B·k, 2I, H] x [B·k, H, 1]). A shared expert's sigmoid gate
+    (H -> 1) is named `router` too: with `gemms` (per row, the GEMM its layout names there)
+    each `router` instance takes the shape of its own GEMM, without them neither is given one.
+    `roles` (per row, kernels.ROLES) tells a fused add+RMSNorm kernel and the experts'
+    finalize kernel (moe_combine: the top-k outputs [B, k, H] summed into [B, H]). Other
+    operators stay without shapes."""
     d = dtypes.lookup(model.dtype)
     if d is None:
         raise InputError(f"model {model.name}: unknown dtype {model.dtype!r}")
     ttype = next((sp for sp in d.spellings if sp.startswith("c10::")),
                  d.spellings[0] if d.spellings else d.name)
-    b, s, h, e = shapes.batch, shapes.context, model.hidden_size, model.experts
+    b, e = shapes.batch, model.experts
     op = res["operator"].to_numpy(dtype=object)
-    lin = {**model.linears(), **model.fused_linears(), "lm_head": (h, model.vocab_size, False)}
-    moe_lin = model.moe_linears() if e is not None else {}
-    lin |= {k: v for k, v in moe_lin.items() if k.startswith("shared_") and k != "shared_expert_gate"}
-    table = {name: _gemm_call(b, *kn) for name, kn in lin.items()}
-    nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
-    table["attention"] = ("aten::scaled_dot_product_attention",
-                          [[b, nq, 1, hd], [b, nkv, s, hd], [b, nkv, s, hd]])
-    if model.qk_norm:
-        table["q_norm"] = ("aten::rms_norm", [[b, nq, hd], [hd]])
-        table["k_norm"] = ("aten::rms_norm", [[b, nkv, hd], [hd]])
-    calls = [(op == name, call) for name, call in table.items()]
+    calls = [(op == name, call) for name, call in _dense_calls(model, shapes).items()]
+    calls += _norm_calls(res, op, model, b, roles)
+    if e is not None and roles is not None:  # the routed outputs' weighted sum (its kernel)
+        finalize = (op == "moe_combine") & (np.asarray(roles, dtype=object) == "moe_finalize")
+        calls.append((finalize, Call("_moe_C::moe_sum", [[b, e.top_k, model.hidden_size],
+                                                         [b, model.hidden_size]])))
     if e is not None:
+        moe_lin = model.moe_linears()
         batched = gathers is not None and gathers[np.isin(op, _EXPERT_GEMMS)].any()
         calls += _expert_calls(op, model, b, gathers if batched else None)
         router = op == "router"
@@ -1035,35 +1080,92 @@ def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes,
         _write_call(res, hit, call, ttype)
 
 
-def _gemm_call(b: int, k: int, n: int, bias: bool) -> tuple[str, list]:
-    """A linear's op over B rows: addmm with its bias, else mm."""
-    return ("aten::addmm", [[n], [b, k], [k, n]]) if bias else ("aten::mm", [[b, k], [k, n]])
+def _dense_calls(model: ModelSpec, shapes: DecodeShapes) -> dict[str, Call]:
+    """Operator -> its op over B tokens, for the operators every layer layout shares."""
+    b, s, h = shapes.batch, shapes.context, model.hidden_size
+    lin = {**model.linears(), **model.fused_linears(), "lm_head": (h, model.vocab_size, False)}
+    if model.experts is not None:
+        lin |= {k: v for k, v in model.moe_linears().items()
+                if k.startswith("shared_") and k != "shared_expert_gate"}
+    table = {name: _gemm_call(b, *kn) for name, kn in lin.items()}
+    nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
+    if not isinstance(shapes, StepShapes):
+        table["attention"] = Call("aten::scaled_dot_product_attention",
+                                  [[b, nq, 1, hd], [b, nkv, s, hd], [b, nkv, s, hd]])
+    if model.qk_norm:
+        table["q_norm"] = Call("aten::rms_norm", [[b, nq, hd], [hd]])
+        table["k_norm"] = Call("aten::rms_norm", [[b, nkv, hd], [hd]])
+    rot = model.architecture.attention.rope_dim or hd
+    table["rope"] = Call("_C::rotary_embedding",
+                         [[b], [b, nq * hd], [b, nkv * hd], [], [b, rot], []],
+                         ("long int", None, None, "Scalar", None, "Scalar"),
+                         ("", "", "", str(hd), "", "True"))
+    table["kv_cache"] = Call("_C_cache_ops::reshape_and_cache_flash",
+                             [[b, nkv, hd], [b, nkv, hd], [1, nkv, hd], [1, nkv, hd], [b]],
+                             (None, None, None, None, "long int"))
+    table["embedding"] = Call("aten::embedding", [[model.vocab_size, h], [b]], (None, "long int"))
+    mlp = model.architecture.mlp
+    if mlp is not None and mlp.gated:
+        i = mlp.intermediate_size
+        table["act"] = Call("_C::gelu_and_mul" if "gelu" in mlp.activation else "_C::silu_and_mul",
+                            [[b, i], [b, 2 * i]])
+    return table
+
+
+def _norm_calls(res: pd.DataFrame, op: np.ndarray, model: ModelSpec, b: int,
+                roles: np.ndarray | None) -> list[tuple[np.ndarray, Call]]:
+    """The layer and final norms as engine RMSNorms over [B, H]: a fused residual add where
+    the kernel's role is fused_add_norm, or where no `residual` kernel runs and the norm
+    follows a sublayer's output (post-attention, post-MLP, a later layer's input, final)."""
+    h = model.hidden_size
+    norm = np.isin(op, _NORMS)
+    layer = res["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)
+    fused_role = (np.asarray(roles, dtype=object) == "fused_add_norm") if roles is not None \
+        else np.zeros(len(op), dtype=bool)
+    after_output = np.isin(op, _AFTER_OUTPUT) | ((op == "input_norm") & (layer > 0))
+    no_residual = not (op == "residual").any()
+    fused = norm & (fused_role | (after_output & no_residual))
+    return [(fused, Call("_C::fused_add_rms_norm", [[b, h], [b, h], [h]])),
+            (norm & ~fused, Call("_C::rms_norm", [[b, h], [b, h], [h]]))]
+
+
+def _gemm_call(b: int, k: int, n: int, bias: bool, weight: str | None = None) -> Call:
+    """A linear's op over B rows: addmm with its bias, else mm (`weight`: its Input type)."""
+    if bias:
+        return Call("aten::addmm", [[n], [b, k], [k, n]], (None, None, weight))
+    return Call("aten::mm", [[b, k], [k, n]], (None, weight))
 
 
 def _expert_calls(op: np.ndarray, model: ModelSpec, b: int, gathers: np.ndarray | None
-                  ) -> list[tuple[np.ndarray, tuple[str, list]]]:
+                  ) -> list[tuple[np.ndarray, Call]]:
     """The routed experts' ops over the B·k routed rows (user_shapes): one grouped GEMM each,
-    or with batched_mm's weight `gathers` an index of the weights and a bmm."""
+    its weights at the experts' dtype, or with batched_mm's weight `gathers` an index of the
+    weights and a bmm."""
     e, h = model.experts, model.hidden_size
     rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
+    w = model.architecture.precision.expert_weights
+    w = w if dtypes.lookup(w) is not None else None
     up, down = op == "experts_gate_up", op == "experts_down"
     if gathers is None:
-        return [(up, ("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]])),
-                (down, ("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]]))]
-    return [(up & ~gathers, ("aten::bmm", [[rows, 2 * i, h], [rows, h, 1]])),
-            (down & ~gathers, ("aten::bmm", [[rows, h, i], [rows, i, 1]])),
-            (up & gathers, ("aten::index", [[ne, 2 * i, h], []])),
-            (down & gathers, ("aten::index", [[ne, h, i], []]))]
+        return [(up, Call("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]],
+                          (None, w, "int"))),
+                (down, Call("aten::_grouped_mm", [[rows, i], [ne, i, h], [ne]],
+                            (None, w, "int")))]
+    return [(up & ~gathers, Call("aten::bmm", [[rows, 2 * i, h], [rows, h, 1]])),
+            (down & ~gathers, Call("aten::bmm", [[rows, h, i], [rows, i, 1]])),
+            (up & gathers, Call("aten::index", [[ne, 2 * i, h], []])),
+            (down & gathers, Call("aten::index", [[ne, h, i], []]))]
 
 
-def _write_call(res: pd.DataFrame, hit: np.ndarray, call: tuple[str, list], ttype: str) -> None:
-    """Give the rows `hit` of a position table the op (name, Input Dims) `call` of dtype ttype."""
+def _write_call(res: pd.DataFrame, hit: np.ndarray, call: Call, ttype: str) -> None:
+    """Give the rows `hit` of a position table the op `call` (its types defaulting to ttype)."""
     if hit.any():
-        op_name, dims = call
-        res.loc[hit, "op_name"] = op_name
-        res.loc[hit, "input_dims"] = str(dims)
-        res.loc[hit, "input_types"] = str([ttype] * len(dims)).replace("'", '"')
-        res.loc[hit, "concrete_inputs"] = None
+        types = [t or ttype for t in (call.types or (None,) * len(call.dims))]
+        res.loc[hit, "op_name"] = call.op
+        res.loc[hit, "input_dims"] = str(call.dims)
+        res.loc[hit, "input_types"] = str(types).replace("'", '"')
+        res.loc[hit, "concrete_inputs"] = (str(list(call.concrete)).replace("'", '"')
+                                           if call.concrete else None)
         res.loc[hit, "input_strides"] = None
 
 
@@ -1116,8 +1218,9 @@ def _overwrite(col: pd.Series, rows: np.ndarray, values: np.ndarray, at: np.ndar
     return pd.array(pc.replace_with_mask(old, pa.array(mask), new), dtype="str")
 
 
-def _report(out, rr, graph, how, per_graph, flags) -> GraphReport:
-    """Totals and the per-graph table (GRAPH_COLUMNS)."""
+def _report(out, rr, graph, how, per_graph, flags, by_step) -> GraphReport:
+    """Totals and the per-graph table (GRAPH_COLUMNS); `by_step`: rows costed from their step
+    annotation's sums."""
     rows = rr["row"].to_numpy()
     dur = out["dur_us"].to_numpy(np.float64)[rows]
     named = how != "none"
@@ -1134,6 +1237,7 @@ def _report(out, rr, graph, how, per_graph, flags) -> GraphReport:
         replays=int(rr["replay"].max()) + 1, kernels=len(rows), time_us=float(dur.sum()),
         named_kernels=int(named.sum()), named_time_us=float(dur[named].sum()),
         matched_time_us=float(dur[how == "matched"].sum()),
-        costed_time_us=float(dur[out["input_dims"].notna().to_numpy()[rows] & named].sum()),
+        costed_time_us=float(dur[(out["input_dims"].notna().to_numpy()[rows] | by_step)
+                                 & named].sum()),
         flags=tuple(dict.fromkeys(flags)), graphs=t[list(GRAPH_COLUMNS)].astype(GRAPH_COLUMNS),
     )

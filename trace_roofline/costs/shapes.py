@@ -262,6 +262,8 @@ class _Call:
     kernel: str | None = None  # collectives only: the first kernel's name
     group_size: int | None = None  # collectives only: ranks, when the call does not record it
     experts: moe.Experts | None = None  # the model's, for MoE ops that do not record them
+    hidden: int | None = None  # the model's hidden size: an op padding it is costed at it
+    expert_bits: float | None = None  # bits per routed-expert weight element (MXFP4: 4.25)
 
     @property
     def base(self) -> str:
@@ -317,11 +319,12 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
             "_kernel", "_part"]
     combos, codes = frames.distinct_rows(inst, text)
     fallback = _fallback_dtype(model, inst["input_types"])
+    facts = _ModelFacts.of(model)
     table = [
         _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
               _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
               if isinstance(op, str) else None, part if isinstance(part, str) else None,
-              model.experts if model is not None else None)
+              facts)
         for name, dims, types, conc, strides, op, kernel, part in zip(
             *(_python(combos[c]) for c in text), strict=True)
     ]
@@ -442,6 +445,21 @@ def _decode(raw: str | None) -> list | None:
 
 
 @dataclass(frozen=True)
+class _ModelFacts:
+    """What the model tells the cost rules of ops that do not record it (fused MoE ops)."""
+
+    experts: moe.Experts | None = None
+    hidden: int | None = None
+    expert_bits: float | None = None
+
+    @classmethod
+    def of(cls, model: ModelSpec | None) -> _ModelFacts:
+        if model is None:
+            return cls()
+        return cls(model.experts, model.hidden_size, model.architecture.precision.expert_bits)
+
+
+@dataclass(frozen=True)
 class _Collective:
     """What a collective instance's cost needs beyond its op's arguments."""
 
@@ -453,10 +471,10 @@ class _Collective:
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: str, attention_bytes: str, fallback: str | None,
           strides_raw: str | None = None, collective: _Collective | None = None,
-          part: str | None = None, experts: moe.Experts | None = None) -> Cost:
+          part: str | None = None, facts: _ModelFacts | None = None) -> Cost:
     """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
     collective's by `_collective`; `part`: the half of a fused MoE op attribute() named;
-    `experts`: the model's, for MoE ops that do not record their shapes)."""
+    `facts`: the model's, for MoE ops that do not record their shapes)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = _decode(dims_raw), _decode(types_raw)
@@ -472,8 +490,10 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
         "group_size": collective.group_size}
     try:
         args = _args(dims, [str(t) for t in types], concrete, strides)
+        facts = facts or _ModelFacts()
         cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra,
-                          experts=experts))
+                          experts=facts.experts, hidden=facts.hidden,
+                          expert_bits=facts.expert_bits))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
     return cost
@@ -624,25 +644,36 @@ def _fused_experts(c: _Call) -> Cost:
     inplace/outplace_fused_experts(hidden [M, H], w13 [E, 2I, H], w2 [E, H, I],
     topk_weights [M, k], topk_ids [M, k], ...), or moe_forward(hidden [M, H], logits [M, E],
     layer name) with the model's experts. gate_up: 2·S·H·2I FLOPs, S·H read, S·2I written;
-    down: 2·S·I·H, S·I read, S·H written (S = M·k); weights per active expert added per layer."""
+    down: 2·S·I·H, S·I read, S·H written (S = M·k); weights per active expert added per layer,
+    at the model's expert weight bits (MXFP4: 4.25) where the op does not record its weights.
+    An input padded past the model's hidden size (vLLM pads gpt-oss's 2880 to 3072 for its
+    MXFP4 kernels) is costed at the useful size, and the shape says so."""
     x = _tensor(c.args, 0, 2)
     (m, h) = x.dims
+    pad = ""
+    if c.hidden is not None and c.hidden < h:
+        pad, h = f"; hidden padded {c.hidden} -> {h}, costed at its useful {c.hidden}", c.hidden
+    weight_b = x.b
     if c.base.endswith("moe_forward"):
         logits = _tensor(c.args, 1, 2)
         if c.experts is None:
             return Cost(uncosted=f"{c.name}: expert shapes not recorded (give --model)")
         e, top_k, inter = logits.dims[1], c.experts.top_k, c.experts.intermediate_size
+        weight_b = c.expert_bits / 8 if c.expert_bits else x.b
     else:
         w1, topk_ids = _tensor(c.args, 1, 3), _tensor(c.args, 4, 2)
         e, inter, top_k = w1.dims[0], w1.dims[1] // 2, topk_ids.dims[1]
+        # the recorded w13's bytes per logical weight element (fp8: 1; packed 4-bit: 0.5)
+        weight_b = w1.numel * w1.b / max(e * 2 * inter * x.dims[1], 1)
     rows = m * top_k
     halves = {"experts_gate_up": (h, 2 * inter), "experts_down": (inter, h)}
     if c.operator not in halves:
         return Cost(uncosted=f"{c.name}: named {c.operator}, not an expert GEMM half")
     k, n = halves[c.operator]
+    bits = f", weights {weight_b * 8:g} bits" if weight_b != x.b else ""
     return Cost("gemm", 2.0 * rows * k * n, formulas.elementwise_bytes(rows * k, rows * n, x.b),
-                x.dtype, f"{e} experts [{rows},{k}]x[{k},{n}] fused", m=rows, k=k, n=n,
-                experts=e, expert_bytes=float(k * n * x.b))
+                x.dtype, f"{e} experts [{rows},{k}]x[{k},{n}] fused{bits}{pad}", m=rows, k=k,
+                n=n, experts=e, expert_bytes=float(k * n * weight_b))
 
 
 def _topk(c: _Call) -> Cost:
@@ -655,6 +686,32 @@ def _topk(c: _Call) -> Cost:
     rows = x.numel // max(x.dims[-1] if x.dims else 1, 1)
     nbytes = formulas.elementwise_bytes(x.numel, rows * k, x.b) + rows * k * 8
     return Cost("reduction", float(x.numel), float(nbytes), x.dtype, f"{x.dims} top-{k}")
+
+
+def _triton_topk(c: _Call) -> Cost:
+    """triton_kernels' routing top-k as vLLM records it, `TopK(logits [M, E], k, ...)`: reads
+    the logits, writes the k values (their dtype) and int16 indices per row and the [M, E/32]
+    uint32 bitmatrix of chosen experts; one comparison per logit."""
+    x = _tensor(c.args, 0, 2)
+    if len(c.args) < 2 or not c.args[1].concrete:
+        return Cost(uncosted=f"{c.name}: k not recorded")
+    k = _int(c.args[1].concrete, "TopK k")
+    m, e = x.dims
+    nbytes = formulas.elementwise_bytes(x.numel, m * k, x.b) + m * k * 2 + m * -(-e // 32) * 4
+    return Cost("reduction", float(x.numel), float(nbytes), x.dtype, f"{x.dims} top-{k}")
+
+
+def _triton_sort_tokens(c: _Call) -> Cost:
+    """triton_kernels' routing data, `SortTokens(expt_scal [M, k], expt_indx [M, k], E)`:
+    reads the chosen experts and their weights, writes the gather and scatter indices (int32
+    per routed row) and the E per-expert counts; no FLOPs (a sort by expert)."""
+    scal, indx = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2)
+    experts = _int(c.args[2].concrete, "SortTokens E") if len(c.args) > 2 and \
+        c.args[2].concrete else 0
+    nbytes = (formulas.elementwise_bytes(scal.numel, 0, scal.b)
+              + formulas.elementwise_bytes(indx.numel, 0, indx.b)
+              + formulas.elementwise_bytes(0, 2 * indx.numel + experts, 4))
+    return Cost("copy", 0.0, float(nbytes), scal.dtype, f"{indx.dims} -> {experts} experts")
 
 
 def _topk_softmax(c: _Call) -> Cost:
@@ -1352,6 +1409,8 @@ ENGINE_RULES: dict[str, Rule] = {
     **dict.fromkeys(("aiter::add_rmsnorm", "aiter::rmsnorm2d_fwd_with_add",
                      "aiter::rmsnorm2d_fwd_with_add_ck"), _add_rms_norm_out),
     "sglang::store_cache": _store_cache,
+    "TopK": _triton_topk,  # triton_kernels' routing, as vLLM records it (no namespace)
+    "SortTokens": _triton_sort_tokens,
 }
 
 
