@@ -53,7 +53,7 @@ def test_log_log_with_roof_and_ridge(fig):
     ridge = ax.get_lines()[1]
     assert ridge.get_xdata()[0] == pytest.approx(peak / bw)
     texts = " ".join(t.get_text() for t in ax.texts)
-    assert "ridge I* = 206" in texts and "989 TFLOP/s" in texts and "4.80 TB/s" in texts
+    assert "ridge I* = 206" in texts and "989.4 TFLOP/s" in texts and "4.8 TB/s" in texts
 
 
 def test_one_labelled_point_per_operator_and_whole_model(fig, analyses):

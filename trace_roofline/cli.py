@@ -132,10 +132,10 @@ def add_convention_args(p: argparse.ArgumentParser, lesson: bool = False) -> Non
                        help="the lesson's conventions: --causal full --attention-bytes kv")
 
 
-def add_force_arg(p: argparse.ArgumentParser) -> None:
+def add_force_arg(p: argparse.ArgumentParser, layers: bool = True) -> None:
     p.add_argument("--force", action="store_true",
                    help="analyse traces whose shapes contradict --model (an error otherwise): "
-                        "warn, and never extrapolate with --layers")
+                        + ("warn, and never extrapolate with --layers" if layers else "warn"))
 
 
 def conventions(args: argparse.Namespace) -> tuple[str, str]:
@@ -339,9 +339,29 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trace-roofline")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def _no_command(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    print(f"\n{PROG}: error: give a command (above); `{PROG} COMMAND --help` for its options",
+          file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description=DESCRIPTION, epilog=EXAMPLES)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    # No command: the usage and the command list (the whole help), exit 2, not a bare
+    # "arguments are required".
+    parser.set_defaults(func=lambda args: _no_command(parser))
+    sub = parser.add_subparsers(dest="command", title="commands", parser_class=Parser)
 
     p = sub.add_parser(
         "intensity", help="shape-only GEMM/attention intensity, regimes, M* and S*",
@@ -356,7 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
                "mixtral-8x7b --hardware h200-measured --m 1,8,64,256,1024")
     p.add_argument("--model", type=model_arg, default="qwen2.5-7b",
                    help="preset name, HF config.json or HF model directory")
-    p.add_argument("--hardware", default="rtx4090", help="preset name or hardware JSON file")
+    p.add_argument("--hardware", default="rtx4090",
+                   help="preset name or hardware JSON file whose ridge every regime, M* and S* is "
+                        "against (no trace here to take a device from, unlike analyze: the "
+                        "output's first lines name the hardware used)")
     p.add_argument("--m", type=int_list, default=[1, 256], help="tokens in flight, e.g. 1,256")
     p.add_argument("--s", type=int_list, default=[128, 512, 2048], help="context lengths")
     p.add_argument("--fused", action="store_true", help="fused qkv_proj / gate_up_proj layout")
@@ -439,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preset name, HF config.json or model directory, for traces (default: none)")
     p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
     p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
-    add_force_arg(p)
+    add_force_arg(p, layers=False)
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
 
@@ -456,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="examples:\n  trace-roofline cache info\n  trace-roofline cache clear")
     p.add_argument("action", choices=["info", "clear"],
                    help="info: location, size and the count of each kind of entry; clear: delete "
-                        "every entry (default: none)")
+                        "every entry")
     p.set_defaults(func=_cmd_cache)
     for plugin in entry_points(group=COMMANDS_GROUP):  # workloads' run, sweep, calibrate
         plugin.load()(sub)

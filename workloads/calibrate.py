@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trace_roofline.costs.calculator import si
 from trace_roofline.model.models import PRESETS
 from workloads.runner import device_tag, resolve_device, sync
 from workloads.sweep import _time_calls
@@ -228,8 +229,8 @@ def link_bandwidth(ranks: int | None = None, sizes: tuple[int, ...] = LINK_SIZES
         raise AssertionError(f"all-reduce check failed or sizes missing: {rows}")
     for r in rows:
         progress(f"[calibrate] all_reduce {r['bytes'] / 2**20:.0f} MiB x {ranks} ranks: "
-                 f"{r['time_s'] * 1e6:.1f} us, algbw {r['algbw'] / 1e9:.1f} GB/s, "
-                 f"busbw {r['busbw'] / 1e9:.1f} GB/s")
+                 f"{r['time_s'] * 1e6:.1f} us, algbw {si(r['algbw'], 'B/s')}, "
+                 f"busbw {si(r['busbw'], 'B/s')}")
     best = max(rows, key=lambda r: r["busbw"])
     names = ([torch.cuda.get_device_name(i) for i in range(ranks)] if use_cuda
              else [cpu_name()] * ranks)
@@ -284,7 +285,7 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
         for dtype in STREAM_DTYPES:
             r = stream_rate(dev, kernel, dtype, copy_bytes, warmup, repeats)
             raw.append(r)
-            progress(f"[calibrate] {kernel} {r['dtype']}: {r['bytes_per_s'] / 1e12:.3f} TB/s")
+            progress(f"[calibrate] {kernel} {r['dtype']}: {si(r['bytes_per_s'], 'B/s')}")
     shapes = gemm_shapes(sizes, models, ms)
     keys = ["bf16", "fp16", "tf32", "fp32"] if dev.type == "cuda" else ["bf16", "fp16", "fp32"]
     for key in keys:
@@ -297,7 +298,7 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
                 r = {**matmul_rate(dev, key, m, k, n, layout, warmup, repeats), "shape": what}
                 raw.append(r)
                 progress(f"[calibrate] {key} {m}x{k}x{n} {layout} ({what}): "
-                         f"{r['flops_per_s'] / 1e12:.2f} TFLOP/s")
+                         f"{si(r['flops_per_s'], 'FLOP/s')}")
     sync(dev)
     streams = [r for r in raw if r["kind"] == "stream"]
     best_bw = max(streams, key=lambda r: r["bytes_per_s"])
@@ -309,9 +310,9 @@ def calibrate(device: str | None = None, copy_bytes: int | None = None,
     ceilings_from["mem_bandwidth"] = (f"{best_bw['kernel']} {best_bw['dtype']}, "
                                       f"{best_bw['buffer_bytes'] / 2**20:.0f} MiB buffers")
     for key, r in best.items():
-        progress(f"[calibrate] ceiling {key}: {r['flops_per_s'] / 1e12:.1f} TFLOP/s, "
+        progress(f"[calibrate] ceiling {key}: {si(r['flops_per_s'], 'FLOP/s')}, "
                  f"{ceilings_from[key]}")
-    progress(f"[calibrate] ceiling mem_bandwidth: {best_bw['bytes_per_s'] / 1e12:.3f} TB/s, "
+    progress(f"[calibrate] ceiling mem_bandwidth: {si(best_bw['bytes_per_s'], 'B/s')}, "
              f"{ceilings_from['mem_bandwidth']}")
     date = dt.date.today().isoformat()
     timer = "CUDA events" if dev.type == "cuda" else "time.perf_counter"

@@ -9,6 +9,7 @@ with exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,24 @@ from trace_roofline.errors import InputError
 from trace_roofline.files import check_targets, write_files
 
 DEVICE_HELP = "cuda, cuda:N or cpu (default: cuda if torch sees one, else cpu)"
+
+
+# The one line printed where torch is missing (README command 1 installs the analyzer only).
+NEEDS_TORCH = ("`{command}` needs torch, which is not installed: "
+               "pip install 'trace-roofline[workloads]' (without a GPU, first the CPU build: "
+               "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+
+
+def _needs_torch(command: str, module: str):
+    """`module` (a workloads module that imports torch) for `command`; without torch an
+    InputError naming the extra to install, printed as one line with exit code 2 (not a
+    ModuleNotFoundError traceback)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] != "torch":
+            raise
+        raise InputError(NEEDS_TORCH.format(command=command)) from None
 
 
 def _progress(msg: str) -> None:
@@ -90,8 +109,8 @@ def run_shape(phase: str, context: int | None, tokens: int | None) -> dict[str, 
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from workloads.runner import RunConfig, run
-
+    runner = _needs_torch("run", "workloads.runner")
+    RunConfig, run = runner.RunConfig, runner.run
     fields = ("model", "phase", "batch", "device", "dtype", "layers", "layout", "annotate",
               "compile", "warmup", "steps", "with_stack", "profile", "check", "seed", "name",
               "out")
@@ -147,8 +166,7 @@ def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def sweep_command(args: argparse.Namespace) -> int:
-    from workloads.sweep import run_sweep
-
+    run_sweep = _needs_torch("sweep", "workloads.sweep").run_sweep
     _, path = run_sweep(args.model, args.projection, tuple(args.m), args.dtype, args.device,
                         args.warmup, args.iters, args.hardware, args.out, args.trace,
                         progress=_progress)
@@ -181,8 +199,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    from workloads.calibrate import calibrate
-
+    calibrate = _needs_torch("calibrate", "workloads.calibrate").calibrate
     check_targets([p for p in (args.out, args.raw) if p])  # before minutes of measuring
     hw, raw = calibrate(args.device, args.copy_mib and args.copy_mib << 20,
                         args.sizes and tuple(args.sizes), repeats=args.repeats,
@@ -228,8 +245,7 @@ def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
 
 
 def hf_capture_command(args: argparse.Namespace) -> int:
-    from workloads.hf_capture import capture
-
+    capture = _needs_torch("hf-capture", "workloads.hf_capture").capture
     try:
         path = capture(args.phase, args.model, args.layers, args.batch, args.tokens, args.device,
                        args.dtype, args.warmup, args.steps, args.with_stack, args.out,

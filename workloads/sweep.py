@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from trace_roofline.costs.calculator import si
 from trace_roofline.errors import InputError
 from trace_roofline.files import read_json, write_files
 from trace_roofline.model.models import get_model
@@ -132,8 +133,8 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
             row.update(attainable_tflops=att / 1e12, roof_fraction=flops / med / att,
                        bound="memory" if row["intensity"] < p / bw else "compute")
         rows.append(row)
-        progress(f"[sweep] M={m:>5}: {med * 1e6:9.2f} us  {row['achieved_tflops']:8.2f} TFLOP/s"
-                 + (f"  attainable {row['attainable_tflops']:8.2f} "
+        progress(f"[sweep] M={m:>5}: {med * 1e6:9.2f} us  {si(flops / med, 'FLOP/s'):>13}"
+                 + (f"  attainable {si(row['attainable_tflops'] * 1e12, 'FLOP/s'):>13} "
                     f"({100 * row['roof_fraction']:5.1f}% "
                     f"of roof, {row['bound']}-bound)" if hardware else ""))
     result = {

@@ -3,11 +3,33 @@ for a mixture-of-experts model, the routed experts' GEMMs against tokens in flig
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from trace_roofline.model import formulas, moe
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec
+
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si(x: object, unit: str, digits: int = 4) -> str:
+    """`x` in `unit` with an SI prefix that keeps 1 <= mantissa < 1000, `digits` significant
+    digits: 407510000 B -> '407.5 MB', 1.508e12 FLOP/s -> '1.508 TFLOP/s', 8.5e9 B/s ->
+    '8.5 GB/s'; '-' when missing. Every text output (terminal, report.md, report.html, charts,
+    `intensity`, `sweep`, `calibrate`) prints rates and sizes with it, so a CPU's 8.5 GB/s is
+    never '0.01 TB/s'."""
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "-"
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return f"{v} {unit}"
+    limit = 1 - 0.5 * 10.0 ** -digits  # 999.96 rounds to 1000: call it 1 k
+    scale, prefix = next(((s, p) for s, p in _PREFIXES if abs(v) >= s * limit), (1.0, ""))
+    return f"{v / scale:.{digits}g} {prefix}{unit}"
 
 
 def intensity_table(
@@ -109,7 +131,9 @@ def format_intensity(table: dict) -> str:
     conv = table["conventions"]
     lines = [
         f"{table['model']} ({table['dtype']}) on {hw['name']}: ridge I* = {hw['ridge']:.1f} FLOP/byte"
-        f"  ({hw['peak_flops_per_s'] / 1e12:.1f} TFLOP/s / {hw['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)",
+        f"  ({si(hw['peak_flops_per_s'], 'FLOP/s')} / {si(hw['bandwidth_bytes_per_s'], 'B/s')})",
+        f"hardware {hw['name']} (--hardware: no trace here to take a device from)"
+        + (f": {hw['source']}" if hw.get("source") else ""),
         f"conventions: attention FLOPs {conv['causal']}, attention bytes {conv['attention_bytes']},"
         f" GEMM bias {conv['gemm_bias']}",
     ]

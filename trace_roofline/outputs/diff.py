@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trace_roofline.costs.calculator import si
 from trace_roofline.errors import InputError
 from trace_roofline.roofline import Analysis
 
@@ -76,6 +77,19 @@ class Side:
     rows: pd.DataFrame  # phase, operator and _SIDE, aggregated rows plus one WHOLE row per phase
     steps: dict[str, int | None]  # phase -> profiled steps (None: unknown)
     hardware: dict[str, object] | None  # report.hardware_summary's keys
+    # the model: the one given (--model), else the preset the trace's shapes match; None when
+    # neither says
+    model: str | None = None
+    model_from: str = "none"  # "--model" | "shapes" | "none"
+
+
+def _model(given: object, inferred: object) -> tuple[str | None, str]:
+    """(model name, where it comes from) of a side: the given model, else the inferred match."""
+    name = given.get("name") if isinstance(given, Mapping) else getattr(given, "name", None)
+    if name:
+        return str(name), "--model"
+    match = inferred.get("match") if isinstance(inferred, Mapping) else None
+    return (str(match), "shapes") if match else (None, "none")
 
 
 def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Side:
@@ -89,7 +103,7 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
         steps = x.costed.groupby("phase")["step"].nunique()
         return _side(x.trace, ops, x.whole_by_phase,
                      {p: max(int(steps.get(p, 0)), 1) for p in x.whole_by_phase},
-                     hardware_summary(x))
+                     hardware_summary(x), _model(x.model, x.model_inferred))
     if not isinstance(x, Mapping):
         raise InputError(f"{label}: expected an Analysis or a report.json object")
     if "traces" in x:  # schema 2: {"schema_version": 2, "traces": [one entry]}
@@ -102,7 +116,8 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
         whole = {p: _percent(w) for p, w in dict(x["whole_model_by_phase"]).items()}
         ops = ops[ops["layer"].isna()] if "layer" in ops else ops
         steps = {p: (int(w["steps"]) if w.get("steps") else None) for p, w in whole.items()}
-        return _side(str(x.get("trace", label)), ops, whole, steps, x.get("hardware"))
+        return _side(str(x.get("trace", label)), ops, whole, steps, x.get("hardware"),
+                     _model(x.get("model"), x.get("model_inferred")))
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{label}: not a trace_roofline report.json ({type(e).__name__}: {e})") from None
 
@@ -118,7 +133,7 @@ def _percent(rows):
 
 
 def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: dict,
-          hardware: dict | None) -> Side:
+          hardware: dict | None, model: tuple[str | None, str] = (None, "none")) -> Side:
     missing = [c for c in ("phase", "operator", *_SIDE) if c not in ops]
     if missing:
         raise KeyError(f"operator rows lack {', '.join(missing)}")
@@ -127,7 +142,7 @@ def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: di
     rows = pd.concat([ops[["phase", "operator", *_SIDE]], totals], ignore_index=True)
     rows = rows.astype({"phase": "str", "operator": "str", "bound": "str",
                         **{k: "float64" for k in _SIDE if k != "bound"}})
-    return Side(trace, rows, steps, hardware)
+    return Side(trace, rows, steps, hardware, *model)
 
 
 def diff(a: Analysis | Mapping[str, object] | Side,
@@ -165,18 +180,50 @@ def diff(a: Analysis | Mapping[str, object] | Side,
 
 
 def notes(table: pd.DataFrame, a: Side, b: Side) -> list[str]:
-    """What a reader must know before trusting the speed-ups: a different workload, a different
-    device, operators on one side only, totals compared instead of per-step figures."""
+    """What a reader must know before trusting the speed-ups: a different model, a different
+    workload, a different device, totals compared instead of per-step figures (`headline`:
+    printed before the table), then operators whose FLOPs differ and operators on one side only."""
+    return headline(table, a, b) + _operator_notes(table)
+
+
+def headline(table: pd.DataFrame, a: Side, b: Side) -> list[str]:
+    """The notes that change how the whole table reads, said first."""
+    out = []
+    if a.model and b.model and a.model != b.model:
+        out.append(f"DIFFERENT MODEL: A is {a.model} (from {_model_source(a)}), B is {b.model} "
+                   f"(from {_model_source(b)}); every speed-up compares different models' work")
+    whole = table[table["operator"] == WHOLE]
+    for r in whole[whole["flops_equal"].eq(False)].itertuples():
+        out.append(f"DIFFERENT WORKLOAD ({r.phase}): whole-model FLOPs per step "
+                   f"{si(r.flops_a, 'FLOP')} (A) vs {si(r.flops_b, 'FLOP')} (B); speed-ups "
+                   "compare different work (model, batch, context, dtype, layers or fusion "
+                   "changed)")
+    ha, hb = (_device(s) for s in (a, b))
+    if ha != hb:
+        out.append(f"different devices: A on {ha}, B on {hb}; % of roof is against each one's "
+                   "own roofs")
+    if table["steps_a"].isna().any():
+        out.append("step counts unknown for some phases: their times, FLOPs and bytes are per "
+                   "trace, not per step")
+    return out
+
+
+def _model_source(s: Side) -> str:
+    return "--model" if s.model_from == "--model" else "the trace's shapes"
+
+
+def _device(s: Side) -> str:
+    name = s.hardware.get("name") if s.hardware else None
+    return str(name) if name else "no device (a CPU trace without --hardware: no roofs)"
+
+
+def _operator_notes(table: pd.DataFrame) -> list[str]:
     out = []
     whole = table[table["operator"] == WHOLE]
-    changed = whole[whole["flops_equal"].eq(False)]
-    for r in changed.itertuples():
-        out.append(f"DIFFERENT WORKLOAD ({r.phase}): whole-model FLOPs per step {r.flops_a:.4g} (A) vs "
-                   f"{r.flops_b:.4g} (B); speed-ups compare different work (batch, context, dtype, "
-                   "layers or fusion changed)")
+    changed = whole["flops_equal"].eq(False).any()
     ops = table[(table["operator"] != WHOLE) & table["flops_equal"].eq(False)]
     if len(ops):
-        why = "" if len(changed) else (
+        why = "" if changed else (
             "; the whole model is the same workload, so this is fusion or kernel choice (a "
             "fused kernel's FLOPs are counted per kernel): compare their time, not their % of roof")
         out.append(f"FLOPs differ for {len(ops)} operator(s): " + ", ".join(
@@ -186,12 +233,6 @@ def notes(table: pd.DataFrame, a: Side, b: Side) -> list[str]:
         if len(only):
             out.append(f"only in {tag}: " + ", ".join(f"{r.operator} ({r.phase})"
                                                       for r in only.itertuples()))
-    if table["steps_a"].isna().any():
-        out.append("step counts unknown for some phases: their times, FLOPs and bytes are per "
-                   "trace, not per step")
-    ha, hb = (s.hardware.get("name") if s.hardware else None for s in (a, b))
-    if ha != hb:
-        out.append(f"different devices: A on {ha}, B on {hb}; % of roof is against each one's own roofs")
     return out
 
 
@@ -218,34 +259,42 @@ def _cells(r) -> tuple[str, ...]:
             _fmt(r.delta_pct_of_roof, "+.1f"), _flops_flag(r.flops_equal))
 
 
+def _who(s: Side) -> str:
+    return f"{s.trace}" + (f"   model {s.model}" if s.model else "")
+
+
 def format_table(table: pd.DataFrame, a: Side, b: Side) -> str:
-    """The terminal table: the two traces, the unit of time, one line per row, then the notes."""
+    """The terminal text: the two traces, the headline notes (a different model, workload or
+    device: before any figure), the unit of time, one line per row, then the operator notes."""
     rows = [_HEAD, *(_cells(r) for r in table.itertuples())]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEAD))]
     unit = "per step" if table["steps_a"].notna().all() else "per trace where steps are unknown"
-    lines = [f"A {a.trace}", f"B {b.trace}", f"device time {unit}; speedup = A/B (>1: B faster)"]
+    lines = [f"A {_who(a)}", f"B {_who(b)}", *(f"! {n}" for n in headline(table, a, b)),
+             f"device time {unit}; speedup = A/B (>1: B faster)"]
     for row in rows:
         lines.append(" ".join(c.ljust(w) if i < 3 else c.rjust(w)
                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-    return "\n".join(lines + [f"! {n}" for n in notes(table, a, b)])
+    return "\n".join(lines + [f"! {n}" for n in _operator_notes(table)])
 
 
 def markdown(table: pd.DataFrame, a: Side, b: Side, chart: str | None = "diff.png") -> str:
     """diff.md: the traces, the chart, the table and the notes."""
-    out = ["# trace_roofline diff", "", f"- A: `{a.trace}`", f"- B: `{b.trace}`", ""]
+    out = ["# trace_roofline diff", "", f"- A: `{a.trace}`" + (f" ({a.model})" if a.model else ""),
+           f"- B: `{b.trace}`" + (f" ({b.model})" if b.model else ""), ""]
+    out += [f"**{n}**" for n in headline(table, a, b)] + ([""] if headline(table, a, b) else [])
     if chart:
         out += [f"![A to B on the roofline]({chart})", ""]
     out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
     out += ["| " + " | ".join(_cells(r)) + " |" for r in table.itertuples()]
     out += ["", "speedup = time A / time B (above 1: B is faster); FLOPs `CHANGED` = a different "
             "workload for that operator.", ""]
-    out += [f"- **{n}**" for n in notes(table, a, b)]
+    out += [f"- **{n}**" for n in _operator_notes(table)]
     return "\n".join(out) + "\n"
 
 
 def to_json(table: pd.DataFrame, a: Side, b: Side) -> dict[str, object]:
     """diff.json: {a, b, notes, rows}, NaN/NA as null."""
     rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
-    return {"a": {"trace": a.trace, "hardware": a.hardware, "steps": a.steps},
-            "b": {"trace": b.trace, "hardware": b.hardware, "steps": b.steps},
+    return {"a": {"trace": a.trace, "model": a.model, "hardware": a.hardware, "steps": a.steps},
+            "b": {"trace": b.trace, "model": b.model, "hardware": b.hardware, "steps": b.steps},
             "notes": notes(table, a, b), "rows": rows}

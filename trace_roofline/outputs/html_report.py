@@ -1,18 +1,23 @@
 """report.html: one self-contained page (no network at view time) with the interactive roofline,
 the operator table (sortable), the reconciliation and the warnings of one or more analyses.
 
-The chart is Bokeh with its JavaScript inlined (`bokeh.resources.INLINE`): log-log axes, the
-roof min(P, I·B_mem) and the ridge of the first analysis's device (as `plot.roofline_figure`),
-one point per (trace, phase, operator) and a star per (trace, phase) whole model; hovering a
-point shows operator, phase, layer, shape, time, intensity, achieved FLOP/s, % of roof, bound
-and evidence; clicking a legend entry (one per trace and phase) hides or shows it; wheel-zoom,
-pan and reset. Bokeh was chosen by measurement (README.md, "report.html"): the smallest inlined
-library that does hover, legend toggles and log axes. The tables are plain HTML; a few lines of
-inline JavaScript sort a table by the clicked column.
+The charts are Bokeh with its JavaScript inlined (`bokeh.resources.INLINE`): one chart per
+roof, i.e. per (hardware, dtype) as `plot.panel_groups` groups them for roofline.png (a CPU
+trace never sits under an H200's roof, an fp16 trace never under the bf16 one), each with
+log-log axes, its roof min(P, I·B_mem) and ridge, one point per (trace, phase, operator) and a
+star per (trace, phase) whole model; hovering a point shows operator, phase, layer, shape,
+time, intensity, achieved FLOP/s, % of roof, bound and evidence; clicking a legend entry (one
+per trace and phase, with that trace's marker; one grey star entry for the whole model) hides
+or shows the trace's points and star; wheel-zoom, pan and reset. The ridge label stands along
+the ridge line near the bottom, above the points. Bokeh was chosen by measurement (README.md,
+"report.html"): the smallest inlined library that does hover, legend toggles and log axes.
+The tables are plain HTML; a few lines of inline JavaScript sort a table by the clicked column.
 
 `evidence` (how each operator was named) is the operator table's `evidence_mix`: every evidence
-with its fraction of the operator's time. A phase whose whole model is withheld (most of its
-time uncosted, roofline.MIN_COSTED) has no star and no whole-model row.
+with its share of the operator's time, as percentages (`annotation 100%`, `shape 41%, position
+59%`). The table prints sizes and rates with SI prefixes (report.si: 4.2 kFLOP, 8.5 GB/s), never
+a fixed unit that rounds small values to 0.000; sorting uses the exact values. A phase whose
+whole model is withheld (most of its time uncosted, roofline.MIN_COSTED) has no star and no whole-model row.
 """
 
 from __future__ import annotations
@@ -23,21 +28,24 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from trace_roofline.outputs.plot import TRACE_COLOURS, short_name
+from trace_roofline.outputs.plot import TRACE_COLOURS, panel_groups, short_name
+from trace_roofline.outputs.report import duration, evidence_text, si
 from trace_roofline.roofline import Analysis, hardware_summary
 
 _MARKERS = {"decode": "circle", "prefill": "square", "unknown": "triangle"}
 _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),
-          ("layer", "@layer"), ("shape", "@shape"), ("time", "@time_us{0,0.0} µs"),
-          ("intensity", "@intensity{0.000} FLOP/B"), ("achieved", "@tflops{0.000} TFLOP/s"),
+          ("layer", "@layer"), ("shape", "@shape"), ("time", "@time_text"),
+          ("intensity", "@intensity{0.000} FLOP/B"), ("achieved", "@achieved_text"),
           ("% of roof", "@pct{0.0} %"), ("bound", "@bound"), ("evidence", "@evidence")]
-# (header, column, format) of the operator table.
+# (header, column, format) of the operator table: a format string, or a function of the value
+# (SI-scaled units, as the terminal's); the cell's data-v keeps the exact value for sorting.
 _TABLE = [("trace", "trace", "{}"), ("phase", "phase", "{}"), ("operator", "operator", "{}"),
-          ("kernels", "kernels", "{:d}"), ("time µs", "time_us", "{:,.1f}"),
-          ("time %", "time_pct", "{:.1f}"), ("GFLOP", "gflop", "{:.3f}"), ("MB", "mb", "{:.2f}"),
-          ("FLOP/B", "intensity", "{:.2f}"), ("TFLOP/s", "tflops", "{:.2f}"),
-          ("GB/s", "gbs", "{:,.0f}"), ("% roof", "pct", "{:.1f}"), ("bound", "bound", "{}"),
-          ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
+          ("kernels", "kernels", "{:d}"), ("time", "time_us", duration),
+          ("time %", "time_pct", "{:.1f}"), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
+          ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.3g}"),
+          ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
+          ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", "{:.1f}"),
+          ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
 _SORT_JS = """
 document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventListener("click", () => {
   const body = th.closest("table").tBodies[0], up = th.dataset.dir !== "asc";
@@ -52,7 +60,7 @@ document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventL
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; font-size: 13px; margin-bottom: 1.5em; }
-th, td { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }
+th, td { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
 th { cursor: pointer; background: #f4f4f4; position: sticky; top: 0; }
 th[data-dir=asc]::after { content: " ▲"; } th[data-dir=desc]::after { content: " ▼"; }
 td.t, th.t { text-align: left; } .warn { color: #a40000; } .muted { color: #666; }
@@ -60,10 +68,13 @@ td.t, th.t { text-align: left; } .warn { color: #a40000; } .muted { color: #666;
 
 
 def _evidence(a: Analysis) -> pd.Series:
-    """(phase, operator) -> how the operator was named: every evidence with its fraction of
-    the operator's time (`evidence_mix`, e.g. "annotation 0.97, position 0.03")."""
+    """(phase, operator) -> how the operator was named: every evidence with its share of the
+    operator's time (`evidence_mix` "annotation 0.97, position 0.03" as "annotation 97%,
+    position 3%")."""
     rows = a.operators[a.operators["layer"].isna()]
-    return rows.set_index(["phase", "operator"])["evidence_mix"].astype(object)
+    mix = rows["evidence_mix"].map(lambda m: evidence_text(m) if isinstance(m, str) else None)
+    return pd.Series(mix.to_numpy(), index=pd.MultiIndex.from_frame(rows[["phase", "operator"]]),
+                     dtype=object)
 
 
 def _shapes(a: Analysis) -> pd.Series:
@@ -109,47 +120,71 @@ def operator_rows(analyses: Sequence[Analysis]) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     out["evidence"] = out["evidence"].fillna("not recorded")
     out["shape"] = out["shape"].fillna("-")
-    out["gflop"], out["mb"] = out["flops"] / 1e9, out["bytes"] / 1e6
-    out["tflops"] = out["achieved_flops_per_s"] / 1e12
-    out["gbs"] = out["achieved_bytes_per_s"] / 1e9
+    out["time_text"] = out["time_us"].map(duration)
+    out["achieved_text"] = out["achieved_flops_per_s"].map(lambda v: si(v, "FLOP/s"))
     return out
 
 
-def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame):
+def _charts(analyses: Sequence[Analysis], rows: pd.DataFrame):
+    """One chart per roof (`plot.panel_groups`), stacked: a Bokeh layout."""
+    from bokeh.layouts import column
+
+    names = list(dict.fromkeys(rows["trace"]))  # a trace keeps its colour across the charts
+    charts = [_chart(hw_analyses, rows, names) for _, _, hw_analyses in panel_groups(analyses)]
+    return charts[0] if len(charts) == 1 else column(*charts)
+
+
+def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
+    """The chart of the analyses under one roof (the first one's hardware and dtype)."""
     from bokeh.models import ColumnDataSource, HoverTool, Label, Span
     from bokeh.plotting import figure
 
     hw = hardware_summary(analyses[0])
+    mine = {short_name(a.trace) for a in analyses}
+    rows = rows[rows["trace"].isin(mine)]
     plotted = rows[(rows["intensity"] > 0) & (rows["achieved_flops_per_s"] > 0)]
     xs = plotted["intensity"].tolist() + ([hw["ridge"]] if hw else [])
     ys = plotted["achieved_flops_per_s"].tolist() + ([hw["peak_flops_per_s"]] if hw else [])
     x_lo, x_hi = min(xs, default=0.1) / 4, max(xs, default=1e3) * 10
+    y_lo = min(ys, default=1e9) / 6
     p = figure(x_axis_type="log", y_axis_type="log", width=1100, height=640,
-               x_range=(x_lo, x_hi), y_range=(min(ys, default=1e9) / 6, max(ys, default=1e15) * 4),
+               x_range=(x_lo, x_hi), y_range=(y_lo, max(ys, default=1e15) * 4),
                tools="pan,wheel_zoom,box_zoom,reset,save", active_scroll="wheel_zoom",
                x_axis_label="arithmetic intensity (FLOP / byte, analytical minimum bytes)",
                y_axis_label="achieved FLOP/s (analytical FLOPs / measured time)",
-               title=_device_line(hw))
+               title=_device_line(hw, len(mine)))
     if hw:
         peak, bw, ridge = hw["peak_flops_per_s"], hw["bandwidth_bytes_per_s"], hw["ridge"]
         p.line([x_lo, ridge, x_hi], [x_lo * bw, peak, peak], color="black", line_width=2,
                legend_label="roof: min(P, I·B)")
         p.add_layout(Span(location=ridge, dimension="height", line_dash="dotted",
                           line_color="#666"))
-        p.add_layout(Label(x=ridge, y=peak, text=f"ridge I* = {ridge:.0f} FLOP/B", x_offset=4,
-                           y_offset=-18, text_font_size="11px", text_color="#444"))
+        # Along the ridge line at the bottom (high intensity, low FLOP/s: where points are
+        # rarest), drawn over the points on a white background so none can cover it.
+        p.add_layout(Label(x=ridge, y=y_lo, text=f"ridge I* = {ridge:.0f} FLOP/B",
+                           angle=math.pi / 2, x_offset=-4, y_offset=8, text_font_size="11px",
+                           text_color="#444", text_baseline="bottom", level="overlay",
+                           background_fill_color="white", background_fill_alpha=0.85))
     renderers = []
-    for i, trace in enumerate(dict.fromkeys(rows["trace"])):
-        colour = TRACE_COLOURS[i % len(TRACE_COLOURS)]
+    for trace in dict.fromkeys(rows["trace"]):
+        colour = TRACE_COLOURS[names.index(trace) % len(TRACE_COLOURS)]
         for phase, g in plotted[plotted["trace"] == trace].groupby("phase", sort=False):
             label = f"{trace} · {phase}"
-            for whole, part in g.groupby("whole"):
-                src = ColumnDataSource(_source(part))
-                renderers.append(p.scatter(
-                    "intensity", "achieved_flops_per_s", source=src,
-                    marker="star" if whole else _MARKERS.get(phase, "triangle"),
-                    size=22 if whole else "size", color=colour, alpha=0.85,
-                    line_color="black" if whole else "white", legend_label=label))
+            ops, whole = g[~g["whole"]], g[g["whole"]]
+            marker = _MARKERS.get(phase, "triangle")
+            dots = p.scatter("intensity", "achieved_flops_per_s", source=ColumnDataSource(
+                _source(ops)), marker=marker, size="size", color=colour, alpha=0.85,
+                line_color="white", legend_label=label)
+            renderers.append(dots)
+            if len(whole):  # the star follows its trace's legend entry, and has none of its own
+                star = p.scatter("intensity", "achieved_flops_per_s",
+                                 source=ColumnDataSource(_source(whole)), marker="star", size=22,
+                                 color=colour, alpha=0.85, line_color="black")
+                dots.js_link("visible", star, "visible")
+                renderers.append(star)
+    # the whole-model symbol, once, in grey (a point off the log axes: nothing to hide)
+    p.scatter([math.nan], [math.nan], marker="star", size=14, color="#888", line_color="black",
+              legend_label="whole model (ΣFLOPs/Σbytes)")
     p.add_tools(HoverTool(renderers=renderers, tooltips=_HOVER))
     p.legend.click_policy = "hide"
     p.legend.location = "top_left"
@@ -159,26 +194,27 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame):
 
 def _source(part: pd.DataFrame) -> dict[str, list]:
     size = 8 + 30 * (part["time_pct"].fillna(0) / 100).clip(0, 1) ** 0.5
-    data = part[["operator", "trace", "phase", "layer", "shape", "time_us", "intensity",
-                 "achieved_flops_per_s", "tflops", "pct", "bound", "evidence"]]
+    data = part[["operator", "trace", "phase", "layer", "shape", "time_us", "time_text",
+                 "intensity", "achieved_flops_per_s", "achieved_text", "pct", "bound",
+                 "evidence"]]
     out = {c: data[c].astype(object).where(data[c].notna(), None).tolist() for c in data}
     out["size"] = size.tolist()
     return out
 
 
-def _device_line(hw: dict | None) -> str:
+def _device_line(hw: dict | None, traces: int) -> str:
     if not hw:
-        return "Roofline (no device: pass --hardware for roofs)"
-    return (f"Roofline on {hw['name']}: {hw['peak_flops_per_s'] / 1e12:.0f} TFLOP/s "
-            f"{hw['dtype']}, {hw['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, "
-            f"ridge {hw['ridge']:.0f} FLOP/B")
+        return f"{traces} trace(s) without a device: intensities only (pass --hardware for roofs)"
+    return (f"Roofline on {hw['name']}: {si(hw['peak_flops_per_s'], 'FLOP/s')} {hw['dtype']}, "
+            f"{si(hw['bandwidth_bytes_per_s'], 'B/s')}, ridge {hw['ridge']:.0f} FLOP/B "
+            f"({traces} trace(s))")
 
 
-def _cell(value: object, fmt: str) -> str:
+def _cell(value: object, fmt) -> str:
     missing = value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
     if missing:
         return '<td data-v="">-</td>'
-    text = fmt.format(int(value) if fmt == "{:d}" else value)
+    text = fmt(value) if callable(fmt) else fmt.format(int(value) if fmt == "{:d}" else value)
     num = isinstance(value, (int, float)) and not isinstance(value, bool)
     return (f'<td data-v="{value}">{html.escape(text)}</td>' if num
             else f'<td class="t">{html.escape(text)}</td>')
@@ -241,7 +277,7 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
     from bokeh.resources import INLINE
 
     rows = operator_rows(analyses)
-    chart = _chart(analyses, rows)
+    chart = _charts(analyses, rows)
     script, div = components(chart)
     bundle = bundle_for_objs_and_resources([chart], INLINE)  # only the bundles the chart uses
     resources = bundle.scripts() + "".join(f"<style>{c}</style>" for c in bundle.css_raw)
@@ -267,8 +303,9 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
 {script}
 </head><body>
 <h1>{html.escape(title)}</h1>
-<p class="muted">Hover a point for its figures; click a legend entry to hide or show a trace and
-phase; wheel to zoom. Click a column header to sort.</p>
+<p class="muted">One chart per device and compute dtype (each trace under its own roof). Hover a
+point for its figures; click a legend entry to hide or show a trace and phase; wheel to zoom.
+Click a column header to sort.</p>
 {div}
 <h2>Operators</h2>
 {_table(table, _TABLE)}

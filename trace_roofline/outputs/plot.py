@@ -28,6 +28,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
+from trace_roofline.attribution.ranks import rank_info, rank_order
+from trace_roofline.costs.calculator import si
+from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.roofline import Analysis, hardware_summary
 
@@ -36,6 +39,12 @@ TRACE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b
 TRACE_MARKERS = ["o", "s", "D", "v", "P", "X"]
 MAX_TRACES_PER_PANEL = len(TRACE_COLOURS)  # more traces of one hardware: one panel per trace
 SMALL_MULTIPLE_LABELS = 4  # operators labelled per small-multiple panel (the largest by time)
+# A panel of more than two traces labels only each trace's largest operators (by device time),
+# about this many labels in all; the rest are unlabelled points (report.html hovers them all).
+PANEL_LABELS = 24
+# Two traces' points closer than this on both log axes (decades) would hide one another: the
+# later trace's is drawn hollow over the earlier's (the ranks of a TP run sit on top of each other).
+_COINCIDENT_DECADES = 0.04
 # Label offsets tried around a point, nearest first (points; angle 0 = right of the point).
 _RADII = (7, 16, 28, 42, 58, 76, 96, 120)
 _ANGLES = (0, 180, 35, -35, 145, -145, 90, -90, 60, -60, 120, -120)
@@ -54,17 +63,24 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     fig = Figure(figsize=(width * cols, height * rows), dpi=150 if len(panels) < 7 else 100)
     fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))  # room for the notes
     FigureCanvasAgg(fig)
-    placed, skipped = [], {}
+    placed, skipped, declutter = [], {}, set()
+    names = dict(zip(map(id, analyses), trace_labels(analyses), strict=True))
     for i, (hw, group, label_all) in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
         points, roof_texts = _draw_panel(ax, group, hw, skipped, label_all, many=len(panels) > 1,
-                                         title=title)
+                                         title=title, declutter=declutter,
+                                         names=[names[id(a)] for a in group], small=small)
         placed.append((ax, points, roof_texts))
     fig.draw_without_rendering()
     fig.set_layout_engine("none")  # freeze the layout the labels are placed in
     for ax, points, roof_texts in placed:
+        place_slope_label(fig, ax, points, roof_texts)
         place_labels(fig, ax, points, roof_texts)
     notes = []
+    if declutter:
+        notes.append("labels: in a panel of more than two traces, each trace's "
+                     + " / ".join(str(n) for n in sorted(declutter))
+                     + " largest operators by device time and its whole model")
     many = len(analyses) > 1
     tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
             for op, t in skipped.items()]
@@ -78,19 +94,30 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     return fig
 
 
-def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
-            ) -> list[tuple[Hardware | None, list[Analysis], bool]]:
-    """(hardware, analyses, label every operator) per panel: analyses grouped by the hardware
-    they are placed under, in order of first appearance; a group of more than
-    MAX_TRACES_PER_PANEL traces split into one panel per trace, labelling its largest operators."""
-    groups: dict[object, tuple[Hardware | None, list[Analysis]]] = {}
+def panel_groups(analyses: Sequence[Analysis], hardware: Hardware | None = None
+                 ) -> list[tuple[Hardware | None, str | None, list[Analysis]]]:
+    """(hardware, dtype of its roof, analyses) per roof: the analyses grouped by the hardware
+    they are placed under (`hardware` if given, else each one's own) and the peak their compute
+    dtype selects (an fp16 trace never sits under the bf16 roof, a CPU trace never under a
+    GPU's), in order of first appearance. report.html draws one chart per group too."""
+    groups: dict[object, tuple[Hardware | None, str | None, list[Analysis]]] = {}
     for a in analyses:
         hw = hardware or a.hardware
-        groups.setdefault(None if hw is None else (hw.name, hw.mem_bandwidth,
-                                                   tuple(sorted(hw.peak_flops.items()))),
-                          (hw, []))[1].append(a)
+        summary = hardware_summary(a, hw)
+        dtype = summary["dtype"] if summary else None
+        key = None if hw is None else (hw.name, hw.mem_bandwidth, tuple(sorted(hw.peak_flops.items())),
+                                       dtype)
+        groups.setdefault(key, (hw, dtype, []))[2].append(a)
+    return list(groups.values())
+
+
+def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
+            ) -> list[tuple[Hardware | None, list[Analysis], bool]]:
+    """(hardware, analyses, label every operator) per panel: `panel_groups`; a group of more
+    than MAX_TRACES_PER_PANEL traces split into one panel per trace, labelling its largest
+    operators."""
     panels = []
-    for hw, group in groups.values():
+    for hw, _, group in panel_groups(analyses, hardware):
         if len(group) > MAX_TRACES_PER_PANEL:
             panels += [(hw, [a], False) for a in group]
         else:
@@ -99,7 +126,8 @@ def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
 
 
 def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict,
-                label_all: bool, many: bool, title: str | None) -> tuple[list[dict], list]:
+                label_all: bool, many: bool, title: str | None, declutter: set[int],
+                names: list[str], small: bool = False) -> tuple[list[dict], list]:
     """One panel: roof, points, axes and legend; returns the points to label and the roof texts."""
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -119,6 +147,7 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
         if p["y"] is None:
             p["y"] = y_lo * (y_hi / y_lo) ** 0.025
     roof_texts = draw_roof(ax, hw, peak, summary["dtype"]) if hw is not None and peak else []
+    _hollow_coincident(points)
     for p in points:
         if "mx" in p:  # measured intensity: hollow marker, dashed link to the analytical point
             ax.plot([p["x"], p["mx"]], [p["y"], p["y"]], ls="--", lw=0.8, color=p["c"], zorder=2)
@@ -128,27 +157,96 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
         ax.scatter([p["x"]], [p["y"]], s=p["s"], marker=p["m"],
                    facecolors="none" if hollow else p["c"],
                    edgecolors=p["c"] if hollow else "white",
-                   linewidths=1.6 if p["m"] == "*" else 1.2 if hollow else 0.6,
-                   zorder=3 if p["whole"] else 4, alpha=0.9)
+                   linewidths=1.6 if p["m"] == "*" else 1.4 if hollow else 0.6,
+                   zorder=3 if p["whole"] else 5 if p.get("hollow") else 4, alpha=0.9)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
     ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
     ax.yaxis.set_major_formatter(rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
-    device = (f"{hw.name}: {peak / 1e12:.0f} TFLOP/s {summary['dtype']}, "
-              f"{hw.mem_bandwidth / 1e12:.2f} TB/s" if hw is not None and peak
+    device = (f"{hw.name}: {si(peak, 'FLOP/s')} {summary['dtype']}, "
+              f"{si(hw.mem_bandwidth, 'B/s')}" if hw is not None and peak
               else "no device given (no roofs: pass --hardware)")
     if not label_all:  # a small multiple: the trace names the panel
-        a = analyses[0]
-        ax.set_title(f"{short_name(a.trace)}\non {device}", fontsize=8)
-        ranked = sorted((p for p in points if not p["whole"]), key=lambda p: -p["rank"])
-        keep = {id(p) for p in ranked[:SMALL_MULTIPLE_LABELS]}
-        points = [p for p in points if p["whole"] or id(p) in keep]
+        ax.set_title(f"{names[0]}\non {device}", fontsize=8)
+        points = _largest(points, SMALL_MULTIPLE_LABELS)
     else:
-        ax.set_title(title or f"Roofline of {len(analyses)} trace(s) on {device}",
+        what = ("rank(s) of " + short_name(os.path.dirname(analyses[0].trace))
+                if names[0].startswith("rank ") and len(analyses) > 1 else "trace(s)")
+        ax.set_title(title or f"Roofline of {len(analyses)} {what} on {device}",
                      fontsize=11 if not many else 9)
-    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts), outside=label_all)
+        if len(analyses) > 2:  # a pile of labels otherwise: each trace's largest operators
+            per_trace = max(3, PANEL_LABELS // len(analyses) - 1)
+            if sum(not p["whole"] for p in points) > per_trace * len(analyses):
+                declutter.add(per_trace)
+                points = [p for t in dict.fromkeys(p["trace"] for p in points)
+                          for p in _largest([p for p in points if p["trace"] == t], per_trace)]
+    points = _merge_labels(points, "ranks" if names[0].startswith("rank ") else "traces")
+    # In a grid of small multiples every legend sits inside its panel: one outside would
+    # widen its column and push the grid past the figure's right edge.
+    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts),
+            outside=label_all and not small, names=names, titled=not label_all)
     return points, roof_texts
+
+
+def _merge_labels(points: list[dict], what: str) -> list[dict]:
+    """Points of several traces with one label at one spot (the same operator within
+    2 x _COINCIDENT_DECADES on both axes) get one label, '<operator> (N traces)' in dark grey,
+    instead of a pile of N labels in N colours. The markers are all drawn."""
+    out: list[dict] = []
+    for p in points:
+        if p["y"] is None and not p["whole"]:
+            out.append(p)
+            continue
+        twin = next((q for q in out if q["label"] == p["label"] and q["y"] is not None
+                     and p["y"] is not None
+                     and abs(math.log10(q["x"] / p["x"])) < 2 * _COINCIDENT_DECADES
+                     and abs(math.log10(q["y"] / p["y"])) < 2 * _COINCIDENT_DECADES), None)
+        if twin is None and p["y"] is None:
+            twin = next((q for q in out if q["label"] == p["label"] and q["y"] is None
+                         and abs(math.log10(q["x"] / p["x"])) < 2 * _COINCIDENT_DECADES), None)
+        if twin is None:
+            out.append(dict(p, n=1))
+        else:
+            twin["n"] = twin.get("n", 1) + 1
+    for q in out:
+        if q.get("n", 1) > 1:
+            q["label"], q["c"] = f"{q['label']} ({q['n']} {what})", "0.25"
+    return out
+
+
+def _largest(points: list[dict], n: int) -> list[dict]:
+    """The whole-model points and the `n` operator points with the most device time."""
+    ranked = sorted((p for p in points if not p["whole"]), key=lambda p: -p["rank"])
+    keep = {id(p) for p in ranked[:n]}
+    return [p for p in points if p["whole"] or id(p) in keep]
+
+
+def trace_labels(analyses: Sequence[Analysis]) -> list[str]:
+    """How the chart names each trace: `rank 0`, `rank 1`, ... when the traces are the ranks of
+    one run (ranks.rank_order: distributedInfo or the file name), else the file name's stem."""
+    infos = [rank_info(a.trace, {"distributedInfo": a.distributed} if a.distributed else None)
+             for a in analyses]
+    try:
+        ranked = rank_order(infos) is not None
+    except InputError:  # two traces claim one rank: not a set of ranks
+        ranked = False
+    return ([f"rank {i.label}" for i in infos] if ranked
+            else [short_name(a.trace) for a in analyses])
+
+
+def _hollow_coincident(points: list[dict]) -> None:
+    """A point of a later trace that would cover an earlier trace's point (within
+    _COINCIDENT_DECADES on both axes) is drawn hollow, above it: both stay visible."""
+    drawn: list[tuple[float, float, str]] = []
+    for p in points:
+        if p["whole"] or p["y"] is None:
+            continue
+        x, y = math.log10(p["x"]), math.log10(p["y"])
+        if any(t != p["trace"] and abs(x - dx) < _COINCIDENT_DECADES
+               and abs(y - dy) < _COINCIDENT_DECADES for dx, dy, t in drawn):
+            p["hollow"] = True
+        drawn.append((x, y, p["trace"]))
 
 
 def _style(i: int, a: Analysis, phase: str) -> tuple[str, str]:
@@ -174,7 +272,8 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
                 continue
             share = r.time_share if pos(r.time_share) else 0.0
             p = {"x": float(x), "y": float(y), "c": colour, "m": _style(i, a, r.phase)[1],
-                 "s": 25 + 600 * share, "label": r.operator, "whole": False, "rank": share}
+                 "s": 25 + 600 * share, "label": r.operator, "whole": False, "rank": share,
+                 "trace": i}
             mi = getattr(r, "measured_intensity", None)
             if pos(mi):
                 p["mx"] = float(mi)
@@ -185,12 +284,13 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
                 label = "whole model" if len(a.whole_by_phase) == 1 else f"whole model ({phase})"
                 points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
                                "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,
-                               "label": label})
+                               "label": label, "trace": i})
         for e in a.extrapolated_whole.values():  # no time: marked on the bottom edge
             if pos(e.get("intensity")):
                 points.append({"x": float(e["intensity"]), "y": None, "c": colour, "m": "^",
                                "s": 110, "whole": True, "rank": 1.5, "hollow": True,
-                               "label": f"{a.layers} layers: I = {e['intensity']:.3g}"})
+                               "label": f"{a.layers} layers: I = {e['intensity']:.3g}",
+                               "trace": i})
     return points
 
 
@@ -222,7 +322,7 @@ def draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
         ax.annotate(f"ridge I* = {ridge:.0f} FLOP/B", (ridge, y_lo), xytext=(-3, 6),
                     textcoords="offset points", rotation=90, ha="right", va="bottom",
                     fontsize=8, color="0.3"),
-        ax.annotate(f"compute roof\n{peak / 1e12:.0f} TFLOP/s {dtype}", (x_hi, peak),
+        ax.annotate(f"compute roof\n{si(peak, 'FLOP/s')} {dtype}", (x_hi, peak),
                     xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom",
                     fontsize=8),
     ]
@@ -232,10 +332,55 @@ def draw_roof(ax, hw: Hardware, peak: float, dtype: str) -> list:
     p0 = ax.transData.transform((x0, x0 * bw))
     p1 = ax.transData.transform((x0 * 2, x0 * 2 * bw))
     angle = math.degrees(math.atan2(p1[1] - p0[1], p1[0] - p0[0]))
-    texts.append(ax.annotate(f"memory slope {bw / 1e12:.2f} TB/s", (x0, x0 * bw), xytext=(0, 6),
+    texts.append(ax.annotate(f"memory slope {si(bw, 'B/s')}", (x0, x0 * bw), xytext=(0, 6),
                              textcoords="offset points", rotation=angle,
                              rotation_mode="anchor", fontsize=8))
     return texts
+
+
+# Where along the memory slope (fraction of its log length from the left edge to the ridge)
+# its label may sit, tried in order: the first whose box covers no point wins.
+_SLOPE_SPOTS = (0.2, 0.1, 0.3, 0.04, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def place_slope_label(fig: Figure, ax, points: list[dict], roof_texts: list) -> None:
+    """Move the memory-slope label (draw_roof's) along the slope to the first spot where it
+    covers no marker (decode points near the roof sit right under its default spot), its
+    angle recomputed for the frozen layout."""
+    label = next((t for t in roof_texts if t.get_text().startswith("memory slope")), None)
+    if label is None:
+        return
+    renderer = fig.canvas.get_renderer()
+    px_per_pt = fig.dpi / 72.0
+    marks = []
+    for p in points:
+        if p["y"] is None:
+            continue
+        cx, cy = ax.transData.transform((p["x"], p["y"]))
+        r = math.sqrt(p["s"]) * px_per_pt / 2 + 2
+        marks.append(Bbox.from_extents(cx - r, cy - r, cx + r, cy + r))
+    (x_lo, _), bw = ax.get_xlim(), label.xy[1] / label.xy[0]
+    ridge = next((ln.get_xdata()[0] for ln in ax.get_lines()[1:2]), None)
+    if ridge is None or ridge <= x_lo:
+        return
+    frame = ax.get_window_extent(renderer)
+
+    def put(frac: float) -> Bbox:
+        x0 = math.exp(math.log(x_lo) + (math.log(ridge) - math.log(x_lo)) * frac)
+        p0 = ax.transData.transform((x0, x0 * bw))
+        p1 = ax.transData.transform((x0 * 2, x0 * 2 * bw))
+        label.xy = (x0, x0 * bw)
+        label.set_rotation(math.degrees(math.atan2(p1[1] - p0[1], p1[0] - p0[0])))
+        return label.get_window_extent(renderer)
+
+    for frac in _SLOPE_SPOTS:
+        box = put(frac)
+        # the rotated text is a band along its box's diagonal, not the whole box
+        band = _densify(np.array([[box.x0, box.y0], [box.x1, box.y1]]))
+        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 <= frame.y1
+        if inside and not any(_crosses(m.padded(6), band) for m in marks):
+            return
+    put(_SLOPE_SPOTS[0])  # crowded everywhere: the default spot
 
 
 def rate_formatter():
@@ -251,15 +396,18 @@ def rate_formatter():
 
 
 def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
-            outside: bool = True) -> None:
-    """Traces, phases of a mixed trace and symbols; to the right of the axes (`outside`) or,
-    in a small multiple, small in its upper left, where nothing is attainable."""
+            outside: bool = True, names: Sequence[str] | None = None,
+            titled: bool = False) -> None:
+    """Traces (`names`, default their file stems), phases of a mixed trace and symbols; to the
+    right of the axes (`outside`) or, in a small multiple, small in its upper left, where
+    nothing is attainable."""
     handles = []
+    names = names or [short_name(a.trace) for a in analyses]
     for i, a in enumerate(analyses):
         phases = sorted(set(a.operators["phase"].dropna()))
         colour, marker = _style(i, a, phases[0] if phases else "unknown")
         handles.append(Line2D([], [], ls="", marker=marker, color=colour, markersize=8,
-                              label=f"{short_name(a.trace)} ({'/'.join(phases)})"))
+                              label=f"{names[i]} ({'/'.join(phases)})"))
     mixed = sorted({p for a in analyses if a.operators["phase"].nunique() > 1
                     for p in a.operators["phase"].dropna()})
     for phase in mixed:  # a trace holding several phases: its colour alone does not say which
@@ -279,13 +427,19 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                   borderaxespad=0.0, framealpha=0.9)
     else:  # above the memory slope nothing is attainable: the upper left stays free of points
-        ax.legend(handles=handles[1:], loc="upper left", fontsize=6, framealpha=0.9)
+        # (a small multiple's title names its trace: no entry for it)
+        ax.legend(handles=handles[1:] if titled else handles, loc="upper left", fontsize=6,
+                  framealpha=0.9)
 
 
-def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
+def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
+                 avoid: Sequence[dict] = (), avoid_lines: Sequence[np.ndarray] = ()) -> None:
     """Greedy placement: biggest points first, each label at the nearest candidate offset whose
     box overlaps no placed label, marker, roof line or roof text, the legend or the axes edge;
-    a leader line joins a label set away from its point."""
+    a leader line joins a label set away from its point. `avoid` are unlabelled markers
+    ({x, y, s}: the diff chart's A side) and `avoid_lines` polylines in data coordinates (its
+    arrows) that labels must not cover either. Where no spot is free, the candidate inside
+    the axes with the fewest overlaps."""
     renderer = fig.canvas.get_renderer()
     px_per_pt = fig.dpi / 72.0
     frame = ax.get_window_extent(renderer)
@@ -298,6 +452,8 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
     # Every line (roof, ridge, measured links), sampled densely in display space; a rotated
     # text (the slope label) is a band along its box's diagonal, not its whole bounding box.
     segs = [_densify(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()]
+    segs += [_densify(ax.transData.transform(np.asarray(line, dtype=float)))
+             for line in avoid_lines]
     for t in fixed:
         if t.get_rotation() and 0 < t.get_rotation() < 90:
             b = t.get_window_extent(renderer)
@@ -308,6 +464,10 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
     marks = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
              for (cx, cy), p in zip(centres, points, strict=True)
              for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
+    others = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
+              for p in avoid if p.get("y") is not None
+              for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
+              for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
     order = sorted(range(len(points)), key=lambda i: -points[i]["rank"])
     for i in order:
         p, (cx, cy) = points[i], centres[i]
@@ -317,7 +477,7 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
         text.remove()
         w, h = ext.width, ext.height
         own = math.sqrt(p["s"]) / 2
-        best = None
+        best, fallback = None, None
         for radius in _RADII:
             for angle in _ANGLES:
                 dx = (radius + own) * math.cos(math.radians(angle))
@@ -328,17 +488,25 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list) -> None:
                 box = Bbox.from_extents(x0 - 1, y0 - 1, x0 + w + 1, y0 + h + 1)
                 inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
                           and box.y1 <= frame.y1)
+                if not inside:
+                    continue
                 leader = np.linspace((cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)
-                if (inside and not any(box.overlaps(b) for b in taken)
-                        and not any(box.overlaps(m) for j, m in enumerate(marks) if j != i)
-                        and not _crosses(box, lines)
-                        and not any(_crosses(b, leader) for b in taken[:n_fixed])):
+                clashes = (sum(box.overlaps(b) for b in taken)
+                           + sum(box.overlaps(m) for j, m in enumerate(marks) if j != i)
+                           + sum(box.overlaps(m) for m in others)
+                           + _crosses(box, lines)
+                           + sum(_crosses(b, leader) for b in taken[:n_fixed]))
+                if not clashes:
                     best = (dx, dy, ha, box)
                     break
+                if fallback is None or clashes < fallback[0]:
+                    fallback = (clashes, (dx, dy, ha, box))
             if best:
                 break
-        if best is None:  # crowded everywhere: the farthest spot to the right
-            dx = (_RADII[-1] + own)
+        if best is None and fallback is not None:  # crowded everywhere: the fewest overlaps
+            best = fallback[1]
+        if best is None:  # no spot inside the axes at all: to the right
+            dx = (_RADII[0] + own)
             x0 = cx + dx * px_per_pt
             best = (dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2))
         dx, dy, ha, box = best

@@ -2,10 +2,11 @@
 
 Log-log axes and roofs as in `plot.roofline_figure` (A's device). Per (phase, operator) present
 in both with positive intensity and achieved FLOP/s on both sides: a hollow marker at A, a filled
-one at B and an arrow A -> B, green when B is faster, red when slower; the label (at B) carries
+one at B and an arrow A -> B, green when B is faster, red when slower, blue within ±2%
+(`NEUTRAL_BAND`: 0.99x is timing noise, not a regression); the label (at B) carries
 the speed-up and `FLOPs changed` when the work differs. An operator plottable on one side
 only (absent from the other, or 0 FLOPs there) is a lone grey marker, hollow for A, filled for
-B. The whole model is a star. Returns a Figure.
+B. The whole model is a star. Labels avoid the A markers and the arrows too. Returns a Figure.
 """
 
 from __future__ import annotations
@@ -23,12 +24,22 @@ from trace_roofline.outputs.plot import (
     PHASE_MARKERS,
     draw_roof,
     place_labels,
+    place_slope_label,
     pos,
     rate_formatter,
     short_name,
 )
 
-FASTER, SLOWER, ONE_SIDE = "#2ca02c", "#d62728", "0.45"
+FASTER, SLOWER, NEUTRAL, ONE_SIDE = "#2ca02c", "#d62728", "#1f77b4", "0.45"
+# A speed-up within this of 1 (1.00x, 0.99x, 1.02x) is drawn NEUTRAL: neither faster nor slower.
+NEUTRAL_BAND = 0.02
+
+
+def arrow_colour(speedup: float) -> str:
+    """FASTER, SLOWER, or NEUTRAL within ±NEUTRAL_BAND of 1x (as the label prints it: 1.02x)."""
+    if abs(round(speedup, 2) - 1.0) <= NEUTRAL_BAND + 1e-9:
+        return NEUTRAL
+    return FASTER if speedup > 1 else SLOWER
 
 
 def _points(table: pd.DataFrame) -> tuple[list[dict], list[tuple], list[str]]:
@@ -42,7 +53,7 @@ def _points(table: pd.DataFrame) -> tuple[list[dict], list[tuple], list[str]]:
         marker = "*" if whole else PHASE_MARKERS.get(r.phase, "^")
         size = 260 if whole else 60
         if a and b:
-            colour = FASTER if r.speedup >= 1 else SLOWER
+            colour = arrow_colour(r.speedup)
             arrows.append((r.intensity_a, r.achieved_flops_per_s_a, r.intensity_b,
                            r.achieved_flops_per_s_b, colour, marker, size))
             same = r.flops_equal is pd.NA or bool(r.flops_equal)
@@ -106,10 +117,16 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
                Line2D([], [], ls="", marker="o", color="0.3", label="B"),
                Line2D([], [], color=FASTER, label="B faster (label: speed-up A/B)"),
                Line2D([], [], color=SLOWER, label="B slower"),
+               Line2D([], [], color=NEUTRAL, label=f"within ±{NEUTRAL_BAND:.0%} (unchanged)"),
                Line2D([], [], ls="", marker="*", color="0.3", markersize=12, label=WHOLE)]
     ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
-    place_labels(fig, ax, points, roof_texts)
-    fig.set_layout_engine("none")
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")  # freeze the layout the labels are placed in
+    place_slope_label(fig, ax, points + [{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
+                      roof_texts)
+    place_labels(fig, ax, points, roof_texts,
+                 avoid=[{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
+                 avoid_lines=[[(v[0], v[1]), (v[2], v[3])] for v in arrows])
     if skipped:
         note = "not on the log axes (0 FLOPs or no time): " + ", ".join(dict.fromkeys(skipped))
         fig.text(0.01, 0.005, textwrap.fill(note, 200), fontsize=7, color="0.3", ha="left",

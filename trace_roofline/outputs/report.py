@@ -34,6 +34,7 @@ from dataclasses import asdict
 
 import pandas as pd
 
+from trace_roofline.costs.calculator import si  # noqa: F401 (report.si: the units of every text output)
 from trace_roofline.costs.crosscheck import describe
 from trace_roofline.roofline import Analysis, hardware_summary, operators_frame
 
@@ -70,21 +71,8 @@ def conventions_line(a: Analysis) -> str:
 
 
 # ----------------------------------------------------------------------------- units
-_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
 def _missing(x: object) -> bool:
     return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
-
-
-def si(x: object, unit: str) -> str:
-    """`x` in `unit` with an SI prefix that keeps 1 <= mantissa < 1000, four significant
-    digits: 407510000 B -> '407.5 MB', 3.54e12 FLOP/s -> '3.54 TFLOP/s'; '-' when missing."""
-    if _missing(x):
-        return "-"
-    v = float(x)
-    scale, prefix = next(((s, p) for s, p in _PREFIXES if abs(v) >= s * 0.99995), (1.0, ""))
-    return f"{v / scale:.4g} {prefix}{unit}"
 
 
 def duration(us: object) -> str:
@@ -131,6 +119,32 @@ def _head(width: int, measured: bool) -> str:
             + ("".join(f" {t:>{w}}" for t, w in _NCU_COLUMNS) if measured else "")).rstrip()
 
 
+def share_text(fraction: float) -> str:
+    """A share of time as a whole percentage that never rounds a part to nothing or to all:
+    1 -> '100%', 0.592 -> '59%', 0.003 -> '<1%', 0.997 -> '>99%'."""
+    pct = 100 * fraction
+    if 0 < pct < 0.5:
+        return "<1%"
+    if 99.5 <= pct < 100:
+        return ">99%"
+    return f"{pct:.0f}%"
+
+
+def evidence_text(mix: object) -> str:
+    """`evidence_mix` ('shape 0.408, position 0.592': each evidence with its fraction of the
+    operator's time) as percentages: 'shape 41%, position 59%'; '-' when missing."""
+    if not isinstance(mix, str) or not mix:
+        return "-"
+    parts = []
+    for part in mix.split(", "):
+        name, _, value = part.rpartition(" ")
+        try:
+            parts.append(f"{name} {share_text(float(value))}")
+        except ValueError:  # not 'name fraction': shown as written
+            parts.append(part)
+    return ", ".join(parts)
+
+
 def evidence_cell(evidence: object, mix: object) -> str:
     """The evidence of an operator row: 'annotation', or 'annotation 97%' when other evidence
     named part of its time (`evidence_mix` lists it all)."""
@@ -139,7 +153,7 @@ def evidence_cell(evidence: object, mix: object) -> str:
     parts = mix.split(", ") if isinstance(mix, str) else []
     if len(parts) < 2:
         return evidence
-    return f"{evidence} {100 * float(parts[0].rsplit(' ', 1)[1]):.0f}%"
+    return f"{evidence} {share_text(float(parts[0].rsplit(' ', 1)[1]))}"
 
 
 def _cells(kernels, time_us, share, flops, nbytes, intensity, fps, bps, roof) -> list[str]:
@@ -196,6 +210,8 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     lines += moe_lines(a)
     if a.ncu is not None:
         lines.append(_ncu_line(a.ncu))
+    if note := below_minimum_note(a):
+        lines.append(f"! {note}")
     for phase, ext in a.extrapolated_whole.items():
         lines.append(f"extrapolated to {a.layers} layers + embedding/lm_head "
                      f"({phase}, per forward pass): {si(ext['flops'], 'FLOP')}, "
@@ -260,6 +276,28 @@ def _moe_phase(phase: str, d: dict) -> list[str]:
                    f"{d['dense_equivalent_intensity']:.2f} FLOP/B, its weights read once for all "
                    f"{num('tokens')} tokens")
     return [first, second]
+
+
+# Measured DRAM bytes below this fraction of the analytical minimum get a note (ncu's counters
+# agree with the minimum within about 1% where every tensor does go through DRAM once).
+BELOW_MINIMUM = 0.95
+
+
+def below_minimum_note(a: Analysis) -> str | None:
+    """With ncu bytes joined: the operators whose measured DRAM bytes are under the analytical
+    minimum (ncu/an < BELOW_MINIMUM), and what that means, in one line; None when there are none."""
+    ops = a.operators[a.operators["layer"].isna()]
+    if "measured_bytes" not in ops.columns:
+        return None
+    ratio = ops["measured_bytes"] / ops["bytes"].where(ops["bytes"] > 0)
+    low = ops.assign(ratio=ratio)[ratio < BELOW_MINIMUM].sort_values("ratio", kind="stable")
+    if low.empty:
+        return None
+    names = ", ".join(f"{r.operator} ({r.phase}, {r.ratio:.2f}x)" for r in low.itertuples())
+    return (f"ncu measured fewer DRAM bytes than the analytical minimum for {names}: the minimum "
+            "reads every input and writes every output once through DRAM, so part of this "
+            "traffic was served from L2 (a tensor the previous kernel left there): the measured "
+            "intensity (ncu F/B) is the one this kernel saw, above the analytical")
 
 
 def _ncu_line(n: dict) -> str:
@@ -547,7 +585,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
             out.append(_md_row(r.operator, r.phase, _cells(
                 r.kernels, r.time_us, r.time_share, r.flops, r.bytes, r.intensity,
                 r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag,
-                r.evidence_mix if isinstance(r.evidence_mix, str) else "-"))
+                evidence_text(r.evidence_mix)))
         for phase, w in a.whole_by_phase.items():
             if w.get("withheld"):
                 out.append(f"| **whole model** | {phase} | {withheld_text(w)} |" + " |" * 11)
@@ -559,6 +597,10 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 w.get("bound"), "", "sum of the rows"))
         if _flagged(ops["exceeds_roof"].any()):
             out += ["", f"⚠ {ABOVE_ROOF_NOTE}"]
+        if a.ncu is not None:
+            out += ["", f"- {_ncu_line(a.ncu)}"]
+        if note := below_minimum_note(a):
+            out += ["", f"- ⚠ {note}"]
         out += ["", "### Reconciliation: ΣFLOPs/Σbytes = Σ byte share × intensity, per phase", "",
                 "| phase | operator | byte share | intensity | contribution |", "|---|---|---|---|---|"]
         for phase in a.whole_by_phase:

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The minimum-versions leg: a fresh venv with EXACTLY the lowest versions pyproject.toml declares for
+# the libraries the analyzer and its tests use (pandas, pyarrow, numpy, matplotlib, msgspec, bokeh,
+# dask + distributed, isal), then the whole test suite. The rest (pytest, hypothesis, transformers,
+# torch==2.13.0, the CPU wheel on this machine's disk) resolves as in .ci/run.
+#
+# It runs on a copy of the work tree (tracked and untracked, not ignored files) in a temporary
+# folder, so the editable install's in-place build of the compiled scanner never touches the
+# checkout. Usage: bash .ci/min_versions.sh [extra pytest arguments]. KEEP=1 keeps the folder.
+#
+# The pins below must equal pyproject.toml's ">=" minimums: the script checks that before it
+# installs anything, so raising a minimum without updating this list (or the reverse) fails here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+PINS=(
+    "pandas==3.0.0"
+    "pyarrow==14.0.0"
+    "numpy==1.26.0"
+    "matplotlib==3.7.0"
+    "msgspec==0.18.0"
+    "bokeh==3.4.0"
+    "dask==2024.8.0"
+    "distributed==2024.8.0"
+    "isal==1.6.0"
+)
+
+# Every pin must be the declared minimum (distributed comes with dask[distributed]'s minimum).
+python3 - "${PINS[@]}" <<'EOF'
+import re, sys, tomllib
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+declared = list(project["dependencies"])
+for extra in project["optional-dependencies"].values():
+    declared += extra
+minimums = {}
+for req in declared:
+    m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9][^,;\s]*)\s*", req)
+    if m:
+        minimums[m.group(1).lower()] = m.group(3)
+minimums["distributed"] = minimums.get("dask")
+bad = []
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    want = minimums.get(name)
+    # pyproject may say ">=14" for the pin 14.0.0: compare release tuples padded with zeros.
+    norm = lambda v: tuple(int(x) for x in re.findall(r"\d+", v)) + (0,) * 4
+    if want is None or norm(want)[:4] != norm(version)[:4]:
+        bad.append(f"{pin}: pyproject.toml declares {name}>={want}")
+if bad:
+    sys.exit("min_versions.sh pins differ from pyproject.toml:\n  " + "\n  ".join(bad))
+EOF
+
+start=$(date +%s)
+work=$(mktemp -d "${TMPDIR:-/tmp}/trace-roofline-min.XXXXXX")
+cleanup() { if [[ "${KEEP:-}" != 1 ]]; then rm -rf "$work"; else echo "kept $work"; fi; }
+trap cleanup EXIT
+
+# The work tree as git sees it (what a commit of it would hold), without build outputs.
+mkdir "$work/src"
+git ls-files -z --cached --others --exclude-standard \
+    | (cd "$repo" && xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _) \
+    | tar -C "$repo" --null -T - -cf - | tar -C "$work/src" -xf -
+
+python3 -m venv "$work/venv"
+py="$work/venv/bin/python"
+printf '%s\n' "${PINS[@]}" > "$work/constraints.txt"
+"$py" -m pip install -q --upgrade pip
+# The pins as constraints: if anything asks for a newer version the resolver fails loudly
+# instead of upgrading past the minimum.
+"$py" -m pip install -q -c "$work/constraints.txt" "${PINS[@]}"
+(cd "$work/src" && "$py" -m pip install -q -c "$work/constraints.txt" torch==2.13.0 -e ".[workloads,dev]")
+
+echo "installed:"
+"$py" - <<'EOF'
+from importlib.metadata import version
+print("  " + ", ".join(f"{n} {version(n)}" for n in
+      ["pandas", "pyarrow", "numpy", "matplotlib", "msgspec", "bokeh", "dask", "distributed", "isal",
+       "torch", "transformers", "pytest", "hypothesis"]))
+EOF
+
+set +e
+(cd "$work/src" && "$py" -m pytest -q -x -p no:cacheprovider "$@")
+rc=$?
+set -e
+echo "min_versions.sh: pytest exit $rc after $(( $(date +%s) - start )) s"
+exit $rc
