@@ -7,7 +7,8 @@ name) or a directory holding one `tensorboard_trace_handler` file (`*.pt.trace.j
 The package, in the order the bytes flow (figures in benchmarks/README.md):
 - load.py: the entry points (`load_trace`, `load_traces`, `parse_dims`, `progress_bar`);
 - read.py: a file's bytes (directory listing, gunzip, a `Window` that reads a plain file 16 MiB
-  at a time into one buffer as it is decoded, so the file is never in memory whole);
+  at a time into one buffer as it is decoded, so the file is never in memory whole), every read
+  through the one descriptor opened first and checked against that file's identity;
 - decode.py: bytes -> events. The events array is cut between two events every ~1 MiB and
   each batch is decoded in place by msgspec into GC-free Structs that carry only the fields the
   tables use (everything else in an event is skipped by the C decoder); every cut is proven by
@@ -42,6 +43,10 @@ Bad input (policy, see tests/test_robustness.py): anything that makes the file u
 whole raises `InputError("<file>: <problem>")` -- missing file, empty directory, truncated or
 malformed JSON, corrupt gzip, invalid UTF-8 in a field we read, nesting too deep, wrong
 top-level type, `traceEvents` missing or not a list, and a trace with no kernels and no cpu ops.
+A file rewritten while it is read is read again, whole (the Raw way), as it is then; rewritten
+again meanwhile, it is `InputError("<file>: changed while it was being read")`. What holds for
+hostile input (crafted names, huge strings, a full $TMPDIR, files replaced or rewritten) is in
+docs/security.md (kept by tests/test_hostile_ingest.py).
 Single bad events are skipped and counted in `meta["skipped_events"]` (reason -> count): ph,
 cat, name, ts or dur of the wrong type (or a number out of float range), a complete ('X') event
 without ts/dur, a negative or longer-than-a-day duration, a device/cpu category with a phase

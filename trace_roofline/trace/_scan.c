@@ -16,12 +16,25 @@
  * byte in a string, an escape in a key, a repeated key, JSON it cannot prove valid) makes it
  * return a short reason (str) instead, and the batch is decoded the msgspec way. It keeps no
  * reference to `buf`, and scans without the GIL (a Scanner serves one thread at a time).
+ *
+ * Traces are untrusted input (docs/security.md): crafted keys cannot make the string tables
+ * quadratic (table_code: a keyed hash once keys collide), column rows are reserved per event
+ * read, not per byte, and tests/test_hostile_ingest.py and .ci/sanitize.sh (ASan + UBSan,
+ * differential tests and a bounded fuzz run against msgspec) keep it so.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Words are read with native loads as little-endian words (key words, hashes, plain_run): a
+ * big-endian build would miss every key silently, so it does not build (the install then goes
+ * on without the scanner: setup.py's extension is optional) and, where the compiler cannot
+ * tell, the module refuses to import (PyInit__scan); traces are then read by msgspec. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "_scan.c reads words as little-endian: not built on this big-endian target"
+#endif
 
 #define MISSING INT64_MIN
 #define MAX_DEPTH 64
@@ -44,9 +57,14 @@ typedef struct {
     size_t *at;       /* code -> offset of its key in arena (n + 1 entries) */
     size_t n, at_room;
     size_t handed;    /* codes already returned to Python */
+    int keyed;        /* hashed with sip_hash (else fast_hash): see table_code */
 } Table;
 
-static uint64_t hash_bytes(const char *s, size_t n) {
+/* Two hashes of key s[:n] (never 0, which marks an empty slot). fast_hash is a multiplicative
+ * hash, quick but unkeyed and invertible: anyone can write keys that collide. sip_hash is
+ * SipHash-1-3 (CPython's str hash) under a key drawn from os.urandom at import, which no one
+ * who writes a trace can know. */
+static uint64_t fast_hash(const char *s, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
     while (n >= 8) {
         uint64_t w;
@@ -63,6 +81,43 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h | 1;
 }
 
+static uint64_t SIP_K0, SIP_K1;
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                  \
+    do {                                                          \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32); \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                    \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                    \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32); \
+    } while (0)
+
+static uint64_t sip_hash(const char *s, size_t n) {
+    uint64_t v0 = SIP_K0 ^ 0x736f6d6570736575ull, v1 = SIP_K1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = SIP_K0 ^ 0x6c7967656e657261ull, v3 = SIP_K1 ^ 0x7465646279746573ull;
+    uint64_t last = (uint64_t)n << 56;
+    for (; n >= 8; s += 8, n -= 8) {
+        uint64_t m;
+        memcpy(&m, s, 8);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t i = 0; i < n; i++) last |= (uint64_t)(unsigned char)s[i] << (8 * i);
+    v3 ^= last;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return (v0 ^ v1 ^ v2 ^ v3) | 1;
+}
+
+static inline uint64_t key_hash(int keyed, const char *s, size_t n) {
+    return keyed ? sip_hash(s, n) : fast_hash(s, n);
+}
+
 static void table_free(Table *t) {
     PyMem_RawFree(t->hash);
     PyMem_RawFree(t->code);
@@ -71,43 +126,64 @@ static void table_free(Table *t) {
     memset(t, 0, sizeof *t);
 }
 
-static int table_grow(Table *t) {
-    size_t cap = t->cap ? t->cap * 2 : 1024;
+/* A table starts with fast_hash. A lookup that probes more than MAX_PROBE slots, or meets
+ * another key of the same hash, hashes the whole table again with sip_hash, for good: crafted
+ * keys cost at most MAX_PROBE probes each before that, real ones (at a load of at most 1/2)
+ * never get there. */
+#define MAX_PROBE 128
+
+/* The slots rebuilt into `cap` of them, hashed with sip_hash if `keyed` (else as they are);
+ * -1 when out of memory, 1 when a key probes past MAX_PROBE with fast_hash (nothing changed). */
+static int table_slots(Table *t, size_t cap, int keyed) {
     uint64_t *hash = PyMem_RawCalloc(cap, sizeof *hash);
     int32_t *code = PyMem_RawMalloc(cap * sizeof *code);
-    if (!hash || !code) {
+    int r = hash && code ? 0 : -1;
+    for (size_t i = 0; r == 0 && i < t->cap; i++) {
+        if (!t->hash[i]) continue;
+        int32_t c = t->code[i];
+        uint64_t h = keyed == t->keyed ? t->hash[i] : sip_hash(t->arena + t->at[c], t->at[c + 1] - t->at[c]);
+        size_t j = h & (cap - 1), probes = 0;
+        for (; hash[j]; j = (j + 1) & (cap - 1)) probes++;
+        if (!keyed && probes > MAX_PROBE) r = 1;
+        hash[j] = h;
+        code[j] = c;
+    }
+    if (r != 0) {
         PyMem_RawFree(hash);
         PyMem_RawFree(code);
-        return -1;
-    }
-    for (size_t i = 0; i < t->cap; i++) {
-        if (!t->hash[i]) continue;
-        size_t j = t->hash[i] & (cap - 1);
-        while (hash[j]) j = (j + 1) & (cap - 1);
-        hash[j] = t->hash[i];
-        code[j] = t->code[i];
+        return r;
     }
     PyMem_RawFree(t->hash);
     PyMem_RawFree(t->code);
     t->hash = hash;
     t->code = code;
     t->cap = cap;
+    t->keyed = keyed;
     return 0;
+}
+
+static int table_grow(Table *t) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    int r = table_slots(t, cap, t->keyed);
+    return r == 1 ? table_slots(t, cap, 1) : r;
 }
 
 /* The code of key s[:n], added if new; -1 when out of memory. */
 static int32_t table_code(Table *t, const char *s, size_t n) {
     if ((t->n + 1) * 2 > t->cap && table_grow(t) < 0) return -1;
-    uint64_t h = hash_bytes(s, n);
-    size_t j = h & (t->cap - 1);
+    uint64_t h = key_hash(t->keyed, s, n);
+    size_t j = h & (t->cap - 1), probes = 0;
     for (; t->hash[j]; j = (j + 1) & (t->cap - 1)) {
-        if (t->hash[j] != h) continue;
-        int32_t c = t->code[j];
-        size_t a = t->at[c], len = t->at[c + 1] - a;
-        if (len == n && memcmp(t->arena + a, s, n) == 0) return c;
+        if (t->hash[j] == h) {
+            int32_t c = t->code[j];
+            size_t a = t->at[c], len = t->at[c + 1] - a;
+            if (len == n && (n == 0 || memcmp(t->arena + a, s, n) == 0)) return c;
+        }
+        if (!t->keyed && (t->hash[j] == h || ++probes > MAX_PROBE)) /* (crafted keys) */
+            return table_slots(t, t->cap, 1) < 0 ? -1 : table_code(t, s, n);
     }
     if (t->n >= INT32_MAX - 1) return -1;
-    if (t->used + n > t->room) {
+    if (!t->arena || t->used + n > t->room) { /* (allocated for an empty first key too) */
         size_t room = (t->room + n) * 2 + 4096;
         char *arena = PyMem_RawRealloc(t->arena, room);
         if (!arena) return -1;
@@ -122,7 +198,7 @@ static int32_t table_code(Table *t, const char *s, size_t n) {
         t->at_room = room;
         if (t->n == 0) t->at[0] = 0;
     }
-    memcpy(t->arena + t->used, s, n);
+    if (n) memcpy(t->arena + t->used, s, n);
     t->used += n;
     t->at[t->n + 1] = t->used;
     t->hash[j] = h;
@@ -629,9 +705,20 @@ static int read_fields(Scanner *sc, Lex *x, const Lookup *lk, Row *r, RawArgs *r
 
 /* ---------------------------------------------------------------- the scanner */
 
-static int reserve(Scanner *sc, size_t events) {
+/* Move the first `used` rows of each of a block's `columns` from a layout of `from` rows per
+ * column to one of `to` (> from) rows: the last column first, each moving up past the rest. */
+static void spread(void *block, size_t columns, size_t from, size_t to, size_t used, size_t item) {
+    char *b = block;
+    for (size_t c = columns; used && c-- > 1;) memmove(b + c * to * item, b + c * from * item, used * item);
+}
+
+/* Room in the column blocks for at least `events` rows, the first `used` of each column kept;
+ * -1 when out of memory (the blocks are then as they were). Rows are reserved as events are
+ * read, not from the bytes of a batch: a '{' in a string is no event. */
+static int reserve(Scanner *sc, size_t events, size_t used) {
     if (events <= sc->room) return 0;
     size_t room = events * 2 + 256;
+    if (room > SIZE_MAX / (I64_COLUMNS * sizeof(int64_t))) return -1;
     int32_t *i32 = PyMem_RawRealloc(sc->i32, room * I32_COLUMNS * sizeof *i32);
     if (i32) sc->i32 = i32;
     double *f64 = PyMem_RawRealloc(sc->f64, room * F64_COLUMNS * sizeof *f64);
@@ -639,6 +726,9 @@ static int reserve(Scanner *sc, size_t events) {
     int64_t *i64 = PyMem_RawRealloc(sc->i64, room * I64_COLUMNS * sizeof *i64);
     if (i64) sc->i64 = i64;
     if (!i32 || !f64 || !i64) return -1;
+    spread(sc->i32, I32_COLUMNS, sc->room, room, used, sizeof *i32);
+    spread(sc->f64, F64_COLUMNS, sc->room, room, used, sizeof *f64);
+    spread(sc->i64, I64_COLUMNS, sc->room, room, used, sizeof *i64);
     sc->room = room;
     return 0;
 }
@@ -663,7 +753,7 @@ static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int coun
     size_t k = 0;
     for (int i = 0; i < count; i++) {
         if (i) sc->key[k++] = '\x01';
-        memcpy(sc->key + k, ra->raw[idx[i]], ra->raw_len[idx[i]]);
+        if (ra->raw_len[idx[i]]) memcpy(sc->key + k, ra->raw[idx[i]], ra->raw_len[idx[i]]); /* (else NULL) */
         k += ra->raw_len[idx[i]];
     }
     return table_code(&sc->raws, sc->key, k);
@@ -672,14 +762,16 @@ static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int coun
 static const int DEVICE_RAW[] = {A_GRID, A_BLOCK};
 static const int CPU_RAW[] = {A_DIMS, A_DIMS_LEGACY, A_TYPES, A_CONCRETE, A_STRIDES};
 
-/* Events of text [p, end) into the column blocks (laid out for `room` rows); their number, or -1. */
-static Py_ssize_t scan_events(Scanner *sc, Lex *x, size_t room) {
+/* Events of text [p, end) into the column blocks (laid out for sc->room rows, grown as
+ * needed); their number, or -1. */
+static Py_ssize_t scan_events(Scanner *sc, Lex *x) {
     size_t row = 0;
     skip_ws(x);
     if (x->p >= x->end) return 0;
     for (;;) {
         if (*x->p != '{') return decline(x, "an event is not an object");
-        if (row >= room) return decline(x, "more events than expected");
+        if (reserve(sc, row + 1, row) < 0) return decline(x, "out of memory");
+        size_t room = sc->room;
         Row r = {sc->i32, sc->f64, sc->i64, room, row};
         for (int c = 0; c < I32_COLUMNS; c++) sc->i32[c * room + row] = 0;
         sc->f64[F_TS * room + row] = NAN;
@@ -702,16 +794,6 @@ static Py_ssize_t scan_events(Scanner *sc, Lex *x, size_t room) {
     }
 }
 
-/* An upper bound on the events in [p, end): the '{' bytes in it. */
-static size_t count_braces(const char *p, const char *end) {
-    size_t n = 0;
-    while ((p = memchr(p, '{', (size_t)(end - p))) != NULL) {
-        n++;
-        p++;
-    }
-    return n;
-}
-
 static PyObject *busy_error(void) {
     PyErr_SetString(PyExc_RuntimeError, "this Scanner is scanning in another thread");
     return NULL;
@@ -721,7 +803,7 @@ static PyObject *packed(const void *data, size_t columns, size_t room, size_t n,
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(columns * n * item));
     if (!out) return NULL;
     char *dst = PyBytes_AS_STRING(out);
-    for (size_t c = 0; c < columns; c++)
+    for (size_t c = 0; n && c < columns; c++) /* (no events: data may be NULL) */
         memcpy(dst + c * n * item, (const char *)data + c * room * item, n * item);
     return out;
 }
@@ -735,25 +817,21 @@ static PyObject *Scanner_scan(Scanner *sc, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "scan: start and stop must satisfy 0 <= start <= stop <= len(buf)");
         return NULL;
     }
-    if (sc->busy) { /* (before reserve: it may move the blocks that scan is writing) */
+    if (sc->busy) { /* (scan_events may move the blocks that another thread's scan is writing) */
         PyBuffer_Release(&view);
         return busy_error();
     }
     const char *base = (const char *)view.buf;
-    size_t room = count_braces(base + start, base + stop);
-    if (reserve(sc, room) < 0) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
     Lex x = {base + start, base + stop, NULL};
     Py_ssize_t n;
     sc->busy = 1;
     Py_BEGIN_ALLOW_THREADS /* (other threads run meanwhile: the parse worker's receiver) */
-    n = scan_events(sc, &x, room);
+    n = scan_events(sc, &x);
     Py_END_ALLOW_THREADS
     sc->busy = 0;
     PyBuffer_Release(&view);
     if (n < 0) return PyUnicode_FromString(x.why ? x.why : "declined");
+    size_t room = sc->room;
     PyObject *a = packed(sc->i32, I32_COLUMNS, room, (size_t)n, sizeof(int32_t));
     PyObject *b = a ? packed(sc->f64, F64_COLUMNS, room, (size_t)n, sizeof(double)) : NULL;
     PyObject *c = b ? packed(sc->i64, I64_COLUMNS, room, (size_t)n, sizeof(int64_t)) : NULL;
@@ -770,6 +848,11 @@ static PyObject *Scanner_strings(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *Scanner_raws(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
     return sc->busy ? busy_error() : table_new_keys(&sc->raws);
+}
+
+static PyObject *Scanner_keyed(Scanner *sc, PyObject *Py_UNUSED(ignored)) {
+    return sc->busy ? busy_error() : Py_BuildValue("(OO)", sc->strings.keyed ? Py_True : Py_False,
+                                                   sc->raws.keyed ? Py_True : Py_False);
 }
 
 static void Scanner_dealloc(Scanner *sc) {
@@ -795,6 +878,8 @@ static PyMethodDef Scanner_methods[] = {
      "or a str saying why they are left to the msgspec decoder."},
     {"strings", (PyCFunction)Scanner_strings, METH_NOARGS, "String keys added since the last call."},
     {"raws", (PyCFunction)Scanner_raws, METH_NOARGS, "Raw keys added since the last call."},
+    {"keyed", (PyCFunction)Scanner_keyed, METH_NOARGS,
+     "(strings, raws): whether each table hashes with keyed SipHash (after colliding keys)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -820,8 +905,29 @@ static int add_constant(PyObject *m, const char *name, PyObject *value) {
     return r;
 }
 
+/* The SipHash key, from os.urandom (a forked worker keeps its parent's: still secret). */
+static int seed_hash(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", 16) : NULL;
+    Py_XDECREF(os);
+    if (!key) return -1;
+    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == 16;
+    if (ok) {
+        memcpy(&SIP_K0, PyBytes_AS_STRING(key), 8);
+        memcpy(&SIP_K1, PyBytes_AS_STRING(key) + 8, 8);
+    }
+    Py_DECREF(key);
+    if (!ok) PyErr_SetString(PyExc_ImportError, "_scan: os.urandom(16) gave no 16 bytes");
+    return ok ? 0 : -1;
+}
+
 PyMODINIT_FUNC PyInit__scan(void) {
-    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    const uint32_t one = 1;
+    if (*(const unsigned char *)&one != 1) { /* (the guard above, where the compiler cannot tell) */
+        PyErr_SetString(PyExc_ImportError, "_scan: a big-endian machine (the msgspec path reads traces)");
+        return NULL;
+    }
+    if (seed_hash() < 0 || PyType_Ready(&ScannerType) < 0) return NULL;
     prepare_lookup(&EVENT_LOOKUP, EVENT_FIELDS, N_EVENT_FIELDS);
     prepare_lookup(&ARGS_LOOKUP, ARGS_FIELDS, N_ARGS_FIELDS);
     PyObject *m = PyModule_Create(&scan_module);

@@ -13,7 +13,9 @@ around it (decode.events_bounds; not proven: no fork). Then:
     speed drops (a busy core) simply claims less: the two finish within a segment's or a
     batch's decoding of each other, whatever the split of their speeds;
  2. decode: each process reads and decodes what it claimed (a plain file through its own
-    Windows, a gzip file inflated by the parent before the fork and shared copy-on-write),
+    Windows, by offset on the descriptor the parent opened before the fork, so both read the
+    one file that was opened, each read checking that it was not rewritten since; a gzip file
+    inflated by the parent before the fork and shared copy-on-write),
     proving each batch a JSON array of events; the worker decodes each segment into its own
     columns and pickles them over a pipe as soon as they are ready (`Segment`: each
     categorical as its values in first-seen order plus codes, events numbered from 0), where
@@ -24,12 +26,14 @@ around it (decode.events_bounds; not proven: no fork). Then:
     category order and counters are exactly a one-process read's. Anything else (a batch that
     is not proven, a malformed file or event, a worker that dies after claiming) falls back to
     the one-process path, which gives its usual result or error; a worker that dies before
-    claiming leaves the parent's parse of all the events.
+    claiming leaves the parent's parse of all the events. Where the claims file cannot be
+    allocated (a full $TMPDIR) or locked, no worker is forked.
 Whether a worker is forked at all is `use_worker` (documented at `load_trace`)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -84,6 +88,16 @@ def parse_two(doc: Document, progress: Progress | None) -> tuple[dict, int, Accu
     return None if got is None else (meta, *got)
 
 
+def allocate(fd: int, size: int) -> None:
+    """Give file `fd` `size` bytes of real storage (not a sparse hole), so that writes through
+    a shared mmap of it cannot fault (SIGBUS) on a full file system; OSError where they could."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+    else:  # pragma: no cover - no posix_fallocate (macOS): written zeros hold storage too
+        if os.pwrite(fd, bytes(size), 0) != size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 class Claims:
     """Who decodes which bytes of the events [start, end): the parent [start, parent_stop),
     the worker [worker_start, end), the rest not yet claimed. Both frontiers (and the first
@@ -98,7 +112,7 @@ class Claims:
         fd, name = tempfile.mkstemp(prefix="trace-roofline-")
         os.unlink(name)  # (the descriptor keeps it while both processes need it)
         try:
-            os.ftruncate(fd, mmap.PAGESIZE)
+            allocate(fd, mmap.PAGESIZE)  # (a full file system: OSError here, not SIGBUS later)
             fcntl.lockf(fd, fcntl.LOCK_EX)  # (a file system without record locks: no worker)
             fcntl.lockf(fd, fcntl.LOCK_UN)
             self.map = mmap.mmap(fd, mmap.PAGESIZE)

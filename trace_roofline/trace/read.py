@@ -1,7 +1,11 @@
 """A trace file's bytes: listing a directory's trace files, opening a document (inflating gzip),
 reading it whole or through a sliding `Window`.
 
-Inputs are only ever opened for reading.
+Inputs are only ever opened for reading. A document is one file: the descriptor opened first
+is the one every read uses (by offset: `os.pread`, also in a forked parse worker), so a trace
+replaced by `mv` while it is read is still read whole from the first file; and every read checks
+that file's identity (`Stamp`: device, inode, size, modification time), so one rewritten in
+place raises FileChanged (load.py then reads it again, once), never a mix of two versions.
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.schema import Progress
@@ -23,6 +28,7 @@ except ImportError:  # not installed: the standard library's, which it mirrors
 
 CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
 Buffer = bytearray | memoryview  # a document's bytes, writable (decoding patches them)
+Stamp = tuple[int, int, int, int]  # a file's identity: (st_dev, st_ino, st_size, st_mtime_ns)
 
 
 def trace_files(d: Path) -> list[Path]:
@@ -51,64 +57,131 @@ def reading(p: Path) -> Iterator[None]:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
 
 
+def stamp(f: BinaryIO) -> Stamp:
+    """The identity of open file `f` now (what a rewrite changes)."""
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class FileChanged(InputError):
+    """The trace file was rewritten (in place) while it was being read."""
+
+
+def check_unchanged(p: Path, f: BinaryIO, opened: Stamp) -> None:
+    """Raise FileChanged if file `f` (trace `p`) no longer has the identity it was opened with."""
+    with reading(p):
+        now = stamp(f)
+    if now != opened:
+        raise FileChanged(f"{p}: changed while it was being read")
+
+
 @dataclass(frozen=True, eq=False)
 class Document:
     """A trace file's JSON text, `size` bytes: in memory (`data`, a gzip file inflated) or read
-    from the plain file `path` when needed."""
+    from the plain file `path` when needed, always through `file` (opened once, by
+    open_document) and checked against its `opened` identity. A context manager that closes it."""
 
     path: Path
     size: int
     data: bytearray | None = None
+    file: BinaryIO | None = None
+    opened: Stamp | None = None
+
+    def __enter__(self) -> Document:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def check(self) -> None:
+        """Raise FileChanged if the file is no longer the one opened (rewritten in place)."""
+        if self.file is not None:
+            check_unchanged(self.path, self.file, self.opened)
 
     def read(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n) of the text (fewer at its end)."""
         if self.data is not None:
             return bytes(self.data[offset : offset + n])
-        with reading(self.path), open(self.path, "rb") as f:
-            f.seek(offset)
-            return f.read(n)
+        buf = bytearray(max(min(n, self.size - offset), 0))
+        del buf[self.read_into(memoryview(buf), offset) :]
+        return bytes(buf)
+
+    def read_into(self, view: memoryview, offset: int) -> int:
+        """Fill `view` from offset `offset` of the file (released after); the bytes read (fewer
+        at its end), checked to be the opened file's."""
+        done = 0
+        try:
+            with reading(self.path):
+                while done < len(view) and (got := _pread(self.file.fileno(), view[done:], offset + done)):
+                    done += got
+        finally:
+            view.release()
+        self.check()
+        return done
 
     @contextmanager
     def window(self, start: int) -> Iterator[Window]:
-        """A Window on the text from offset `start` on (the file stays open while it is used)."""
+        """A Window on the text from offset `start` on."""
         if self.data is not None:
             yield Window(self.data)
             return
-        with reading(self.path), open(self.path, "rb") as f:
-            f.seek(start)
-            yield Window(bytearray(min(CHUNK_BYTES, self.size - start + 1)), start, f)
+        yield Window(bytearray(min(CHUNK_BYTES, self.size - start + 1)), start, self)
 
     def whole(self, progress: Progress | None) -> bytearray:
         """All of the text in memory (read now for a plain file, fewer bytes if it shrank):
         ours to patch."""
         if self.data is not None:
             return self.data
-        buf = bytearray(self.size)
-        with reading(self.path), open(self.path, "rb") as f:
-            del buf[read_into(f, buf, self.size, progress, self.size) :]
+        buf, done = bytearray(self.size), 0
+        view = memoryview(buf)
+        try:
+            while done < self.size and (got := self.read_into(view[done : done + CHUNK_BYTES], done)):
+                done += got
+                if progress:
+                    progress("read", done, self.size)
+        finally:
+            view.release()
+        del buf[done:]
         return buf
 
 
+def _pread(fd: int, view: memoryview, offset: int) -> int:
+    """One read of the file at `offset` into `view`, zero-copy where the system has preadv."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    data = os.pread(fd, len(view), offset)  # pragma: no cover - no preadv (e.g. older macOS)
+    view[: len(data)] = data  # pragma: no cover
+    return len(data)  # pragma: no cover
+
+
 def open_document(p: Path, progress: Progress | None) -> Document:
-    """The document of trace file `p`: a gzip file (by its magic number) is inflated now."""
-    with reading(p), open(p, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if progress:
-            progress("read", 0, size)
-        if f.read(2) != b"\x1f\x8b":
-            return Document(p, size)
-        f.seek(0)
-        data = gunzip(p, f, size, CHUNK_BYTES, progress)
-        return Document(p, len(data), data)
+    """The document of trace file `p` (use it as a context manager: it holds the file open);
+    a gzip file (by its magic number) is inflated now."""
+    with ExitStack() as closing:
+        with reading(p):
+            f = closing.enter_context(open(p, "rb"))
+            opened = stamp(f)
+            size = opened[2]
+            if progress:
+                progress("read", 0, size)
+            if f.read(2) != b"\x1f\x8b":
+                closing.pop_all()  # (the document closes it)
+                return Document(p, size, file=f, opened=opened)
+            f.seek(0)
+            data = gunzip(p, f, size, CHUNK_BYTES, progress)
+        check_unchanged(p, f, opened)  # (the compressed bytes were one file's)
+    return Document(p, len(data), data)
 
 
 class Window:
     """Document bytes [lo, hi) in `buf` (buf[i] is byte lo + i): a whole document in memory,
-    or a file read CHUNK_BYTES at a time into one buffer, keeping only what is still needed."""
+    or a plain file's document `doc` read CHUNK_BYTES at a time into one buffer, keeping only
+    what is still needed."""
 
-    def __init__(self, buf: Buffer, lo: int = 0, f=None):
-        self.buf, self.lo, self.f = buf, lo, f
-        self.hi = lo if f else lo + len(buf)
+    def __init__(self, buf: Buffer, lo: int = 0, doc: Document | None = None):
+        self.buf, self.lo, self.doc = buf, lo, doc
+        self.hi = lo if doc else lo + len(buf)
 
     def fill(self, keep: int, upto: int) -> bool:
         """Hold at least the bytes [keep, upto), reading on from the file into the rest of the
@@ -117,7 +190,7 @@ class Window:
         No memoryview of `buf` may be alive (it may be resized)."""
         if self.hi >= upto:
             return True
-        if self.f is None:
+        if self.doc is None:
             return False
         if upto - self.lo > len(self.buf):  # (only then: a memmove of what is kept)
             n = self.hi - keep
@@ -125,16 +198,9 @@ class Window:
             self.lo = keep
             if upto - keep > len(self.buf):
                 self.buf.extend(bytes(upto - keep + CHUNK_BYTES - len(self.buf)))
-        view = memoryview(self.buf)
-        try:
-            while self.hi < upto:
-                got = self.f.readinto(view[self.hi - self.lo :])
-                if not got:
-                    return False
-                self.hi += got
-        finally:
-            view.release()
-        return True
+        got = self.doc.read_into(memoryview(self.buf)[self.hi - self.lo :], self.hi)
+        self.hi += got
+        return self.hi >= upto
 
     def search(self, pattern: re.Pattern, a: int, end: int, keep: int) -> tuple[int, int] | None:
         """Document offsets of group 1 of the first match of `pattern` in bytes [a, end),
@@ -145,23 +211,6 @@ class Window:
                 return m.start(1) + self.lo, m.end(1) + self.lo
             if self.hi >= end or not self.fill(keep, self.hi + 1):
                 return None
-
-
-def read_into(f, buf, n: int, progress: Progress | None, total: int) -> int:
-    """Read n bytes into buf[:n] from f's position; the number read (fewer at EOF)."""
-    chunk = CHUNK_BYTES
-    view, done = memoryview(buf), 0
-    try:
-        while done < n:
-            got = f.readinto(view[done : min(done + chunk, n)])
-            if not got:
-                break
-            done += got
-            if progress:  # (the parent may read only its share while the worker reads the rest)
-                progress("read", done * total // n, total)
-    finally:
-        view.release()
-    return done
 
 
 def gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> bytearray:
