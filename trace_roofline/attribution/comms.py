@@ -106,7 +106,7 @@ def calls(attributed: pd.DataFrame, costed: pd.DataFrame) -> pd.DataFrame:
     exposed = exposed_us(attributed["ts_us"].to_numpy(), attributed["dur_us"].to_numpy(),
                          rows, kernel)
     c = attributed.loc[rows, ["instance", "operator", "layer", "step", "ts_us", "dur_us"]]
-    c = c.assign(exposed_us=exposed[rows])
+    c = c.assign(exposed_us=exposed[rows], instance=_copies_joined(attributed, rows))
     out = c.groupby("instance", sort=False).agg(
         operator=("operator", "first"), layer=("layer", "first"), step=("step", "first"),
         ts_us=("ts_us", "min"), time_us=("dur_us", "sum"), exposed_us=("exposed_us", "sum"),
@@ -115,6 +115,37 @@ def calls(attributed: pd.DataFrame, costed: pd.DataFrame) -> pd.DataFrame:
     out["phase"] = out["step"].astype("Int64").fillna(-1).map(phase_of).fillna("unknown")
     out = out.sort_values("ts_us", kind="stable", ignore_index=True)
     return out[list(CALL_COLUMNS)].astype(CALL_COLUMNS)
+
+
+_COPY_OPS = ("aten::copy_", "aten::copy", "aten::_to_copy", "aten::clone", "aten::contiguous")
+
+
+def _copies_joined(attributed: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Per collective row, its call: its instance, but a copy inside a collective op (a
+    symmetric-memory all-reduce's copy-in and copy-out) joins the collective kernel nearest in
+    time (the next for a copy-in, the last for a copy-out), so one all-reduce is one call."""
+    inst = attributed["instance"].to_numpy()[rows]
+    names = attributed.get("op_name")
+    if names is None:
+        return inst
+    copy = names.isin(_COPY_OPS).to_numpy(dtype=bool)[rows]
+    if not copy.any() or copy.all():
+        return inst
+    order = np.argsort(attributed["ts_us"].to_numpy()[rows], kind="stable")
+    ts = attributed["ts_us"].to_numpy(np.float64)[rows][order]
+    end = ts + attributed["dur_us"].to_numpy(np.float64)[rows][order]
+    own = np.where(copy[order], -1, np.arange(len(order)))
+    prev = np.maximum.accumulate(own)
+    nxt = np.minimum.accumulate(np.where(own < 0, len(own), own)[::-1])[::-1]
+    gap_prev = np.where(prev >= 0, ts - end[np.maximum(prev, 0)], np.inf)
+    gap_next = np.where(nxt < len(own), ts[np.minimum(nxt, len(own) - 1)] - end, np.inf)
+    pick = np.where(gap_next <= gap_prev, nxt, prev)
+    joined = inst[order].copy()
+    take = copy[order] & (pick >= 0) & (pick < len(own))
+    joined[take] = inst[order][pick[take]]
+    out = np.empty_like(inst)
+    out[order] = joined
+    return out
 
 
 def summary(calls_table: pd.DataFrame, costed: pd.DataFrame,

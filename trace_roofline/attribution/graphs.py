@@ -138,6 +138,7 @@ KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for 
     (r"sum_functor", "aten::sum"),
 ))
 GEMM = "gemm"  # kernel_ops' op of a weight GEMM (named by its place)
+_SDPA_FUSED = re.compile(r"^triton_\w*fused_\w*(?:scaled_dot_product|attention)")
 ATTENTION_OP = "aten::scaled_dot_product_attention"  # kernel_ops' op of an attention kernel
 _GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
              "_scaled_mm"}
@@ -813,6 +814,8 @@ def kernel_ops(names: pd.Series) -> pd.Series:
         steps = [(text.str.contains(rx).to_numpy(bool), op) for rx, op in first]
         steps += [(np.isin(role, list(kernels.GEMM_ROLES)), GEMM),
                   (np.isin(role, list(kernels.ATTENTION_ROLES)), ATTENTION_OP),
+                  # Inductor's kernels fused into SDPA's inputs run inside the attention op
+                  (triton & text.str.contains(_SDPA_FUSED).to_numpy(bool), ATTENTION_OP),
                   (triton, None)]
         steps += [(text.str.contains(rx).to_numpy(bool), op) for rx, op in rest]
         left = np.ones(len(u), dtype=bool)

@@ -1338,9 +1338,20 @@ def _group_size(c: _Call) -> int | None:
     return int(m.group(1)) if m else c.group_size
 
 
+# the copy-in and copy-out a symmetric-memory all-reduce (vLLM's SymmMemCommunicator: its
+# buffer filled, multimem_all_reduce_, copied back) runs inside the collective op
+_COLLECTIVE_COPIES = {"copy_", "copy", "_to_copy", "clone", "contiguous"}
+
+
 def _collective(c: _Call) -> Cost:
-    """S x bus factor bytes, 0 FLOPs (see the module docstring and operators.py)."""
+    """S x bus factor bytes, 0 FLOPs (see the module docstring and operators.py); a copy
+    inside a collective op (a symmetric-memory all-reduce's copy-in and copy-out) is part of
+    that one collective: 0 bytes of its own, so the message is counted once."""
     op = operators.BY_NAME[c.operator]
+    if _plain(c.base) in _COLLECTIVE_COPIES or c.base in _COLLECTIVE_COPIES:
+        return Cost(_COMMUNICATION, 0.0, 0.0, None,
+                    f"copy in or out of the {op.name}'s buffer (symmetric memory): its bytes "
+                    "are the collective's, counted once")
     t = _group_size(c)
     if t is None:
         return Cost(uncosted=f"{c.name} ({op.name}): group size unknown (not recorded; give tp)")
