@@ -7,7 +7,6 @@ import shutil
 import threading
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -48,15 +47,26 @@ def decode_copy(tmp_path) -> Path:
     return dst
 
 
+def _load(c: TraceCache, path, model=None):
+    """(trace, attribution, status) as the pipeline gets them: `load`, then, when the cache
+    has no attribution for the model, `attribute` and `store_attributed` (pipeline._attributed)."""
+    trace, attributed = c.load(path, model)
+    if attributed is None:
+        attributed = attribute(trace, model)
+        c.store_attributed(trace, model, attributed)
+    return trace, attributed, c.log[-1]  # (with store_attributed's write error)
+
+
 @pytest.fixture
 def no_parse(monkeypatch):
-    """Any JSON parse or attribution inside the cache fails the test: the call must be a hit."""
+    """Any JSON parse inside the cache or attribution in `_load` fails the test: the call
+    must be a hit."""
     def boom(*a, **k):
         raise AssertionError("parsed or attributed despite a valid cache entry")
 
     def forbid():
         monkeypatch.setattr(cache_mod, "load_trace", boom)
-        monkeypatch.setattr(cache_mod, "attribute", boom)
+        monkeypatch.setitem(globals(), "attribute", boom)
     return forbid
 
 
@@ -69,8 +79,8 @@ def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
     c = TraceCache(tmp_path / "c")
     fresh = load_trace(path)
     expected = attribute(fresh)
-    t1, a1, s1 = c.load(path)
-    t2, a2, s2 = c.load(path)
+    t1, a1, s1 = _load(c, path)
+    t2, a2, s2 = _load(c, path)
     assert (s1.trace_hit, s1.attribution_hit, s1.write_error) == (False, False, None)
     assert (s2.trace_hit, s2.attribution_hit, s2.write_error) == (True, True, None)
     for t, a in ((t1, a1), (t2, a2)):
@@ -81,22 +91,22 @@ def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
 def test_hit_reads_no_json_and_keys_attribution_by_model(decode_copy, tmp_path, no_parse):
     c = TraceCache(tmp_path / "c")
     model = get_model("qwen2.5-7b")
-    c.load(decode_copy, None)
-    c.load(decode_copy, model)
+    _load(c, decode_copy, None)
+    _load(c, decode_copy, model)
     assert len(_files(c, "attributed-*")) == 2  # one part per model, beside one trace part
     no_parse()
     for m in (None, model):
-        _, _, s = c.load(decode_copy, m)
+        _, _, s = _load(c, decode_copy, m)
         assert s.trace_hit and s.attribution_hit
     with pytest.raises(AssertionError, match="despite"):  # another model: attribution misses
-        c.load(decode_copy, get_model("llama-3-8b"))
+        _load(c, decode_copy, get_model("llama-3-8b"))
 
 
 def test_same_file_by_another_spelling_keeps_the_callers_path(decode_copy, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
-    c.load(decode_copy)
+    _load(c, decode_copy)
     monkeypatch.chdir(decode_copy.parent)
-    t, _, s = c.load(decode_copy.name)
+    t, _, s = _load(c, decode_copy.name)
     assert s.trace_hit and t.path == decode_copy.name and t.meta["path"] == decode_copy.name
     assert_same(t, load_trace(decode_copy.name))
 
@@ -131,48 +141,48 @@ def _corrupt_missing(c: TraceCache) -> None:
 def test_corrupt_entry_is_ignored_and_rewritten(corrupt, decode_copy, tmp_path, no_parse):
     c = TraceCache(tmp_path / "c")
     fresh, expected = load_trace(decode_copy), attribute(load_trace(decode_copy))
-    c.load(decode_copy)
+    _load(c, decode_copy)
     corrupt(c)
-    t, a, s = c.load(decode_copy)
+    t, a, s = _load(c, decode_copy)
     assert not (s.trace_hit and s.attribution_hit) and s.write_error is None
     assert_same(t, fresh)
     pd.testing.assert_frame_equal(a, expected, check_exact=True)
     no_parse()  # rewritten: the next load is a full hit again
-    t, a, s = c.load(decode_copy)
+    t, a, s = _load(c, decode_copy)
     assert s.trace_hit and s.attribution_hit
     assert_same(t, fresh)
 
 
 def test_changed_file_is_stale(decode_copy, tmp_path):
     c = TraceCache(tmp_path / "c")
-    c.load(decode_copy, None)
-    c.load(decode_copy, get_model("qwen2.5-7b"))
+    _load(c, decode_copy, None)
+    _load(c, decode_copy, get_model("qwen2.5-7b"))
     st = decode_copy.stat()
     os.utime(decode_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    _, _, s = c.load(decode_copy)
+    _, _, s = _load(c, decode_copy)
     assert not s.trace_hit and not s.attribution_hit
     assert len(_files(c, "attributed-*")) == 1  # the stale entry went with all its parts
     # Same mtime, other content (and size): a new file under the old name.
     shutil.copy(HF, decode_copy)
     os.utime(decode_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    t, _, s = c.load(decode_copy)
+    t, _, s = _load(c, decode_copy)
     assert not s.trace_hit
     assert_same(t, load_trace(decode_copy))
 
 
 def test_schema_version_or_code_change_misses(decode_copy, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
-    c.load(decode_copy)
+    _load(c, decode_copy)
     with monkeypatch.context() as mp:  # a new version: a new v<N> tree, the old one unused
         mp.setattr(cache_mod, "SCHEMA_VERSION", cache_mod.SCHEMA_VERSION + 1)
-        assert not TraceCache(tmp_path / "c").load(decode_copy)[2].trace_hit
+        assert not _load(TraceCache(tmp_path / "c"), decode_copy)[2].trace_hit
     key = c._key(decode_copy)
     for field, value in (("schema", key["schema"] + 1), ("code", "0" * 64),
                          ("pandas", "0.0"), ("size", key["size"] + 1)):
         with monkeypatch.context() as mp:  # an entry in this tree built under another key
             mp.setattr(c, "_key", lambda p, k={**key, field: value}: k)
-            c.load(decode_copy)
-        _, _, s = c.load(decode_copy)
+            _load(c, decode_copy)
+        _, _, s = _load(c, decode_copy)
         assert not s.trace_hit and not s.attribution_hit, field
 
 
@@ -180,7 +190,7 @@ def test_write_failure_never_fails_the_analysis(decode_copy, tmp_path, capsys, m
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     c = TraceCache(blocker / "cache")  # its parent is a file: mkdir fails with ENOTDIR
-    t, a, s = c.load(decode_copy)
+    t, a, s = _load(c, decode_copy)
     assert not s.trace_hit and "cannot write trace" in s.write_error and c.log == [s]
     assert_same(t, load_trace(decode_copy))
     monkeypatch.setenv("TRACE_ROOFLINE_CACHE_DIR", str(blocker / "cache"))
@@ -281,7 +291,7 @@ def test_corrupt_or_stale_analysis_is_recomputed(decode_copy, tmp_path, no_analy
     ncu = tmp_path / "in" / "k.ncu.csv"
     shutil.copy(DECODE.with_name(DECODE.name.replace(".json.gz", ".ncu.csv")), ncu)
     analyze_trace(decode_copy, cache=c)
-    [f] = _files(c, "analysis-*/analysis.pickle")
+    f = _files(c, "analysis-*/frame-0.arrow")[0]
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same length: only the checksum can tell
     f.write_bytes(bytes(data))
@@ -318,36 +328,29 @@ def test_cached_cli_run_in_a_fresh_process(decode_copy, tmp_path):
 
 
 def test_parts_are_compressed(decode_copy, tmp_path):
-    """Every part is zstd-compressed: the attribution's Arrow file is smaller than the same
-    table written uncompressed (its kernel names repeat), and the Analysis pickle smaller than
-    the plain pickle of the Analysis it holds."""
+    """Every part is compressed: the attribution's Arrow file is a third of the same table
+    written uncompressed (its kernel names repeat), the Analysis's largest frame a half."""
     c = TraceCache(tmp_path / "c")
-    analysis = analyze_trace(decode_copy, cache=c)
-    (arrow,) = _files(c, "attributed-*/attributed.arrow")
-    with pa.memory_map(str(arrow)) as source:
-        table = ipc.open_file(source).read_all()
-    plain = tmp_path / "plain.arrow"
-    with ipc.new_file(str(plain), table.schema) as w:
-        w.write_table(table)
-    assert arrow.stat().st_size < plain.stat().st_size / 3
-    (stored,) = _files(c, "analysis-*/analysis.pickle")
-    assert stored.stat().st_size < len(pickle.dumps(analysis)) / 3
+    analyze_trace(decode_copy, cache=c)
+    largest = max(_files(c, "analysis-*/frame-*.arrow"), key=lambda f: f.stat().st_size)
+    for arrow, ratio in ((*_files(c, "attributed-*/attributed.arrow"), 3), (largest, 2)):
+        with pa.memory_map(str(arrow)) as source:
+            table = ipc.open_file(source).read_all()
+        plain = tmp_path / "plain.arrow"
+        with ipc.new_file(str(plain), table.schema) as w:
+            w.write_table(table)
+        assert arrow.stat().st_size < plain.stat().st_size / ratio, arrow.name
 
 
-def test_pickle_part_round_trips_with_writable_buffers(tmp_path):
-    """An Analysis-like value (arrays, Arrow strings, nested dicts) comes back equal from the
-    out-of-band pickle file, and its arrays can be written to (they are no read-only views)."""
-    from trace_roofline.cache import _read_pickle, _render, _write_pickle
-
-    df = pd.DataFrame({"x": np.arange(100_000, dtype=np.int64),
-                       "s": pd.array(["q_proj", "attention"] * 50_000, dtype="str"),
-                       "n": pd.array([1, None] * 50_000, dtype="Int64")})
-    value = {"table": df, "meta": {"a": (1, 2.5, "b")}}
-    rendered = _render({"v.pickle": value})["v.pickle"]
-    assert len(rendered.stream) < 10_000 and rendered.buffers  # the arrays are out of band
-    _write_pickle(rendered, tmp_path / "v.pickle")
-    back = _read_pickle(tmp_path / "v.pickle")
-    pd.testing.assert_frame_equal(back["table"], df)
-    assert back["meta"] == value["meta"]
-    back["table"].loc[0, "x"] = 7  # in place: its buffer is writable
-    assert back["table"]["x"].iloc[0] == 7 and df["x"].iloc[0] == 0
+def test_analysis_of_an_unknown_type_is_not_cached(decode_copy, tmp_path):
+    """An Analysis holding a value of a type the codec does not know (here a set) is returned,
+    not cached, and the write error says why; nothing of it is left in the cache."""
+    c = TraceCache(tmp_path / "c")
+    plain = analyze_trace(decode_copy)
+    odd = dataclasses.replace(plain, coverage={**plain.coverage, "odd": {1, 2}})
+    assert c.analysis(decode_copy, {"odd": True}, lambda: (c.load(decode_copy), odd)[1]) is odd
+    assert "a builtins.set is not cached" in c.log[-1].write_error
+    assert not _files(c, "analysis-*")
+    assert c.analysis(decode_copy, {"odd": False}, lambda: plain) is plain
+    [tree] = _files(c, "analysis-*/analysis.json")
+    assert b"pickle" not in tree.read_bytes()

@@ -1,4 +1,4 @@
-"""Columnar cache of parsed traces and their attribution, in the user's cache directory.
+"""Columnar cache of parsed traces, their attribution and finished analyses, private to the user.
 
 A trace's tables (`Trace`) and its `attribute()` output (which depends on the trace and the model,
 not on hardware or conventions) are kept as Arrow IPC files, so a re-run of the same file maps
@@ -10,54 +10,66 @@ user's file.
 Layout, under `cache_dir()` (`$TRACE_ROOFLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/trace-roofline`,
 else `~/.cache/trace-roofline`)::
 
-    v<SCHEMA_VERSION>/<sha256(absolute path)[:32]>/     one entry per source file
+    v<SCHEMA_VERSION>/                  mode 0700; CACHEDIR.TAG marks it as this cache's
+      <sha256(absolute path)[:32]>/      one entry per source file
         trace/                   <table>.arrow per Trace table, fields.json, manifest.json
         attributed-<model hash>/  attributed.arrow, manifest.json   (one per model, or none)
-        analysis-<arguments hash>/ analysis.pickle, manifest.json   (one per argument set)
+        analysis-<arguments hash>/ analysis.json, frame-<i>.arrow, manifest.json (per argument set)
 
-Each part (`trace/`, `attributed-*/`) is written whole into a temporary directory and renamed
-into place, so it is complete or absent. Its `manifest.json` holds the key it was built for
-(absolute path, size, mtime_ns and inode of the source file; SCHEMA_VERSION; a fingerprint of
-the analyzer's source code, which changes with the package version and any column schema; the
-pandas and pyarrow versions; the model for an attribution, the analysis arguments for an
-analysis) and every file's length and CRC-32.
-A part is used only when its key equals the current one and every file has its recorded length
-and checksum (zlib's CRC-32 runs at several GB/s); anything else (stale, truncated, flipped
-bytes, unreadable) is ignored and rewritten, never trusted.
+Each part (`trace/`, `attributed-*/`, `analysis-*/`) is written whole into a temporary directory
+and renamed into place, so it is complete or absent. Its `manifest.json` holds the key it was
+built for (the source file's `files.identity`: absolute path, device, inode, size, mtime, ctime
+and a hash of a sample of its bytes; SCHEMA_VERSION; a fingerprint of the analyzer's source
+code, which changes with the package version and any column schema; the pandas and pyarrow
+versions; the model for an attribution, the analysis arguments for an analysis) and every
+file's length and CRC-32. A part is used only when its key equals the current one and every
+file has its recorded length and checksum (zlib's CRC-32 runs at several GB/s); anything else
+(stale, truncated, flipped bytes, unreadable, a malformed manifest) is a miss, rewritten, never
+trusted.
+
+Trust: the checksums find accidents, not attacks; what keeps another user's files out is
+ownership. Nothing is read from (or written to) a version directory, entry or part that is not
+a real directory owned by the current user and closed to group and others' writes (`_private`),
+nor any file in it that is not a regular file of that user. And nothing read can run code: the
+files are Arrow IPC tables and JSON, no pickle. An `Analysis` is a tree of frozen dataclasses
+(roofline.Analysis, the model and its architecture, the hardware, graphs.GraphReport), dicts,
+lists, tuples, scalars and DataFrames: `_encode` writes it as one JSON tree (analysis.json)
+naming each dataclass by an allow-listed class (`_classes`) and each DataFrame by an Arrow file
+with its columns and dtypes, and refuses any other type (the analysis is then not cached);
+`_decode` rebuilds exactly that, checking every node, class, field name, file and dtype, and
+any mismatch is a miss. A round trip gives equal values and identical frames (dtypes and
+categories included).
 
 Categorical columns are stored as Arrow dictionaries and everything else as plain Arrow columns
 (with pandas' metadata), so a hit gives DataFrames identical to a parse, dtypes included.
-An `Analysis` is a tree of frozen dataclasses (model, hardware), dicts and DataFrames: it is
-stored as one pickle (protocol 5, its arrays' buffers written after the stream, out of band:
-pickling copies nothing big), which round-trips all of it exactly (dtypes and categories
-included), and unpickled only after its key (code fingerprint included: the classes are this
-code's) and its CRC-32 check out.
-Files are zstd-compressed (`CODEC`: Arrow IPC's per-buffer compression, and a compressed stream
-for pickles). The repeated strings of a GB trace's tables, attribution and Analysis shrink
-~10-30x: on the 1 GB HF tile the cache holds 26 MB (500 MB uncompressed), a first
-run's background writes and checksums take ~0.3 s instead of ~1.2 s, and a hit decompresses
-(~0.1 s per 100 MB) instead of checksumming 10x the bytes. Like the rest of the cache it lives
-in the user's own cache directory.
-Cache writes that fail (read-only directory, disk full) never fail an analysis: they are
-reported in the returned `CacheStatus`. Files are memory-mapped on a hit; the cache only ever
-replaces files by rename and removes them by unlink, so a mapping is never truncated under a
-reader.
+Arrow files are compressed (Arrow IPC's per-buffer compression): the trace and attribution
+tables with zstd (`CODEC`), whose repeated strings shrink ~10-30x (on the 1 GB HF tile the trace
+and attribution parts hold ~20 MB, ~500 MB uncompressed), an Analysis's frames with LZ4
+(`FRAME_CODEC`: ~3x larger than zstd, but decompressed 2-3x faster, and a hit reads them all),
+so a first run's background writes and checksums take a fraction of a second and a hit
+decompresses instead of checksumming 10x the bytes.
+Cache writes that fail (read-only directory, disk full, a directory that is not private) never
+fail an analysis: they are reported in the returned `CacheStatus`. Files are memory-mapped on a
+hit; the cache only ever replaces files by rename and removes them by unlink, so a mapping is
+never truncated under a reader. `clear` removes only version directories that carry this
+cache's CACHEDIR.TAG (or, from before it, hold nothing but the cache's own layout).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
-import pickle
 import re
 import secrets
 import shutil
+import stat
 import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,16 +85,30 @@ from trace_roofline.trace import Progress, Trace, load_trace
 if TYPE_CHECKING:
     from trace_roofline.roofline import Analysis
 
-SCHEMA_VERSION = 3  # bump when the layout or the meaning of a cached file changes
-# (2: zstd; 3: pickles with their buffers out of band)
+SCHEMA_VERSION = 4  # bump when the layout or the meaning of a cached file changes
+# (2: zstd; 3: pickles with their buffers out of band; 4: no pickle, private dirs, CACHEDIR.TAG)
 CODEC = "zstd" if pa.Codec.is_available("zstd") else None  # (pyarrow's wheels all have it)
+# An Analysis's frames, read whole on every hit, decompress 2-3x faster as LZ4 (~3x larger).
+FRAME_CODEC = "lz4" if pa.Codec.is_available("lz4") else CODEC
+_FRAME = "frame-"  # frame-<i>.arrow: an Analysis's DataFrames (written with FRAME_CODEC)
 ENV_DIR = "TRACE_ROOFLINE_CACHE_DIR"
-_VERSION_DIR = re.compile(r"^v\d+$")  # `clear` removes only directories named like ours
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+# The Cache Directory Tagging Specification's tag (backup tools skip a directory holding it):
+# `clear` deletes a version directory only when it holds this file as the cache wrote it.
+_TAG = "CACHEDIR.TAG"
+_TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+             "# This file is a cache directory tag created by trace-roofline.\n"
+             "# For information about cache directory tags see https://bford.info/cachedir/\n")
+_ENTRY_DIR = re.compile(r"^[0-9a-f]{32}$")
+_TMP_DIR = re.compile(r"^\.tmp-[0-9a-f]{16}$")
+_PART_FILE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(?:arrow|json)$")
 _MANIFEST = "manifest.json"
 _FIELDS = "fields.json"
 _TRACE_PART = "trace"
 _ATTRIBUTED = "attributed"
 _ANALYSIS = "analysis"
+_ANALYSIS_TREE = "analysis.json"
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,15 +169,52 @@ def _model_key(model: ModelSpec | None) -> dict | None:
 
 def _argument_key(value: object) -> object:
     """A JSON-able key for one analysis argument: None, bool, int, float and str as they are,
-    a dataclass (model, hardware) as its type name and fields, a path as its file's key (an
-    ncu CSV: its content may change). TypeError for anything else (then nothing is cached)."""
+    lists, tuples and str-keyed dicts of those (AnalysisOptions.cache_key's), a dataclass
+    (model, hardware) as its type name and fields, a path as its file's key (an ncu CSV: its
+    content may change). TypeError for anything else (then nothing is cached)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, (list, tuple)):
+        return [_argument_key(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _argument_key(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"type": type(value).__name__, **dataclasses.asdict(value)}
     if isinstance(value, os.PathLike):
         return {"file": files.identity(Path(value))}
     raise TypeError(f"no cache key for {type(value).__name__}")
+
+
+class NotPrivate(OSError):
+    """A cache directory another user owns or may write: never read, never written."""
+
+
+def _private(path: Path) -> bool:
+    """A real directory (no symlink) of the current user that group and others cannot write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _owned_file(path: Path) -> os.stat_result | None:
+    """The stat of a regular file (no symlink) of the current user, else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() else None
+
+
+def _ensure_private(path: Path) -> None:
+    """Create the directory `path` (mode 0700) unless it exists; NotPrivate unless it is then
+    `_private`."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _private(path):
+        raise NotPrivate(0, f"{path} is not a private directory of this user (owned by another "
+                            "user, writable by others, or a symlink): not used")
 
 
 class TraceCache:
@@ -187,7 +250,8 @@ class TraceCache:
         trace_hit = trace is not None
         if trace is None:
             trace = load_trace(p, progress=progress)
-            shutil.rmtree(entry, ignore_errors=True)  # stale key: every part of it is stale
+            if _private(self.root) and _private(entry):  # (never remove another user's files)
+                shutil.rmtree(entry, ignore_errors=True)  # stale key: every part of it is stale
             self._store(entry, _TRACE_PART, key, _trace_files(trace), errors)
         akey = {**key, "model": _model_key(model)}
         attributed = self._read_attributed(entry / self._attributed_part(akey), akey)
@@ -222,9 +286,9 @@ class TraceCache:
     def analysis(self, path: str | os.PathLike, arguments: Mapping[str, object],
                  compute: Callable[[], Analysis]) -> Analysis:
         """The `Analysis` of the trace at `path` under `arguments` (every argument it depends
-        on but the trace: model, hardware, conventions, ...; an ncu CSV by path) from the
-        cache, else `compute()` (which may `load` through this cache), stored. A path that is
-        not a regular file, or an argument without a key (`_argument_key`), is never cached.
+        on but the trace: model, hardware, AnalysisOptions.cache_key's) from the cache, else
+        `compute()` (which may `load` through this cache), stored. A path that is not a
+        regular file, or an argument without a key (`_argument_key`), is never cached.
         On a hit, `log` gets a status with `analysis_hit` (nothing was parsed or attributed);
         on a miss, the status of compute's `load` gets any write error of the analysis."""
         p = Path(path)
@@ -249,7 +313,7 @@ class TraceCache:
         try:
             result = compute()
             if self._key(p) == key:  # not when the file changed while it was analysed
-                self._store(entry, part.name, akey, {_ANALYSIS + ".pickle": result}, [])
+                self._store(entry, part.name, akey, {_ANALYSIS: result}, [])
         finally:
             for write in self._writes:
                 write.result()  # (_write reports its failures in _write_errors, never raises)
@@ -264,12 +328,12 @@ class TraceCache:
 
     def info(self) -> CacheInfo:
         """Entries, complete parts of each kind and bytes on disk (temporary leftovers
-        included)."""
+        included), of this cache's version directories (`_version_dirs`)."""
         entries = size = 0
         kinds: list[str] = []  # one per complete part: "trace", "attributed" or "analysis"
         for version in self._version_dirs():
             for entry in version.iterdir():
-                found = list(entry.glob(f"*/{_MANIFEST}")) if entry.is_dir() else []
+                found = list(entry.glob(f"*/{_MANIFEST}")) if _private(entry) else []
                 entries += bool(found)
                 kinds += (m.parent.name.partition("-")[0] for m in found)
             size += sum(f.stat().st_size for f in version.rglob("*") if f.is_file())
@@ -277,8 +341,8 @@ class TraceCache:
                          kinds.count(_ATTRIBUTED), kinds.count(_ANALYSIS), size)
 
     def clear(self) -> int:
-        """Remove every cached part (only the `v<N>` directories this module creates); return
-        the bytes freed."""
+        """Remove this cache's version directories (`_version_dirs`: those it tagged, nothing
+        else in the directory); return the bytes freed."""
         freed = self.info().total_bytes
         for version in self._version_dirs():
             shutil.rmtree(version, ignore_errors=True)
@@ -290,90 +354,125 @@ class TraceCache:
         return status
 
     def _version_dirs(self) -> list[Path]:
-        if not self.directory.is_dir():
+        """The `v<N>` directories of this user that this cache wrote: holding its CACHEDIR.TAG,
+        or (before version 4, which writes none) nothing but its layout of entries and
+        temporaries."""
+        try:
+            found = sorted(self.directory.iterdir())
+        except OSError:
             return []
-        return [d for d in self.directory.iterdir() if d.is_dir() and _VERSION_DIR.match(d.name)]
+        out = []
+        for d in found:
+            m = _VERSION_DIR.match(d.name)
+            if m is None or not _private(d):
+                continue
+            if _tagged(d) or (int(m[1]) < 4 and _legacy_layout(d)):
+                out.append(d)
+        return out
 
     @staticmethod
     def _key(p: Path) -> dict:
         return {**files.identity(p), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
                 "pandas": pd.__version__, "pyarrow": pa.__version__}
 
+    def _verified(self, part: Path, key: dict) -> dict[str, Path] | None:
+        """name -> file of the part, when the version directory, the entry and the part are
+        `_private`, the manifest is well formed and was built for `key`, and every file it
+        lists is a regular file of this user with its recorded length and CRC-32; else None."""
+        if not all(_private(d) for d in (self.root, part.parent, part)):
+            return None
+        try:
+            manifest = json.loads((part / _MANIFEST).read_bytes())
+            listed = _manifest_files(manifest, key)
+            if listed is None:
+                return None
+            found: dict[str, Path] = {}
+            for name, (size, crc) in listed.items():
+                f = part / name
+                st = _owned_file(f)
+                if st is None or st.st_size != size or _crc32(f) != crc:
+                    return None
+                found[name] = f
+            return found
+        except _READ_ERRORS:
+            return None
+
     def _read_trace(self, part: Path, key: dict, given: str) -> Trace | None:
         """The cached Trace, its `path` (and `meta["path"]`) spelled as the caller gave it."""
-        files = _verified(part, key)
-        if files is None:
+        found = self._verified(part, key)
+        if found is None:
             return None
         try:
-            fields = json.loads(files.pop(_FIELDS).read_bytes())
-            tables = {name.removesuffix(".arrow"): _read_table(f) for name, f in files.items()}
-        except (OSError, ValueError, pa.ArrowException):  # unreadable despite the checksum
+            fields = json.loads(found.pop(_FIELDS).read_bytes())
+            if not isinstance(fields, dict) or not all(n.endswith(".arrow") for n in found):
+                return None
+            tables = {name.removesuffix(".arrow"): _read_table(f) for name, f in found.items()}
+            if fields.get("meta", {}).get("path") == fields.get("path"):
+                fields["meta"]["path"] = given
+            return Trace(**{**fields, **tables, "path": given})
+        except _READ_ERRORS:  # a manifest without one of its files, unreadable despite the CRC
             return None
-        if fields.get("meta", {}).get("path") == fields.get("path"):
-            fields["meta"]["path"] = given
-        return Trace(**{**fields, **tables, "path": given})
 
     def _read_attributed(self, part: Path, key: dict) -> pd.DataFrame | None:
-        files = _verified(part, key)
-        if files is None:
+        found = self._verified(part, key)
+        if found is None or set(found) != {_ATTRIBUTED + ".arrow"}:
             return None
         try:
-            return _read_table(files[_ATTRIBUTED + ".arrow"])
-        except (OSError, ValueError, pa.ArrowException):
+            return _read_table(found[_ATTRIBUTED + ".arrow"])
+        except _READ_ERRORS:
             return None
 
     def _read_analysis(self, part: Path, key: dict) -> Analysis | None:
-        files = _verified(part, key)
-        if files is None:
+        found = self._verified(part, key)
+        if found is None or _ANALYSIS_TREE not in found:
             return None
         try:
-            return _read_pickle(files[_ANALYSIS + ".pickle"])
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError,
-                AttributeError, ImportError, IndexError,
-                pa.ArrowException):  # unreadable despite the checksum
+            tree = json.loads(found.pop(_ANALYSIS_TREE).read_bytes())
+            return _decode_analysis(tree, found)
+        except _READ_ERRORS:  # (_decode's schema errors are ValueErrors)
             return None
 
     def _store(self, entry: Path, name: str, key: dict, content: dict[str, Any],
                errors: list[str]) -> None:
-        """Write one part (DataFrames as Arrow, a `*.pickle` name's value pickled, anything
-        else into fields.json) to a temporary directory, then rename it to entry/name.
-        Failures are appended to `errors` (to `_write_errors` while `analysis` computes: the
-        files are then rendered here, and written by the background thread)."""
+        """Write one part (DataFrames as Arrow, an `Analysis` as `_encode_analysis` gives it,
+        anything else into fields.json) to a temporary directory, then rename it to
+        entry/name. Failures are appended to `errors` (to `_write_errors` while `analysis`
+        computes: the files are then rendered here, and written by the background thread)."""
         if self._writes is not None:
             errors = self._write_errors
         try:
-            files = _render(content)
-        except (ValueError, TypeError, pa.ArrowException, pickle.PicklingError) as e:
+            rendered = _render(content)
+        except (ValueError, TypeError, pa.ArrowException) as e:
             errors.append(f"cannot write {name} to {self.directory}: {e}")
             return
         if self._writes is None:
-            self._write(entry, name, key, files, errors)
+            self._write(entry, name, key, rendered, errors)
             return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="trace-roofline-cache")
-        self._writes.append(self._writer.submit(self._write, entry, name, key, files, errors))
+        self._writes.append(self._writer.submit(self._write, entry, name, key, rendered, errors))
 
-    def _write(self, entry: Path, name: str, key: dict, files: dict[str, pa.Table | _Pickled | bytes],
+    def _write(self, entry: Path, name: str, key: dict, rendered: dict[str, pa.Table | bytes],
                errors: list[str]) -> None:
         """Write rendered files (Arrow tables, bytes) and their manifest to a temporary
-        directory, then rename it to entry/name; no pandas here (it runs on the writer
-        thread)."""
+        directory of the (private, tagged) version directory, then rename it to entry/name;
+        no pandas here (it runs on the writer thread)."""
         tmp = self.root / f".tmp-{secrets.token_hex(8)}"
         try:
-            tmp.mkdir(parents=True)
+            self._ensure_root()
+            tmp.mkdir(mode=0o700)
             manifest: dict[str, dict] = {}
-            for fname, data in files.items():
+            for fname, data in rendered.items():
                 if isinstance(data, pa.Table):
-                    _write_table(data, tmp / fname)
-                elif isinstance(data, _Pickled):
-                    _write_pickle(data, tmp / fname)
+                    _write_table(data, tmp / fname,
+                                 FRAME_CODEC if fname.startswith(_FRAME) else CODEC)
                 else:
                     (tmp / fname).write_bytes(data)
                 manifest[fname] = {}
             for fname, rec in manifest.items():
                 rec.update(bytes=(tmp / fname).stat().st_size, crc32=_crc32(tmp / fname))
             (tmp / _MANIFEST).write_text(json.dumps({"key": key, "files": manifest}))
-            entry.mkdir(parents=True, exist_ok=True)
+            _ensure_private(entry)
             shutil.rmtree(entry / name, ignore_errors=True)  # a stale or corrupt part
             os.rename(tmp, entry / name)
         except (OSError, ValueError, pa.ArrowException) as e:
@@ -382,37 +481,76 @@ class TraceCache:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-
-@dataclasses.dataclass(frozen=True)
-class _Pickled:
-    """A value pickled with its large buffers out of band (pickle protocol 5): `stream` refers
-    to `buffers` (views of the value's own arrays) by position. Pickling copies nothing big;
-    the buffers are read by `_write_pickle` on the writer thread, before `analysis` returns."""
-
-    stream: bytes
-    buffers: list[pickle.PickleBuffer]
+    def _ensure_root(self) -> None:
+        """The version directory, private (mode 0700) and tagged as this cache's."""
+        _ensure_private(self.root)
+        if not _tagged(self.root):
+            tmp = self.root / f".tag-{secrets.token_hex(8)}"
+            tmp.write_text(_TAG_TEXT)
+            os.replace(tmp, self.root / _TAG)
 
 
-def _render(content: dict[str, Any]) -> dict[str, pa.Table | _Pickled | bytes]:
-    """A part's files: each DataFrame as an Arrow table (<name>.arrow), a `*.pickle` name's
-    value pickled (`_Pickled`), everything else together as fields.json."""
-    files: dict[str, pa.Table | _Pickled | bytes] = {}
+def _tagged(version: Path) -> bool:
+    """The directory holds this cache's CACHEDIR.TAG (a regular file of this user, as written)."""
+    f = version / _TAG
+    if _owned_file(f) is None:
+        return False
+    try:
+        return f.read_text() == _TAG_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _legacy_layout(version: Path) -> bool:
+    """A version directory of a cache from before the tag: nothing in it but entries (32 hex
+    digits) and write temporaries (.tmp-<16 hex digits>), all directories."""
+    try:
+        return all(d.is_dir() and not d.is_symlink()
+                   and (_ENTRY_DIR.match(d.name) or _TMP_DIR.match(d.name))
+                   for d in version.iterdir())
+    except OSError:
+        return False
+
+
+def _manifest_files(manifest: object, key: dict) -> dict[str, tuple[int, int]] | None:
+    """name -> (bytes, crc32) of a manifest built for `key`; None unless it is well formed:
+    an object with that key and a `files` object of safe names (`_PART_FILE`), each with an
+    integer length and checksum."""
+    if not isinstance(manifest, dict) or manifest.get("key") != key:
+        return None
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for name, rec in listed.items():
+        if not (isinstance(name, str) and _PART_FILE.match(name) and isinstance(rec, dict)):
+            return None
+        size, crc = rec.get("bytes"), rec.get("crc32")
+        if type(size) is not int or type(crc) is not int:
+            return None
+        out[name] = (size, crc)
+    return out
+
+
+def _render(content: dict[str, Any]) -> dict[str, pa.Table | bytes]:
+    """A part's files: an `Analysis` (the `_ANALYSIS` name) as `_encode_analysis` gives it,
+    each other DataFrame as an Arrow table (<name>.arrow), everything else together as
+    fields.json."""
+    out: dict[str, pa.Table | bytes] = {}
     fields = {}
     for k, v in content.items():
-        if k.endswith(".pickle"):
-            buffers: list[pickle.PickleBuffer] = []
-            stream = pickle.dumps(v, protocol=5, buffer_callback=buffers.append)
-            files[k] = _Pickled(stream, buffers)
+        if k == _ANALYSIS:
+            out.update(_encode_analysis(v))
         elif isinstance(v, pd.DataFrame):
-            files[k + ".arrow"] = pa.Table.from_pandas(v)
+            out[k + ".arrow"] = pa.Table.from_pandas(v)
         else:
             fields[k] = v
     if fields:
         text = json.dumps(fields)
         if json.loads(text) != fields:
             raise ValueError("trace fields do not round-trip through JSON")
-        files[_FIELDS] = text.encode()
-    return files
+        out[_FIELDS] = text.encode()
+    return out
 
 
 def _trace_files(trace: Trace) -> dict[str, Any]:
@@ -425,62 +563,12 @@ def _crc32(path: Path) -> int:
         return zlib.crc32(m.read_buffer())
 
 
-def _verified(part: Path, key: dict) -> dict[str, Any] | None:
-    """name -> file of the part, when it was built for `key` and every file has its recorded
-    length and CRC-32; else None."""
-    try:
-        manifest = json.loads((part / _MANIFEST).read_bytes())
-        if manifest.get("key") != key:
-            return None
-        files: dict[str, Any] = {}
-        for name, rec in manifest["files"].items():
-            f = part / name
-            if f.stat().st_size != rec["bytes"] or _crc32(f) != rec["crc32"]:
-                return None
-            files[name] = f
-        return files
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
-        return None
-
-
-def _write_table(table: pa.Table, path: Path) -> None:
+def _write_table(table: pa.Table, path: Path, codec: str | None = CODEC) -> None:
     """Write `table` (from_pandas: with pandas metadata for the dtypes) as one Arrow IPC
-    file, its buffers compressed with CODEC."""
-    options = ipc.IpcWriteOptions(compression=CODEC)
+    file, its buffers compressed with `codec`."""
+    options = ipc.IpcWriteOptions(compression=codec)
     with ipc.new_file(str(path), table.schema, options=options) as w:
         w.write_table(table)
-
-
-def _write_pickle(data: _Pickled, path: Path) -> None:
-    """Write a `_Pickled` as one CODEC-compressed stream (plain without a codec): the lengths
-    of the pickle stream and of each buffer (little-endian uint64, the count first), then the
-    stream, then the buffers."""
-    chunks = [data.stream, *(b.raw() for b in data.buffers)]
-    lengths = np.array([len(chunks) - 1, *(memoryview(c).nbytes for c in chunks)], dtype="<u8")
-    with (pa.CompressedOutputStream(str(path), CODEC) if CODEC else pa.OSFile(str(path), "wb")
-          ) as out:
-        out.write(lengths.tobytes())
-        for c in chunks:
-            out.write(c)
-
-
-def _read_pickle(path: Path) -> Any:
-    """The value `_write_pickle` wrote. Its buffers are slices of one writable bytearray, so
-    the arrays unpickled over them are writable and nothing is copied twice."""
-    with (pa.CompressedInputStream(pa.OSFile(str(path)), CODEC) if CODEC
-          else pa.OSFile(str(path))) as stream:
-        count = int(np.frombuffer(stream.read(8), dtype="<u8")[0])
-        lengths = np.frombuffer(stream.read(8 * (count + 1)), dtype="<u8").astype(np.int64)
-        data = bytearray(int(lengths.sum()))
-        view, got = memoryview(data), 0
-        while got < len(data):
-            n = stream.readinto(view[got:])
-            if not n:
-                raise EOFError(f"{path}: shorter than its lengths say")
-            got += n
-    ends = np.cumsum(lengths).tolist()
-    parts = [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-    return pickle.loads(parts[0], buffers=parts[1:])
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -488,3 +576,240 @@ def _read_table(path: Path) -> pd.DataFrame:
     map, categoricals from their dictionaries."""
     with pa.memory_map(str(path)) as source:
         return ipc.open_file(source).read_all().to_pandas()
+
+
+# ---------------------------------------------------------------------------------------------
+# The Analysis codec: a JSON tree of allow-listed types, its DataFrames as Arrow files.
+
+# The modules whose dataclasses an Analysis is made of: only these are ever built from a cache.
+_CLASS_MODULES = ("trace_roofline.roofline", "trace_roofline.model.models",
+                  "trace_roofline.model.moe", "trace_roofline.model.hardware",
+                  "trace_roofline.model.architecture", "trace_roofline.attribution.graphs")
+# Attributes an instance may carry besides its fields: the architecture a ModelSpec was built
+# from (ModelSpec.from_architecture). Any other one (but a cached_property's) is refused.
+_EXTRA_STATE = {"trace_roofline.model.models.ModelSpec": ("_architecture",)}
+_NUMPY_KINDS = "biuf"  # numpy scalars and columns of bool, int, uint and float are stored
+_MASKED = {"boolean", *(f"{k}{n}" for k in ("Int", "UInt") for n in (8, 16, 32, 64)),
+           "Float32", "Float64"}
+
+
+class _Malformed(ValueError):
+    """A cached analysis tree that is not one `_encode` writes."""
+
+
+@cache
+def _classes() -> dict[str, type]:
+    """Every dataclass defined in `_CLASS_MODULES`, by module-qualified name."""
+    out: dict[str, type] = {}
+    for name in _CLASS_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:  # (a checkout without that module: no such classes)
+            if e.name != name:
+                raise
+            continue
+        for obj in vars(module).values():
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == name:
+                out[f"{name}.{obj.__qualname__}"] = obj
+    return out
+
+
+def _analysis_class() -> type:
+    return _classes()["trace_roofline.roofline.Analysis"]
+
+
+def _encode_analysis(analysis: Analysis) -> dict[str, pa.Table | bytes]:
+    """analysis.json (the tree) and frame-<i>.arrow (its DataFrames); TypeError when it holds
+    a value of any type but those `_Encoder` stores."""
+    if type(analysis) is not _analysis_class():
+        raise TypeError(f"{type(analysis).__name__} is not an Analysis")
+    enc = _Encoder()
+    tree = enc.node(analysis)
+    return {_ANALYSIS_TREE: json.dumps(tree, separators=(",", ":")).encode(), **enc.frames}
+
+
+def _decode_analysis(tree: object, found: dict[str, Path]) -> Analysis:
+    """The Analysis `_encode_analysis` wrote, its frames read from `found` (name -> file);
+    _Malformed unless the tree, its classes, fields, files and dtypes are exactly as written
+    (every file used once)."""
+    dec = _Decoder(found)
+    value = dec.node(tree)
+    if type(value) is not _analysis_class() or dec.unused():
+        raise _Malformed("not one Analysis with each of its frames")
+    return value
+
+
+class _Encoder:
+    """Values as JSON nodes: None, bool, int, float and str as they are; a list as a JSON
+    array; {"$": "tuple" | "dict" | "np" | "frame" | "dataclass", ...} for the rest."""
+
+    def __init__(self) -> None:
+        self.frames: dict[str, pa.Table] = {}
+
+    def node(self, v: object) -> object:
+        t = type(v)
+        if v is None or t in (bool, int, float, str):
+            return v
+        if t is list:
+            return [self.node(x) for x in v]  # type: ignore[attr-defined]
+        if t is tuple:
+            return {"$": "tuple", "items": [self.node(x) for x in v]}  # type: ignore[attr-defined]
+        if t is dict:
+            return {"$": "dict", "items": [[self.node(k), self.node(x)]
+                                           for k, x in v.items()]}  # type: ignore[attr-defined]
+        if isinstance(v, np.generic) and v.dtype.kind in _NUMPY_KINDS:
+            return {"$": "np", "dtype": v.dtype.name, "value": v.item()}
+        if t is pd.DataFrame:
+            return self._frame(v)  # type: ignore[arg-type]
+        if dataclasses.is_dataclass(v) and _classes().get(_qualified(t)) is t:
+            return self._dataclass(v)
+        raise TypeError(f"a {t.__module__}.{t.__qualname__} is not cached")
+
+    def _dataclass(self, v: Any) -> dict:
+        name = _qualified(type(v))
+        fields = {f.name: self.node(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        state = {}
+        for k, x in getattr(v, "__dict__", {}).items():
+            if k in fields or isinstance(getattr(type(v), k, None), cached_property):
+                continue  # (a cached_property is derived: computed again after a hit)
+            if k not in _EXTRA_STATE.get(name, ()):
+                raise TypeError(f"a {name} with attribute {k!r} is not cached")
+            state[k] = self.node(x)
+        return {"$": "dataclass", "class": name, "fields": fields, "state": state}
+
+    def _frame(self, df: pd.DataFrame) -> dict:
+        if df.attrs:
+            raise TypeError("a DataFrame with attrs is not cached")
+        columns = list(df.columns)
+        if (type(df.columns) is not pd.Index or not all(type(c) is str for c in columns)
+                or len(set(columns)) != len(columns)):
+            raise TypeError("a DataFrame whose column names are not unique strings is not cached")
+        index = df.index
+        if (type(index) is not pd.RangeIndex and not (type(index) is pd.Index
+                                                       and _storable(index.dtype))
+                or not (index.name is None or type(index.name) is str)):
+            raise TypeError(f"a DataFrame with a {type(index).__name__} is not cached")
+        for c, d in df.dtypes.items():
+            if not _storable(d):
+                raise TypeError(f"a DataFrame column {c!r} of dtype {d} is not cached")
+        name = f"{_FRAME}{len(self.frames)}.arrow"
+        self.frames[name] = pa.Table.from_pandas(df)
+        return {"$": "frame", "file": name, "columns": columns,
+                "dtypes": [_dtype_name(d) for d in df.dtypes], "index": _index_name(index)}
+
+
+class _Decoder:
+    """`_Encoder`'s nodes back to values, checking every node against what it writes."""
+
+    def __init__(self, found: dict[str, Path]) -> None:
+        self.found, self.used = found, set()
+
+    def unused(self) -> set[str]:
+        return set(self.found) - self.used
+
+    def node(self, n: object) -> object:
+        t = type(n)
+        if n is None or t in (bool, int, float, str):
+            return n
+        if t is list:
+            return [self.node(x) for x in n]  # type: ignore[attr-defined]
+        if t is not dict:
+            raise _Malformed(f"a {t.__name__} node")
+        tag = n.get("$")  # type: ignore[attr-defined]
+        if tag == "tuple":
+            (items,) = _only(n, "items")
+            return tuple(self.node(x) for x in _list(items))
+        if tag == "dict":
+            (items,) = _only(n, "items")
+            pairs = [_list(p) for p in _list(items)]
+            if any(len(p) != 2 for p in pairs):
+                raise _Malformed("a dict item is not a pair")
+            return {self.node(k): self.node(x) for k, x in pairs}
+        if tag == "np":
+            return _numpy_scalar(*_only(n, "dtype", "value"))
+        if tag == "frame":
+            return self._frame(*_only(n, "file", "columns", "dtypes", "index"))
+        if tag == "dataclass":
+            return self._dataclass(*_only(n, "class", "fields", "state"))
+        raise _Malformed(f"node tag {tag!r}")
+
+    def _dataclass(self, name: object, fields: object, state: object) -> object:
+        cls = _classes().get(name) if isinstance(name, str) else None
+        if cls is None or not isinstance(fields, dict) or not isinstance(state, dict):
+            raise _Malformed(f"class {name!r}")
+        declared = dataclasses.fields(cls)
+        if set(fields) != {f.name for f in declared}:
+            raise _Malformed(f"the fields of {name}")
+        if not set(state) <= set(_EXTRA_STATE.get(name, ())):  # type: ignore[arg-type]
+            raise _Malformed(f"the attributes of {name}")
+        values = {k: self.node(v) for k, v in fields.items()}
+        obj = cls(**{f.name: values[f.name] for f in declared if f.init})
+        for f in declared:
+            if not f.init:
+                object.__setattr__(obj, f.name, values[f.name])
+        for k, v in state.items():
+            object.__setattr__(obj, k, self.node(v))
+        return obj
+
+    def _frame(self, name: object, columns: object, dtypes: object, index: object) -> pd.DataFrame:
+        if not isinstance(name, str) or name not in self.found or name in self.used:
+            raise _Malformed(f"frame file {name!r}")
+        self.used.add(name)
+        df = _read_table(self.found[name])
+        if (list(df.columns) != columns or [_dtype_name(d) for d in df.dtypes] != dtypes
+                or _index_name(df.index) != index):
+            raise _Malformed(f"{name}: not the columns, dtypes or index it was written with")
+        return df
+
+
+def _only(n: dict, *keys: str) -> list:
+    """The values of exactly these keys (besides the tag) of a node."""
+    if set(n) != {"$", *keys}:
+        raise _Malformed(f"node keys {sorted(n)}")
+    return [n[k] for k in keys]
+
+
+def _list(v: object) -> list:
+    if type(v) is not list:
+        raise _Malformed("not a list")
+    return v  # type: ignore[return-value]
+
+
+def _numpy_scalar(dtype: object, value: object) -> np.generic:
+    if not isinstance(dtype, str) or type(value) not in (bool, int, float):
+        raise _Malformed("numpy scalar")
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        raise _Malformed(f"numpy dtype {dtype!r}") from None
+    if d.kind not in _NUMPY_KINDS or d.name != dtype:
+        raise _Malformed(f"numpy dtype {dtype!r}")
+    return d.type(value)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _storable(d: object) -> bool:
+    """A column dtype whose values Arrow gives back exactly: numpy bool/int/uint/float, the
+    masked ones (Int64, boolean, ...), strings, and categoricals of those."""
+    if isinstance(d, pd.CategoricalDtype):
+        return _storable(d.categories.dtype)
+    if isinstance(d, np.dtype):
+        return d.kind in _NUMPY_KINDS
+    return isinstance(d, pd.StringDtype) or getattr(d, "name", None) in _MASKED
+
+
+def _dtype_name(d: object) -> str:
+    """A dtype exactly (a string column's storage and missing value included), a categorical
+    by its categories' dtype and order flag (not its categories)."""
+    if isinstance(d, pd.CategoricalDtype):
+        return f"category[{_dtype_name(d.categories.dtype)}, ordered={d.ordered}]"
+    return repr(d)
+
+
+def _index_name(index: pd.Index) -> str:
+    if type(index) is pd.RangeIndex:
+        return f"range({index.start}, {index.stop}, {index.step}, name={index.name!r})"
+    return f"{_dtype_name(index.dtype)}, name={index.name!r}"
