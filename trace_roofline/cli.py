@@ -23,7 +23,7 @@ from typing import NoReturn
 from trace_roofline import memory
 from trace_roofline.costs import calculator
 from trace_roofline.errors import InputError
-from trace_roofline.files import check_targets, find_traces, staged_file, write_files
+from trace_roofline.files import check_outputs, check_targets, find_traces, staged_file, write_files
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
@@ -190,6 +190,26 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+# Every file `analyze --out` and `diff --out` may write: checked against the inputs before the
+# work, and the set the directory is swapped in as (files.write_files: complete old or new set).
+ANALYZE_OUT = ("operators.csv", "operators_by_layer.csv", "operators.parquet", "report.json",
+               "report.md", "report.html", "roofline.png", "roofline.svg", "ranks.csv")
+DIFF_OUT = ("diff.csv", "diff.json", "diff.md", "diff.png")
+
+
+def _option_files(*values: str | None) -> list[str]:
+    """The --model/--hardware values that are files (an HF config.json, a hardware JSON)."""
+    return [v for v in values if v and Path(v).is_file()]
+
+
+def _outputs(args: argparse.Namespace, out: Path | None,
+             names: Sequence[str]) -> list[tuple[str, Path]]:
+    """(flag, path) of every output the command may write: --json, --perfetto, --out's files."""
+    given = [(f"--{flag}", Path(getattr(args, flag))) for flag in ("json", "perfetto")
+             if getattr(args, flag, None)]
+    return given + ([("--out", out / name) for name in names] if out is not None else [])
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trace_roofline.attribution import ranks
     from trace_roofline.cache import TraceCache
@@ -209,6 +229,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
+    inputs = [*traces, *args.ncu, args.graph_map, *_option_files(args.model, args.hardware)]
+    check_outputs(_outputs(args, out, ANALYZE_OUT), inputs)  # before the work: no output over an input
     cache = None if args.no_cache else TraceCache()
     shapes = None
     if (args.batch is None) != (args.context is None):
@@ -256,7 +278,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             _write_perfetto(stack, Path(args.perfetto), kernels, analyses[0])
             text += f"\n\nwrote {args.perfetto} (open it in ui.perfetto.dev)"
         if outputs:
-            written = write_files(outputs)
+            written = write_files(outputs, inputs=inputs,
+                                  sets={out: ANALYZE_OUT} if out is not None else None)
             text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
@@ -320,6 +343,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out exists and is not a directory")
+    inputs = [args.a, args.b, *_option_files(args.model, args.hardware)]
+    check_outputs(_outputs(args, out, DIFF_OUT), inputs)
     a, b = _diff_side(args.a, args, "A"), _diff_side(args.b, args, "B")
     table = diff.diff(a, b)
     text = diff.format_table(table, a, b)
@@ -333,7 +358,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             out / "diff.json": json.dumps(diff.to_json(table, a, b), indent=2).encode() + b"\n",
             out / "diff.md": diff.markdown(table, a, b).encode(),
             out / "diff.png": png.getvalue(),
-        })
+        }, inputs=inputs, sets={out: DIFF_OUT})
         text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
