@@ -198,9 +198,9 @@ def test_phase_per_step():
 
 def test_bad_conventions_and_missing_columns():
     att = attributed(qwen_layer(QWEN, 1, 64))
-    with pytest.raises(InputError, match="^causal must be"):
+    with pytest.raises(InputError, match="^`causal` must be"):
         attach_costs(att, QWEN, causal="half")
-    with pytest.raises(InputError, match="^attention_bytes must be"):
+    with pytest.raises(InputError, match="^`attention_bytes` must be"):
         attach_costs(att, QWEN, attention_bytes="q")
     with pytest.raises(InputError, match="input_dims"):
         attach_costs(att.drop(columns=["input_dims"]), QWEN)
