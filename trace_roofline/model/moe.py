@@ -44,12 +44,14 @@ ASSUMPTIONS: tuple[str, ...] = ("expected", "low", "high")
 class Experts:
     """The experts of one sparse MLP layer (HF config names in brackets).
 
-    num_experts: routed experts E (`num_local_experts`, `num_experts`).
-    top_k: experts per token k (`num_experts_per_tok`).
-    intermediate_size: I of one routed expert (`moe_intermediate_size`; Mixtral:
+    num_experts: routed experts E (`num_local_experts`, `num_experts`; DeepSeek:
+        `n_routed_experts`).
+    top_k: experts per token k (`num_experts_per_tok`; gpt-oss: `experts_per_token`).
+    intermediate_size: I of one routed expert (`moe_intermediate_size`; Mixtral, gpt-oss:
         `intermediate_size`).
     shared_intermediate_size: I of the shared expert every token passes
-        (`shared_expert_intermediate_size`), 0 without one.
+        (`shared_expert_intermediate_size`; DeepSeek: its `n_shared_experts` experts run as
+        one MLP of n_shared_experts·moe_intermediate_size), 0 without one.
     shared_gate: the shared expert's output is scaled by sigmoid(x·w), w of H -> 1 (Qwen2-MoE).
     norm_topk_prob: the top-k routing weights are renormalised to sum to 1.
     """

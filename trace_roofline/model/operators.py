@@ -152,6 +152,18 @@ OPERATORS: tuple[Operator, ...] = (
              ops=re.compile(r"^(?:embedding|embedding_bag|_embedding_bag)$")),
     Operator("final_norm", "memory", per_layer=False),
     _linear("lm_head", None, per_layer=False),
+    # DeepSeek's multi-head latent attention (architecture.py): q through a LoRA (q_a_proj,
+    # its RMSNorm, q_b_proj), the compressed KV and shared RoPE key (kv_a_proj_with_mqa), its
+    # RMSNorm, the per-head k/v expansion (kv_b_proj)
+    _linear("q_a_proj", None),
+    _linear("q_b_proj", None),
+    _linear("kv_a_proj_with_mqa", None),
+    _linear("kv_b_proj", None),
+    Operator("q_a_layernorm", "memory"),
+    Operator("kv_a_layernorm", "memory"),
+    # Gemma's norms around the MLP (its post_attention_norm follows o_proj)
+    Operator("pre_feedforward_norm", "memory", aliases=("pre_feedforward_layernorm",)),
+    Operator("post_feedforward_norm", "memory", aliases=("post_feedforward_layernorm",)),
 )
 
 def _ring_all_reduce(t: int) -> float:
