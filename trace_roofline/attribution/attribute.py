@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 from trace_roofline.attribution import naming
 from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
-from trace_roofline.model import models, operators
+from trace_roofline.model import kernels, models, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Trace
 
@@ -83,6 +83,12 @@ ATTRIBUTED_COLUMNS = {
     "layer": "Int64",
     "step": "Int64",  # N of the enclosing ProfilerStep#N
     "evidence": "str",  # how the operator was named: one of operators.EVIDENCE
+    # why a row is `unattributed`, `other` or `linear[K×N]` (NA where its name has evidence):
+    # no op launched it, a gap no layout explains, a GEMM no linear has the shape of, ...
+    "reason": "str",
+    # the part of a training step (forward | backward | optimizer); NA in a trace without
+    # backward work
+    "training": "str",
 }
 OPERATOR_TABLE_COLUMNS = {
     "step": "Int64",
@@ -103,12 +109,20 @@ _LAYER_RE = re.compile(r"(?:^|[./:\s])layers?[._\s#]?(\d+)(?:$|[./:\s])")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # cpu ops that only wrap others (torch.compile, autograd, CUDA graphs): never units or top ops
 _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunction|Pregraph bytecode|"
-                         r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.)")
+                         r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.|"
+                         r"\w+Backward\d*$|torch::autograd::AccumulateGrad$)")
 _PS_PER_US = 1_000_000
 # Triton kernels that run both halves of an engine's fused MoE op, w13 (gate_up) then w2 (down)
-_FUSED_MOE_KERNEL = re.compile(r"^fused_moe_kernel")
+_FUSED_MOE_KERNEL = kernels.BY_FAMILY["fused_moe_triton"].pattern
 _SECOND_HALF = "experts_down"
 _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
+_BACKWARD_FRAME = "autograd::engine::evaluate_function: "
+_OPTIMIZER_RE = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
+_OPTIMIZER_OPS = re.compile(r"^(?:_foreach_|_fused_adam|_fused_sgd|_fused_adagrad)")
+_UNLINKED = "no cpu op launched it (no External id, runtime launch or flow links it)"
+_BEFORE_WINDOW = ("launched before the profiled window: no launch in the file, its correlation "
+                  "id below the first launch's, done before the first linked kernel")
+_NO_DECODER = "no decoder-layer operator in the trace: each op keeps its own name"
 
 
 def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
@@ -127,9 +141,12 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     units["coll"] = _categorical(naming.per_value(units["name"], _kernel_collective))
     units["ann_name"], units["ann_layer"], units["step"] = _annotations(trace.annotations, units,
                                                                         keys)
+    units["training"], units["node"], units["frame"] = _training(units, ops, trace.annotations,
+                                                                 keys)
     inst = _instances(units, ops)
-    name, evidence, layer = _name_instances(inst, ops, trace.python_frames, keys, model)
-    return _assemble(units, ops, inst.assign(operator=name, evidence=evidence, layer=layer))
+    name, evidence, layer, reason = _name_instances(inst, ops, trace.python_frames, keys, model)
+    return _assemble(units, ops, inst.assign(operator=name, evidence=evidence, layer=layer,
+                                             reason=reason))
 
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
@@ -144,16 +161,25 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     named = ~has & (ann.codes >= 0)
     coll = units["coll"].array
     lone = ~has & (coll.codes >= 0)  # a collective kernel no op links to
+    early = (units["before_window"].to_numpy(bool) if "before_window" in units
+             else np.zeros(n, bool)) & ~has
+    named &= ~early
+    lone &= ~early
     part = _fused_moe_halves(units) & has
-    (op, an, un, co, down), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                             _const(UNATTRIBUTED, n), coll,
-                                             _const(_SECOND_HALF, n))
+    (op, an, un, co, down, bw), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
+                                                 _const(UNATTRIBUTED, n), coll,
+                                                 _const(_SECOND_HALF, n),
+                                                 _const(operators.BEFORE_WINDOW.name, n))
     operator = np.where(part, down, np.where(lone, co, np.where(has, op,
                                                                 np.where(named, an, un))))
+    operator = np.where(early, bw, operator)
     (ev, an, un, ke), ev_cats = _unify(_take_cat(inst["evidence"].array, at),
                                        _const("annotation", n), _const(FALLBACK, n),
                                        _const("kernel_name", n))
     evidence = np.where(lone, ke, np.where(has, ev, np.where(named, an, un)))
+    (re_, nl, bwr), re_cats = _unify(_take_cat(inst["reason"].array, at), _const(_UNLINKED, n),
+                                     _const(_BEFORE_WINDOW, n))
+    reason = np.where(early, bwr, np.where(has, re_, np.where(named | lone, -1, nl)))
     inst_layer = inst["layer"].array.take(at, allow_fill=True)
     ann_layer = units["ann_layer"].array
     no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
@@ -180,6 +206,8 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["layer"] = layer
     out["step"] = pd.array(units["step"], dtype="Int64")
     out["evidence"] = _strings(pd.Categorical.from_codes(evidence, ev_cats))
+    out["reason"] = _strings(pd.Categorical.from_codes(reason, re_cats))
+    out["training"] = _strings(units["training"].array)
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
@@ -235,9 +263,11 @@ def operator_table(attributed: pd.DataFrame) -> pd.DataFrame:
 
 def coverage(attributed: pd.DataFrame) -> dict:
     """kernel_time_us, attributed_time_us, unattributed_time_us, fraction (attributed / total),
-    kernels, unattributed_kernels, and the same totals in exact integer picoseconds."""
+    kernels, unattributed_kernels, the same totals in exact integer picoseconds, and the time
+    and count of kernels launched before the profiled window (`before_window`)."""
     ps = _ps(attributed["dur_us"])
     un = (attributed["operator"] == UNATTRIBUTED).to_numpy()
+    early = (attributed["operator"] == operators.BEFORE_WINDOW.name).to_numpy()
     total, lost = int(ps.sum()), int(ps[un].sum())
     return {
         "kernel_time_us": total / _PS_PER_US,
@@ -248,6 +278,9 @@ def coverage(attributed: pd.DataFrame) -> dict:
         "unattributed_kernels": int(un.sum()),
         "kernel_time_ps": total,
         "attributed_time_ps": total - lost,
+        # kernels of the step before the profiled window (in the totals, in no pass)
+        "before_window_time_us": int(ps[early].sum()) / _PS_PER_US,
+        "before_window_kernels": int(early.sum()),
     }
 
 
@@ -430,7 +463,22 @@ def _device_units(trace: Trace, ops: pd.DataFrame, keys: KeySpace) -> pd.DataFra
         "dur_us": dev["dur_us"], "op_idx": op_idx,
         "top_idx": np.where(top >= 0, top, op_idx), "t": t, "key": key,
         "dev_pid": dev["pid"], "dev_stream": dev["stream"], "ts_ns": to_ns(dev["ts_us"]),
+        "before_window": _before_window(dev, corr, has_pt, rt),
     })
+
+
+def _before_window(dev: pd.DataFrame, corr: np.ndarray, has_pt: np.ndarray,
+                   rt: pd.DataFrame) -> np.ndarray:
+    """Device rows launched before the profiled window (a profiler schedule's previous step):
+    no launch in the file, a correlation id below every runtime launch's, and done before the
+    first kernel that a launch links (operators.BEFORE_WINDOW)."""
+    if not has_pt.any() or not rt["correlation"].notna().any():
+        return np.zeros(len(dev), dtype=bool)
+    first_corr = int(_ints(rt["correlation"], 0)[rt["correlation"].notna().to_numpy()].min())
+    start = to_ns(dev["ts_us"])
+    end = start + to_ns(dev["dur_us"])
+    first_linked = int(start[has_pt].min())
+    return ~has_pt & (corr >= 0) & (corr < first_corr) & (end <= first_linked)
 
 
 def _instance_op(ops: pd.DataFrame, nest: Nest, inner: np.ndarray,
@@ -543,6 +591,7 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
         "op_name": _take_cat(names, oi),
         "top_name": _take_cat(names, units["top_idx"].to_numpy()[first]),
         "input_dims": _take_cat(_categorical(ops["input_dims"]), oi),
+        "input_strides": _take_cat(_categorical(ops["input_strides"]), oi),
     }, index=pd.Index(oi, name="op_idx"))
     inst["step"] = inst["step"].where(step >= 0)
     coll = units["coll"].array
@@ -550,8 +599,79 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     first_coll = pd.Series(coll.codes[hit]).groupby(op_idx[hit]).first()
     codes = first_coll.reindex(oi).fillna(-1).to_numpy(np.int64)
     inst["kernel_coll"] = pd.Categorical.from_codes(codes, coll.categories)
-    inst["grp"] = pd.factorize(step * (int(key.max(initial=0)) + 2) + key + 1)[0]
+    inst["role"] = _instance_roles(units["name"], op_idx, oi)
+    inst["training"] = _take_cat(units["training"].array, first)
+    inst["node"] = _take_cat(units["node"].array, first)
+    inst["frame"] = units["frame"].to_numpy()[first]
+    part = inst["training"].array.codes.astype(np.int64) + 1  # backward apart from forward
+    inst["grp"] = pd.factorize((step * (int(key.max(initial=0)) + 2) + key + 1) * 4 + part)[0]
     return inst.sort_values(["grp", "t"], kind="stable")
+
+
+def _training(units: pd.DataFrame, ops: pd.DataFrame, ann: pd.DataFrame, keys: KeySpace
+              ) -> tuple[pd.Categorical, pd.Categorical, np.ndarray]:
+    """Per unit, its part of a training step and, in backward, the autograd node it runs and
+    that node's frame (an op index, -1 outside backward):
+    `backward` inside an `autograd::engine::evaluate_function: XBackward0` frame (node
+    `XBackward0`), `optimizer` inside an `Optimizer.step#` / `Optimizer.zero_grad#` range (or a
+    foreach / fused optimizer op), else `forward`; all missing when the trace has no backward."""
+    n = len(units)
+    names = _categorical(ops["name"])
+    cats = pd.Series(np.asarray(names.categories, dtype=object), dtype="string")
+    bwd = np.append(cats.str.startswith(_BACKWARD_FRAME).fillna(False).to_numpy(bool),
+                    False)[names.codes]
+    t, key = units["t"].to_numpy(), units["key"].to_numpy()
+    if not bwd.any():
+        none = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
+        return none, none, np.full(n, -1, np.int64)
+    frame = Nest(ops["s"].to_numpy()[bwd], ops["e"].to_numpy()[bwd],
+                 ops["key"].to_numpy()[bwd]).innermost(t, key)
+    node = _take_cat(names, np.where(frame >= 0, np.flatnonzero(bwd)[np.maximum(frame, 0)], -1))
+    node = pd.Categorical(pd.Series(node).astype("string").str.slice(len(_BACKWARD_FRAME)))
+    opt_op = np.append(cats.str.contains(_OPTIMIZER_RE).fillna(False).to_numpy(bool),
+                       False)[names.codes]
+    ann_names = _categorical(ann["name"])
+    opt_ann = _by_category(ann["name"], lambda c: c.str.contains(_OPTIMIZER_RE))
+    gpu = _by_category(ann["cat"], lambda c: c.str.lower().eq("gpu_user_annotation"))
+    opt_ann &= ~gpu & (ann_names.codes >= 0)
+    s_ann = to_ns(ann["ts_us"])
+    in_opt = Nest(np.r_[s_ann[opt_ann], ops["s"].to_numpy()[opt_op]],
+                  np.r_[s_ann[opt_ann] + to_ns(ann["dur_us"])[opt_ann], ops["e"].to_numpy()[opt_op]],
+                  np.r_[keys.codes(ann["pid"], ann["tid"])[opt_ann], ops["key"].to_numpy()[opt_op]]
+                  ).innermost(t, key) >= 0
+    opt_named = _by_category(ops["name"], lambda c: operators.base_names(c).fillna("")
+                             .str.contains(_OPTIMIZER_OPS))
+    in_opt |= _take(opt_named, units["op_idx"].to_numpy(), False)
+    part = np.where(in_opt, 2, np.where(frame >= 0, 1, 0))
+    at = np.where(frame >= 0, np.flatnonzero(bwd)[np.maximum(frame, 0)], -1)
+    return pd.Categorical.from_codes(part, ["forward", "backward", "optimizer"]), node, at
+
+
+# the kinds of work that make an op's role (an attention and its split-KV reduce are one); the
+# other roles (copies, elementwise, memsets, sorts) go with any of them
+_ROLE_GROUP = {"attention": 0, "attention_reduce": 0, "gemm": 1, "moe_gemm": 1, "conv": 2,
+               "collective": 3, "norm": 4, "fused_add_norm": 4, "rope": 5, "kv_cache_write": 6,
+               "activation": 7, "quant": 8, "moe_routing": 9, "moe_finalize": 10, "loss": 11,
+               "optimizer": 12, "sampling": 13}
+
+
+def _instance_roles(names: pd.Series, op_idx: np.ndarray, oi: np.ndarray) -> pd.Categorical:
+    """Per instance (op indices `oi`), the role of its kernels (kernels.classify on the units'
+    names, once per distinct name): the first in kernels.ROLE_PRIORITY among them; `unknown`
+    when they do several kinds of work (`_ROLE_GROUP`)."""
+    role = kernels.roles(pd.Series(_categorical(names)))
+    order = pd.Index(kernels.ROLE_PRIORITY)
+    rank = np.append(order.get_indexer(role.cat.categories), len(order) - 1)[role.cat.codes]
+    group = np.append(pd.Series(np.asarray(role.cat.categories, dtype=object))
+                      .map(_ROLE_GROUP).to_numpy(np.float64), np.nan)[role.cat.codes]
+    linked = op_idx >= 0
+    by_op = pd.DataFrame({"rank": rank[linked], "group": group[linked]}).groupby(op_idx[linked])
+    best = by_op["rank"].min().reindex(oi)
+    # an op whose kernels do several kinds of work (a compiled region replaying a CUDA graph,
+    # a wrapper) has no role of its own
+    mixed = (by_op["group"].nunique() > 1).reindex(oi, fill_value=False).to_numpy(bool)
+    codes = np.where(mixed, len(order) - 1, best.fillna(len(order) - 1).to_numpy(np.int64))
+    return pd.Categorical.from_codes(codes, list(order))
 
 
 def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
@@ -638,10 +758,12 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     n = len(inst)
     if not n:
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
-        return empty, empty, pd.array([], dtype="Int64")
+        return empty, empty, pd.array([], dtype="Int64"), empty
     inst = _gemm_shapes(inst)
-    gemm = naming.name_gemms(inst, _linears(inst, model))
-    pos_name, pos_evidence = naming.position_names(inst, gemm)
+    backward = np.asarray(inst["training"].array.isin(["backward", "optimizer"]), dtype=bool)
+    linears = _linears(inst[~backward], model)  # (backward GEMMs run the transposed shapes)
+    gemm = naming.name_gemms(inst, linears)
+    pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
@@ -658,13 +780,23 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     (ea, em, ep), ev_cats = _unify(_const("annotation", n), _const("module", n),
                                    _categorical(pos_evidence))
     evidence = np.where(a >= 0, ea, np.where(m >= 0, em, ep))
+    reason = _categorical(pos_reason).codes.astype(np.int64)
+    re_cats = _categorical(pos_reason).categories
+    reason = np.where((a >= 0) | (m >= 0), -1, reason)
     name, cats, evidence, ev_cats = _collectives(inst, name, cats, evidence, ev_cats)
-    name, cats = _without_decoder(name, cats, inst["op_name"].array)
+    reason = np.where(np.append(cats.isin(operators.COMMUNICATION), False)[name], -1, reason)
+    name, cats, own = _without_decoder(name, cats, inst["op_name"].array)
+    if own.any():
+        re_cats = re_cats.append(pd.Index([_NO_DECODER])).unique()
+        reason = np.where(own & (reason < 0), re_cats.get_loc(_NO_DECODER), reason)
+    if backward.any():
+        (name, cats), (evidence, ev_cats), (reason, re_cats) = _training_names(
+            inst, backward, (name, cats), (evidence, ev_cats), (reason, re_cats), linears or {})
     layer = _coalesce(inst["ann_layer"].array, mod_layer,
                       _segment_layers(name, cats, inst["grp"].to_numpy()))
     name, cats = _mlp_by_layer(name, cats, evidence, ev_cats, layer, inst["grp"].to_numpy())
     return (pd.Categorical.from_codes(name, cats), _fallbacks(name, cats, evidence, ev_cats),
-            layer)
+            layer, pd.Categorical.from_codes(reason, re_cats))
 
 
 # A dense MLP's projection and the MoE operator of the same shape (a shared expert's, Mixtral's
@@ -672,6 +804,57 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
 _DENSE_OF = {**{v: k for k, v in operators.SHARED_OF.items()},
              "experts_gate_up": "gate_up_proj", "experts_down": "down_proj"}
 _ROUTED_EVIDENCE = ("router", "moe_dispatch")
+
+
+_GRAD_NODES = (  # autograd node -> the backward operator it is, when the node says
+    (re.compile(r"Attention|Sdpa|SDPA|Flash"), operators.grad_of("attention")),
+    (re.compile(r"^Embedding"), operators.grad_of("embedding")),
+    (re.compile(r"^(?:Silu|Gelu|Sigmoid|Relu|Tanh)"), operators.grad_of("act")),
+    (re.compile(r"^(?:NllLoss|LogSoftmax|CrossEntropy|MseLoss)"), operators.LOSS.name),
+)
+_BACKWARD_GEMM_NODES = re.compile(r"^(?:Mm|Addmm|Bmm|Baddbmm|Linear|Matmul)Backward")
+
+
+def _training_names(inst: pd.DataFrame, backward: np.ndarray, name: tuple, evidence: tuple,
+                    reason: tuple, linears: dict[str, tuple[int, int]]) -> tuple:
+    """Backward and optimizer instances of a training step, named apart from the forward ones
+    (each argument a (codes, categories) pair; the same returned): a backward GEMM after the
+    linear it differentiates (`naming.backward_gemms`: `q_proj.grad`, evidence `shape`), an
+    autograd node that says what it differentiates (`_GRAD_NODES`, evidence `kernel_name`),
+    every optimizer op `optimizer` (evidence `annotation`: the Optimizer.step range); the rest of
+    backward stays `other`, with the node as its reason."""
+    nm, ev, why = (_decoded(*pair) for pair in (name, evidence, reason))
+    part = np.asarray(inst["training"].astype("string").fillna(""), dtype=object)
+    node = inst["node"].astype("string").fillna("")
+    bwd, opt = backward & (part == "backward"), part == "optimizer"
+    gemm = naming.backward_gemms(inst, linears, bwd)
+    by_node = pd.Series(None, index=inst.index, dtype=object)
+    for rx, op in _GRAD_NODES:
+        by_node = by_node.mask(by_node.isna() & node.str.contains(rx).fillna(False), op)
+    by_node = by_node.to_numpy(dtype=object)
+    gemm_node = node.str.contains(_BACKWARD_GEMM_NODES).fillna(False).to_numpy(bool)
+    has_gemm, has_node = pd.notna(gemm), pd.notna(by_node)
+    nm = np.where(bwd, np.where(has_gemm, gemm, np.where(has_node, by_node, "other")), nm)
+    ev = np.where(bwd, np.where(has_gemm, "shape", np.where(has_node, "kernel_name",
+                                                           "position")), ev)
+    lost = bwd & ~has_gemm & ~has_node
+    why = np.where(lost, "backward of " + node.to_numpy(dtype=object) + ": not named by place"
+                   + np.where(gemm_node, " (no linear has its shape)", ""), np.where(bwd, None, why))
+    nm, ev, why = (np.where(opt, v, a) for v, a in (("optimizer", nm), ("annotation", ev),
+                                                     (None, why)))
+    return tuple(_codes_of(a) for a in (nm, ev, why))
+
+
+def _decoded(codes: np.ndarray, cats: pd.Index) -> np.ndarray:
+    """An object array of the categories of `codes` (-1: None)."""
+    values = np.append(np.asarray(cats, dtype=object), None)
+    return values[np.where(codes >= 0, codes, len(cats))]
+
+
+def _codes_of(values: np.ndarray) -> tuple[np.ndarray, pd.Index]:
+    """(codes, categories) of an object array (None: -1)."""
+    codes, cats = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
+    return codes.astype(np.int64), pd.Index(np.asarray(cats, dtype=object))
 
 
 def _mlp_by_layer(name: np.ndarray, cats: pd.Index, evidence: np.ndarray, ev_cats: pd.Index,
@@ -729,16 +912,17 @@ def _collectives(inst: pd.DataFrame, name: np.ndarray, cats: pd.Index, evidence:
 
 
 def _without_decoder(name: np.ndarray, cats: pd.Index, op_name: pd.Categorical
-                     ) -> tuple[np.ndarray, pd.Index]:
+                     ) -> tuple[np.ndarray, pd.Index, np.ndarray]:
     """In a trace where no instance got a decoder-layer operator's name (a CNN, a matmul loop),
-    `other` would name everything: each such instance keeps its op's own name instead."""
+    `other` would name everything: each such instance keeps its op's own name instead. Also
+    returns which rows took their op's name."""
     per_layer = [o.name for o in operators.OPERATORS if o.per_layer]
     if (operators.OTHER.name not in cats
             or np.append(cats.isin(per_layer), False)[name].any()):
-        return name, cats
+        return name, cats, np.zeros(len(name), dtype=bool)
     (nm, op), shared = _unify(pd.Categorical.from_codes(name, cats), op_name)
-    other = shared.get_loc(operators.OTHER.name)
-    return np.where((nm == other) & (op >= 0), op, nm), shared
+    own = (nm == shared.get_loc(operators.OTHER.name)) & (op >= 0)
+    return np.where(own, op, nm), shared, own
 
 
 def _fallbacks(name: np.ndarray, cats: pd.Index, evidence: np.ndarray,

@@ -61,7 +61,7 @@ import pandas as pd
 
 from trace_roofline.attribution.nest import Nest
 from trace_roofline.frames import distinct_codes, factorized
-from trace_roofline.model import operators
+from trace_roofline.model import kernels, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.model.operators import Stage
 
@@ -74,9 +74,9 @@ BATCHED_GEMM_OPS = {"bmm", "baddbmm", "addbmm"}
 # (vLLM spells its fused norms rms_norm / fused_add_rms_norm, SGLang rmsnorm / fused_add_rmsnorm)
 NORM_CORE_OPS = {"pow", "mean", "rsqrt", "var", "var_mean", "rms_norm", "_fused_rms_norm",
                  "layer_norm", "native_layer_norm", "fused_add_rms_norm", "rms_norm_",
-                 "rmsnorm", "fused_add_rmsnorm"}
+                 "rmsnorm", "fused_add_rmsnorm", "add_rmsnorm"}
 # an engine's norm that adds the residual itself (vLLM, SGLang): no residual add kernel before it
-ADD_NORM_OPS = {"fused_add_rms_norm", "fused_add_rmsnorm"}
+ADD_NORM_OPS = {"fused_add_rms_norm", "fused_add_rmsnorm", "add_rmsnorm"}
 # the op that opens a norm: RMSNorm as HF writes it (x.pow(2).mean(-1)...), or a fused norm op
 NORM_OPEN_OPS = NORM_CORE_OPS - {"mean", "rsqrt", "var"}
 CAST_OPS = {"to", "_to_copy", "type_as", "float", "bfloat16", "half"}
@@ -92,6 +92,21 @@ KV_ONLY_OPS = KV_WRITE_OPS - {"cat", "copy_"}
 ACT_OPS = {"silu", "silu_", "gelu", "gelu_", "sigmoid", "silu_and_mul", "gelu_and_mul",
            "gelu_tanh_and_mul", "swiglu", "relu", "relu_"}
 SOFTMAX_OPS = {"softmax", "_softmax", "_safe_softmax"}
+# logits processing and sampling after the lm_head (HF generate's processors and samplers,
+# engines' samplers): the logits' cast, temperature, top-k / top-p (sort, cumsum, scatter),
+# penalties, softmax, the draw or the argmax
+# a training step's loss (HF's cross-entropy after the lm_head: log-softmax, NLL)
+LOSS_OPS = {"cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d",
+            "nll_loss2d_forward", "log_softmax", "_log_softmax", "mse_loss",
+            "binary_cross_entropy", "binary_cross_entropy_with_logits"}
+SAMPLING_OPS = {"softmax", "_softmax", "_safe_softmax", "topk",
+                "argmax", "argmin", "max", "multinomial", "sort", "argsort", "cumsum", "div",
+                "div_", "masked_fill", "masked_fill_", "scatter", "scatter_", "gather",
+                "exponential_", "uniform_", "_to_copy", "to", "float", "lt", "where", "sub",
+                "apply_penalties", "apply_repetition_penalties_", "top_k_top_p_sampling_from_probs",
+                "top_p_sampling_from_probs", "sampling_from_probs", "min_p_sampling_from_probs"}
+SAMPLING_ROLES = {"sampling", "softmax", "sort_scan"}
+UNATTRIBUTED = operators.UNATTRIBUTED.name
 # MoE: token permutation ops that open the dispatch after the router's top-k (as the op or the
 # outermost op around it: sort's own copies; its arange, which opens it in a kernel sequence),
 # the router's top-k, and the ops that accumulate
@@ -112,13 +127,13 @@ LINEAR_ORDER = (*operators.LINEARS, "experts_gate", "experts_up", "shared_expert
 EXPERT_IN = {"experts_gate_up", "experts_gate", "experts_up"}
 SHARED_IN = {"shared_gate_proj", "shared_up_proj", "shared_gate_up_proj"}
 
-# Triton kernel names list the aten ops they fuse: triton_{poi,red,per,tem}_fused_<ops>_<n>.
-_TOK_NORM = re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)")
-_TOK_ROPE = re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)")
-_TOK_KV = re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)")
-_TOK_CAT = re.compile(r"(?:^|_)cat(?:_|$)")
 _DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, heads, S, d]
-_TOK_ACT = re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)")
+_BATCHED = re.compile(r"^\[\s*\[\s*\d+\s*(?:,\s*\d+\s*){2,3}\]\s*,\s*\[\s*\d+\s*(?:,\s*\d+\s*){1,2}"
+                      r",\s*(?:[2-9]|\d{2,})\s*\]")
+# weight GEMM ops (the innermost shape-carrying op of a linear); Inductor's and the libraries'
+# GEMM kernels are GEMMs by their kernel family (kernels.GEMM_ROLES)
+GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm",
+            "_grouped_mm", "_addmm_activation", "gemm_a16w16"}
 
 
 def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -223,33 +238,38 @@ def base_name(names: pd.Series) -> pd.Series:
 def _op_flags(names: pd.Series) -> pd.DataFrame:
     base = base_name(names).fillna("")
     triton = base.str.match(operators.TRITON_KERNEL_OP)
-    tri = base.where(triton, "").str.replace("_to_copy", "_cast", regex=False)
+    role = kernels.roles(base).astype(str)  # an engine's op named like its kernel, Inductor's
+    fuses = {k: kernels.inductor_fuses(base, k) for k in kernels.INDUCTOR_FUSES}
+    knorm = role.isin(["norm", "fused_add_norm"])
     return pd.DataFrame({
         "triton": triton,
-        "attn": operators.recognise(operators.ATTENTION, base),
+        "attn": operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES),
         "emb": operators.recognise(operators.EMBEDDING, base),
-        "normcore": base.isin(NORM_CORE_OPS) | tri.str.contains(_TOK_NORM),
-        "normopen": base.isin(NORM_OPEN_OPS) | tri.str.contains(_TOK_NORM),
-        "rotary": base.isin(ROTARY_OPS) | tri.str.contains(_TOK_ROPE),
+        "normcore": base.isin(NORM_CORE_OPS) | fuses["norm"] | knorm,
+        "normopen": base.isin(NORM_OPEN_OPS) | fuses["norm"] | knorm,
+        "rotary": base.isin(ROTARY_OPS) | fuses["rope"] | role.eq("rope"),
         "mul": base == "mul",
-        "addnorm": base.isin(ADD_NORM_OPS),
+        "addnorm": base.isin(ADD_NORM_OPS) | role.eq("fused_add_norm"),
         "cast": base.isin(CAST_OPS),
-        "ropecore": base.isin(ROPE_CORE_OPS) | tri.str.contains(_TOK_ROPE),
+        "ropecore": base.isin(ROPE_CORE_OPS) | fuses["rope"] | role.eq("rope"),
         "cossin": base.isin({"cos", "sin"}),
-        "kvwrite": base.isin(KV_WRITE_OPS) | (tri.str.contains(_TOK_KV)
-                                              & ~tri.str.contains(_TOK_ROPE)),
-        "kvonly": base.isin(KV_ONLY_OPS),
-        "tristore": tri.str.contains(_TOK_KV),
-        "tricat": tri.str.contains(_TOK_CAT),
-        "act": base.isin(ACT_OPS) | tri.str.contains(_TOK_ACT),
+        "kvwrite": base.isin(KV_WRITE_OPS) | (fuses["store"] & ~fuses["rope"])
+        | role.eq("kv_cache_write"),
+        "kvonly": base.isin(KV_ONLY_OPS) | role.eq("kv_cache_write"),
+        "tristore": fuses["store"],
+        "tricat": fuses["cat"],
+        "act": base.isin(ACT_OPS) | fuses["act"] | role.eq("activation"),
         "softmax": base.isin(SOFTMAX_OPS),
         "bgemm": base.isin(BATCHED_GEMM_OPS),
+        "gemmop": base.isin(GEMM_OPS) | role.isin(kernels.GEMM_ROLES),
         "dispatch": base.isin(DISPATCH_OPS),
         "topk": base.isin(TOPK_OPS),
         "acc": base.isin(ACCUMULATE_OPS),
         "sync": base.isin(SYNC_OPS),
         "add": base == "add",
         "sigmoid": base.isin({"sigmoid", "sigmoid_"}),
+        "sampling": base.isin(SAMPLING_OPS) | role.isin(SAMPLING_ROLES),
+        "loss": base.isin(LOSS_OPS) | role.eq("loss"),
         "fused_moe": operators.recognise(operators.FUSED_EXPERTS, base),
     })
 
@@ -270,7 +290,8 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     dims = _dims_flags(rows["input_dims"])
     has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
-    for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe"):
+    for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
+                "loss"):
         out[col] = op[col] | top[col]
     out["attn"] = _attention_ops(rows).to_numpy(dtype=bool)
     out["cast"] = top["cast"]
@@ -279,6 +300,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
+    out["batched"] = dims["batched"].to_numpy(dtype=bool) & op["bgemm"]
     out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
     out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
     return out
@@ -289,7 +311,9 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
     or no tensor), grows (a 4-D argument equals another but for a longer dim 2: a cache
     [B, h, S, d] and the same cache with the new tokens appended), rank3 (the first argument
     is 3-D: a sum over top-k of [tokens, k, H], not a renormalisation over [tokens, k]),
-    rank0 and last0 (the first argument's rank and last dim; 0 and -1 when it is no tensor)."""
+    rank0 and last0 (the first argument's rank and last dim; 0 and -1 when it is no tensor),
+    batched (the first two arguments are both 3-D or 4-D, the second's last dim above 1: an
+    eager attention's Q·Kᵀ or P·V, not a weight GEMM nor a weight-first expert GEMV)."""
     text = dims.fillna("")
     has4d = text.str.contains(_DIMS_4D)
     rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
@@ -306,6 +330,7 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
                          "grows": pd.Series(grows, index=text.index, dtype=bool),
                          "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"),
                          "rank0": first.str.len().astype("int64"),
+                         "batched": text.str.contains(_BATCHED),
                          "last0": pd.to_numeric(first.str[-1], errors="coerce")
                          .fillna(-1).astype("int64")})
 
@@ -323,6 +348,7 @@ _GEMM_TEXT = {  # op -> (regex on the raw Input Dims text, group of the activati
     "addmm": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
     "_addmm_activation": (re.compile(r"^\[\s*" + _INTS + _SEP + _INTS + _SEP + _PAIR), 2, 3, 4),
     "linear": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 3, 2),  # weight is [N, K]
+    "gemm_a16w16": (re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR), 1, 3, 2),  # aiter: as linear
     # grouped GEMM of all experts: [S, K] x [E, K, N] with per-expert offsets
     "_grouped_mm": (re.compile(r"^\[\s*" + _INTS + _SEP + r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"),
                     1, 3, 4),
@@ -363,7 +389,30 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
         nn = pd.to_numeric(m[gn - 1].where(ok), errors="coerce").fillna(-1).astype("int64")
         pos = pd.Index(uniq).get_indexer(text[rows])
         k[rows], n[rows] = kk.to_numpy()[pos], nn.to_numpy()[pos]
+    tem = (kernels.roles(op_base.fillna("")).isin(kernels.GEMM_ROLES)
+           & op_base.fillna("").str.match(operators.TRITON_KERNEL_OP)).to_numpy(dtype=bool)
+    if tem.any():
+        k[tem], n[tem] = _template_kn(text[tem])
     return k, n
+
+
+def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) of Inductor GEMM template launches (triton_tem_fused_mm_0 ...), whose arguments
+    are the activation [M, K] and the weight, as [K, N] or as its [N, K] buffer (a bias first):
+    the first two 2-D arguments sharing K; -1 where none do. Once per distinct text."""
+    uniq = pd.Series(text.unique(), dtype="string")
+    pairs = uniq.str.findall(_PAIR)  # the 2-D arguments in order (3-D ones do not match)
+
+    def kn(found: list) -> tuple[int, int]:
+        dims = [(int(a), int(b)) for a, b in found] if isinstance(found, list) else []
+        if len(dims) < 2:
+            return -1, -1
+        (_, ka), (b0, b1) = dims[0], dims[1]
+        return (ka, b1) if ka == b0 else (ka, b0) if ka == b1 else (-1, -1)
+
+    got = np.array([kn(f) for f in pairs], dtype=np.int64).reshape(-1, 2)
+    at = pd.Index(uniq).get_indexer(text)
+    return got[at, 0], got[at, 1]
 
 
 def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, ...]:
@@ -427,12 +476,18 @@ def attention_calls(inst: pd.DataFrame) -> int:
     return int(opens.sum())
 
 
+def _is_attention(base: pd.Series) -> pd.Series:
+    """Whether each op base name is attention: the vocabulary's attention ops, or an op named
+    like an attention kernel family (aiter::mha_batch_prefill)."""
+    role = kernels.roles(base.fillna("")).astype(str)
+    return operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES)
+
+
 def _attention_ops(rows: pd.DataFrame) -> pd.Series:
     """Per distinct (op_name, top_name): whether the op is attention, or inside one (classify's
     `attn`). An engine's dispatching attention op does not make the ops inside it attention:
     they are instances of their own (attribute.py), a cache write among them."""
-    op = operators.recognise(operators.ATTENTION, base_name(rows["op_name"]))
-    top = operators.recognise(operators.ATTENTION, base_name(rows["top_name"]))
+    op, top = (_is_attention(base_name(rows[c])) for c in ("op_name", "top_name"))
     dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH)
     return (op | (top & ~dispatch)).astype(bool)
 
@@ -593,6 +648,80 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
 
 
 _EXPERT_LINEARS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
+# a 2-D GEMM's operands: mm [a0, a1] x [b0, b1], addmm (bias, [a0, a1], [b0, b1])
+_MM_TEXT = {"mm": re.compile(r"^\[\s*" + _PAIR + _SEP + _PAIR),
+            "addmm": re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR + _SEP + _PAIR)}
+
+
+def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],
+                   rows: np.ndarray) -> np.ndarray:
+    """Per instance among `rows` (backward work), the backward operator of the linear a GEMM
+    differentiates, else None. For Y = X·W ([M, K] x [K, N]) autograd runs the grad-input
+    dX = dY·Wᵀ ([M, N] x [N, K]) and the grad-weight dW = Xᵀ·dY ([K, M] x [M, N], or of a
+    [N, K] weight dYᵀ·X, [N, M] x [M, K]): the first of those readings whose (K, N) is a
+    linear's names it (`q_proj.grad`): for a node's (inst["frame"]) first GEMM the grad-input
+    reading first, for its second the grad-weight's (mm_backward's order); the node's first
+    GEMM names them both. Linears sharing a shape (q/o, k/v, gate/up) are told apart by order:
+    backward visits them last layer first, o before q, v before k, up before gate."""
+    out = np.full(len(inst), None, dtype=object)
+    if not linears or not rows.any():
+        return out
+    cols = ["op_name", "input_dims", *(["input_strides"] if "input_strides" in inst else [])]
+    dims = per_value(inst[cols], _mm_operands)
+    a0, a1, b1 = (dims[c].to_numpy(np.int64) for c in ("a0", "a1", "b1"))
+    at = dims["a_t"].to_numpy(bool)  # the first operand is a transposed view: dYᵀ or Xᵀ
+    cycles: dict[tuple[int, int], list[str]] = {}
+    for name in reversed(LINEAR_ORDER):
+        if name in linears:
+            cycles.setdefault(tuple(linears[name]), []).append(SUB_LINEARS.get(name, name))
+    keys = pd.Index(list(cycles))
+    gemm = rows & (a0 >= 0)
+    shape = np.full(len(inst), -1, dtype=np.int64)
+    # grad-input dY·W (K = b1, N = a1); grad-weight dYᵀ·X of a [N, K] weight (K = b1, N = a0),
+    # or Xᵀ·dY (K = a0, N = b1)
+    for k, n, which in ((b1, a1, ~at), (b1, a0, at), (a0, b1, at)):
+        code = keys.get_indexer(list(zip(k.tolist(), n.tolist(), strict=True)))
+        shape = np.where((shape < 0) & (code >= 0) & gemm & which, code, shape)
+    hit = np.flatnonzero(shape >= 0)
+    if not len(hit):
+        return out
+    # the nodes (inst["frame"]: one autograd node, one linear) of a shape cycle its linears
+    frame = inst["frame"].to_numpy() if "frame" in inst else np.arange(len(inst))
+    node = pd.DataFrame({"f": frame[hit], "s": shape[hit], "g": inst["grp"].to_numpy()[hit]})
+    firsts = node.drop_duplicates(["f", "s"])
+    occ = pd.Series(firsts.groupby(["g", "s"]).cumcount().to_numpy(),
+                    index=pd.MultiIndex.from_frame(firsts[["f", "s"]]))
+    node["occ"] = occ.reindex(pd.MultiIndex.from_frame(node[["f", "s"]])).to_numpy()
+    for i, names in enumerate(cycles.values()):
+        sel = (node["s"] == i).to_numpy()
+        pick = np.asarray(names, dtype=object)[node["occ"].to_numpy()[sel] % len(names)]
+        out[hit[sel]] = [operators.grad_of(p) for p in pick]
+    return out
+
+
+def _mm_operands(distinct: pd.DataFrame) -> pd.DataFrame:
+    """(a0, a1, b1, a_t) of mm / addmm operands per distinct (op_name, input_dims[,
+    input_strides]): a_t when the first operand is a transposed view (its first stride 1); -1
+    elsewhere or where the inner dims differ."""
+    base = base_name(distinct["op_name"]).fillna("")
+    text = distinct["input_dims"].astype("string").fillna("")
+    strides = (distinct["input_strides"].astype("string").fillna("")
+               if "input_strides" in distinct else pd.Series("", index=distinct.index))
+    out = pd.DataFrame(-1, index=distinct.index, columns=["a0", "a1", "b1"], dtype=np.int64)
+    out["a_t"] = False
+    for op, rx in _MM_TEXT.items():
+        rows = (base == op).to_numpy()
+        if not rows.any():
+            continue
+        m = text[rows].str.extract(rx)
+        v = m[m.columns[-4:]].apply(pd.to_numeric, errors="coerce").fillna(-1)
+        v = v.astype(np.int64).to_numpy()  # a0, a1, b0, b1
+        ok = v[:, 1] == v[:, 2]
+        out.loc[rows, ["a0", "a1", "b1"]] = np.where(ok[:, None], v[:, [0, 1, 3]], -1)
+        st = strides[rows].str.extract(rx)
+        s_a = st[st.columns[-4:-2]].apply(pd.to_numeric, errors="coerce").to_numpy()
+        out.loc[rows, "a_t"] = (s_a[:, 0] == 1) & (v[:, 1] > 1)
+    return out
 
 
 def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> np.ndarray:
@@ -662,13 +791,29 @@ class _Regions:
 
 def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
                    ) -> tuple[pd.Series, pd.Series]:
-    """Name every instance from anchors and op names. Returns (operator, evidence), categorical
-    Series: `shape` for GEMMs matched to a linear, `kernel_name` for ops recognised by their
-    name (attention, embedding), `position` for the rest (attribute.py turns names outside the
-    vocabulary, such as `other` and `linear[K×N]`, into `fallback`). `gemm`: name_gemms().
-    `qk_norm`: whether the model normalises q and k per head (graphs.py's kernel-name naming,
-    which has no shapes); None: the shapes say, per projection (`_qk_norms`)."""
-    F = classify(inst)
+    """(operator, evidence) of `explain` (without the reasons)."""
+    name, evidence, _ = explain(inst, gemm, qk_norm)
+    return name, evidence
+
+
+def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
+            ) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Name every instance from anchors and op names. Returns (operator, evidence, reason),
+    categorical Series: `shape` for GEMMs matched to a linear (and an eager attention's batched
+    Q·Kᵀ / P·V between the projections and o_proj: its geometry), `kernel_name` for ops or
+    kernels recognised by their name or family (attention, embedding), `position` for the rest
+    (attribute.py turns names outside the vocabulary, such as `other` and `linear[K×N]`, into
+    `fallback`); `reason` says why a row is `unattributed`, `other` or `linear[K×N]` ("" where
+    named). `gemm`: name_gemms(). `qk_norm`: whether the model normalises q and k per head
+    (graphs.py's kernel-name naming, which has no shapes); None: the shapes say, per projection
+    (`_qk_norms`). An instance's kernel `role` (kernels.py, a column of `inst` when given)
+    counts like its op name: an attention kernel is an anchor, a fused add+RMSNorm a norm.
+
+    Honesty (`_honest`): position only fills the gaps between anchored names (`_explained`),
+    and never names a GEMM (only its shape does) or an attention (only its op, kernel family or
+    eager geometry does). A trace with GEMMs none of which fits a decoder's linears has no
+    decoder names at all."""
+    F = _with_roles(classify(inst), inst)
     n = len(inst)
     grp = inst["grp"].to_numpy()
     # weight GEMMs matched to a linear are anchors; an unmatched one (`linear[K×N]`, e.g. the
@@ -735,6 +880,9 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
     last_add = R.last(F["add"] & before_norm)  # the residual add
     add_norm = R.any(F["addnorm"])  # ... unless the norm adds it
     in_fused = F["fused_moe"]  # an engine's fused MoE op, or an op inside one
+    # an attention in reach of the gap: the next anchor, or an eager attention's core inside it
+    has_attn = N.isin(["attention"]) | (attn_core < R.past)
+    after_head = P.isin(["lm_head"])  # logits processing and sampling, then the loop's own work
     rules: list[Rule] = [  # P: the anchor before, N: the anchor after; first match wins
         (is_anchor, Names(anchor, vocab)),  # a matched GEMM, attention, embedding
         # an engine's fused MoE op and the ops inside it, by name
@@ -768,10 +916,13 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
         (~qk_name.isin([""]), qk_name),  # q/k RMSNorms over the head dim, before RoPE
         (after_proj & (pos >= attn_core), "attention"),  # from the first softmax / bmm on
         (after_proj & kv, "kv_cache"),  # cache writes (after the last RoPE op)
-        (after_proj & F["attnprep"], "attention"),  # Triton kernels on 4-D buffers only
-        (after_proj & (pos > last_rope) & N.isin(["attention", "o_proj", ""]), "attention"),
+        (after_proj & F["attnprep"] & has_attn, "attention"),  # Triton kernels on 4-D buffers
+        (after_proj & (pos > last_rope) & N.isin(["attention", "o_proj", ""]) & has_attn,
+         "attention"),
+        (after_proj & (pos > last_rope) & N.isin(["o_proj", ""]) & ~has_attn, UNATTRIBUTED),
         (after_proj, "rope"),
-        (P.isin(["attention"]), "attention"),  # up to o_proj: layout copies, masks
+        # up to o_proj: layout copies, masks
+        (P.isin(["attention"]) & N.isin(["o_proj", "attention"]), "attention"),
         (P.isin(MLP_IN), "act"),  # between gate/up and down
         # after down_proj when the next layer's projections follow: residual add, then norm
         (after_down & n_start & before_norm, "residual"),
@@ -787,15 +938,23 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
         (after_down & before_norm, "residual"),
         (after_down, "final_norm"),
         (P.isin(["", "embedding"]) & F["emb"], "embedding"),
+        (after_head & R.any(F["loss"]), "loss"),  # a training step's loss and its inputs
+        (after_head & F["sampling"], "sampling"),
     ]
     name = first_match(rules, "other").renamed(SUB_LINEARS)
     by_name = F["fused_op"] | (in_fused & (F["topk"] | F["dispatch"]
                                            | (F["acc"] & F["rank3"])))  # MoE ops by name
     evidence = first_match([(is_anchor & known, "shape"),  # a GEMM matched to a linear
-                            (is_anchor | F["emb"] | by_name, "kernel_name")],  # op names
+                            (is_anchor | F["emb"] | by_name | (after_head & F["loss"]),
+                             "kernel_name")],  # op names
                            "position")
-    return (pd.Series(name.categorical(), index=inst.index),
-            pd.Series(evidence.categorical(), index=inst.index))
+    k_dim = inst["K"].to_numpy() if "K" in inst else np.full(n, -1)
+    outer = ((k_dim >= 0) & (k_dim <= 1)) | (F["last0"] == 1)  # (HF's RoPE table: K = 1)
+    ctx = _Context(R, F, P, N, gemms, known, generic, is_anchor, by_name | (after_head & F["loss"]),
+                   (pos >= rope0) & preamble, outer, attn_core)
+    nm, ev, why = _honest(ctx, name, evidence)
+    why = np.where(why == "", None, why)
+    return tuple(pd.Series(pd.Categorical(v), index=inst.index) for v in (nm, ev, why))
 
 
 def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
@@ -825,6 +984,140 @@ def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
     rules: list[Rule] = [(~span, ""), (P.isin(["q_proj"]), "q_norm"),
                          (P.isin(["k_proj"]), "k_norm"), (R.count(opens) <= 1, "q_norm")]
     return first_match(rules, "k_norm")
+
+
+# ----------------------------------------------------------------------------------------------
+# Honest naming: position fills gaps between anchors, never a GEMM's or an attention's name
+# ----------------------------------------------------------------------------------------------
+def _with_roles(F: dict[str, np.ndarray], inst: pd.DataFrame) -> dict[str, np.ndarray]:
+    """classify()'s flags with the instance's own kernel role (inst["role"], kernels.ROLES, when
+    the table has it) counted like its op name: an attention kernel is attention, a GEMM
+    kernel a GEMM, a (fused add) RMSNorm kernel a norm, ..."""
+    if "role" not in inst:
+        return F
+    col = inst["role"]
+    if isinstance(col.dtype, pd.CategoricalDtype):  # codes as they are: no string per row
+        codes = col.cat.codes.to_numpy()
+        vocab = np.append(np.asarray(col.cat.categories, dtype=object), "")
+        role = Names(np.where(codes < 0, len(vocab) - 1, codes), vocab)
+    else:
+        role = Names.of(col.astype("string"))
+    out = dict(F)
+    for flag, roles in (("attn", kernels.ATTENTION_ROLES), ("gemmop", kernels.GEMM_ROLES),
+                        ("normcore", {"norm", "fused_add_norm"}),
+                        ("normopen", {"norm", "fused_add_norm"}), ("addnorm", {"fused_add_norm"}),
+                        ("rotary", {"rope"}), ("ropecore", {"rope"}),
+                        ("kvonly", {"kv_cache_write"}), ("kvwrite", {"kv_cache_write"}),
+                        ("act", {"activation"}), ("sampling", SAMPLING_ROLES)):
+        out[flag] = F[flag] | role.isin(roles)
+    return out
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What `_honest` needs of position_names' work."""
+
+    R: _Regions
+    F: dict[str, np.ndarray]
+    P: Names  # the anchor opening each row's region
+    N: Names  # the anchor after it
+    gemms: Names  # name_gemms' names
+    known: np.ndarray  # a GEMM matched to a linear
+    generic: np.ndarray  # a GEMM named linear[K×N]
+    is_anchor: np.ndarray
+    by_name: np.ndarray  # named by its op's own name (an engine's fused MoE ops)
+    rope_table: np.ndarray  # the preamble's RoPE table ops (the inverse-frequency product)
+    outer: np.ndarray  # a GEMM over K <= 1: an outer product (RoPE's table), no weight
+    attn_core: np.ndarray  # per row, the first eager attention op of its region (R.past: none)
+
+
+# pseudo-stages of anchors for `_explained`: a decoder layer's STAGES, every MoE GEMM between
+# the MLP's input and output, the model-level ones outside; NONE_P / NONE_N: no anchor before /
+# after in the sequence
+_MOE_STAGE = 5.5
+_NONE_P, _EMB, _HEAD, _NONE_N = -2.0, -1.0, 7.0, 8.0
+# which next anchor each anchor's gap may end at (a later stage with no anchor stage between,
+# the next layer after the MLP, the model's end, the next pass after the lm_head)
+_NEXT: dict[float, set[float]] = {
+    _NONE_P: {1.0, _HEAD, _EMB}, _EMB: {1.0, _HEAD}, _HEAD: {1.0, _HEAD, _EMB, _NONE_N},
+    1.0: {1.0, 2.0}, 2.0: {2.0, 3.0}, 3.0: {5.0, _MOE_STAGE},
+    5.0: {5.0, 6.0, _MOE_STAGE}, _MOE_STAGE: {_MOE_STAGE, 6.0, 1.0, _HEAD, _NONE_N},
+    6.0: {1.0, _HEAD, _NONE_N, _MOE_STAGE},
+}
+
+
+def _stages(names: Names, missing: float) -> np.ndarray:
+    """Per row, the pseudo-stage of its anchor name (`missing` for none, NaN for a name that is
+    no decoder anchor, e.g. linear[K×N])."""
+    moe = operators.MOE | set(SUB_LINEARS) | {"experts_gate", "experts_up"}
+    table = {**{k: float(v) for k, v in operators.STAGES.items()},
+             **dict.fromkeys(moe, _MOE_STAGE), "embedding": _EMB, "lm_head": _HEAD, "": missing}
+    return np.array([table.get(v, np.nan) for v in names.vocab], dtype=np.float64)[names.codes]
+
+
+def _explained(ctx: _Context) -> np.ndarray:
+    """Per row, whether its gap between two anchors is one a decoder layout explains: the
+    anchors follow each other in a layer's order with no anchor missing between (q/k/v ->
+    attention -> o_proj -> gate/up or the router -> down -> the next layer's q/k/v), q/k/v ->
+    o_proj only with an eager attention inside, o_proj -> the next layer only with an engine's
+    fused MoE op inside, attention -> attention only within one call
+    (no GEMM or norm between), and the model-level gaps (before the first layer, after the
+    last, after the lm_head)."""
+    sp, sn = _stages(ctx.P, _NONE_P), _stages(ctx.N, _NONE_N)
+    ok = np.zeros(len(sp), dtype=bool)
+    for a, nexts in _NEXT.items():
+        ok |= (sp == a) & np.isin(sn, list(nexts))
+    ok |= (sp == 1.0) & (sn == 3.0) & (ctx.attn_core < ctx.R.past)
+    # an engine's fused MoE op (named by its op name, no GEMM anchor) is the layer's MLP
+    ok |= (sp == 3.0) & np.isin(sn, [1.0, _HEAD, _NONE_N]) & ctx.R.any(ctx.by_name)
+    same_call = ~ctx.R.any(ctx.F["gemmop"] | ctx.F["normcore"])
+    return ok & ~((sp == 2.0) & (sn == 2.0) & ~same_call)
+
+
+def _honest(ctx: _Context, name: Names, evidence: Names
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(name, evidence, reason) per row as object arrays, after the honesty rules: a GEMM not
+    matched by its shape keeps its `linear[K×N]` (else is unattributed), but for an eager
+    attention's batched product (evidence `shape`: its geometry), the RoPE table's product and
+    an outer product (K <= 1: no weight);
+    a position name in a gap no layout explains is unattributed; a trace whose GEMMs all miss
+    the decoder's linears has no decoder names (`other` everywhere but the embedding)."""
+    nm = name.vocab[name.codes].astype(object)
+    ev = evidence.vocab[evidence.codes].astype(object)
+    why = np.full(len(nm), "", dtype=object)
+    gname = ctx.gemms.vocab[ctx.gemms.codes].astype(object)
+    if ctx.generic.any() and not ctx.known.any():  # GEMMs with shapes, none a decoder's
+        # a GEMM loop keeps its linear[K×N] names, elsewhere `other` becomes the op's own name
+        # (attribute.py)
+        out = np.where(ctx.generic & ctx.generic.all(), gname,
+                       np.where(ctx.F["emb"], "embedding", "other"))
+        return (out.astype(object), np.where(ctx.F["emb"], "kernel_name", "position"),
+                np.full(len(nm), "no decoder layout: no GEMM of the trace fits a decoder's "
+                                 "linears (an encoder, a CNN, a recommendation model?)", object))
+    positional = ev == "position"
+    gemm = ctx.F["gemmop"] & ~(ctx.is_anchor & ctx.known) & ~ctx.by_name & ~ctx.outer
+    eager = gemm & ctx.F["batched"] & (nm == "attention")
+    table = gemm & ctx.rope_table & (nm == "rope")
+    lost = gemm & ~eager & ~table
+    nm = np.where(lost, np.where(ctx.generic, gname, UNATTRIBUTED), nm)
+    why = np.where(lost, np.where(ctx.generic, "a GEMM whose (K, N) is no linear of the layout",
+                                  "a GEMM kernel with no shape to match: never named by its "
+                                  "place"), why)
+    ev = np.where(eager, "shape", ev)
+    # (`other` claims nothing: it stays, with the gap as its reason)
+    unexplained = positional & ~gemm & ~_explained(ctx) & (nm != UNATTRIBUTED)
+    pn = np.where(ctx.P.vocab[ctx.P.codes] == "", "the start",
+                  ctx.P.vocab[ctx.P.codes]).astype(object)
+    nn = np.where(ctx.N.vocab[ctx.N.codes] == "", "the end",
+                  ctx.N.vocab[ctx.N.codes]).astype(object)
+    gap = "between " + pn + " and " + nn + ": no layout explains this gap"
+    nm = np.where(unexplained & (nm != "other"), UNATTRIBUTED, nm)
+    why = np.where(unexplained, gap, why)
+    rule = positional & (nm == UNATTRIBUTED) & (why == "")
+    why = np.where(rule, "between " + pn + " and " + nn + ": no attention in reach", why)
+    why = np.where((nm == "other") & (why == ""), "model work outside the operator vocabulary",
+                   why)
+    return nm.astype(object), ev.astype(object), why.astype(object)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,6 +39,11 @@ pass decides (`TOKEN_RULES`, in order), independent of the attention implementat
 A pass is `decode` when every T is 1, `prefill` when every T > 1 (a chunked prefill with a cache,
 S > T, is prefill too: its S is in the table), `mixed` when both occur, `unknown` without
 evidence.
+
+Training steps (attribute.py's `training` column): a pass holding backward or optimizer rows is a
+training step's, its phase `forward`; each backward / optimizer row's phase is `backward` /
+`optimizer` (never the forward's). Kernels launched before the profiled window
+(operators.BEFORE_WINDOW) belong to no pass, phase `before_window`.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import pyarrow.compute as pc
 
 from trace_roofline.frames import distinct_codes
 from trace_roofline.model import layouts
-from trace_roofline.model.operators import STAGES
+from trace_roofline.model.operators import BEFORE_WINDOW, STAGES
 
 PASS_COLUMNS = {
     "pass": "int64",  # 0, 1, ... in order of first device start
@@ -72,7 +77,9 @@ PASS_COLUMNS = {
     "ts_us": "float64",  # first unit's start
     "opened_by": "str",  # profiler_step | trace_start | embedding | layer_restart
 }
-PHASES = ("prefill", "decode", "mixed", "unknown")
+PHASES = ("prefill", "decode", "mixed", "forward", "backward", "optimizer", "before_window",
+          "unknown")
+_TRAINING_PARTS = ("backward", "optimizer")
 
 _MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
 ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
@@ -213,11 +220,21 @@ def forward_passes(attributed: pd.DataFrame) -> Passes:
     pid_sorted, opened = _pass_ids(_order_key(op_codes[order], op_cats, layer), step)
     pass_id = np.full(n, -1, dtype=np.int64)
     pass_id[order] = pid_sorted
+    early = np.append(op_cats == BEFORE_WINDOW.name, False)[op_codes]
+    pass_id[early] = -1  # the step before the window: in no pass
     ev = _evidence(attributed, pass_id, (op_codes, op_cats))
     table = _table(attributed, pass_id, ev, opened)
-    phases = pd.array([*table["phase"].tolist(), "unknown"], dtype="str")
+    part = (attributed["training"].astype("string").fillna("").to_numpy(dtype=object)
+            if "training" in attributed else np.full(n, "", dtype=object))
+    training = np.isin(part, _TRAINING_PARTS)
+    if training.any():  # a training step's pass: its forward rows are `forward`
+        table.loc[table["pass"].isin(np.unique(pass_id[training & (pass_id >= 0)])),
+                  "phase"] = "forward"
+    phases = np.asarray([*table["phase"].tolist(), "unknown"], dtype=object)
+    row = phases[np.where(pass_id >= 0, pass_id, len(table))]
+    row = np.where(training, part, np.where(early, BEFORE_WINDOW.name, row))
     return Passes(pd.arrays.IntegerArray(np.maximum(pass_id, 0), pass_id < 0),
-                  phases.take(np.where(pass_id >= 0, pass_id, len(table))), table)
+                  pd.array(row, dtype="str"), table)
 
 
 def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:

@@ -35,6 +35,14 @@ ROLES: tuple[str, ...] = (
     "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", "sampling", "loss",
     "optimizer", "unknown",
 )
+# which role an op instance of several kernels takes (attribute.py): the first of its kernels'
+# roles in this order (an attention's memset is attention, a GEMM's split-K reduce a GEMM)
+ROLE_PRIORITY: tuple[str, ...] = (
+    "attention", "attention_reduce", "moe_gemm", "gemm", "conv", "collective", "fused_add_norm",
+    "norm", "rope", "kv_cache_write", "activation", "quant", "moe_routing", "moe_finalize",
+    "loss", "optimizer", "sampling", "softmax", "sort_scan", "reduction", "copy", "elementwise",
+    "memcpy", "unknown",
+)
 GEMM_ROLES = frozenset({"gemm", "moe_gemm"})  # weight GEMMs: named by shape, never by position
 ATTENTION_ROLES = frozenset({"attention", "attention_reduce"})
 UNKNOWN = "unknown"

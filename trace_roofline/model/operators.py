@@ -290,3 +290,31 @@ def collective_of(op_base: pd.Series, kernel: bool = False) -> pd.Series:
         if rx is not None:
             out = out.mask(out.isna() & text.str.contains(rx), op.name)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Model-level buckets and training steps (attribution/naming.py, attribute.py, passes.py),
+# appended to the tables above
+# ----------------------------------------------------------------------------------------------
+# logits processing and sampling after the lm_head (softmax, top-k / top-p, penalties, argmax,
+# multinomial); a training step's loss (log-softmax, NLL) and optimizer (AdamW's foreach or
+# fused kernels, zero_grad); kernels launched before the profiled window (outside every pass)
+SAMPLING = Operator("sampling", "memory", per_layer=False)
+LOSS = Operator("loss", "memory", per_layer=False)
+OPTIMIZER = Operator("optimizer", "memory", per_layer=False)
+BEFORE_WINDOW = Operator("before_window", "unknown", per_layer=False)
+# a backward op is named after the forward operator it differentiates, `q_proj.grad` (its
+# grad-input and grad-weight GEMMs): a name of its own, so that no forward row holds backward
+# time; model-level (the autograd thread does not say the layer)
+GRAD_SUFFIX = ".grad"
+GRADS: tuple[Operator, ...] = tuple(Operator(o.name + GRAD_SUFFIX, o.kind, per_layer=False)
+                                    for o in OPERATORS)
+_APPENDED = (SAMPLING, LOSS, OPTIMIZER, *GRADS)
+BY_NAME.update({o.name: o for o in (*_APPENDED, BEFORE_WINDOW)})
+NAMES = (*NAMES, *(o.name for o in _APPENDED))
+MODEL_LEVEL = tuple(n for n, o in BY_NAME.items() if not o.per_layer)
+
+
+def grad_of(name: str) -> str:
+    """The backward operator of a forward one: 'q_proj' -> 'q_proj.grad'."""
+    return name + GRAD_SUFFIX
