@@ -850,9 +850,11 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     when the sequence does not support naming."""
     n = len(names)
     op = _topk_sorts(kernel_ops(pd.Series(names, dtype=object)).to_numpy(dtype=object))
-    # a row gather after the first GEMM is no embedding (vLLM's pick of the logits' rows)
-    op = np.where((op == "aten::embedding") & (np.cumsum(op == GEMM) > 0),
-                  "aten::index_select", op)
+    # a row gather after the first GEMM is no embedding (vLLM's pick of the logits' rows);
+    # the first kernel, a gather before any GEMM, is (SGLang's vectorized_gather_kernel)
+    before = np.cumsum(op == GEMM) == 0
+    op = np.where((op == "aten::embedding") & ~before, "aten::index_select", op)
+    op = np.where((op == "aten::index") & before & (np.arange(n) == 0), "aten::embedding", op)
     reduce_ = pd.Series(names, dtype=object).str.contains(_REDUCE).to_numpy()
     copy_ = np.isin(kinds, ["memset", "memcpy"]) | (op == PREPARE)  # join the kernel after
     core = ~reduce_ & ~copy_
@@ -1119,7 +1121,9 @@ def _norm_calls(res: pd.DataFrame, op: np.ndarray, model: ModelSpec, b: int,
                 roles: np.ndarray | None) -> list[tuple[np.ndarray, Call]]:
     """The layer and final norms as engine RMSNorms over [B, H]: a fused residual add where
     the kernel's role is fused_add_norm, or where no `residual` kernel runs and the norm
-    follows a sublayer's output (post-attention, post-MLP, a later layer's input, final)."""
+    follows a sublayer's output (post-attention, post-MLP, a later layer's input, final);
+    never the first layer's input norm (no residual yet: SGLang runs add_rmsnorm_quant's
+    no-add variant there)."""
     h = model.hidden_size
     norm = np.isin(op, _NORMS)
     layer = res["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)
@@ -1127,7 +1131,8 @@ def _norm_calls(res: pd.DataFrame, op: np.ndarray, model: ModelSpec, b: int,
         else np.zeros(len(op), dtype=bool)
     after_output = np.isin(op, _AFTER_OUTPUT) | ((op == "input_norm") & (layer > 0))
     no_residual = not (op == "residual").any()
-    fused = norm & (fused_role | (after_output & no_residual))
+    first = (op == "input_norm") & (layer == 0)  # nothing to add to yet
+    fused = norm & ~first & (fused_role | (after_output & no_residual))
     return [(fused, Call("_C::fused_add_rms_norm", [[b, h], [b, h], [h]])),
             (norm & ~fused, Call("_C::rms_norm", [[b, h], [b, h], [h]]))]
 
