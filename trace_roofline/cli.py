@@ -445,9 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also a block per layer, its time%% of the layer's device time")
     p.add_argument("--by-shape", action="store_true",
                    help="one row and point per (operator, shape), e.g. per M of a sweep")
-    p.add_argument("--graph-map", metavar="EAGER_TRACE",
-                   help="eager (graphs off) trace of the same step, named with the same "
-                        "--model: names and shapes for CUDA-graph replays (default: none: the "
+    p.add_argument("--graph-map", metavar="TRACE_OR_DIR",
+                   help="names and shapes for CUDA/HIP-graph replays: an eager (graphs off) "
+                        "trace of the same step, a profiled graph capture, or a folder of "
+                        "captures (vLLM's capture_torch_profiler_dir, TraceLens's "
+                        "capture_traces/ with execution_details.json), named with the same "
+                        "--model (default: a capture_traces/ folder beside the trace, else the "
                         "trace's own eager passes or capture, else kernel names)")
     p.add_argument("--batch", type=int,
                    help="decode batch B of CUDA-graph replays named from kernel names, to cost "
