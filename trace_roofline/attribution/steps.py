@@ -283,3 +283,21 @@ def attention(s: StepSums, causal: str = "causal", window: int | None = None) ->
                f"pairs, an upper bound (only sums are recorded): exact when every request "
                f"holds >= {window} keys (mean {mean:.0f})"))
     return StepAttention(w_chunks + w_decodes, q, keys, exact, note)
+
+
+def attention_table(texts: pd.Series, windows: np.ndarray, causal: str = "causal") -> pd.DataFrame:
+    """`attention` for many (step text, layer window) rows at once (window NaN: none): pairs,
+    queries, keys, exact, note per row; each distinct (text, window) worked out once."""
+    key = pd.DataFrame({"t": texts.astype(object).to_numpy(),
+                        "w": np.asarray(windows, dtype=np.float64)})
+    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(key.fillna({"w": -1.0})))
+    rows = []
+    for text, w in uniq:
+        sums = parse_text(text) if isinstance(text, str) else None
+        a = attention(sums, causal, None if w < 0 else int(w)) if sums is not None else None
+        rows.append((a.pairs, a.queries, a.keys, a.exact, a.note, sums.chunks + sums.decodes,
+                     sums.chunks) if a is not None else (np.nan, np.nan, np.nan, False, None,
+                                                         np.nan, np.nan))
+    table = pd.DataFrame(rows, columns=["pairs", "queries", "keys", "exact", "note",
+                                        "requests", "chunks"])
+    return table.iloc[codes].reset_index(drop=True)

@@ -116,7 +116,6 @@ from trace_roofline.attribution import steps
 from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, layouts, moe, operators
-from trace_roofline.model.architecture import Attention
 from trace_roofline.model.models import ModelSpec
 
 # One row per op instance (op_id; a kernel with no linked op is an instance of its own).
@@ -1024,10 +1023,11 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     new-token-only arguments) inside a serving step whose annotation holds the batch sums
     (attribution/steps.py): per layer the step's query-key pairs (its window, if any) of the
     model's heads, 2·n_q·(d + d_v) FLOPs per pair; bytes Q read and O written for Σq tokens,
-    K and V of the keys read (`attention_bytes` kv: those only). A layer's further attention
-    instances in the same step (a split kernel named apart) cost nothing more."""
-    todo = (out["operator"].eq("attention") & out["flops"].isna()).to_numpy(bool, copy=True)
+    K and V of the keys read (`attention_bytes` kv: those only); the evidence in `shape`. A
+    layer's further attention instances in the same step (a split kernel named apart) cost
+    nothing more. Vectorised: each distinct (step, window) is worked out once."""
     text = pd.Series(step_text, index=out.index, dtype=object)
+    todo = (out["operator"].eq("attention") & out["flops"].isna()).to_numpy(bool, copy=True)
     todo &= _each_distinct(text, lambda t: isinstance(t, str) and steps.parse_text(t) is not None
                            ).astype(bool)
     if not todo.any() or model is None:
@@ -1037,43 +1037,35 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     layer = out["layer"].astype("Int64").to_numpy(np.float64, na_value=np.nan)
     at = np.flatnonzero(todo)
     seen = pd.DataFrame({"t": text.to_numpy()[at], "l": np.nan_to_num(layer[at], nan=-1.0)})
-    first = np.zeros(len(out), dtype=bool)
-    first[at[~seen.duplicated().to_numpy()]] = True
+    first = at[~seen.duplicated().to_numpy()]
+    rest = np.setdiff1d(at, first)
+    # each layer's sliding window (NaN: full attention; the last entry for no layer)
+    wins = np.array([np.nan if v is None else float(v) for v in att.windows] + [np.nan])
+    lay = np.nan_to_num(layer[first], nan=-1.0).astype(np.int64)
+    w = wins[np.where((lay >= 0) & (lay < len(wins) - 1), lay, -1)]
+    t = steps.attention_table(text.iloc[first], w, causal)
     dt = dtypes.lookup(arch.precision.activations) or dtypes.lookup("bf16")
-    costs: dict[tuple[str, int | None], Cost] = {}
-    for i in np.flatnonzero(first):  # one per (step, layer): the sums are per step
-        w = att.window(int(layer[i])) if not np.isnan(layer[i]) else None
-        key = (text.iat[i], w)
-        if key not in costs:
-            costs[key] = _step_cost(text.iat[i], w, att, dt, causal, attention_bytes)
-        c = costs[key]
-        out.loc[out.index[i], ["cost_kind", "flops", "bytes", "dtype", "shape", "uncosted"]] = [
-            c.kind, c.flops, c.bytes, c.dtype, c.shape, None]
-        out.loc[out.index[i], ["B", "T", "n_q", "n_kv", "head_dim"]] = [
-            c.batch, c.t, att.num_heads, att.num_kv_heads, att.head_dim]
-        out.loc[out.index[i], "causal"] = c.causal
-    rest = todo & ~first
-    out.loc[rest, ["cost_kind", "flops", "bytes", "uncosted"]] = ["attention", 0.0, 0.0, None]
-    out.loc[rest, "shape"] = "counted in this layer's first attention instance of the step"
-
-
-def _step_cost(text: str, window: int | None, att: Attention, dt: dtypes.DType, causal: str,
-               attention_bytes: str) -> Cost:
-    """One layer's attention of one annotated step (`_step_attention`; its text holds sums)."""
-    sums = steps.parse_text(text)
-    assert sums is not None
-    a = steps.attention(sums, causal, window)
-    nq, nkv, d, dv, b = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim, dt.bytes
-    flops = 2.0 * nq * (d + dv) * a.pairs
-    kv = a.keys * nkv * (d + dv) * b
-    qo = a.queries * nq * (d + dv) * b
-    sinks = "; sinks: one learned logit per head and query, no key: no matmul FLOPs" \
-        if att.sinks else ""
-    shape = (f"{text.split(':')[0]}: {sums.chunks} chunk(s) + {sums.decodes} decode(s), "
-             f"{a.queries} queries; {a.note}{sinks}")
-    return Cost("attention", flops, kv + (qo if attention_bytes == "all" else 0.0), dt.short,
-                shape, batch=sums.chunks + sums.decodes, t=a.queries,
-                causal=sums.chunks > 0 and causal == "causal")
+    nq, nkv, d, dv = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim
+    kv = t["keys"].to_numpy() * nkv * (d + dv) * dt.bytes
+    qo = t["queries"].to_numpy() * nq * (d + dv) * dt.bytes
+    sinks = ("; sinks: one learned logit per head and query, no key: no matmul FLOPs"
+             if att.sinks else "")
+    label = text.iloc[first].str.split(":").str[0].to_numpy(dtype=object)
+    idx = out.index[first]
+    out.loc[idx, "cost_kind"] = "attention"
+    out.loc[idx, "flops"] = 2.0 * nq * (d + dv) * t["pairs"].to_numpy()
+    out.loc[idx, "bytes"] = kv + (qo if attention_bytes == "all" else 0.0)
+    out.loc[idx, "dtype"] = dt.short
+    out.loc[idx, "shape"] = [f"{lb}: {q:.0f} queries; {n}{sinks}" for lb, q, n in
+                             zip(label, t["queries"], t["note"], strict=True)]
+    out.loc[idx, "uncosted"] = None
+    out.loc[idx, "B"] = t["requests"].to_numpy()
+    out.loc[idx, "T"] = t["queries"].to_numpy()
+    out.loc[idx, ["n_q", "n_kv", "head_dim"]] = [nq, nkv, d]
+    out.loc[idx, "causal"] = (t["chunks"].to_numpy() > 0) & (causal == "causal")
+    ridx = out.index[rest]
+    out.loc[ridx, ["cost_kind", "flops", "bytes", "uncosted"]] = ["attention", 0.0, 0.0, None]
+    out.loc[ridx, "shape"] = "counted in this layer's first attention instance of the step"
 
 
 # ---------------------------------------------------------------------- elementwise & co.
