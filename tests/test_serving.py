@@ -413,3 +413,38 @@ def test_perfetto_html_and_diff_read_right(tmp_path, capsys):
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if x.startswith("whole model"))
     assert "=" in line.split()[-1] and np.isfinite(float(line.split()[4]))
+
+
+# -------------------------------------------------------------------- steps and modes, unit
+def test_each_kernel_takes_its_steps_phase(tmp_path):
+    """Three annotated steps (prefill, decode, mixed) each launching a GEMM: each kernel's
+    phase is its step's, whatever its own shapes say."""
+    k = Kineto()
+    names = ["execute_64_context_2(sq64sk64sqsq2048sqsk2048)_generation_0(sq0sk0sqsq0sqsk0)",
+             "execute_4_context_0(sq0sk0sqsq0sqsk0)_generation_4(sq4sk400sqsq4sqsk400)",
+             "execute_34_context_1(sq30sk90sqsq900sqsk2700)_generation_4(sq4sk40sqsq4sqsk40)"]
+    for name in names:
+        with k.ann(name), k.op("aten::mm", [[8, 64], [64, 64]], [BF, BF]):
+            k.kernel("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", 2.0)
+    t = tr.load_trace(k.write(tmp_path / "steps.json"))
+    s = steps.parse(t.annotations)
+    assert s["phase"].tolist() == ["prefill", "decode", "mixed"]
+    assert steps.kernel_steps(t, s).tolist() == [0, 1, 2]
+    att, _, _ = tr.attribute_trace(t)
+    assert att["phase"].tolist() == ["prefill", "decode", "mixed"]
+    assert att["serving_step"].astype(str).str.startswith(("step 0", "step 1", "step 2")).all()
+
+
+def test_captures_for_a_graph_by_batch_and_mode():
+    rows = pd.DataFrame()
+    full32 = graphs.Mapping("a", rows, np.array([0]), batch=32, mode="FULL", capture=True)
+    piece32 = graphs.Mapping("b", rows, np.array([0]), batch=32, mode="PIECEWISE", capture=True)
+    decode8 = graphs.Mapping("c", rows, np.array([0]), batch=8, mode="DECODE", capture=True)
+    caps = [full32, piece32, decode8]
+    assert graphs.for_graph(caps, 32, "FULL") == ([full32], None)
+    assert graphs.for_graph(caps, 8, "FULL") == ([decode8], None)  # DECODE is no graph mode
+    kept, why = graphs.for_graph(caps, 64, "FULL")
+    assert kept == [] and "no capture of its step's batch 64, FULL" in why
+    assert graphs.for_graph(caps, None, None)[0] == caps
+    modes = graphs.step_modes(np.array([0, 0, 1, -1]))
+    assert modes.tolist() == ["PIECEWISE", "PIECEWISE", "FULL", None]
