@@ -89,8 +89,12 @@ def is_capture(trace: Trace) -> bool:
 
 
 def beside(trace_path: str | Path) -> Path | None:
-    """The `capture_traces/` folder next to a trace file, if there is one."""
-    d = Path(trace_path).parent / FOLDER
+    """The `capture_traces/` folder next to a trace file, if there is one (none for a trace
+    that is not a file: a directory of traces, one built in memory)."""
+    p = Path(trace_path) if trace_path else None
+    if p is None or not p.is_file():
+        return None
+    d = p.parent / FOLDER
     return d if d.is_dir() else None
 
 
