@@ -13,53 +13,67 @@ its replays, so the cost is linear in kernels. Evidence, best first (`evidence` 
 `fallback` for a name outside the vocabulary, `other`, or none):
 
 1. `graph_map`: the kernels of an eager forward pass of the same step, from a mapping trace
-   (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step; `mapping_from`) or,
-   without one, from the replay trace's own eager passes (the warm-up before the capture; used
-   only when they match >= OWN_PASS_MATCH of the graph's kernels; a mapping trace matching
-   < MAPPING_MATCH of them is not the replayed step and is not used, with a flag). Passes come
-   from `passes.forward_passes`; without model structure each ProfilerStep (else the whole
-   eager sequence) is one. The graph's kernel-name sequence is aligned with each eager pass's:
-   a longest common subsequence inside a band of BAND kernels around the diagonal (plus the
-   length difference), O((n + m)·w), never O(n·m); the pass sharing the most kernels is the
-   template. A matched kernel takes its eager twin's operator, layer, op name and Input Dims /
-   types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op instance becomes
-   one `instance` per replay (op_id stays NA: no cpu op of this trace launched it). Unmatched
-   split-K reduces join the kernel before them, unmatched memsets / memcpys the kernel after
-   them (`attached`).
+   (`--graph-map EAGER_TRACE`, SGLang's graph-off profile of the step; `mapping_from`), or the
+   launches of a profiled graph capture (`captures`: captures.py reads them, with their kernel
+   names, from a capture trace, a folder of them or a `capture_traces/` folder beside the trace;
+   each graph is matched to the captures of its annotated step's batch size and graph mode,
+   `for_graph`) or, without either, from the replay trace's own eager passes (the warm-up before
+   the capture; used only when they match >= OWN_PASS_MATCH of the graph's kernels; a mapping
+   trace matching < MAPPING_MATCH of them is not the replayed step and is not used, with a
+   flag). Passes come from `passes.forward_passes`; without model structure each ProfilerStep
+   (else the whole eager sequence) is one. The graph's kernel-name sequence is aligned with each
+   eager pass's: a longest common subsequence inside a band of BAND kernels around the diagonal
+   (plus the length difference), O((n + m)·w), never O(n·m); the pass sharing the most kernels
+   is the template. A matched kernel takes its eager twin's operator, layer, op name and Input
+   Dims / types / strides / Concrete Inputs (hence FLOPs and bytes); each eager op instance
+   becomes one `instance` per replay (op_id stays NA: no cpu op of this trace launched it).
+   Unmatched split-K reduces join the kernel before them, unmatched memsets / memcpys the kernel
+   after them (`attached`).
    Shape check: the step and its mapping must launch the same grids. A matched kernel with
    another grid outside attention means another batch (elementwise grids scale with B·H, GEMM
    grids with M): every carried shape is dropped and a flag says why (names stay: the order
-   matched); another grid inside attention only means another context length: attention's
-   shapes are dropped. With `shapes` given, a template whose q_proj M differs from the batch is
-   refused the same way.
-   Last, the capture itself (`capture_mapping`): the launches between cudaStreamBeginCapture
-   and cudaStreamEndCapture ran no kernel but their cpu ops carry shapes; a capture with as
-   many launches as the graph has kernels names kernel k by launch k, when the GEMM,
-   fused-attention and memset kernels sit where the capture launched those kinds of op.
+   matched); another grid inside attention only means another context length: attention's shapes
+   are dropped. With `shapes` given, a template whose q_proj M differs from the batch is refused
+   the same way.
+   Shapes the replay does not record (ROCm replays carry no grids) are not compared.
+   Last, the capture in the trace itself (`capture_mapping`): the launches between
+   cudaStreamBeginCapture and cudaStreamEndCapture ran no kernel but their cpu ops carry shapes;
+   without their launch args, a capture with as many launches as the graph has kernels names
+   kernel k by launch k, when the GEMM, fused-attention and memset kernels sit where the capture
+   launched those kinds of op. A graph's note gives the alignment (kernels matched by name in
+   order, the LCS against the template, the share of the graph).
 2. `kernel_name`: no usable mapping: the model and the kernel sequence alone. Kernels are
-   classified by name (KERNEL_OPS: GEMM libraries, fused attention, Triton, at::native
-   functors); fused-attention kernels in runs mark the layers; the GEMMs between them must come
-   in the model's per-layer count (q, k, v | qkv before attention; o, gate, up | gate_up, down
+   classified by name (`kernel_ops`: the kernel-family registry's roles, model/kernels.py, for
+   weight GEMMs (hipBLASLt, cuBLAS, CUTLASS, triton_kernels' and vLLM's MoE GEMMs) and attention
+   (flash, paged, unified 2d/3d and their reduces), KERNEL_OPS for ATen's functors and the
+   engines' MoE routing ops; the registry's role of each kernel goes to `naming.position_names`
+   too); fused-attention kernels in runs mark the layers; the GEMMs between them must come in
+   the model's per-layer count (q, k, v | qkv before attention; o, gate, up | gate_up, down
    after it) and be named in that order, the GEMM after the last layer is lm_head; every layer
-   (first projection .. down_proj) must repeat the same GEMM and attention kernels in the same
-   order, and share >= LAYER_MATCH of its kernels with the last layer in order (Triton kernels
-   compared without their numeric suffix). At least two layers are required. A sparse layer
-   of a mixture-of-experts model (every traced layer sparse) has o, router, experts_gate_up,
-   experts_down after attention (Qwen2-MoE: o, the shared expert's gate, up, down, router,
-   experts_gate_up, experts_down, the shared expert's sigmoid gate), one GEMM each for all
-   experts: torch's grouped GEMM (its `prepare_grouped_gemm_data` kernel joins it), batched_mm's
-   bmm, vLLM's `fused_moe_kernel` (w13, then w2). The router's top-k (gatherTopK and its own
-   sort), the dispatch's sort / histc / cumsum / gathers, vLLM's topk_softmax, moe_align,
-   silu_and_mul and moe_sum kernels are recognised by name, and named by their place as in
-   eager traces (router, moe_dispatch, experts_act, moe_combine).
-   The rest is named as in eager traces from its place between these anchors and its kernel's
-   op (`naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled
-   sequence is never named.
-Costs for `kernel_name` graphs (and for graph_map graphs whose shapes were refused) come only
-from `shapes` (--batch B --context S, decode: T = 1): the projections as [B, K] x [K, N], lm_head
-[B, H] x [H, V], attention Q [B, n_q, 1, d] over K, V [B, n_kv, S, d], the router and the routed
-experts (one grouped GEMM each over B·k rows) of a MoE model, q/k norms as RMSNorms over
-[B, heads, d] (`user_shapes`); the other operators stay named but uncosted.
+   (first projection .. down_proj) must repeat the same GEMM kernels in the same order around
+   one attention run (its kernels may differ: sliding-window layers), and share >= LAYER_MATCH
+   of its kernels with the last layer in order (Triton kernels compared without their numeric
+   suffix). At least two layers are required. A sparse layer of a mixture-of-experts model
+   (every traced layer sparse) has o, router, experts_gate_up, experts_down after attention
+   (Qwen2-MoE: o, the shared expert's gate, up, down, router, experts_gate_up, experts_down, the
+   shared expert's sigmoid gate), one GEMM each for all experts: torch's grouped GEMM (its
+   `prepare_grouped_gemm_data` kernel joins it), batched_mm's bmm, vLLM's `fused_moe_kernel`
+   (w13, then w2). The router's top-k (gatherTopK and its own sort), the dispatch's sort / histc
+   / cumsum / gathers, vLLM's topk_softmax, moe_align, silu_and_mul and moe_sum kernels are
+   recognised by name, and named by their place as in eager traces (router, moe_dispatch,
+   experts_act, moe_combine).
+   The rest is named as in eager traces from its place between these anchors and its kernel's op
+   (`naming.position_names`). Anything else leaves the graph `unattributed`: a shuffled sequence
+   is never named.
+Costs for `kernel_name` graphs (and for graph_map graphs whose shapes were refused) come from
+the replay's annotated step (`step_shapes`: B = the step's tokens, attention from its sums in
+costs/shapes.py), else from `shapes` (--batch B --context S, decode: T = 1): the projections as
+[B, K] x [K, N], lm_head [B, H] x [H, V], attention Q [B, n_q, 1, d] over K, V [B, n_kv, S, d],
+norms, RoPE, KV-cache writes, the activation and the embedding over the B tokens, the router and
+the routed experts (one grouped GEMM each over B·k rows, at the experts' weight dtype) of a MoE
+model, q/k norms as RMSNorms over [B, heads, d] (`user_shapes`); a given --batch/--context the
+graph does not use is said (`_unused_shapes`), and so are options for a trace without replays
+(`unused_options`).
 """
 
 from __future__ import annotations
