@@ -57,22 +57,24 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   reads only the gathered rows of the table (index elements × row width) in any case.
 - Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
 - Mixture of experts (moe.py's formulas): `_grouped_mm` ([S, K] x [E, K, N], one GEMM over the
-  ΣM_e = S rows of all experts) 2·S·K·N FLOPs, activations S·K read and S·N written; an
-  engine's fused experts op (vLLM's inplace/outplace_fused_experts: hidden [M, H], w13
-  [E, 2I, H], w2 [E, H, I], top-k ids [M, k]; or moe_forward [M, H], logits [M, E] with the
-  model's experts) costs its gate_up half (2·S·H·2I) or its down half (2·S·I·H), S = M·k, as
-  attribute.py split its two `fused_moe_kernel` launches. Their expert weights are read once
-  per *active* expert, which these ops do not show: `_moe_layers` adds A·(one expert's weights)
-  per layer, A the uniform-routing expectation E·(1 - (1 - k/E)^T) for the layer's T tokens
-  (moe.active_experts; k from the model, else the router's top-k, else S/T), and writes A and
-  its range [k, min(E, S)] to `experts_active`, `experts_active_low`, `experts_active_high`.
-  A Python loop over experts shows A exactly (one down GEMM per active expert, each reading
-  its own weights); HF's batched_mm gathers each (token, expert) pair's weights (an `index` of
-  the [E, N, K] weights: A experts' weights read, S copies written) and its `bmm`s read them.
-  Gathers whose indices the trace does not record (`index` in the dispatch and combine) move
-  as many rows as the expert GEMM they feed (dispatch) or follow (combine).
-  The router's top-k (topk / topk_softmax), sort, histc, cumsum, one_hot's scatter,
-  moe_align_block_size and moe_sum are costed as data movement and reductions.
+  ΣM_e = S rows of all experts) 2·S·K·N FLOPs, activations S·K read and S·N written; an engine's
+  fused experts op (vLLM's inplace/outplace_fused_experts: hidden [M, H], w13 [E, 2I, H], w2 [E,
+  H, I], top-k ids [M, k]; or moe_forward [M, H], logits [M, E] with the model's experts) costs
+  its gate_up half (2·S·H·2I) or its down half (2·S·I·H), S = M·k, as attribute.py split its two
+  `fused_moe_kernel` launches (a hidden size padded past the model's, vLLM's 2880 -> 3072 for
+  gpt-oss's MXFP4 kernels, is costed at the useful size and said; moe_forward's weights are at
+  the model's expert bits, MXFP4 4.25). Their expert weights are read once per *active* expert,
+  which these ops do not show: `_moe_layers` adds A·(one expert's weights) per layer, A the
+  uniform-routing expectation E·(1 - (1 - k/E)^T) for the layer's T tokens (moe.active_experts;
+  k from the model, else the router's top-k, else S/T), and writes A and its range [k, min(E,
+  S)] to `experts_active`, `experts_active_low`, `experts_active_high`. A Python loop over
+  experts shows A exactly (one down GEMM per active expert, each reading its own weights); HF's
+  batched_mm gathers each (token, expert) pair's weights (an `index` of the [E, N, K] weights: A
+  experts' weights read, S copies written) and its `bmm`s read them. Gathers whose indices the
+  trace does not record (`index` in the dispatch and combine) move as many rows as the expert
+  GEMM they feed (dispatch) or follow (combine). The router's top-k (topk / topk_softmax), sort,
+  histc, cumsum, one_hot's scatter, moe_align_block_size and moe_sum are costed as data movement
+  and reductions.
 - Serving engines' own kernels (`ENGINE_RULES`, by base name: vLLM's `_C::` /
   `_C_cache_ops::`, SGLang's `sgl_kernel::`): rms_norm(out, input, weight) reads input and
   weight, writes out (rms_norm's 4 FLOPs per element); fused_add_rms_norm(input, residual,
@@ -81,7 +83,17 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   row per token and the positions (3 FLOPs per rotated element); silu / gelu[_tanh]_and_mul
   (out [.., I], input [.., 2I]); reshape_and_cache[_flash], concat_and_cache_mla and
   store_kv_cache move slot_mapping's tokens (read from the new K/V, written at the cache's
-  dtype), never the whole cache.
+  dtype), never the whole cache. AMD's aiter ops by full name: add_rmsnorm /
+  rmsnorm2d_fwd_with_add[_ck](out, input, residual_in, residual_out, weight) a norm with the
+  residual add's bytes (input, residual and weight read, out and residual written, 5 FLOPs per
+  element), rms_norm(input, weight), and SGLang's `sglang::store_cache`; triton_kernels'
+  routing as vLLM records it (`TopK`, `SortTokens`).
+- Attention of a serving step (`_step_attention`): an attention instance its op leaves
+  uncosted (paged, packed or new-token-only arguments) inside a step whose annotation holds the
+  batch sums (attribution/steps.py, the `serving_step` column) is costed from them per layer:
+  the step's query-key pairs under the layer's sliding window, 2·n_q·(d + d_v) FLOPs each; Q
+  read and O written for the step's queries, K and V of its keys; the `shape` says what the
+  count rests on (an upper bound under a window, the sinks).
 - Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
   bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
   S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
@@ -93,7 +105,9 @@ Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, 
   1stage<__nv_bfloat16, 2>), else the model's. t, the group size: record_param_comms'
   recorded world size (its Concrete Inputs' last value), vLLM's custom all-reduce kernel's
   template argument, else `group_size` (the trace's TP degree or distributedInfo world size);
-  unknown, the instance is uncosted.
+  unknown, the instance is uncosted. A copy inside a collective op (a symmetric-memory
+  all-reduce's copy-in and copy-out around multimem_all_reduce_) costs 0 bytes of its own: the
+  message is counted once.
 Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
 "none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns. So is
 malformed shape data (`Malformed`: negative, non-integer or overflowing dims, arguments a rule
