@@ -448,3 +448,21 @@ def test_captures_for_a_graph_by_batch_and_mode():
     assert graphs.for_graph(caps, None, None)[0] == caps
     modes = graphs.step_modes(np.array([0, 0, 1, -1]))
     assert modes.tolist() == ["PIECEWISE", "PIECEWISE", "FULL", None]
+
+
+def test_capture_of_an_unannotated_replay_is_said_ambiguous(tmp_path):
+    """Without a step annotation the batch is unknown: of two captures that fit, the first is
+    used and a flag says the batch could not be told."""
+    run = tmp_path / "run"
+    shutil.copytree(SGLANG_DECODE.parent, run)
+    doc = json.loads(gzip.decompress(SGLANG_DECODE.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "user_annotation"]
+    trace = run / SGLANG_DECODE.name
+    trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    shutil.copy(run / "capture_traces" / "bs_32_rank0.json.gz", run / "capture_traces" / "b.json.gz")
+    (run / "capture_traces" / "execution_details.json").write_text(json.dumps([
+        {"file": "bs_32_rank0.json.gz", "batch_size": 32, "mode": "FULL"},
+        {"file": "b.json.gz", "batch_size": 64, "mode": "FULL"}]))
+    a = tr.analyze_trace(trace, QWEN3)
+    assert a.graphs.graphs["template"].iloc[0].startswith("bs_32_rank0.json.gz")
+    assert any("its batch is unknown" in f for f in a.graphs.flags)

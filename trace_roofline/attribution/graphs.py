@@ -437,6 +437,7 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
                                 dev["grid"].astype(object).to_numpy()[at], vocab,
                                 candidates, model, g_shapes)
         info["flags"] += [f"graph {len(per_graph)}: {why}"] * (why is not None)
+        info["flags"] += _ambiguous(len(per_graph), info, batch, kept)
         info["flags"] += _unused_shapes(len(per_graph), info, shapes, shape_note)
         results.append(res)
         flags.extend(info.pop("flags"))
@@ -456,6 +457,17 @@ def _step_costed(out: pd.DataFrame, rows: np.ndarray, steps: pd.DataFrame | None
     s = np.asarray(step_of_row)[rows]
     attn = out["operator"].to_numpy(dtype=object)[rows] == "attention"
     return attn & (s >= 0) & has[np.maximum(s, 0)]
+
+
+def _ambiguous(g: int, info: dict, batch: int | None, kept: list[Mapping]) -> list[str]:
+    """A flag when a graph of unknown batch (no step annotation) was matched to one of several
+    captures of other batch sizes: kernel names alone may not tell the batch."""
+    batches = {c.batch for c in kept}
+    if batch is not None or len(batches) < 2 or info["method"] != "graph_map":
+        return []
+    return [f"graph {g}: its batch is unknown (no step annotation): matched to "
+            f"{info['template']}, the first of {len(kept)} captures ({', '.join(c.label for c in kept)}) "
+            "that fits; profile with the step annotation or give --graph-map that capture"]
 
 
 def _unused_shapes(g: int, info: dict, given: DecodeShapes | None, step_note: str | None
