@@ -29,7 +29,7 @@ import pandas as pd
 from trace_roofline.attribution import graphs
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.errors import InputError
-from trace_roofline.files import read_json
+from trace_roofline.files import find_traces, read_json
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Progress, Trace, load_trace
 
@@ -126,9 +126,7 @@ def _listed(folder: Path) -> list[tuple[Path, int | None, str | None]]:
             out.append((folder / str(e["file"]), int(batch) if isinstance(batch, int) else None,
                         str(e["mode"]) if e.get("mode") else None))
         return out
-    files = sorted(f for f in folder.iterdir() if f.name.endswith((".json", ".json.gz")))
-    if not files:
-        raise InputError(f"{folder}: holds no capture traces (*.json[.gz])")
+    files, _ = find_traces(folder)  # an InputError when it holds none
     return [(f, None, None) for f in files]
 
 
