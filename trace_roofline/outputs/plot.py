@@ -171,7 +171,8 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
         ax.set_title(f"{names[0]}\non {device}", fontsize=8)
         points = _largest(points, SMALL_MULTIPLE_LABELS)
     else:
-        what = ("rank(s) of " + short_name(os.path.dirname(analyses[0].trace))
+        run = short_name(os.path.dirname(analyses[0].trace))
+        what = (("rank(s) of " + run if run else "rank(s)")
                 if names[0].startswith("rank ") and len(analyses) > 1 else "trace(s)")
         ax.set_title(title or f"Roofline of {len(analyses)} {what} on {device}",
                      fontsize=11 if not many else 9)
