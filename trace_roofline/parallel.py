@@ -33,7 +33,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import pandas as pd
 
@@ -95,7 +96,8 @@ def analyze_path(path: str | os.PathLike, ncu: str | os.PathLike | None = None, 
     options = (options or AnalysisOptions()).replace(ncu=ncu)
     a = analyze_trace(path, model, hardware, options, progress=progress, cache=cache)
     meta = {"distributedInfo": a.distributed} if a.distributed is not None else {}
-    return Result(compact(a), rank_info(path, meta))
+    # (rank_info takes any path, through str() and Path(): its annotation is narrower)
+    return Result(compact(a), rank_info(cast("str | Path", path), meta))
 
 
 def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = None,
@@ -146,7 +148,7 @@ def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int
     pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pairs))),
                                   mp_context=multiprocessing.get_context("spawn"))
     try:
-        return bounded_map(partial(pool.submit, work), cf.wait, pairs, jobs)
+        return bounded_map(lambda pair: pool.submit(work, pair), cf.wait, pairs, jobs)
     except BrokenProcessPool:
         raise InputError(f"a worker process died while analysing traces with `jobs` {jobs} "
                          "(killed, e.g. out of memory): try fewer jobs") from None

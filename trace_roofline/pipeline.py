@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
@@ -170,7 +170,7 @@ def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOption
                 **common)
     # Whole trace (every phase): NaN unless every kernel was measured (a partial sum understates).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
-    flops = sum(float(w["flops"]) for w in a.whole_by_phase.values())
+    flops = sum(float(cast(float, w["flops"])) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(options.ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
     return dataclasses.replace(a, ncu=summary, warnings=_with_graph_flags(a, replays), **extra)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -145,7 +145,7 @@ class Analysis:
     @property
     def whole(self) -> dict[str, object]:
         """The whole model of the phase with the most device time (of the only phase, usually)."""
-        return max(self.whole_by_phase.values(), key=lambda w: w["time_us"])
+        return max(self.whole_by_phase.values(), key=lambda w: cast(float, w["time_us"]))
 
 
 def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpec | None,
@@ -195,7 +195,8 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
                 *filter(None, [crosscheck.irregular_order(costed)]),
                 *_uncosted(costed), *_withheld_notes(whole),
                 *_malformed(costed), *implausible]
-    ext, ext_whole = None, {}
+    ext: pd.DataFrame | None = None
+    ext_whole: dict[str, dict[str, float]] = {}
     if layers is not None:
         if model is None:
             raise InputError("`layers` needs `model` (embedding and lm_head come from the model)",
@@ -204,7 +205,9 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
                None if decoder else "the trace has no decoder layer")
         if why is None:
             ext = extrapolate(costed[~comms.is_collective(costed["operator"])], model, layers)
-            ext_whole = {p: whole_model(g) for p, g in ext.groupby("phase", sort=False)}
+            # (extrapolate's table has no device times: its whole models are flops, bytes, intensity)
+            ext_whole = {p: cast(dict[str, float], whole_model(g))
+                         for p, g in ext.groupby("phase", sort=False)}
         else:
             warnings.append(f"not extrapolated to {layers} layers: {why}")
     return Analysis(
@@ -271,7 +274,8 @@ def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
             "dense_equivalent_intensity": None,
         }
         b = dtypes.lookup(str(experts["dtype"].iloc[0]))
-        if known and n_experts and hidden and inter and b and top_k <= n_experts:
+        if (known and tokens is not None and top_k is not None  # (known: both are)
+                and n_experts and hidden and inter and b and top_k <= n_experts):
             spec = moe.Experts(int(n_experts), int(top_k), int(inter))
             summary["dense_equivalent_intensity"] = moe.dense_equivalent_intensity(
                 spec, int(hidden), round(tokens), b.bytes)
@@ -297,7 +301,7 @@ def _contradiction(costed: pd.DataFrame, model: ModelSpec | None,
         return None
     by_time = bad.groupby("check")["time_us"].sum().sort_values(ascending=False, kind="stable")
     ops = bad.drop_duplicates("operator")["operator"].tolist()
-    fits = inferred["presets"] if inferred else []
+    fits = cast(list[str], inferred["presets"]) if inferred else []
     fit = (f"they fit {', '.join(fits)}" if fits else
            "they fit no preset" + (f" (custom: {crosscheck.describe(inferred)})"
                                    if inferred else ""))
@@ -330,12 +334,13 @@ def _uncosted(costed: pd.DataFrame) -> list[str]:
 
 def _withheld(whole: dict[str, object]) -> dict[str, object]:
     """A phase's whole model with `costed_fraction` and `withheld` (< MIN_COSTED costed)."""
-    frac = whole["costed_time_us"] / whole["time_us"] if whole.get("time_us") else math.nan
+    frac = (cast(float, whole["costed_time_us"]) / cast(float, whole["time_us"])
+            if whole.get("time_us") else math.nan)
     return {**whole, "costed_fraction": frac, "withheld": not frac >= MIN_COSTED}
 
 
 def _withheld_notes(whole: dict[str, dict[str, object]]) -> list[str]:
-    return [f"whole model ({p}) withheld: only {100 * w['costed_fraction']:.1f}% of its device "
+    return [f"whole model ({p}) withheld: only {100 * cast(float, w['costed_fraction']):.1f}% of its device "
             f"time is costed (under {100 * MIN_COSTED:.0f}%), so ΣFLOPs/Σbytes would describe "
             "the costed rest, not the model" for p, w in whole.items() if w["withheld"]]
 
@@ -641,14 +646,15 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
     })
     if hardware is not None and out["intensity"] == out["intensity"]:
         peak = peak_for(hardware, main_dtype(rows))
-        i = float(out["intensity"])
+        i = float(cast(float, out["intensity"]))
         ridge = formulas.ridge(peak, hardware.mem_bandwidth)
         bound = formulas.bound(i, ridge)
         out.update({
             "peak_flops_per_s": peak,
             "attainable_flops_per_s": formulas.attainable(i, peak, hardware.mem_bandwidth),
-            "pct_of_roof": 100.0 * (out["achieved_bytes_per_s"] / hardware.mem_bandwidth
-                                    if bound == "memory" else out["achieved_flops_per_s"] / peak),
+            "pct_of_roof": 100.0 * (cast(float, out["achieved_bytes_per_s"]) / hardware.mem_bandwidth
+                                    if bound == "memory"
+                                    else cast(float, out["achieved_flops_per_s"]) / peak),
             "bound": bound,
         })
     return out

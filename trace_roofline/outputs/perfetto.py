@@ -39,12 +39,12 @@ figures (figures in README.md).
 from __future__ import annotations
 
 import gzip
+import io
 import operator
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 import numpy as np
@@ -276,7 +276,7 @@ def _band_events(b: pd.DataFrame, pid: int) -> bytes:
 
 
 @contextmanager
-def _open(path: str) -> Iterator[BinaryIO]:
+def _open(path: str) -> Iterator[io.BufferedIOBase]:
     """The file for reading, gunzipped on the fly when it starts with the gzip magic number."""
     p = Path(path)
     try:
@@ -305,7 +305,7 @@ class _Events:
     so events are split exactly as a full JSON parse would split them.
     """
 
-    def __init__(self, f: BinaryIO, path: str):
+    def __init__(self, f: io.BufferedIOBase, path: str):
         self.f, self.path = f, path
         text = b""
         while (m := _ARRAY_KEY.search(text)) is None and not text.lstrip().startswith(b"["):
@@ -314,7 +314,7 @@ class _Events:
                 raise InputError(f"{path}: no traceEvents array found")
             text += more
         self.array = m is None
-        if self.array:
+        if m is None:
             self.head: dict[str, msgspec.Raw] = {}
             self.rest = text.lstrip()[1:]
         else:
@@ -429,7 +429,7 @@ _AROUND = [(b',"roofline":', b""), (b'"roofline":', b""), (b',"args":{"roofline"
            (b'"args":{"roofline":', b"}")]
 
 
-def _enriched(batch: list[msgspec.Raw], local: np.ndarray, kernels: pd.DataFrame) -> bytes:
+def _enriched(batch: Sequence[msgspec.Raw | bytes], local: np.ndarray, kernels: pd.DataFrame) -> bytes:
     """The events of `batch` joined by commas, those at `local` (ascending) with the
     args.roofline of `kernels`' rows (one per event, in that order)."""
     text = b",".join(batch)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 try:
-    from trace_roofline.trace import _scan
+    import trace_roofline.trace._scan as _scan
 except ImportError:  # (not built: no C compiler at install)
     _scan = None
 from trace_roofline.trace.schema import FLOW_PH, MAX_DUR_US, MAX_TS_US, MISSING, SKIP_REASONS, build_tables
@@ -329,7 +329,7 @@ class _RawGroup:
 class Accumulator:
     """Collects per-batch column chunks for every table, then concatenates them."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cat_table = _CatTable()
         self.skipped = dict.fromkeys(SKIP_REASONS, 0)
         self.partly_read = 0
@@ -379,7 +379,8 @@ class Accumulator:
             if lo == hi:
                 continue
             rows = order[lo:hi]
-            sub = {"event": grouped[lo:hi]}
+            # the rows' events, and their args (None for a table without args: never read then)
+            sub: dict[str, Any] = {"event": grouped[lo:hi]}
             sub["args"] = list(map(_args_of, sub["event"])) if table in _WITH_ARGS else None
             chunk = _chunk(table, start + idx[rows], ts[rows], dur[rows], t[rows], ph[rows])
             for col, (getters, conv) in self.getters[table].items():
@@ -465,6 +466,7 @@ class Accumulator:
     def _learn(self) -> None:
         """Take the scanner's new string and raw keys (string keys decoded once each, and
         classified as categories and phases)."""
+        assert self.scanner is not None  # (only `scan` asks, with a scanner)
         new = [msgspec.json.decode(b'"' + k + b'"') for k in self.scanner.strings()]
         if new:
             at = len(self._strings)
@@ -482,7 +484,7 @@ class Accumulator:
         for table, chunks in self.chunks.items():
             if not chunks:
                 continue
-            part = {}
+            part: dict[str, Any] = {}  # column -> array, or (values, codes) for a categorical
             for col in chunks[0]:
                 parts = [c[col] for c in chunks]
                 if col == "raw":

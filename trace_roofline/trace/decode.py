@@ -168,7 +168,7 @@ def events_bounds(head, tail, tail_at: int) -> tuple[int, int, dict] | None:
     None if not proven."""
     a = events_start(head, len(head))
     q = events_end(tail, max(a[0] + 1 - tail_at, 0)) if a else None
-    if not q or (a[1] is None) != q[1]:
+    if a is None or q is None or (a[1] is None) != q[1]:
         return None
     try:
         meta = meta_around(a[1], tail[q[0] + 1 :])
@@ -248,8 +248,8 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
         for _ in range(_RETRIES):
             cut = w.search(CUT, min(stop + step, end), end, pos - 1)
             stop, after = cut or (end, end)
-            if claim is not None and (got := claim(stop, after)) < stop:
-                end = stop = after = got
+            if claim is not None and (ends := claim(stop, after)) < stop:
+                end = stop = after = ends
             if stop <= pos:  # (claimed by the other process, up to here)
                 return n
             got = _read_range(p, w, pos, stop, acc, n)

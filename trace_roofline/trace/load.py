@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -122,6 +123,11 @@ def parse_dims(series: pd.Series) -> list:
     return lookup[values.cat.codes.to_numpy()].tolist()
 
 
+class _BarState(TypedDict):
+    big: bool  # the file is big enough for a bar
+    last: tuple[str, int] | None  # (stage, per-mille) last drawn
+
+
 def progress_bar(stream=None, min_bytes: int = PROGRESS_MIN_BYTES) -> Progress | None:
     """A `progress` callback drawing a one-line bar on `stream` (stderr), or None if not a TTY.
 
@@ -130,7 +136,7 @@ def progress_bar(stream=None, min_bytes: int = PROGRESS_MIN_BYTES) -> Progress |
     out = stream if stream is not None else sys.stderr
     if not (hasattr(out, "isatty") and out.isatty()):
         return None
-    state = {"big": False, "last": None}
+    state: _BarState = {"big": False, "last": None}
 
     def draw(stage: str, done: int, total: int) -> None:
         if stage == "read" and done == 0:

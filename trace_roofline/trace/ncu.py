@@ -23,6 +23,7 @@ H200 decode sample: SwiGLU `act` at 0.7x, its 37,888-byte output never reaching 
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -89,7 +90,7 @@ _CAPTURE_HINT = ("capture with: ncu --csv --page raw --metrics "
 
 
 # ---------------------------------------------------------------------------------------- read
-def read_ncu_csv(path: str | Path) -> pd.DataFrame:
+def read_ncu_csv(path: str | os.PathLike) -> pd.DataFrame:
     """Parse an Nsight Compute CSV export into one row per kernel launch (`NCU_COLUMNS`).
 
     Accepts the raw page (`--page raw`: header row, units row, one row per launch) and the
@@ -249,7 +250,9 @@ def nvtx_stack(s: pd.Series) -> pd.Series:
               .str.replace(r"^\s*\d*\s*", "", regex=True).str.rstrip("/"))
     stacks = stacks.where(cells.str.contains('"', regex=False) & (stacks != ""), None)
     out = stacks.to_numpy(dtype=object)[codes] if len(uniq) else np.full(len(s), None, object)
-    return pd.Series(np.where(codes < 0, None, out), index=s.index, dtype="str")
+    # numpy's stub: no where() overload takes x=None (valid at run time: an object value)
+    return pd.Series(np.where(codes < 0, None, out),  # type: ignore[arg-type]
+                     index=s.index, dtype="str")
 
 
 # --------------------------------------------------------------------------------------- match
@@ -347,7 +350,7 @@ def match_kernels(attributed: pd.DataFrame, ncu: pd.DataFrame, align: str = "end
         if all(d.notna().all() for d in dims.values()):
             launch = {side: "|" + d.to_numpy() for side, d in dims.items()}
     names = {"trace": trace["name"].astype("str"), "ncu": n["kernel_name"].astype("str")}
-    keys = {}
+    keys: dict[str, dict[str, np.ndarray]] = {}  # level -> side -> each row's key
     for level in ("full", "base"):
         keys[level] = {}
         for side, col in names.items():
@@ -434,7 +437,7 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
     bytes_ratio = measured_bytes / Σbytes (1.0 = the analytical minimum was moved).
     The result merges onto the roofline's per-operator table on the `by` columns.
     """
-    by = [b for b in by if b in matched.columns]
+    cols = [b for b in by if b in matched.columns]  # (the `by` columns it has)
     kernel = matched["kind"].eq("kernel") if "kind" in matched else pd.Series(True, matched.index)
     has = kernel & matched["dram_bytes"].notna()
     work = pd.DataFrame({
@@ -447,9 +450,9 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
         "measured_bytes": matched["dram_bytes"].where(has, 0.0),
         "ncu_time_us": matched["ncu_time_us"].where(has, 0.0),
     })
-    for b in by:
+    for b in cols:
         work[b] = matched[b]
-    keys = by or ["_one"]
+    keys = cols or ["_one"]
     out = work.groupby(keys, dropna=False, sort=True).sum().reset_index()
     partial = (out["unmeasured_kernels"] > 0) | (out["measured_kernels"] == 0)
     sums = ["measured_read_bytes", "measured_write_bytes", "measured_bytes", "ncu_time_us"]
@@ -458,9 +461,9 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
     out["bytes_ratio"] = np.nan
     if costed is not None:
         costs = costed
-        if not set(by) <= set(costed.columns):
-            ops = matched.loc[matched["op_id"].notna(), ["op_id", *by]].drop_duplicates("op_id")
-            costs = costed.drop(columns=[b for b in by if b in costed], errors="ignore").merge(
+        if not set(cols) <= set(costed.columns):
+            ops = matched.loc[matched["op_id"].notna(), ["op_id", *cols]].drop_duplicates("op_id")
+            costs = costed.drop(columns=[b for b in cols if b in costed], errors="ignore").merge(
                 ops, on="op_id", how="inner")
         costs = costs.assign(_one=0).groupby(keys, dropna=False)[["flops", "bytes"]].sum()
         costs = costs.reset_index()
@@ -468,5 +471,5 @@ def measured_by_operator(matched: pd.DataFrame, costed: pd.DataFrame | None = No
         measured = out["measured_bytes"].where(out["measured_bytes"] > 0).to_numpy()
         out["measured_intensity"] = both["flops"].to_numpy() / measured
         out["bytes_ratio"] = out["measured_bytes"].to_numpy() / both["bytes"].to_numpy()
-    out = out[[*by, *MEASURED_COLUMNS]]
+    out = out[[*cols, *MEASURED_COLUMNS]]
     return out.astype(MEASURED_COLUMNS)

@@ -42,6 +42,7 @@ import signal
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -195,7 +196,8 @@ class Worker:
     way out."""
 
     def __init__(self, pid: int, up, claims: Claims):
-        self.pid, self.up, self.claims = pid, up, claims
+        self.pid: int | None = pid  # (None once reaped)
+        self.up, self.claims = up, claims
         self.inbox: list[Segment | Done | Failed | None] = []
         self.receiver = threading.Thread(target=self._receive, daemon=True)
         self.receiver.start()  # (after the fork: the worker is a single-threaded copy)
@@ -251,6 +253,7 @@ class Worker:
         acc = Accumulator()
 
         def halfway(stage: str, done: int, total: int) -> None:  # the worker's part is to come
+            assert progress is not None  # (passed on only with a progress)
             progress(stage, min(done, total - 1), total)
 
         with doc.window(start - 1) as w:
@@ -263,7 +266,8 @@ class Worker:
         self.receiver.join()
         if not isinstance(self.inbox[-1], Done):  # not proven, or the worker died
             return None
-        for seg in reversed(self.inbox[:-1]):  # (file order)
+        # (_receive stops at the first message that is not a Segment: the last one)
+        for seg in reversed(cast(list[Segment], self.inbox[:-1])):  # (file order)
             acc.absorb(seg.columns, n)
             n += seg.events
         if progress:

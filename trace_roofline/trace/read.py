@@ -16,18 +16,20 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import BinaryIO
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.schema import Progress
 
+inflating: ModuleType  # zlib's interface: decompressobj, error
 try:  # ISA-L's inflate (python-isal, the `gzip` extra): 1.8x zlib's on a 1 GB trace
     from isal import isal_zlib as inflating
 except ImportError:  # not installed: the standard library's, which it mirrors
     import zlib as inflating
 
 CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
-Buffer = bytearray | memoryview  # a document's bytes, writable (decoding patches them)
+Buffer = bytearray  # a document's bytes, writable (decoding patches them)
 Stamp = tuple[int, int, int, int]  # a file's identity: (st_dev, st_ino, st_size, st_mtime_ns)
 
 
@@ -97,6 +99,7 @@ class Document:
     def check(self) -> None:
         """Raise FileChanged if the file is no longer the one opened (rewritten in place)."""
         if self.file is not None:
+            assert self.opened is not None  # (open_document gives a file its identity)
             check_unchanged(self.path, self.file, self.opened)
 
     def read(self, offset: int, n: int) -> bytes:
@@ -112,6 +115,7 @@ class Document:
         at its end), checked to be the opened file's."""
         done = 0
         try:
+            assert self.file is not None  # (only a plain file's document is read from its file)
             with reading(self.path):
                 while done < len(view) and (got := _pread(self.file.fileno(), view[done:], offset + done)):
                     done += got
