@@ -383,7 +383,7 @@ def test_a_float_dtype_the_hardware_lacks_is_an_input_error(tmp_path):
                                 "mem_bandwidth": 4.8e12}))
     fp8_only = get_hardware(str(path))
     bf16 = attributed([Op("q_proj", "aten::mm", [[1, H], [H, H]], [BF, BF])])
-    with pytest.raises(InputError, match=r"^decode.json: hardware 'fp8-only' has no bf16 peak "
+    with pytest.raises(InputError, match=r"^decode.json: `hardware` 'fp8-only' has no bf16 peak "
                                          r"\(has: fp8\) .*add \"bf16\" to peak_flops"):
         analyze(bf16, QWEN, fp8_only, trace="decode.json")
     # no fp32 -> tf32 alias: the trace says fp32, and fp32 is what torch runs by default
