@@ -239,3 +239,48 @@ def test_kernels_from_before_the_window_are_a_bucket(build):
     assert cov["before_window_kernels"] == 3 and cov["before_window_time_us"] == 15.0
     assert np.isclose(found.table["time_us"].sum(), a.loc[a["step"].notna(), "dur_us"].sum())
     assert not (a["operator"] == "unattributed").any()
+
+
+FAMILIES = SAMPLES / "families_cpu"
+
+
+def test_real_bert_encoder_has_no_decoder_names():
+    """sample_traces/families_cpu's BertModel step: its GEMMs fit no decoder, so nothing of it
+    is q_proj, q_norm or attention, and every row says why."""
+    a = attribute(load_trace(FAMILIES / "bert_prefill_cpu.json.gz"))
+    assert not a["operator"].isin(PER_LAYER).any()
+    assert a["reason"].str.contains("no decoder").all()
+
+
+def test_real_qwen2_training_step():
+    """families_cpu's qwen2 training step (HF Qwen2, forward + loss + backward + AdamW)."""
+    a, _, found = attribute_trace(load_trace(FAMILIES / "qwen2_train_cpu.json.gz"))
+    assert set(a["training"]) == {"forward", "backward", "optimizer"}
+    bwd = a[a["training"] == "backward"]
+    grads = bwd["operator"].value_counts()
+    for lin in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert grads[operators.grad_of(lin)] == 4  # grad-input and grad-weight, 2 layers
+        assert set(a.loc[a["operator"] == lin, "training"]) == {"forward"}
+    assert found.table["phase"].tolist() == ["forward"]
+    assert set(a.loc[a["training"] == "optimizer", "operator"]) == {"optimizer"}
+
+
+def test_real_generate_samples():
+    """families_cpu's llama generate with top-k / top-p sampling: after each lm_head the
+    logits processing and the draw are `sampling`, one prefill then decodes."""
+    a, _, found = attribute_trace(load_trace(FAMILIES / "llama_generate_cpu.json.gz"))
+    s = a[a["operator"] == "sampling"]
+    assert s["op_name"].isin(["aten::topk", "aten::sort", "aten::softmax", "aten::multinomial",
+                              "aten::cumsum"]).any() and s["layer"].isna().all()
+    phases = found.table["phase"].tolist()
+    assert phases[0] == "prefill" and set(phases[1:]) == {"decode"}
+
+
+def test_real_eager_attention_matmuls_are_attention():
+    """families_cpu's gemma2 decode runs eager attention (matmul, softmax, matmul): its batched
+    Q·Kᵀ and P·V are attention by their geometry (evidence `shape`), not RoPE by position."""
+    a = attribute(load_trace(FAMILIES / "gemma2_decode_cpu.json.gz"))
+    mm = a[a["op_name"] == "aten::matmul"]
+    four = mm[mm["input_dims"].str.match(r"^\[\[\d+, \d+, \d+, \d+\], \[\d+, \d+, \d+, \d+\]")]
+    assert len(four) and set(four["operator"]) == {"attention"}
+    assert set(four["evidence"]) == {"shape"}

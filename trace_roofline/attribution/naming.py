@@ -261,6 +261,7 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "act": base.isin(ACT_OPS) | fuses["act"] | role.eq("activation"),
         "softmax": base.isin(SOFTMAX_OPS),
         "bgemm": base.isin(BATCHED_GEMM_OPS),
+        "matmul": base == "matmul",
         "gemmop": base.isin(GEMM_OPS) | role.isin(kernels.GEMM_ROLES),
         "dispatch": base.isin(DISPATCH_OPS),
         "topk": base.isin(TOPK_OPS),
@@ -300,7 +301,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
-    out["batched"] = dims["batched"].to_numpy(dtype=bool) & op["bgemm"]
+    out["batched"] = dims["batched"].to_numpy(dtype=bool) & (op["bgemm"] | op["matmul"])
     out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
     out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
     return out
@@ -851,7 +852,7 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
     rope0 = np.where(cs < R.past, np.minimum(rope0, last_noncast + 1), R.past)
 
     # between the projections and attention: RoPE, then KV-cache writes, then layout copies
-    attn_core = R.first(F["softmax"] | F["bgemm"])
+    attn_core = R.first(F["softmax"] | F["bgemm"] | F["batched"])
     last_rope = R.last(F["ropecore"] & (pos < attn_core))
 
     # a layer opens with its input projections (torch.compile may schedule k_proj before q_proj)
