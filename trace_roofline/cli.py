@@ -229,6 +229,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise InputError(f"{len(args.ncu)} --ncu file(s) for {len(traces)} trace(s): give one "
                          "--ncu per trace, in the order of the traces")
     ncu = args.ncu or [None] * len(traces)
+    if args.graph_map is not None and not Path(args.graph_map).exists():
+        raise InputError(f"{args.graph_map}: no such file or folder (--graph-map: an eager trace, "
+                         "a graph capture or a folder of captures)")
     inputs = [*traces, *args.ncu, args.graph_map, *_option_files(args.model, args.hardware)]
     check_outputs(_outputs(args, out, ANALYZE_OUT), inputs)  # before the work: no output over an input
     cache = None if args.no_cache else TraceCache()
