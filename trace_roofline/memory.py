@@ -1,18 +1,6 @@
 """The CLI process's memory settings: fewer page faults for big, short-lived arrays.
 
-An analysis allocates and frees arrays of 1-30 MB in quick succession, and the kernel zeroes
-every page that such a new array touches. By default:
-- numpy advises the kernel to back each array of 4 MiB or more with transparent huge pages.
-  Where THP is "madvise" with defrag "madvise" (common), a huge-page fault can stall while the
-  kernel compacts memory.
-- glibc returns a freed block to the kernel (munmap, or a trim at the top of its heap), so the
-  next array faults its pages in again.
-
-`tune()` turns numpy's advice off and keeps freed blocks of up to 32 MiB in glibc's heap for
-reuse. On the 1 GB HF tile (three interleaved runs each) `attribute` went from 1.02-1.70 to
-0.72-1.44 CPU s (its system time from 0.42-0.75 to 0.15-0.42 s) and `roofline.analyze` from
-0.54-0.72 to 0.53-0.58 s (benchmarks/README.md, session 5). Only the CLI calls it: a library
-does not change its host process's allocator.
+Design notes: docs/architecture.md ("trace_roofline/memory.py").
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Many traces at once: in this process, on `jobs` local processes, or on a Dask cluster.
 
-Each trace is read, parsed and analysed once, inside one worker, which returns only a `Result`:
-the trace's compacted `Analysis` (`compact`: the operator tables and summaries, no kernel-level
-frame) and its `RankInfo`. At most `jobs` traces are in flight at a time (a new one is submitted
-when one finishes), so memory is bounded by the traces in flight, not by the number of files.
-Results come back in the order of `paths`; the first worker error is raised as is (an InputError
-names its file) and the traces not yet started are not.
-
-- Local processes: `concurrent.futures.ProcessPoolExecutor` on the `spawn` start method:
-  workers start from a clean interpreter, not a copy of the caller, and none is left behind
-  (a forkserver would outlive the call). A worker may still fork its own helper to parse a big
-  file on a second core (trace.py decides; with `jobs` equal to the cores, expect up to
-  2·jobs busy processes during parsing).
-- Dask (optional extra `trace-roofline[dask]`): `dask="local"` starts a `distributed.LocalCluster`
-  of `jobs` (default: this machine's usable cores) one-thread worker processes; any other value is
-  a scheduler address (`tcp://host:8786`). Workers there read the traces by path, so give paths
-  every worker can read (a shared file system) and install trace_roofline on the workers, as for
-  Nsight Systems' multi-node recipes. `jobs` defaults to the cluster's total worker threads.
-  A Dask client leaves its event-loop threads running in the calling process (distributed's
-  design); trace.py then parses later traces of that process on one core (it forks only from a
-  single-threaded process).
+Design notes: docs/architecture.md ("trace_roofline/parallel.py").
 """
 
 from __future__ import annotations

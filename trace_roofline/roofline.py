@@ -1,29 +1,6 @@
 """Roofline placement of every operator, the whole-model view, and their reconciliation.
 
-Stage after `shapes.attach_costs`. Per operator (summed over its op instances and kernels):
-intensity I = FLOPs / bytes, achieved FLOP/s and bytes/s over the device time of its costed
-instances, attainable = min(P, I·B_mem) at the peak P of the operator's dtype, % of roof, bound.
-% of roof is achieved / attainable, computed as achieved bytes/s / B_mem below the ridge (the same
-number when I > 0, and defined for 0-FLOP copies) and achieved FLOP/s / P above it.
-
-Whole model, per phase (a trace may hold a prefill step and decode steps, as an HF `generate`
-profile does; their intensities differ by 100x and a blend of them describes neither):
-ΣFLOPs / Σbytes is the byte-weighted mean of the phase's operator intensities,
-Σ_i (bytes_i/Σbytes)·I_i; the time-weighted achieved rate Σ_i t_i·(F_i/t_i) / Σ_i t_i = ΣF/Σt.
-`reconcile` lists each operator's contribution bytes_i/Σbytes·I_i = F_i/Σbytes, which sum to its
-phase's figure.
-
-Collectives (operators.COMMUNICATION: all_reduce, all_gather, ...) are rows of the operator
-table placed against the interconnect, not HBM: their bytes are bus bytes (shapes.py), their
-achieved bytes/s is the bus bandwidth, attainable = the hardware's `link_bandwidth`, % of roof =
-bus bandwidth / link bandwidth, bound `link`; intensity, FLOP/s and peak stay empty. They never
-enter the whole model, the reconciliation or the extrapolation (which describe the HBM
-roofline); each phase's communication is summarised on its own (`Analysis.communication`,
-comms.summary: time, exposed time, bus bytes, share of the phase's device time).
-
-Peaks: an operator's dtype picks the compute peak; a floating-point dtype the hardware lists no
-peak for is an InputError (never another dtype's roof). Integers, bool, fp64 and complex have no
-listable tensor peak and borrow the trace's main dtype's.
+Design notes: docs/architecture.md ("trace_roofline/roofline.py").
 """
 
 from __future__ import annotations

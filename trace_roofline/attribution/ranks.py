@@ -1,23 +1,6 @@
 """Ranks of a distributed run: which rank each trace is, and how each operator varies across ranks.
 
-A trace's rank comes from the first of these that applies:
-
-1. `distributedInfo` in the trace's top-level keys (Kineto writes it when torch.distributed is
-   initialised: {"backend": "nccl", "rank": 3, "world_size": 8, ...}): the global rank.
-2. The file name, by the ordered `NAME_RULES` (the first rule that matches wins):
-   `rank3`, `rank_3`, `rank-3` (not `local_rank3`: that is a GPU index on one host) give the
-   global rank; vLLM-style parallel coordinates `dp0_pp0_tp1`, `tp1`, `ep2` (each `dp`/`pp`/`tp`/
-   `ep` token standing alone between separators) give the rank's coordinates, labelled as written
-   in canonical order (dp, pp, tp, ep), without inventing a global rank.
-3. Otherwise the trace has no rank. tensorboard_trace_handler's default names
-   (`host_pid.<ns>.pt.trace.json[.gz]`) carry none: the pid is not a rank.
-
-A set of traces is a set of ranks when there are at least two and every one has a rank; two files
-claiming one rank is then an `InputError` naming both. `summarize` (`CrossRank.of`) summarises the
-ranks' operator tables: per (phase, operator) the min, median and max device time over ranks, the
-skew, and the slowest rank. Skew is max / median (1.0: every rank equal; 1.5: the slowest rank
-spends 50% more time in the operator than the median rank). A rank where an operator never ran
-counts 0 µs for it (`ranks` says on how many ranks it ran).
+Design notes: docs/architecture.md ("trace_roofline/attribution/ranks.py").
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Tensor parallelism: which shard of the model a rank's trace ran (`infer_tp`).
 
-Under TP over t ranks (vLLM / Megatron) each rank's weight GEMMs carry 1/t of the model's
-columns (qkv_proj, gate_up_proj) or rows (o_proj, down_proj) (`ModelSpec.shard`), so a rank's
-GEMM shapes say t: `infer_tp` counts, for each candidate t, the distinct (K, N) of the trace's
-weight GEMMs that are linears of the t-way shard, and takes the t matching the most (the
-smallest on a tie). A TP=2 rank's fused gate_up_proj (H, 2·I/2) has the shape of an unsharded
-gate_proj (H, I), so a single shape never decides: the whole layer's set does.
+Design notes: docs/architecture.md ("trace_roofline/attribution/tp.py").
 """
 
 from __future__ import annotations

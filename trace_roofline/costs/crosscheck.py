@@ -1,24 +1,6 @@
 """What a trace's own shapes say about the model, before anything is placed or extrapolated.
 
-An analyzer that scales a Qwen trace with Llama's embedding is confidently wrong. These checks
-run on the costed op instances (shapes.COSTED_COLUMNS):
-
-- `instance_checks(costed, model)`: per instance, a message where a named linear's (K, N) or
-  attention's heads (n_q, n_kv, head_dim) contradict the model; missing where they agree, or
-  are one rank's shard under tensor parallelism of a degree t in `TP_DEGREES`: column-parallel
-  linears (q/k/v/qkv, gate/up/gate_up, lm_head) keep K and compute N/t outputs, row-parallel
-  ones (o_proj, down_proj) keep N and read K/t inputs (operators.Operator.row_parallel), and
-  attention holds n_q/t query heads and n_kv/t KV heads (one, when there are fewer KV heads
-  than ranks: they are replicated), or K/V expanded to its n_q/t query heads (HF's repeat_kv
-  before SDPA).
-- `tp_degrees(costed, model)`: the degrees t the checked instances are consistent with.
-- `inferred(costed)`: the decoder's dimensions the named linears and attention show (each
-  operator's shape holding most of its time), and the presets they fit, else "custom".
-- `fitting_presets(costed)`: "qwen2.5-7b" or "qwen2.5-7b (TP=4)" for each preset no
-  instance contradicts (at least one checked).
-- `irregular_order(costed)`: a step whose operator order counts more decoder layers than it
-  runs attention ops (a layer runs attention once): layers and names resting on order are
-  then unreliable (a shuffled or interleaved trace).
+Design notes: docs/architecture.md ("trace_roofline/costs/crosscheck.py").
 """
 
 from __future__ import annotations

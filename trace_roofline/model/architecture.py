@@ -1,11 +1,6 @@
 """One architecture description per decoder family, built from a Hugging Face config.json.
 
-An `Architecture` holds a decoder's geometry (attention heads and head sizes, MLP and experts,
-norms, positions, precision); its layers' sub-operations (`Layer.ops`: norms, GEMMs with their
-(K, N), bias and HF parameter, attention, activation, residual adds) are laid out from that
-geometry by one generic function over the family's module table (`Family.modules`), so a
-tensor-parallel shard (`Architecture.shard`) is the same layout over sharded geometry.
-`FAMILIES` maps each HF `model_type` to its config reader and module table.
+Design notes: docs/architecture.md ("trace_roofline/model/architecture.py").
 """
 
 from __future__ import annotations

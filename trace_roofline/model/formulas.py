@@ -1,10 +1,6 @@
 """Analytical cost model: FLOPs and minimum DRAM bytes from shapes, and roofline helpers.
 
-Conventions (every caller states which it used):
-- one multiply-add = 2 FLOPs;
-- "minimum bytes" = every operand read once from DRAM and every output written once (a lower
-  bound: split-K workspaces, re-reads and layout changes only add traffic);
-- b = bytes per element of the dtype the trace records.
+Design notes: docs/architecture.md ("trace_roofline/model/formulas.py").
 """
 
 from __future__ import annotations

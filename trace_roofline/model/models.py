@@ -1,17 +1,6 @@
 """Decoder shapes: a frozen `ModelSpec`, presets, and loading from a Hugging Face config.json.
 
-A ModelSpec is the analyzer's summary of a decoder (heads, head_dim, intermediate, experts,
-dtype, ...); its layer layout (linears, fused forms, MoE GEMMs, tensor-parallel shards) comes
-from its `architecture` (architecture.py): the one it was built from (`from_architecture`:
-presets and config.json files, any family), else the Llama/Qwen-style decoder its own fields
-describe (a ModelSpec written by hand or changed by dataclasses.replace, which keeps fields
-only).
-
-Mixture-of-experts models (Mixtral, Qwen2-MoE / Qwen1.5-MoE, Qwen3-MoE, DeepSeek, gpt-oss)
-carry their routed and shared experts as a `moe.Experts` and say which layers are sparse, as HF
-does: layer i (from 0) has the experts when (i + 1) % decoder_sparse_step == 0 and i is not in
-mlp_only_layers (DeepSeek: i >= first_k_dense_replace); the other layers keep a dense MLP of
-intermediate_size.
+Design notes: docs/architecture.md ("trace_roofline/model/models.py").
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """Mixture-of-experts cost model: routed-expert FLOPs and bytes, active experts, intensity.
 
-A sparse MLP layer sends each of `tokens` tokens to `top_k` of `num_experts` routed experts,
-each a SwiGLU MLP of intermediate size I: gate and up projections H -> I (fused or not), an
-activation, a down projection I -> H. Expert e receives M_e rows and the routed rows sum to
-ΣM_e = tokens·top_k, whatever the routing. Hence, exactly:
-
-- FLOPs: gate+up 2·ΣM_e·H·2I, down 2·ΣM_e·I·H (the sum of the per-expert GEMMs' 2·M_e·K·N).
-- Activation bytes: gate+up read ΣM_e·H and write ΣM_e·2I; down reads ΣM_e·I, writes ΣM_e·H.
-- Weight bytes: only the *active* experts (M_e > 0) are read, each once: gate+up 2I·H,
-  down I·H elements per active expert. How many are active is routing data. A Python loop
-  over hit experts shows it (one GEMM per active expert); a grouped GEMM or a fused kernel
-  does not, and then the count is estimated.
-
-Active experts, A. For tokens >= 1 it lies in [min(k, E), min(E, ΣM_e)]: every token picks k
-distinct experts, and there cannot be more active experts than experts or than routed rows.
-Under uniform routing (each token's k experts a uniformly random k-subset, independent across
-tokens) an expert is missed by one token with probability 1 - k/E, so
-E[A] = E·(1 - (1 - k/E)^tokens). Real routers are not uniform; the range bounds the truth.
-
-Intensity. With weights dominating the bytes (decode), the experts' intensity is about
-(2/b)·ΣM_e/A = (2/b)·(tokens per active expert). The *dense equivalent* is a dense SwiGLU MLP
-doing the same FLOPs per token (intermediate k·I) on the same tokens: it reads its k experts'
-worth of weights once, so the MoE reads A/k times more weight bytes for the same FLOPs. At one
-decode token A = k and the two agree; with many tokens A -> E and the MoE falls E/k times below.
-
-b = bytes per element; every function counts 2 FLOPs per multiply-add (formulas.py conventions).
+Design notes: docs/architecture.md ("trace_roofline/model/moe.py").
 """
 
 from __future__ import annotations

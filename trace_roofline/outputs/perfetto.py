@@ -1,39 +1,6 @@
 """The analysed trace as Perfetto (ui.perfetto.dev) and chrome://tracing read it, enriched.
 
-`enriched_trace(trace, attributed, analysis)` yields the bytes of a Chrome trace JSON file: the
-original file's events, in their order and byte for byte, except that every analysed kernel (the
-rows of `attributed`, by `event_id` = index in traceEvents) gains `args.roofline`; the file's
-other top-level keys are kept as they are. Appended to traceEvents:
-- a process "trace_roofline" (its own pid, sorted first) with one thread per GPU stream (CPU
-  thread for CPU-only traces), "operators · <lane>", holding one slice per operator instance: a
-  maximal run of consecutive kernels of that lane with the same (operator, layer, step), from
-  its first kernel's start to its last kernel's end (cut at the next instance's start, so
-  slices never overlap), named after the operator, its args the instance's figures
-  (`BandArgs`);
-- two counter tracks per lane, "TFLOP/s" and "GB/s" (ph "C", arg key = the lane): over each
-  slice, its FLOPs (bytes) spread evenly over its span, and 0 in gaps between slices, so the
-  area under a counter is the lane's analytical FLOPs (bytes); uncosted kernels count 0.
-
-A kernel's `args.roofline` (`KernelArgs`): operator, layer, step, phase, evidence (how the name
-was found: annotation, module, shape, compile, position, graph_map, unattributed), its op
-instance (attribute's `instance`: the unit costs are computed for; a CUDA-graph replay's
-kernels have one per replayed eager op), its cpu op (the launching op's event index; null for
-replayed kernels), the instance's shape, and `flops` / `bytes` = the kernel's share of its op
-instance's analytical costs, by device time (a split-K GEMM's two kernels share the GEMM's
-FLOPs in proportion to their durations; they sum to the instance's). Names, phase and costs
-are the instance's row of `analysis.costed`, so the file says what the operator tables say.
-Intensity, % of roof and bound are the op instance's, which every share has alike.
-
-Memory and speed: the file is streamed (gunzipped on the fly) in CHUNK-sized pieces, each cut
-at an event boundary and split into zero-copy msgspec `Raw` events that are written out as
-they are. The analysed kernels are enriched a chunk at a time, column by column: each
-`args.roofline` is JSON text built per column (msgspec encodes a whole column of numbers at
-once, each distinct string once) and spliced into the event's text right before the closing
-brace of its `args` (numpy finds where, and checks that `args` is the event's last member and
-holds no `roofline` yet); the rest of the event keeps its bytes. An event that does not have
-that layout (args elsewhere, null, not an object...) is decoded and re-encoded instead, alone.
-Peak memory beyond the analysis itself is a few chunks plus the per-kernel and per-slice
-figures (figures in README.md).
+Design notes: docs/architecture.md ("trace_roofline/outputs/perfetto.py").
 """
 
 from __future__ import annotations

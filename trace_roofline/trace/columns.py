@@ -3,13 +3,7 @@ chunks become the tables of schema.py. A batch comes either as the compiled scan
 (`Accumulator.scan`: its string and raw-key codes re-coded to the interners below, new values
 in first-seen order) or as msgspec structs (decode.py; `Accumulator.add`, described here).
 
-Every batch is classified by category and phase, counted into meta's skip reasons, grouped by
-table (one stable sort) and turned into columns with C-level `map`/`attrgetter`/`np.fromiter`;
-strings become categorical codes (`_Interner`, first-seen order; the raw-JSON columns of a row
-as one bytes key, decoded once per distinct key) and the structs are freed before the next
-batch, so memory stays near the file size. `Accumulator.export`/`absorb` ship a later part of
-the file's columns from the parse worker to the parent (parallel.py) so that the result is a
-one-process read's.
+Design notes: docs/architecture.md ("trace_roofline/trace/columns.py").
 """
 
 from __future__ import annotations

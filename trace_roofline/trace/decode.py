@@ -7,18 +7,7 @@ Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A p
 read as it is decoded, through a `read.Window` (one reused buffer): the whole text is never in
 memory at once.
 
-Where the events start and end (`events_start` in the first HEAD_BYTES, `events_end` in the
-last SEARCH_BYTES) and where a batch ends (`CUT`, a '}' ',' '{' between two events) are found by
-byte patterns, then proven: the keys around the array decode as an object with "[]" in place
-of the events, and every batch decodes as a JSON array, so the whole document is valid JSON
-whose only parse is these events (JSON's grammar is unambiguous), in this order. When anything
-is not proven (a malformed document or event, an unusual layout), `decode_raw` reads the whole
-document the one way that needs no proof: `traceEvents` decoded as one zero-copy `Raw` slice
-per event, in batches of BATCH_EVENTS, whose errors are the ones reported.
-
-Errors: a document that is not readable as a whole raises InputError naming the file (and, for
-the first event the decoder rejects, its index); an event of the wrong shape is retried alone,
-kept without its links (`_EventLenient`) or skipped and counted (`Accumulator.skipped`).
+Design notes: docs/architecture.md ("trace_roofline/trace/decode.py").
 """
 
 from __future__ import annotations

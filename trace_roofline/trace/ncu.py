@@ -1,23 +1,6 @@
 """Nsight Compute import: per-kernel measured DRAM bytes, matched to the trace's kernels.
 
-Three steps, each a function over DataFrames:
-
-1. `read_ncu_csv(path)` parses an `ncu --csv` export (the raw page, or the details page with
-   `--metrics`) into one row per profiled kernel launch (`NCU_COLUMNS`), in µs and bytes.
-2. `match_kernels(attributed, ncu)` pairs those launches with the trace's kernels by normalised
-   kernel name and launch order, and joins the measured columns onto the attributed rows.
-3. `measured_by_operator(matched, costed)` sums measured bytes per (layer, operator) and derives the
-   measured intensity (analytical FLOPs / measured DRAM bytes) and measured/analytical bytes.
-
-Capture (see DOMAIN.md, "Measured bytes"):
-    ncu --clock-control none --csv --page raw --print-units base \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum [--nvtx] CMD
-ncu flushes the caches before each profiled kernel by default (`--cache-control all`), so its
-DRAM reads are cold-cache traffic: at least the compulsory bytes, plus re-reads, split-K
-workspaces and layout changes that the analytical minimum leaves out. DRAM writes count only what
-L2 (60 MB on an H200) writes back while the kernel runs: a small output that stays dirty in L2 is
-not counted, so a small elementwise kernel can measure below its analytical bytes (seen on the
-H200 decode sample: SwiGLU `act` at 0.7x, its 37,888-byte output never reaching DRAM).
+Design notes: docs/architecture.md ("trace_roofline/trace/ncu.py").
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """The two-process parse: a forked worker decodes the events from the end while the parent
 decodes them from the start, and they meet wherever their speeds make them meet.
 
-msgspec holds the GIL, so the second core is a forked process, the worker; `Worker` is the
-parent's handle on it. Before forking, the parent finds the events array's bounds and the keys
-around it (decode.events_bounds; not proven: no fork). Then:
- 1. claims: the events' bytes are claimed under a lock (`Claims`: POSIX record locks, which
-    die with their process, on a small shared file that also holds the two frontiers). The
-    parent claims one batch at a time from the front (decode.parse_span's `claim`); the
-    worker claims SEGMENT_BYTES at a time from the back, each segment starting at the first
-    event boundary ('}' ',' '{': decode.CUT) in its first SEARCH_BYTES, or, when the parent
-    is near (or no boundary is found), all that the parent has not claimed. A process whose
-    speed drops (a busy core) simply claims less: the two finish within a segment's or a
-    batch's decoding of each other, whatever the split of their speeds;
- 2. decode: each process reads and decodes what it claimed (a plain file through its own
-    Windows, by offset on the descriptor the parent opened before the fork, so both read the
-    one file that was opened, each read checking that it was not rewritten since; a gzip file
-    inflated by the parent before the fork and shared copy-on-write),
-    proving each batch a JSON array of events; the worker decodes each segment into its own
-    columns and pickles them over a pipe as soon as they are ready (`Segment`: each
-    categorical as its values in first-seen order plus codes, events numbered from 0), where
-    a thread of the parent collects them while it decodes; the parent then appends them, in
-    file order, after its own columns, re-coded and renumbered (`Accumulator.absorb`). With
-    every batch and the keys around the array (one object with "[]" in place of the events)
-    valid JSON, so is the whole file, and JSON's grammar leaves only one parse: tables,
-    category order and counters are exactly a one-process read's. Anything else (a batch that
-    is not proven, a malformed file or event, a worker that dies after claiming) falls back to
-    the one-process path, which gives its usual result or error; a worker that dies before
-    claiming leaves the parent's parse of all the events. Where the claims file cannot be
-    allocated (a full $TMPDIR) or locked, no worker is forked.
-Whether a worker is forked at all is `use_worker` (documented at `load_trace`)."""
+Design notes: docs/architecture.md ("trace_roofline/trace/parallel.py").
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """A trace file's bytes: listing a directory's trace files, opening a document (inflating gzip),
 reading it whole or through a sliding `Window`.
 
-Inputs are only ever opened for reading. A document is one file: the descriptor opened first
-is the one every read uses (by offset: `os.pread`, also in a forked parse worker), so a trace
-replaced by `mv` while it is read is still read whole from the first file; and every read checks
-that file's identity (`Stamp`: device, inode, size, modification time), so one rewritten in
-place raises FileChanged (load.py then reads it again, once), never a mix of two versions.
+Design notes: docs/architecture.md ("trace_roofline/trace/read.py").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The output of stage 1: one typed table per event family, the `Trace` holding them, and the
 assembly of decoded columns into those tables (`build_tables`).
 
-Times are float µs exactly as in the file. "category" columns hold str (or NaN when absent);
-raw-JSON columns hold the JSON text. event_id / op_id = index of the event in traceEvents (file
-order); rows are in file order.
+Design notes: docs/architecture.md ("trace_roofline/trace/schema.py").
 """
 
 from __future__ import annotations
