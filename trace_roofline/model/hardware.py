@@ -306,9 +306,11 @@ def for_device_name(device_name: str, prefer_measured: bool = True) -> Hardware 
 
 
 def _gib(nbytes: object) -> int | None:
+    if not isinstance(nbytes, (int, float, str)):
+        return None
     try:
         return round(float(nbytes) / 2**30)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 

@@ -19,8 +19,8 @@ from trace_roofline.model.moe import Experts
 TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel degrees a trace's shapes are checked against
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element for a dtype name (any spelling `dtypes.lookup` knows)."""
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype name (any spelling `dtypes.lookup` knows; packed 4-bit: < 1)."""
     d = dtypes.lookup(dtype)
     if d is None:
         raise InputError(f"unknown dtype {dtype!r} (known: {', '.join(dtypes.known())})")
@@ -93,7 +93,7 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def bytes_per_element(self) -> int:
+    def bytes_per_element(self) -> float:
         return dtype_bytes(self.dtype)
 
     def linears(self) -> dict[str, tuple[int, int, bool]]:
