@@ -208,13 +208,25 @@ def _owned_file(path: Path) -> os.stat_result | None:
     return st if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() else None
 
 
+def _owned_dir(path: Path) -> bool:
+    """A real directory (no symlink) of the current user, whatever its mode."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
 def _ensure_private(path: Path) -> None:
-    """Create the directory `path` (mode 0700) unless it exists; NotPrivate unless it is then
-    `_private`."""
+    """Create the directory `path` (mode 0700) unless it exists, close one of this user's to
+    group and others (what they may have put in it is another user's, never read: `_verified`);
+    NotPrivate unless it is then `_private` (another user's, or a symlink)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if _owned_dir(path) and not _private(path):
+        os.chmod(path, 0o700)
     if not _private(path):
         raise NotPrivate(0, f"{path} is not a private directory of this user (owned by another "
-                            "user, writable by others, or a symlink): not used")
+                            "user, or a symlink): not used")
 
 
 class TraceCache:
@@ -250,7 +262,7 @@ class TraceCache:
         trace_hit = trace is not None
         if trace is None:
             trace = load_trace(p, progress=progress)
-            if _private(self.root) and _private(entry):  # (never remove another user's files)
+            if _owned_dir(entry):  # (another user's files are never removed)
                 shutil.rmtree(entry, ignore_errors=True)  # stale key: every part of it is stale
             self._store(entry, _TRACE_PART, key, _trace_files(trace), errors)
         akey = {**key, "model": _model_key(model)}
@@ -354,9 +366,9 @@ class TraceCache:
         return status
 
     def _version_dirs(self) -> list[Path]:
-        """The `v<N>` directories of this user that this cache wrote: holding its CACHEDIR.TAG,
-        or (before version 4, which writes none) nothing but its layout of entries and
-        temporaries."""
+        """The `v<N>` directories of this user that this cache wrote: holding its CACHEDIR.TAG
+        (a file of this user), or (before version 4, which wrote none) nothing but its layout of
+        entries and temporaries."""
         try:
             found = sorted(self.directory.iterdir())
         except OSError:
@@ -364,7 +376,7 @@ class TraceCache:
         out = []
         for d in found:
             m = _VERSION_DIR.match(d.name)
-            if m is None or not _private(d):
+            if m is None or not _owned_dir(d):
                 continue
             if _tagged(d) or (int(m[1]) < 4 and _legacy_layout(d)):
                 out.append(d)
@@ -473,6 +485,8 @@ class TraceCache:
                 rec.update(bytes=(tmp / fname).stat().st_size, crc32=_crc32(tmp / fname))
             (tmp / _MANIFEST).write_text(json.dumps({"key": key, "files": manifest}))
             _ensure_private(entry)
+            if (entry / name).is_symlink():
+                (entry / name).unlink()
             shutil.rmtree(entry / name, ignore_errors=True)  # a stale or corrupt part
             os.rename(tmp, entry / name)
         except (OSError, ValueError, pa.ArrowException) as e:

@@ -252,8 +252,8 @@ class _Stage:
         stage = cls(directory, list(named), swap)
         try:
             _sweep(directory, named.keys())
+            _sweep(directory.parent, {directory.name})  # a set staged beside it, killed
             if swap:
-                _sweep(directory.parent, {directory.name})
                 directory.parent.mkdir(parents=True, exist_ok=True)
                 stage._stage_directory(named)
             else:
@@ -318,15 +318,12 @@ def _swappable(directory: Path, names: Collection[str], inputs: Iterable[Path]) 
         return True
     except OSError:
         return False
-    parent = directory.parent
-    if (not stat.S_ISDIR(st.st_mode) or os.stat(parent).st_dev != st.st_dev
-            or not os.access(parent, os.W_OK | os.X_OK)
-            or Path.cwd().is_relative_to(directory.resolve())):
-        return False
-    here = directory.resolve()
-    if any(p.resolve().parent == here for p in inputs):
-        return False
     try:
+        here, parent = directory.resolve(), directory.parent
+        if (not stat.S_ISDIR(st.st_mode) or os.stat(parent).st_dev != st.st_dev
+                or not os.access(parent, os.W_OK | os.X_OK) or Path.cwd().is_relative_to(here)
+                or any(p.resolve().parent == here for p in inputs)):
+            return False
         entries = list(os.scandir(directory))
     except OSError:
         return False
