@@ -165,7 +165,7 @@ def test_dense_shard_by_hand_llama_3_8b():
     assert {g.name: g.parallel for g in layer.gemms()} == {
         "q_proj": "column", "k_proj": "column", "v_proj": "column", "o_proj": "row",
         "gate_proj": "column", "up_proj": "column", "down_proj": "row"}
-    with pytest.raises(InputError, match="tp=3 does not divide llama-3-8b's 32 heads"):
+    with pytest.raises(InputError, match="`tp` 3 does not divide llama-3-8b's 32 heads"):
         spec.shard(3)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES, Kineto, attributed, qwen_layer, read, run_cli
-from trace_roofline import roofline
+from trace_roofline import pipeline, roofline
 from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
 from trace_roofline.model import models
@@ -65,7 +65,7 @@ def test_mixed_evidence_is_the_dominant_one_with_the_mix():
     df.loc[df["operator"] == "k_proj", "operator"] = "q_proj"  # 3 µs annotated + 1 µs by position
     df.loc[df["op_name"].eq("aten::addmm") & (df["dur_us"] == 1.0) & (df["operator"] == "q_proj"),
            "evidence"] = "position"
-    placed = roofline.place(tr.shapes.attach_costs(df, None), H200)
+    placed = roofline.place(tr.attach_costs(df, None), H200)
     q = placed[placed["layer"].isna()].set_index("operator").loc["q_proj"]
     assert q["evidence"] == "annotation" and q["evidence_mix"] == "annotation 0.75, position 0.25"
 
@@ -156,7 +156,7 @@ def test_tp_shards_are_not_contradictions(t):
     """q/k/v/gate/up N/t (column-parallel), o/down K/t (row-parallel), heads/t: consistent
     with the preset at TP=t, said before the table; extrapolation still allowed."""
     df = attributed(qwen_layer(_sharded(t), 1, 512))
-    a = roofline.analyze(df, QWEN, H200, layers=28)
+    a = pipeline.analyze(df, QWEN, H200, layers=28)
     assert a.costed["check"].isna().all() and a.extrapolated is not None
     assert a.model_inferred["model_tp"] == t
     assert a.model_inferred["presets"] == [f"qwen2.5-7b (TP={t})"]
@@ -168,7 +168,7 @@ def test_a_shard_no_tp_degree_explains_is_a_contradiction():
     with pytest.raises(InputError, match=r"down_proj: K,N=6314,3584 but qwen2\.5-7b has "
                                          r"18944,3584 \(3 operators disagree: gate_proj, up_proj, "
                                          r"down_proj\); they fit no preset \(custom: hidden 3584"):
-        roofline.analyze(attributed(qwen_layer(spec, 1, 512)), QWEN, H200)
+        pipeline.analyze(attributed(qwen_layer(spec, 1, 512)), QWEN, H200)
 
 
 def test_without_a_model_the_shapes_name_their_preset_or_custom():
@@ -183,7 +183,7 @@ def test_without_a_model_the_shapes_name_their_preset_or_custom():
             "intermediate 18944, vocab 152064: qwen2.5-7b") in text
     assert report_dict([a])["traces"][0]["model_inferred"] == d
     custom = dataclasses.replace(QWEN, hidden_size=1024, intermediate_size=4096)
-    c = roofline.analyze(attributed(qwen_layer(custom, 1, 64)), None, H200).model_inferred
+    c = pipeline.analyze(attributed(qwen_layer(custom, 1, 64)), None, H200).model_inferred
     assert c["match"] == "custom" and c["presets"] == [] and c["hidden_size"] == 1024
     tiny = tr.analyze_trace(SAMPLES / "qwen-tiny_decode_b2_s64_l2_noannot_cpu.json.gz")
     assert tiny.model_inferred["match"] == "qwen-tiny"
@@ -245,8 +245,7 @@ def test_shuffled_operator_order_is_warned_not_trusted(tmp_path):
 
 
 def test_readme_documents_every_evidence_value_and_the_warnings():
-    readme = (SAMPLES.parent / "README.md").read_text()
-    section = readme[readme.index("## Evidence and warnings"):readme.index("## Commands")]
+    section = (SAMPLES.parent / "docs" / "evidence.md").read_text()
     for value in EVIDENCE:
         assert f"| `{value}` |" in section
     for needle in ("--force", "TP=t", "model_inferred", "withheld", "no decoder layer",

@@ -341,17 +341,18 @@ def _shard(arch: Architecture, tp: int) -> Architecture:
     a = arch.attention
     inter = arch.mlp.intermediate_size if arch.mlp else arch._experts.intermediate_size
     if tp < 1 or a.num_heads % tp or inter % tp:
-        raise InputError(f"tp={tp} does not divide {arch.name}'s {a.num_heads} heads and "
-                         f"{inter} intermediate size")
+        raise InputError(f"`tp` {tp} does not divide {arch.name}'s {a.num_heads} heads and "
+                         f"{inter} intermediate size", "tp")
     if a.num_kv_heads >= tp and a.num_kv_heads % tp:
-        raise InputError(f"tp={tp} does not divide {arch.name}'s {a.num_kv_heads} KV heads")
+        raise InputError(f"`tp` {tp} does not divide {arch.name}'s {a.num_kv_heads} KV heads",
+                         "tp")
     moe = arch.moe
     if moe is not None:
         e = moe.experts
         if e.intermediate_size % tp or e.shared_intermediate_size % tp:
             raise InputError(
-                f"tp={tp} does not divide {arch.name}'s expert intermediate sizes "
-                f"{e.intermediate_size}, {e.shared_intermediate_size}")
+                f"`tp` {tp} does not divide {arch.name}'s expert intermediate sizes "
+                f"{e.intermediate_size}, {e.shared_intermediate_size}", "tp")
         moe = dataclasses.replace(moe, experts=dataclasses.replace(
             e, intermediate_size=e.intermediate_size // tp,
             shared_intermediate_size=e.shared_intermediate_size // tp))
