@@ -19,7 +19,7 @@ PINS=(
     "pyarrow==14.0.0"
     "numpy==1.26.0"
     "matplotlib==3.7.0"
-    "msgspec==0.18.0"
+    "msgspec==0.23.0"
     "bokeh==3.4.0"
     "dask==2024.8.0"
     "distributed==2024.8.0"
