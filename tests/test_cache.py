@@ -329,17 +329,20 @@ def test_cached_cli_run_in_a_fresh_process(decode_copy, tmp_path):
 
 def test_parts_are_compressed(decode_copy, tmp_path):
     """Every part is compressed: the attribution's Arrow file is a third of the same table
-    written uncompressed (its kernel names repeat), the Analysis's largest frame a half."""
+    written uncompressed (its kernel names repeat), and the Analysis's costed frame (string
+    columns dictionary-encoded, LZ4) half of it."""
     c = TraceCache(tmp_path / "c")
-    analyze_trace(decode_copy, cache=c)
-    largest = max(_files(c, "analysis-*/frame-*.arrow"), key=lambda f: f.stat().st_size)
-    for arrow, ratio in ((*_files(c, "attributed-*/attributed.arrow"), 3), (largest, 2)):
-        with pa.memory_map(str(arrow)) as source:
-            table = ipc.open_file(source).read_all()
+    analysis = analyze_trace(decode_copy, cache=c)
+    (arrow,) = _files(c, "attributed-*/attributed.arrow")
+    with pa.memory_map(str(arrow)) as source:
+        attributed = ipc.open_file(source).read_all()
+    (costed,) = _files(c, "analysis-*/frame-0.arrow")  # (its first DataFrame field)
+    for stored, table, ratio in ((arrow, attributed, 3),
+                                 (costed, pa.Table.from_pandas(analysis.costed), 2)):
         plain = tmp_path / "plain.arrow"
         with ipc.new_file(str(plain), table.schema) as w:
             w.write_table(table)
-        assert arrow.stat().st_size < plain.stat().st_size / ratio, arrow.name
+        assert stored.stat().st_size < plain.stat().st_size / ratio, stored.name
 
 
 def test_analysis_of_an_unknown_type_is_not_cached(decode_copy, tmp_path):

@@ -43,11 +43,11 @@ categories included).
 Categorical columns are stored as Arrow dictionaries and everything else as plain Arrow columns
 (with pandas' metadata), so a hit gives DataFrames identical to a parse, dtypes included.
 Arrow files are compressed (Arrow IPC's per-buffer compression): the trace and attribution
-tables with zstd (`CODEC`), whose repeated strings shrink ~10-30x (on the 1 GB HF tile the trace
-and attribution parts hold ~20 MB, ~500 MB uncompressed), an Analysis's frames with LZ4
-(`FRAME_CODEC`: ~3x larger than zstd, but decompressed 2-3x faster, and a hit reads them all),
-so a first run's background writes and checksums take a fraction of a second and a hit
-decompresses instead of checksumming 10x the bytes.
+tables with zstd (`CODEC`), whose repeated strings shrink ~10-30x (on the 1 GB HF tile the
+cache held 26 MB, 500 MB uncompressed), an Analysis's frames with their string columns
+dictionary-encoded (`_packed`) and LZ4 (`FRAME_CODEC`: a hit reads them all, and LZ4
+decompresses 2-3x faster than zstd), so a first run's background writes and checksums take a
+fraction of a second and a hit decompresses instead of checksumming 10x the bytes.
 Cache writes that fail (read-only directory, disk full, a directory that is not private) never
 fail an analysis: they are reported in the returned `CacheStatus`. Files are memory-mapped on a
 hit; the cache only ever replaces files by rename and removes them by unlink, so a mapping is
@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from trace_roofline import files
@@ -108,7 +109,8 @@ _TRACE_PART = "trace"
 _ATTRIBUTED = "attributed"
 _ANALYSIS = "analysis"
 _ANALYSIS_TREE = "analysis.json"
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException)
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+                pa.ArrowException)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,7 +657,9 @@ def _decode_analysis(tree: object, found: dict[str, Path]) -> Analysis:
 
 class _Encoder:
     """Values as JSON nodes: None, bool, int, float and str as they are; a list as a JSON
-    array; {"$": "tuple" | "dict" | "np" | "frame" | "dataclass", ...} for the rest."""
+    array; a list or str-keyed dict of nothing but those as {"$": "json", "value": it} (read
+    back as json.loads gives it: the calibration data of a measured Hardware, coverage, ...);
+    {"$": "tuple" | "dict" | "np" | "frame" | "dataclass", ...} for the rest."""
 
     def __init__(self) -> None:
         self.frames: dict[str, pa.Table] = {}
@@ -664,6 +668,8 @@ class _Encoder:
         t = type(v)
         if v is None or t in (bool, int, float, str):
             return v
+        if t in (list, dict) and _plain(v):
+            return {"$": "json", "value": v}
         if t is list:
             return [self.node(x) for x in v]  # type: ignore[attr-defined]
         if t is tuple:
@@ -707,8 +713,9 @@ class _Encoder:
             if not _storable(d):
                 raise TypeError(f"a DataFrame column {c!r} of dtype {d} is not cached")
         name = f"{_FRAME}{len(self.frames)}.arrow"
-        self.frames[name] = pa.Table.from_pandas(df)
-        return {"$": "frame", "file": name, "columns": columns,
+        table, packed = _packed(pa.Table.from_pandas(df))
+        self.frames[name] = table
+        return {"$": "frame", "file": name, "columns": columns, "packed": packed,
                 "dtypes": [_dtype_name(d) for d in df.dtypes], "index": _index_name(index)}
 
 
@@ -730,6 +737,9 @@ class _Decoder:
         if t is not dict:
             raise _Malformed(f"a {t.__name__} node")
         tag = n.get("$")  # type: ignore[attr-defined]
+        if tag == "json":
+            (value,) = _only(n, "value")  # (as json.loads built it: only JSON's own types)
+            return value
         if tag == "tuple":
             (items,) = _only(n, "items")
             return tuple(self.node(x) for x in _list(items))
@@ -742,7 +752,7 @@ class _Decoder:
         if tag == "np":
             return _numpy_scalar(*_only(n, "dtype", "value"))
         if tag == "frame":
-            return self._frame(*_only(n, "file", "columns", "dtypes", "index"))
+            return self._frame(*_only(n, "file", "columns", "packed", "dtypes", "index"))
         if tag == "dataclass":
             return self._dataclass(*_only(n, "class", "fields", "state"))
         raise _Malformed(f"node tag {tag!r}")
@@ -765,15 +775,56 @@ class _Decoder:
             object.__setattr__(obj, k, self.node(v))
         return obj
 
-    def _frame(self, name: object, columns: object, dtypes: object, index: object) -> pd.DataFrame:
+    def _frame(self, name: object, columns: object, packed: object, dtypes: object,
+               index: object) -> pd.DataFrame:
         if not isinstance(name, str) or name not in self.found or name in self.used:
             raise _Malformed(f"frame file {name!r}")
         self.used.add(name)
-        df = _read_table(self.found[name])
+        with pa.memory_map(str(self.found[name])) as source:
+            df = _unpacked(ipc.open_file(source).read_all(), packed).to_pandas()
         if (list(df.columns) != columns or [_dtype_name(d) for d in df.dtypes] != dtypes
                 or _index_name(df.index) != index):
             raise _Malformed(f"{name}: not the columns, dtypes or index it was written with")
         return df
+
+
+def _plain(v: object) -> bool:
+    """Made of JSON's own types only: None, bool, int, float, str, lists and str-keyed dicts."""
+    t = type(v)
+    if v is None or t in (bool, int, float, str):
+        return True
+    if t is list:
+        return all(map(_plain, v))  # type: ignore[call-overload]
+    if t is dict:
+        return all(type(k) is str for k in v) and all(map(_plain, v.values()))  # type: ignore[attr-defined]
+    return False
+
+
+def _packed(table: pa.Table) -> tuple[pa.Table, list[int]]:
+    """The table with its string columns dictionary-encoded (a costed frame's repeated names:
+    ~3x smaller files, read as fast), and their positions."""
+    packed = [i for i, t in enumerate(table.schema.types)
+              if pa.types.is_string(t) or pa.types.is_large_string(t)]
+    for i in packed:
+        column = pc.dictionary_encode(table.column(i))
+        table = table.set_column(i, pa.field(table.schema.field(i).name, column.type), column)
+    return table, packed
+
+
+def _unpacked(table: pa.Table, packed: object) -> pa.Table:
+    """`_packed`'s table back: the listed columns, dictionaries of strings, as plain strings."""
+    if type(packed) is not list or not all(type(i) is int for i in packed):
+        raise _Malformed("packed columns")
+    columns = table.columns
+    for i in packed:
+        if not 0 <= i < len(columns):
+            raise _Malformed(f"packed column {i}")
+        t = columns[i].type
+        if not (pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type)
+                                               or pa.types.is_large_string(t.value_type))):
+            raise _Malformed(f"packed column {i} is a {t}")
+        columns[i] = columns[i].cast(t.value_type)
+    return pa.Table.from_arrays(columns, names=table.column_names, metadata=table.schema.metadata)
 
 
 def _only(n: dict, *keys: str) -> list:
