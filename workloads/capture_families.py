@@ -3,8 +3,12 @@
 Each capture builds a Hugging Face model from its family's config (`FAMILIES`: real hidden sizes,
 `layers` decoder layers, random weights on the device), runs it under torch.profiler and writes
 `<out>/<family>_<mode>_<device>.json.gz` with its description in `trace_roofline_workload`.
-Modes: prefill and decode (eager), `compile` and `max-autotune` (torch.compile), `train` (forward,
-loss, backward, AdamW), `assisted` (generate with a draft model), `generate` (sampling).
+Modes: prefill and decode (eager), `compile` and `max-autotune` (torch.compile, decode; with
+`-prefill`, prefill), `train` (forward,
+loss, backward, AdamW), `assisted` (generate with a draft model), `generate` (sampling), `batch`
+(continuous batching: `generate_batch` over prompts of different lengths, `paged|sdpa`) and
+`schedule` (prefill steps under a profiler schedule, no sync between steps: the recorded window
+begins while the previous step's kernels still run).
 
     python -m workloads.capture_families --families gpt2,gemma2 --modes prefill,decode --out DIR
 """
@@ -48,7 +52,9 @@ FAMILIES: dict[str, dict[str, object]] = {
                  vocab_size=30522),
 }
 LAYER_FIELD = {"gpt2": "n_layer"}
-MODES = ("prefill", "decode", "compile", "max-autotune", "train", "assisted", "generate")
+MODES = ("prefill", "decode", "compile", "compile-prefill", "max-autotune",
+         "max-autotune-prefill", "train", "assisted", "generate", "batch", "schedule")
+BATCH_PROMPTS = (37, 300, 64, 129)  # continuous batching: prompt lengths of the requests
 
 
 def build(family: str, layers: int, device: torch.device, dtype: torch.dtype,
@@ -102,6 +108,16 @@ def _step(model: torch.nn.Module, mode: str, batch: int, tokens: int, device: to
         return train
     if mode == "generate":
         return lambda: model.generate(ids, max_new_tokens=8, do_sample=True, top_k=50, top_p=0.9)
+    if mode == "batch":
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        model.set_attn_implementation("paged|sdpa")
+        prompts = [torch.randint(0, vocab, (n,)).tolist() for n in BATCH_PROMPTS]
+        gen = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1,
+                               pad_token_id=0)
+        cb = ContinuousBatchingConfig(use_cuda_graph=False, max_batch_tokens=256)
+        return lambda: model.generate_batch(prompts, generation_config=gen,
+                                            continuous_batching_config=cb, warmup=False)
     if mode == "decode":
         with torch.no_grad():
             cache = model(input_ids=ids, use_cache=True).past_key_values
@@ -123,11 +139,15 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
         step: Callable[[], object] = lambda: model.generate(  # noqa: E731
             ids, assistant_model=draft, max_new_tokens=8, do_sample=False)
     else:
-        if mode in ("compile", "max-autotune"):
+        compiler = mode.removesuffix("-prefill")
+        if compiler in ("compile", "max-autotune"):
             model.forward = torch.compile(  # type: ignore[method-assign]
-                model.forward, mode="max-autotune-no-cudagraphs" if mode == "max-autotune" else None)
-        step = _step(model, "decode" if mode in ("compile", "max-autotune") else mode,
-                     batch, tokens, dev)
+                model.forward,
+                mode="max-autotune-no-cudagraphs" if compiler == "max-autotune" else None)
+            step = _step(model, "prefill" if mode.endswith("-prefill") else "decode",
+                         batch, tokens, dev)
+        else:
+            step = _step(model, "prefill" if mode == "schedule" else mode, batch, tokens, dev)
     grad = torch.enable_grad() if mode == "train" else torch.no_grad()
     with grad:
         step()  # warm-up (compiles)
@@ -136,15 +156,24 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
         if dev.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         t0 = time.perf_counter()
-        with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
-            for i in range(steps):
-                with torch.profiler.record_function(f"ProfilerStep#{i}"):
+        if mode == "schedule":  # 3 unsynchronised steps, the last one recorded
+            sched = torch.profiler.schedule(wait=1, warmup=1, active=1)
+            with torch.profiler.profile(activities=acts, record_shapes=True,
+                                        schedule=sched) as prof:
+                for _ in range(3):
                     step()
-            _sync(dev)
-            workload = dict(family=family, mode=mode, layers=layers, batch=batch, tokens=tokens,
-                            dtype=dtype, scale=scale, steps=steps,
-                            seconds=round(time.perf_counter() - t0, 3))
-            prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
+                    prof.step()
+                _sync(dev)
+        else:
+            with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+                for i in range(steps):
+                    with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                        step()
+                _sync(dev)
+        workload = dict(family=family, mode=mode, layers=layers, batch=batch, tokens=tokens,
+                        dtype=dtype, scale=scale, steps=steps,
+                        seconds=round(time.perf_counter() - t0, 3))
+        prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{family}_{mode}_{dev.type}.json.gz"
     prof.export_chrome_trace(str(path))
@@ -161,21 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--modes", default="prefill,decode")
+    ap.add_argument("--captures", default="",
+                    help="family:mode pairs, comma separated (instead of families x modes)")
     ap.add_argument("--out", type=Path, default=Path("traces"))
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
+    pairs = [tuple(c.split(":")) for c in a.captures.split(",") if c] or [
+        (f, m) for f in a.families.split(",") for m in a.modes.split(",")
+        if f != "bert" or m in ("prefill", "train")]
     failed = 0
-    for family in a.families.split(","):
-        for mode in a.modes.split(","):
-            if family == "bert" and mode not in ("prefill", "train"):
-                continue
-            try:
-                capture(family, mode, a.out, layers=a.layers, tokens=a.tokens, device=a.device)
-            except Exception as e:  # one failing capture must not cost the others (logged)
-                failed += 1
-                print(f"FAILED {family} {mode}: {type(e).__name__}: {e}")
+    for family, mode in pairs:
+        try:
+            capture(family, mode, a.out, layers=a.layers, tokens=a.tokens, device=a.device)
+        except Exception as e:  # one failing capture must not cost the others (logged)
+            failed += 1
+            print(f"FAILED {family} {mode}: {type(e).__name__}: {e}")
     return 1 if failed else 0
 
 
