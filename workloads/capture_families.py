@@ -100,7 +100,10 @@ def _step(model: torch.nn.Module, mode: str, batch: int, tokens: int, device: to
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def train() -> object:
-            loss = model(input_ids=ids, labels=ids).loss
+            if model.config.model_type == "bert":  # an encoder: a loss on its hidden states
+                loss = model(input_ids=ids).last_hidden_state.float().square().mean()
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
