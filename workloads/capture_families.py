@@ -144,6 +144,7 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
     else:
         compiler = mode.removesuffix("-prefill")
         if compiler in ("compile", "max-autotune"):
+            torch._dynamo.reset()  # an earlier capture's recompile limit must not make it eager
             model.forward = torch.compile(  # type: ignore[method-assign]
                 model.forward,
                 mode="max-autotune-no-cudagraphs" if compiler == "max-autotune" else None)
@@ -153,7 +154,8 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
             step = _step(model, "prefill" if mode == "schedule" else mode, batch, tokens, dev)
     grad = torch.enable_grad() if mode == "train" else torch.no_grad()
     with grad:
-        step()  # warm-up (compiles)
+        for _ in range(3 if mode.startswith(("compile", "max-autotune")) else 1):
+            step()  # warm-up: compiles, and a decode's dynamic-shape recompile and autotuning
         _sync(dev)
         acts = [torch.profiler.ProfilerActivity.CPU]
         if dev.type == "cuda":
