@@ -197,8 +197,8 @@ def test_shuffled_real_replay_is_not_named(tmp_path, seed):
 def test_every_name_carries_its_evidence():
     path = Path(str(CG).format("decode_b1_s512_static1024_graph"))
     t = tr.load_trace(path)
-    att, _, _ = tr.attribute_trace(t, QWEN, graph_map=Path(str(CG).format(
-        "decode_b1_s512_static1024_mapping")))
+    att, _, _ = tr.attribute_trace(t, QWEN, tr.AnalysisOptions(graph_map=Path(str(CG).format(
+        "decode_b1_s512_static1024_mapping"))))
     rows = graphs.replay_rows(t)["row"].to_numpy()
     replayed = np.zeros(len(att), bool)
     replayed[rows] = True

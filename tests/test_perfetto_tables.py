@@ -10,7 +10,6 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES
-from trace_roofline import cache as cache_module
 from trace_roofline import pipeline
 from trace_roofline.cache import TraceCache
 from trace_roofline.cli import main
@@ -98,8 +97,7 @@ def test_cached_analysis_gives_its_kernels_without_attributing(tmp_path, monkeyp
     def refuse(*_args, **_kw):
         raise AssertionError("attribute() ran again")
 
-    for module in (pipeline, cache_module):  # where attribute() is called
-        monkeypatch.setattr(module, "attribute", refuse)
+    monkeypatch.setattr(pipeline, "attribute", refuse)  # the one caller of attribute()
     a2, k2 = analyze_trace_kernels(TP_RANK, QWEN, cache=cache)
     assert cache.log[-2].analysis_hit and cache.log[-1].attribution_hit
     pd.testing.assert_frame_equal(k1.kernels, k2.kernels)

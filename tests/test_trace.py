@@ -512,11 +512,12 @@ def both(monkeypatch):
     def load(path, mode: str):
         forks.clear()
         spans.clear()
+        before = set(children())  # (an earlier test's helper process may still be running)
         try:
             out = load_trace(path, workers=1 if mode == "serial" else 2)
         except InputError as e:
             out = str(e)
-        assert children() == []  # the worker is always reaped, whatever happened
+        assert set(children()) <= before  # the worker is always reaped, whatever happened
         if mode == "any":
             return out
         assert len(forks) == (mode not in ("serial", "unforked"))
@@ -818,6 +819,7 @@ def test_two_workers_fork_only_without_other_threads(tmp_path, forks):
     import threading
 
     path = write(_mixed_events(), tmp_path / "t.json")
+    before = set(children())
     two = load_trace(path, workers=2)
     assert len(forks) == 1
     stop = threading.Event()
@@ -829,7 +831,7 @@ def test_two_workers_fork_only_without_other_threads(tmp_path, forks):
     finally:
         stop.set()
         thread.join()
-    assert len(forks) == 1 and children() == []
+    assert len(forks) == 1 and set(children()) <= before
     assert_identical(two, one)
 
 

@@ -104,7 +104,7 @@ def test_hf_capture_static_cache_decode(tmp_path: Path, capsys) -> None:
     """--cache static: StaticCache writes by index_copy_, SDPA reads every slot each step."""
     pytest.importorskip("transformers")
     from trace_roofline import load_trace
-    from trace_roofline.attribution import attribute
+    from trace_roofline.attribution.attribute import attribute
     from workloads.cli import main
 
     args = ["hf-capture", "--phase", "decode", "--model", "qwen-tiny", "--tokens", "8",
@@ -325,7 +325,7 @@ def test_calibration_catches_wrong_output(monkeypatch) -> None:
 
 
 def test_committed_h200_calibration_is_auditable() -> None:
-    hw = json.loads((ROOT / "trace_roofline" / "data" / "h200_measured.json").read_text())
+    hw = json.loads((ROOT / "trace_roofline" / "model" / "data" / "h200_measured.json").read_text())
     assert hw["name"] == "h200-measured" and hw["device_names"] == ["NVIDIA H200"]
     mm = [m for m in hw["measurements"] if m["kind"] == "matmul"]
     for key, peak in hw["peak_flops"].items():

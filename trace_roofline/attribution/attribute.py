@@ -49,6 +49,7 @@ layer. Steps: the ProfilerStep#N range around the launch (any thread, as a last 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -526,7 +527,8 @@ def _annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace):
                                         errors="coerce").to_numpy("float64", na_value=np.nan),
                           np.nan)[names.codes],
     }
-    missing = {"name": lambda v: v < 0, "layer": np.isnan, "step": np.isnan}
+    missing: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "name": lambda v: v < 0, "layer": np.isnan, "step": np.isnan}
     gpu = _by_category(ann["cat"], lambda c: c.str.lower().eq("gpu_user_annotation"))
     s = to_ns(ann["ts_us"])
     e = s + to_ns(ann["dur_us"])
@@ -831,23 +833,24 @@ def _training_names(inst: pd.DataFrame, backward: np.ndarray, name: tuple, evide
     by_node = pd.Series(None, index=inst.index, dtype=object)
     for rx, op in _GRAD_NODES:
         by_node = by_node.mask(by_node.isna() & node.str.contains(rx).fillna(False), op)
-    by_node = by_node.to_numpy(dtype=object)
+    node_op = by_node.to_numpy(dtype=object)
     gemm_node = node.str.contains(_BACKWARD_GEMM_NODES).fillna(False).to_numpy(bool)
-    has_gemm, has_node = pd.notna(gemm), pd.notna(by_node)
-    nm = np.where(bwd, np.where(has_gemm, gemm, np.where(has_node, by_node, "other")), nm)
+    has_gemm, has_node = pd.notna(gemm), pd.notna(node_op)
+    nm = np.where(bwd, np.where(has_gemm, gemm, np.where(has_node, node_op, "other")), nm)
     ev = np.where(bwd, np.where(has_gemm, "shape", np.where(has_node, "kernel_name",
                                                            "position")), ev)
     lost = bwd & ~has_gemm & ~has_node
+    forward_why = np.where(bwd, None, why)  # type: ignore[call-overload]  # (stubs refuse None)
     why = np.where(lost, "backward of " + node.to_numpy(dtype=object) + ": not named by place"
-                   + np.where(gemm_node, " (no linear has its shape)", ""), np.where(bwd, None, why))
-    nm, ev, why = (np.where(opt, v, a) for v, a in (("optimizer", nm), ("annotation", ev),
-                                                     (None, why)))
+                   + np.where(gemm_node, " (no linear has its shape)", ""), forward_why)
+    nm, ev = np.where(opt, "optimizer", nm), np.where(opt, "annotation", ev)
+    why = np.where(opt, None, why)  # type: ignore[call-overload,assignment]  # (None)
     return tuple(_codes_of(a) for a in (nm, ev, why))
 
 
 def _decoded(codes: np.ndarray, cats: pd.Index) -> np.ndarray:
     """An object array of the categories of `codes` (-1: None)."""
-    values = np.append(np.asarray(cats, dtype=object), None)
+    values = np.append(np.asarray(cats, dtype=object), [None])
     return values[np.where(codes >= 0, codes, len(cats))]
 
 

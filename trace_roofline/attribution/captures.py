@@ -20,8 +20,10 @@ its step's batch size and graph mode (`graphs.for_graph`).
 from __future__ import annotations
 
 import gzip
+import os
 import re
 from pathlib import Path
+from typing import cast
 
 import msgspec
 import pandas as pd
@@ -98,7 +100,8 @@ def beside(trace_path: str | Path) -> Path | None:
     return d if d.is_dir() else None
 
 
-def load(source: str | Path | Trace, model: ModelSpec | None) -> list[graphs.Mapping]:
+def load(source: str | os.PathLike[str] | Trace, model: ModelSpec | None
+         ) -> list[graphs.Mapping]:
     """The captures of `source`: a capture trace (path or loaded), or a folder of them (its
     execution_details.json listing them, else every trace file in it). Each becomes a
     template (graphs.capture_mapping with the launches' kernel names); a file whose capture
@@ -159,7 +162,7 @@ def graph_sources(trace: Trace, model: ModelSpec | None, graph_map: object,
     --graph-map option) is an eager trace of the same step, a capture trace or a folder of
     captures; without it, the captures of a `capture_traces/` folder beside the trace (a note
     says so)."""
-    source, notes = graph_map, []
+    source, notes = cast("Trace | str | os.PathLike[str] | None", graph_map), []
     if source is None:
         found = beside(trace.path) if graphs.has_replays(trace) else None
         if found is None:

@@ -82,6 +82,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -157,17 +158,19 @@ ATTENTION_OP = "aten::scaled_dot_product_attention"  # kernel_ops' op of an atte
 _GEMM_OPS = {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_addmm_activation",
              "_scaled_mm"}
 _PRE = {3: ("q_proj", "k_proj", "v_proj"), 1: ("qkv_proj",)}
-_POST = {4: ("o_proj", "gate_proj", "up_proj", "down_proj"), 3: ("o_proj", "gate_up_proj",
-                                                                  "down_proj")}
+Layouts = dict[int, tuple[str, ...]]  # GEMM count -> their operators, in launch order
+_POST: Layouts = {4: ("o_proj", "gate_proj", "up_proj", "down_proj"),
+                  3: ("o_proj", "gate_up_proj", "down_proj")}
 # A sparse layer's GEMMs after attention, as HF transformers 5.x runs them (grouped_mm or
 # batched_mm: one GEMM for all experts' gate_up, one for down; vLLM's two fused_moe_kernel
 # launches alike). With a shared expert and its sigmoid gate (Qwen2-MoE), HF runs the shared
 # expert first and the gate last; vLLM the shared expert (gate_up fused) and its gate first.
-_POST_MOE = {4: ("o_proj", "router", "experts_gate_up", "experts_down")}
-_POST_SHARED = {8: ("o_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj", "router",
-                    "experts_gate_up", "experts_down", "shared_expert_gate"),
-                7: ("o_proj", "shared_gate_up_proj", "shared_down_proj", "shared_expert_gate",
-                    "router", "experts_gate_up", "experts_down")}
+_POST_MOE: Layouts = {4: ("o_proj", "router", "experts_gate_up", "experts_down")}
+_POST_SHARED: Layouts = {
+    8: ("o_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj", "router",
+        "experts_gate_up", "experts_down", "shared_expert_gate"),
+    7: ("o_proj", "shared_gate_up_proj", "shared_down_proj", "shared_expert_gate",
+        "router", "experts_gate_up", "experts_down")}
 
 
 @dataclass(frozen=True)
@@ -421,7 +424,9 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
     starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
     step_of = _replay_steps(step_of_row, rows[starts])
     modes = step_modes(step_of)
-    results, per_graph, flags = [], [], []
+    results: list[pd.DataFrame] = []
+    per_graph: list[dict] = []
+    flags: list[str] = []
     for r in reps:
         seq = slice(starts[r], starts[r + 1] if r + 1 < len(starts) else len(rows))
         at = rows[seq]
@@ -429,8 +434,10 @@ def name_replays(trace: Trace, attributed: pd.DataFrame, model: ModelSpec | None
         batch = _step_batch(step)
         kept, why = for_graph(list(captures), batch, modes[r])
         candidates = [(m, MAPPING_MATCH, True) for m in ([mapping] if mapping else kept)]
-        candidates += [(own, OWN_PASS_MATCH, False)] * (own is not None)
-        candidates += [(cap, 1.0, False)] * (cap is not None)
+        if own is not None:
+            candidates.append((own, OWN_PASS_MATCH, False))
+        if cap is not None:
+            candidates.append((cap, 1.0, False))
         g_shapes, shape_note = step_shapes(step, shapes)
         res, info = _name_graph(codes[seq], vocab[codes[seq]].to_numpy(dtype=object),
                                 dev["kind"].astype(object).to_numpy()[at],
@@ -503,7 +510,8 @@ def step_modes(replay_step: np.ndarray) -> np.ndarray:
     forward in one graph), PIECEWISE for several (None outside an annotated step)."""
     s = pd.Series(replay_step)
     count = s.map(s[s >= 0].value_counts()).to_numpy()
-    return np.where(replay_step < 0, None, np.where(count == 1, "FULL", "PIECEWISE"))
+    return np.where(replay_step < 0, None,  # type: ignore[call-overload]  # (stubs refuse None)
+                    np.where(count == 1, "FULL", "PIECEWISE"))
 
 
 GRAPH_MODES = ("FULL", "PIECEWISE")  # vLLM's cudagraph modes; a capture's "DECODE" is a phase
@@ -731,7 +739,7 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
     differ = ok & (grids.astype(str) != np.where(ok, twin, "").astype(str))
     info["grid_mismatch"] = int(differ.sum())
     in_attn = res["operator"].to_numpy(dtype=object) == "attention"
-    refuse, why = False, None
+    refuse, why = False, cast("str | None", None)
     if (differ & ~in_attn).any():
         i = int(np.flatnonzero(differ & ~in_attn)[0])
         refuse = True
@@ -761,6 +769,7 @@ def _check_shapes(res, match, grids, tmpl, model, shapes, info) -> None:
         if shapes is not None and model is not None:
             user_shapes(res, model, shapes, gathers)
             info["shapes"] = "step" if isinstance(shapes, StepShapes) else "user"
+            assert why is not None  # (a refusal says why)
             why += ("; costed from the step annotation instead" if info["shapes"] == "step"
                     else "; costed from the given decode shapes instead")
     if why:
@@ -796,14 +805,14 @@ def align(a: np.ndarray, b: np.ndarray, band: int = BAND) -> np.ndarray:
     rows[0] = np.where((j0 >= 0) & (j0 <= m), 0, -1)
     bpad = np.r_[-2, b]  # bpad[j] = b[j - 1]; j = 0 never equals a code
     for i in range(1, n + 1):
-        j = i + off + cols
-        valid = (j >= 0) & (j <= m)
+        js = i + off + cols
+        valid = (js >= 0) & (js <= m)
         prev = rows[i - 1]
-        up = np.r_[prev[1:], -1]  # D[i-1][j]
-        diag = prev  # D[i-1][j-1]
-        eq = (bpad[np.clip(j, 0, m)] == a[i - 1]) & (j >= 1)
+        up = np.r_[prev[1:], -1]  # D[i-1][js]
+        diag = prev  # D[i-1][js-1]
+        eq = (bpad[np.clip(js, 0, m)] == a[i - 1]) & (js >= 1)
         cand = np.maximum(up, np.where(diag >= 0, diag + eq, -1))
-        cand = np.where(j == 0, 0, cand)
+        cand = np.where(js == 0, 0, cand)
         cand = np.where(valid, cand, -1)
         row = np.maximum.accumulate(cand)
         rows[i] = np.where(valid, row, -1)
@@ -837,7 +846,8 @@ def kernel_ops(names: pd.Series) -> pd.Series:
         out = pd.Series("", index=u.index, dtype=object)
         role = kernels.roles(text).astype(object).to_numpy()
         triton = text.str.startswith("triton_").to_numpy(bool)
-        steps = [(text.str.contains(rx).to_numpy(bool), op) for rx, op in first]
+        steps: list[tuple[np.ndarray, str | None]] = [
+            (text.str.contains(rx).to_numpy(bool), op) for rx, op in first]
         steps += [(np.isin(role, list(kernels.GEMM_ROLES)), GEMM),
                   (np.isin(role, list(kernels.ATTENTION_ROLES)), ATTENTION_OP),
                   # Inductor's kernels fused into SDPA's inputs run inside the attention op
@@ -858,7 +868,7 @@ def kernel_roles(names: np.ndarray) -> pd.Categorical:
     return pd.Categorical(kernels.roles(pd.Series(names, dtype=object)))
 
 
-def _post_layouts(model: ModelSpec, layers: int) -> dict[int, tuple[str, ...]] | str:
+def _post_layouts(model: ModelSpec, layers: int) -> Layouts | str:
     """The GEMMs after attention by their count, for `layers` traced layers of `model` (its
     first ones): the dense MLP's, or a sparse layer's (_POST_MOE, _POST_SHARED); a note when
     the traced layers mix dense and sparse ones."""
@@ -868,6 +878,7 @@ def _post_layouts(model: ModelSpec, layers: int) -> dict[int, tuple[str, ...]] |
     if sparse < layers:
         return f"{sparse} of {layers} layers sparse: dense and sparse layers mixed"
     e = model.experts
+    assert e is not None  # (sparse layers have experts)
     return _POST_SHARED if e.shared_intermediate_size and e.shared_gate else _POST_MOE
 
 
@@ -941,7 +952,7 @@ def _weight_gathers(op: np.ndarray, gemm_name: np.ndarray, mem: np.ndarray) -> n
     n = len(op)
     later = _ffill(np.where(mem, -1, np.arange(n)), False)  # the next non-copy, from here on
     nxt = np.r_[later[1:], -1]
-    fed = np.where(nxt >= 0, gemm_name[np.maximum(nxt, 0)], None)
+    fed = np.where(nxt >= 0, gemm_name[np.maximum(nxt, 0)], None)  # type: ignore[call-overload]  # (stubs refuse None)
     return (op == "aten::index") & pd.Series(fed, dtype=object).isin(_EXPERT_GEMMS).to_numpy()
 
 
@@ -1176,9 +1187,10 @@ def _expert_calls(op: np.ndarray, model: ModelSpec, b: int, gathers: np.ndarray 
     its weights at the experts' dtype, or with batched_mm's weight `gathers` an index of the
     weights and a bmm."""
     e, h = model.experts, model.hidden_size
+    assert e is not None  # (expert operators come from a model with experts)
     rows, i, ne = moe.routed_rows(b, e.top_k), e.intermediate_size, e.num_experts
-    w = model.architecture.precision.expert_weights
-    w = w if dtypes.lookup(w) is not None else None
+    weights = model.architecture.precision.expert_weights
+    w = weights if dtypes.lookup(weights) is not None else None
     up, down = op == "experts_gate_up", op == "experts_down"
     if gathers is None:
         return [(up, Call("aten::_grouped_mm", [[rows, h], [ne, h, 2 * i], [ne]],

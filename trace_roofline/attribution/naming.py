@@ -141,7 +141,7 @@ def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     values (an object array); missing is one more distinct value, the last."""
     codes, uniques = factorized(values)
     return (np.where(codes < 0, len(uniques), codes),
-            np.append(np.asarray(uniques, dtype=object), None))
+            np.append(np.asarray(uniques, dtype=object), [None]))
 
 
 def _distinct(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Series | pd.DataFrame]:
@@ -187,7 +187,8 @@ class Names:
     def mapped(self, fn: Callable[[pd.Series], pd.Series]) -> Names:
         """The names fn gives, evaluated once per name: fn takes a string Series of names
         (missing: no name) and returns one (missing: no name)."""
-        names = pd.Series(np.where(self.vocab == "", None, self.vocab), dtype="string")
+        names = pd.Series(np.where(self.vocab == "", None, self.vocab),  # type: ignore[call-overload]  # (stubs refuse None)
+                          dtype="string")
         return Names(self.codes, fn(names).fillna("").to_numpy(dtype=object))
 
     def renamed(self, mapping: dict[str, str]) -> Names:
@@ -633,7 +634,7 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
         pair, pairs = pd.factorize(k * width + n)  # the distinct (K, N) (K, N >= 0)
         in_grp = inst["grp"].to_numpy()[rows] * len(pairs) + pair
         occ = pd.Series(in_grp).groupby(in_grp, sort=False).cumcount().to_numpy()
-        cycles: dict[tuple[int, int], list[str]] = {}  # the linears of each (K, N), in order
+        cycles: dict[tuple[int, ...], list[str]] = {}  # the linears of each (K, N), in order
         for name in LINEAR_ORDER:
             if name in linears:
                 cycles.setdefault(tuple(linears[name]), []).append(name)
@@ -671,7 +672,7 @@ def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],
     dims = per_value(inst[cols], _mm_operands)
     a0, a1, b1 = (dims[c].to_numpy(np.int64) for c in ("a0", "a1", "b1"))
     at = dims["a_t"].to_numpy(bool)  # the first operand is a transposed view: dYᵀ or Xᵀ
-    cycles: dict[tuple[int, int], list[str]] = {}
+    cycles: dict[tuple[int, ...], list[str]] = {}
     for name in reversed(LINEAR_ORDER):
         if name in linears:
             cycles.setdefault(tuple(linears[name]), []).append(SUB_LINEARS.get(name, name))
@@ -954,7 +955,7 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
     ctx = _Context(R, F, P, N, gemms, known, generic, is_anchor, by_name | (after_head & F["loss"]),
                    (pos >= rope0) & preamble, outer, attn_core)
     nm, ev, why = _honest(ctx, name, evidence)
-    why = np.where(why == "", None, why)
+    why = np.where(why == "", None, why)  # type: ignore[call-overload]  # (stubs refuse None)
     return tuple(pd.Series(pd.Categorical(v), index=inst.index) for v in (nm, ev, why))
 
 

@@ -184,8 +184,10 @@ class Nest:
     def _rank(self, t: np.ndarray) -> np.ndarray:
         """Order-preserving map onto the boundary grid: a boundary -> 2·i, a time strictly
         between boundaries i-1 and i -> 2·i - 1, so s <= t < e holds exactly as on times."""
-        i = np.searchsorted(self._grid, t, side="left")
-        exact = self._grid[np.minimum(i, len(self._grid) - 1)] == t
+        grid = self._grid
+        assert grid is not None  # (only called on the rank grid)
+        i = np.searchsorted(grid, t, side="left")
+        exact = grid[np.minimum(i, len(grid) - 1)] == t
         return 2 * i - (~exact)
 
     def _flat(self, t: np.ndarray, key: np.ndarray) -> np.ndarray:

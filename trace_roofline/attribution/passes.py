@@ -49,7 +49,7 @@ training step's, its phase `forward`; each backward / optimizer row's phase is `
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -148,6 +148,7 @@ def _read_varlen(op_name: str, dims: list, conc: list) -> Tokens | None:
     cu_at, max_at = _VARLEN_ARGS.get(op_name, _VARLEN_DEFAULT_ARGS)
     q = dims[0] if dims else None
     if _is4d(q):
+        assert q is not None
         return Tokens(q[1], q[1], q[0])
     if len(dims) <= cu_at or not (isinstance(q, list) and len(q) == 3):
         return None
@@ -249,7 +250,7 @@ def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
 def _order_key(op: np.ndarray, op_cats: np.ndarray, layer: np.ndarray) -> np.ndarray:
     """The model-order key per row (NaN: not structural) from its operator (codes `op` of
     `op_cats`, -1 missing) and layer: embedding < layer·10 + stage < final_norm < lm_head."""
-    def per_code(table: dict[str, float]) -> np.ndarray:
+    def per_code(table: Mapping[str, float]) -> np.ndarray:
         return np.array([table.get(o, np.nan) for o in op_cats] + [np.nan], dtype=np.float64)[op]
 
     stage = per_code(STAGES)
@@ -368,7 +369,7 @@ def _read_combo(operator: str, op_name: str, dims_raw: str, conc_raw: str):
 
 def _flat(dims: list) -> list:
     """Arguments with a tensor list's tensors in place of the list."""
-    out = []
+    out: list = []
     for a in dims:
         if isinstance(a, list):
             out.extend(a if a and isinstance(a[0], list) else [a])

@@ -296,8 +296,8 @@ def attention_table(texts: pd.Series, windows: np.ndarray, causal: str = "causal
         sums = parse_text(text) if isinstance(text, str) else None
         a = attention(sums, causal, None if w < 0 else int(w)) if sums is not None else None
         rows.append((a.pairs, a.queries, a.keys, a.exact, a.note, sums.chunks + sums.decodes,
-                     sums.chunks) if a is not None else (np.nan, np.nan, np.nan, False, None,
-                                                         np.nan, np.nan))
+                     sums.chunks) if a is not None and sums is not None else
+                    (np.nan, np.nan, np.nan, False, None, np.nan, np.nan))
     table = pd.DataFrame(rows, columns=["pairs", "queries", "keys", "exact", "note",
                                         "requests", "chunks"])
     return table.iloc[codes].reset_index(drop=True)
