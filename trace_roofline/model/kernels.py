@@ -277,10 +277,26 @@ def _distinct(names: pd.Series) -> tuple[np.ndarray, pd.Series]:
         [cats, pd.Series([""], dtype="string")], ignore_index=True)
 
 
+_KNOWN: dict[str, int] = {}  # name -> family index, of the names seen in this process
+_KNOWN_MAX = 1 << 16  # (a trace of millions of distinct names is searched, not remembered)
+
+
 def family_index(distinct: pd.Series) -> np.ndarray:
     """Per distinct name, the index in FAMILIES of its family (len(FAMILIES): unknown): one
-    vectorised regex search per family over the distinct names, the first match kept."""
+    vectorised regex search per family over the names not seen before, the first match kept."""
     text = distinct.astype("string").fillna("")
+    keys = text.to_numpy(dtype=object)
+    out = np.fromiter((_KNOWN.get(k, -1) for k in keys), np.int64, len(keys))
+    new = np.flatnonzero(out < 0)
+    if len(new):
+        found = _search(text.iloc[new])
+        out[new] = found
+        if len(_KNOWN) < _KNOWN_MAX:
+            _KNOWN.update(zip(keys[new], found.tolist(), strict=True))
+    return out
+
+
+def _search(text: pd.Series) -> np.ndarray:
     out = np.full(len(text), len(FAMILIES), dtype=np.int64)
     for i, fam in enumerate(FAMILIES):
         todo = out == len(FAMILIES)
