@@ -1,20 +1,6 @@
 """Before/after comparison of two analyses of one model: per (phase, operator) and whole model.
 
-`diff(a, b)` takes two `Analysis` objects or two report.json dicts (one trace each) and returns
-one row per (phase, operator) present in either (`DIFF_COLUMNS`), plus one `whole model` row per
-phase. Device time, FLOPs and bytes are per profiled step when both sides know how many steps
-the phase holds (`steps_a`, `steps_b`; an Analysis always does, a report.json when its
-`whole_model_by_phase` entries carry `steps`), so a 3-step trace compares with a 6-step one;
-otherwise they are per trace and the steps columns are missing. Intensity and % of roof are
-ratios and need no normalisation.
-
-Reading the result:
-- `speedup` = time A / time B: above 1, B is faster.
-- `flops_equal` False means the two traces did different work for that operator (batch size,
-  sequence length, layer count, fusion): not simply a faster kernel. The whole-model row's
-  flag (within WORKLOAD_RTOL) says whether the two runs are the same workload at all.
-- `presence` is `a only` / `b only` for operators one side lacks (e.g. q/k/v_proj against a
-  fused qkv_proj); their other-side columns are missing.
+Design notes: docs/architecture.md ("trace_roofline/outputs/diff.py").
 """
 
 from __future__ import annotations
@@ -22,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, SupportsFloat, cast
 
 import numpy as np
 import pandas as pd
@@ -106,18 +93,19 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
                      hardware_summary(x), _model(x.model, x.model_inferred))
     if not isinstance(x, Mapping):
         raise InputError(f"{label}: expected an Analysis or a report.json object")
-    if "traces" in x:  # schema 2: {"schema_version": 2, "traces": [one entry]}
-        if len(x["traces"]) != 1:
-            raise InputError(f"{label}: report.json holds {len(x['traces'])} traces; diff compares "
+    doc: Mapping[str, Any] = x  # JSON of any shape: what is not a report's raises below
+    if "traces" in doc:  # schema 2: {"schema_version": 2, "traces": [one entry]}
+        if len(doc["traces"]) != 1:
+            raise InputError(f"{label}: report.json holds {len(doc['traces'])} traces; diff compares "
                              "one trace with one (write each trace's report separately)")
-        x = x["traces"][0]
+        doc = doc["traces"][0]
     try:
-        ops = _percent(pd.DataFrame(x["operators"]))
-        whole = {p: _percent(w) for p, w in dict(x["whole_model_by_phase"]).items()}
+        ops = _percent(pd.DataFrame(doc["operators"]))
+        whole = {p: _percent(w) for p, w in dict(doc["whole_model_by_phase"]).items()}
         ops = ops[ops["layer"].isna()] if "layer" in ops else ops
         steps = {p: (int(w["steps"]) if w.get("steps") else None) for p, w in whole.items()}
-        return _side(str(x.get("trace", label)), ops, whole, steps, x.get("hardware"),
-                     _model(x.get("model"), x.get("model_inferred")))
+        return _side(str(doc.get("trace", label)), ops, whole, steps, doc.get("hardware"),
+                     _model(doc.get("model"), doc.get("model_inferred")))
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{label}: not a trace_roofline report.json ({type(e).__name__}: {e})") from None
 
@@ -147,7 +135,7 @@ def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: di
 
 def diff(a: Analysis | Mapping[str, object] | Side,
          b: Analysis | Mapping[str, object] | Side) -> pd.DataFrame:
-    """Per (phase, operator), A against B (`DIFF_COLUMNS`); see the module docstring."""
+    """Per (phase, operator), A against B (`DIFF_COLUMNS`); see docs/architecture.md."""
     sa, sb = side(a, "A"), side(b, "B")
     m = sa.rows.merge(sb.rows, on=["phase", "operator"], how="outer", suffixes=("_a", "_b"),
                       indicator=True, sort=False)
@@ -239,7 +227,7 @@ def _operator_notes(table: pd.DataFrame) -> list[str]:
 def _fmt(v: object, spec: str, scale: float = 1.0) -> str:
     if v is None or v is pd.NA or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
-    return format(float(v) / scale, spec)
+    return format(float(cast(SupportsFloat, v)) / scale, spec)
 
 
 def _flops_flag(v: object) -> str:

@@ -1,36 +1,24 @@
 """report.html: one self-contained page (no network at view time) with the interactive roofline,
 the operator table (sortable), the reconciliation and the warnings of one or more analyses.
 
-The charts are Bokeh with its JavaScript inlined (`bokeh.resources.INLINE`): one chart per
-roof, i.e. per (hardware, dtype) as `plot.panel_groups` groups them for roofline.png (a CPU
-trace never sits under an H200's roof, an fp16 trace never under the bf16 one), each with
-log-log axes, its roof min(P, I·B_mem) and ridge, one point per (trace, phase, operator) and a
-star per (trace, phase) whole model; hovering a point shows operator, phase, layer, shape,
-time, intensity, achieved FLOP/s, % of roof, bound and evidence; clicking a legend entry (one
-per trace and phase, with that trace's marker; one grey star entry for the whole model) hides
-or shows the trace's points and star; wheel-zoom, pan and reset. The ridge label stands along
-the ridge line near the bottom, above the points. Bokeh was chosen by measurement (README.md,
-"report.html"): the smallest inlined library that does hover, legend toggles and log axes.
-The tables are plain HTML; a few lines of inline JavaScript sort a table by the clicked column.
-
-`evidence` (how each operator was named) is the operator table's `evidence_mix`: every evidence
-with its share of the operator's time, as percentages (`annotation 100%`, `shape 41%, position
-59%`). The table prints sizes and rates with SI prefixes (report.si: 4.2 kFLOP, 8.5 GB/s), never
-a fixed unit that rounds small values to 0.000; sorting uses the exact values. A phase whose
-whole model is withheld (most of its time uncosted, roofline.MIN_COSTED) has no star and no whole-model row.
+Design notes: docs/architecture.md ("trace_roofline/outputs/html_report.py").
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, SupportsInt, cast
 
 import pandas as pd
 
 from trace_roofline.outputs.plot import TRACE_COLOURS, panel_groups, short_name
 from trace_roofline.outputs.report import duration, evidence_text, si
 from trace_roofline.roofline import Analysis, hardware_summary
+
+if TYPE_CHECKING:
+    from bokeh.models.renderers import DataRenderer
 
 _MARKERS = {"decode": "circle", "prefill": "square", "unknown": "triangle"}
 _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),
@@ -39,13 +27,15 @@ _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),
           ("% of roof", "@pct{0.0} %"), ("bound", "@bound"), ("evidence", "@evidence")]
 # (header, column, format) of the operator table: a format string, or a function of the value
 # (SI-scaled units, as the terminal's); the cell's data-v keeps the exact value for sorting.
-_TABLE = [("trace", "trace", "{}"), ("phase", "phase", "{}"), ("operator", "operator", "{}"),
-          ("kernels", "kernels", "{:d}"), ("time", "time_us", duration),
-          ("time %", "time_pct", "{:.1f}"), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
-          ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.3g}"),
-          ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
-          ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", "{:.1f}"),
-          ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
+_Format = str | Callable[[object], str]
+_TABLE: list[tuple[str, str, _Format]] = [
+    ("trace", "trace", "{}"), ("phase", "phase", "{}"), ("operator", "operator", "{}"),
+    ("kernels", "kernels", "{:d}"), ("time", "time_us", duration),
+    ("time %", "time_pct", "{:.1f}"), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
+    ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.3g}"),
+    ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
+    ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", "{:.1f}"),
+    ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
 _SORT_JS = """
 document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventListener("click", () => {
   const body = th.closest("table").tBodies[0], up = th.dataset.dir !== "asc";
@@ -136,7 +126,8 @@ def _charts(analyses: Sequence[Analysis], rows: pd.DataFrame):
 
 def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
     """The chart of the analyses under one roof (the first one's hardware and dtype)."""
-    from bokeh.models import ColumnDataSource, HoverTool, Label, Span
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.models.annotations import Label, Span  # bokeh.models' stubs do not re-export them
     from bokeh.plotting import figure
 
     hw = hardware_summary(analyses[0])
@@ -147,14 +138,17 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
     ys = plotted["achieved_flops_per_s"].tolist() + ([hw["peak_flops_per_s"]] if hw else [])
     x_lo, x_hi = min(xs, default=0.1) / 4, max(xs, default=1e3) * 10
     y_lo = min(ys, default=1e9) / 6
+    # figure() takes (start, end) tuples for its ranges (FigureOptions: RangeLike); the stub's
+    # constructor is Plot's, which types them as Range.
     p = figure(x_axis_type="log", y_axis_type="log", width=1100, height=640,
-               x_range=(x_lo, x_hi), y_range=(y_lo, max(ys, default=1e15) * 4),
+               x_range=(x_lo, x_hi), y_range=(y_lo, max(ys, default=1e15) * 4),  # type: ignore[arg-type]
                tools="pan,wheel_zoom,box_zoom,reset,save", active_scroll="wheel_zoom",
                x_axis_label="arithmetic intensity (FLOP / byte, analytical minimum bytes)",
                y_axis_label="achieved FLOP/s (analytical FLOPs / measured time)",
                title=_device_line(hw, len(mine)))
     if hw:
-        peak, bw, ridge = hw["peak_flops_per_s"], hw["bandwidth_bytes_per_s"], hw["ridge"]
+        peak = cast(float, hw["peak_flops_per_s"])
+        bw, ridge = cast(float, hw["bandwidth_bytes_per_s"]), cast(float, hw["ridge"])
         p.line([x_lo, ridge, x_hi], [x_lo * bw, peak, peak], color="black", line_width=2,
                legend_label="roof: min(P, I·B)")
         p.add_layout(Span(location=ridge, dimension="height", line_dash="dotted",
@@ -165,7 +159,7 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
                            angle=math.pi / 2, x_offset=-4, y_offset=8, text_font_size="11px",
                            text_color="#444", text_baseline="bottom", level="overlay",
                            background_fill_color="white", background_fill_alpha=0.85))
-    renderers = []
+    renderers: list[DataRenderer] = []
     for trace in dict.fromkeys(rows["trace"]):
         colour = TRACE_COLOURS[names.index(trace) % len(TRACE_COLOURS)]
         for phase, g in plotted[plotted["trace"] == trace].groupby("phase", sort=False):
@@ -210,17 +204,20 @@ def _device_line(hw: dict | None, traces: int) -> str:
             f"({traces} trace(s))")
 
 
-def _cell(value: object, fmt) -> str:
+def _cell(value: object, fmt: _Format) -> str:
     missing = value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
     if missing:
         return '<td data-v="">-</td>'
-    text = fmt(value) if callable(fmt) else fmt.format(int(value) if fmt == "{:d}" else value)
+    if callable(fmt):
+        text = fmt(value)
+    else:
+        text = fmt.format(int(cast(SupportsInt, value)) if fmt == "{:d}" else value)
     num = isinstance(value, (int, float)) and not isinstance(value, bool)
     return (f'<td data-v="{value}">{html.escape(text)}</td>' if num
             else f'<td class="t">{html.escape(text)}</td>')
 
 
-def _table(rows: pd.DataFrame, columns: list[tuple[str, str, str]], cls: str = "sortable") -> str:
+def _table(rows: pd.DataFrame, columns: list[tuple[str, str, _Format]], cls: str = "sortable") -> str:
     head = "".join(f'<th class="{"t" if f == "{}" else ""}">{html.escape(h)}</th>'
                    for h, _, f in columns)
     body = "\n".join("<tr>" + "".join(_cell(r[c], f) for _, c, f in columns) + "</tr>"
@@ -234,18 +231,20 @@ def warnings(a: Analysis) -> list[str]:
     unattributed or fallback-named time, preset mismatches, operators above their roof."""
     out = list(a.warnings)
     cov = a.coverage
-    missing = cov["kernel_time_us"] - cov["attributed_time_us"]
-    if missing > 1e-9 * cov["kernel_time_us"]:  # more than float summation noise
-        out.append(f"{missing:,.3f} µs ({100 * (1 - cov['fraction']):.3g}%) of device time is "
-                   "unattributed")
+    kernel_us = cast(float, cov["kernel_time_us"])
+    missing = kernel_us - cast(float, cov["attributed_time_us"])
+    if missing > 1e-9 * kernel_us:  # more than float summation noise
+        out.append(f"{missing:,.3f} µs ({100 * (1 - cast(float, cov['fraction'])):.3g}%) of device "
+                   "time is unattributed")
     if cov["uncosted_instances"]:
         reasons = a.costed["uncosted"].value_counts()
         out.append(f"{cov['uncosted_instances']} op instance(s) without a cost "
-                   f"({100 * (1 - cov['costed_fraction']):.1f}% of time): "
+                   f"({100 * (1 - cast(float, cov['costed_fraction'])):.1f}% of time): "
                    + ", ".join(f"{k} ×{v}" for k, v in reasons.items()))
-    if cov["fallback_time_us"] > 1e-9 * cov["kernel_time_us"]:
-        out.append(f"{100 * cov['fallback_fraction']:.3g}% of device time is named without "
-                   "evidence (fallback): " + ", ".join(cov["fallback_by_operator"]))
+    if cast(float, cov["fallback_time_us"]) > 1e-9 * kernel_us:
+        out.append(f"{100 * cast(float, cov['fallback_fraction']):.3g}% of device time is named "
+                   "without evidence (fallback): "
+                   + ", ".join(cast("dict[str, float]", cov["fallback_by_operator"])))
     for check in sorted(a.costed["check"].dropna().unique()):
         out.append(f"model preset mismatch: {check}")
     ops = a.operators[a.operators["layer"].isna() & a.operators["exceeds_roof"].fillna(False)]
@@ -285,16 +284,16 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
                              ascending=[True, True, True, False], kind="stable")
     sections = []
     for a in analyses:
-        c = a.conventions
+        c, cov = a.conventions, a.coverage
         warn = "".join(f'<li class="warn">{html.escape(w)}</li>' for w in warnings(a)) or \
             '<li class="muted">none</li>'
         sections.append(
             f"<h3>{html.escape(short_name(a.trace))}</h3>"
             f'<p class="muted">{html.escape(a.trace)} · model {a.model.name if a.model else "-"}'
             f" · --causal {c['causal']} · --attention-bytes {c['attention_bytes']} · coverage "
-            f"{100 * a.coverage['fraction']:.1f}% attributed, "
-            f"{100 * a.coverage['evidence_fraction']:.1f}% named with evidence, "
-            f"{100 * a.coverage['costed_fraction']:.1f}% costed</p>"
+            f"{100 * cast(float, cov['fraction']):.1f}% attributed, "
+            f"{100 * cast(float, cov['evidence_fraction']):.1f}% named with evidence, "
+            f"{100 * cast(float, cov['costed_fraction']):.1f}% costed</p>"
             f"<h4>Warnings</h4><ul>{warn}</ul><h4>Reconciliation</h4>{_reconciliation(a)}")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -1,18 +1,6 @@
 """The roofline chart: every operator of one or more traces on its device's roofline.
 
-Log-log axes: the memory slope I·B_mem and the compute roof P meet at the ridge I* = P/B_mem.
-Each trace is drawn under its own hardware: one panel per hardware (a CPU trace and an H200
-trace are never drawn under one roof), titled with that hardware's ceilings; a hardware with
-more than `MAX_TRACES_PER_PANEL` traces gets small multiples, one panel per trace.
-One point per operator (aggregated over layers and steps) at (intensity, achieved FLOP/s); a
-colour and a marker per trace (a trace holding several phases marks them decode o, prefill s),
-marker area by share of device time; a hollow star per trace and phase for the whole model
-(ΣFLOPs/Σbytes of the phase), drawn under the operator points so none is hidden; a hollow
-triangle on the bottom edge for the intensity of the model extrapolated to its full depth (it
-has no measured time). Measured DRAM bytes (ncu), when present, add a hollow marker at the
-measured intensity joined to the analytical point. Labels are placed greedily so none overlap,
-each joined to its point by a leader line; the legend sits outside the axes. Returns a Figure
-(Agg canvas); never shows or saves it.
+Design notes: docs/architecture.md ("trace_roofline/outputs/plot.py").
 """
 
 from __future__ import annotations
@@ -21,12 +9,14 @@ import math
 import os
 import textwrap
 from collections.abc import Sequence
+from typing import SupportsFloat, cast
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
+from numpy.typing import ArrayLike
 
 from trace_roofline.attribution.ranks import rank_info, rank_order
 from trace_roofline.costs.calculator import si
@@ -63,7 +53,9 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     fig = Figure(figsize=(width * cols, height * rows), dpi=150 if len(panels) < 7 else 100)
     fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))  # room for the notes
     FigureCanvasAgg(fig)
-    placed, skipped, declutter = [], {}, set()
+    placed = []
+    skipped: dict[str, list[str]] = {}  # operator -> the traces where it is not plottable
+    declutter: set[int] = set()
     names = dict(zip(map(id, analyses), trace_labels(analyses), strict=True))
     for i, (hw, group, label_all) in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -104,7 +96,7 @@ def panel_groups(analyses: Sequence[Analysis], hardware: Hardware | None = None
     for a in analyses:
         hw = hardware or a.hardware
         summary = hardware_summary(a, hw)
-        dtype = summary["dtype"] if summary else None
+        dtype = cast(str, summary["dtype"]) if summary else None
         key = None if hw is None else (hw.name, hw.mem_bandwidth, tuple(sorted(hw.peak_flops.items())),
                                        dtype)
         groups.setdefault(key, (hw, dtype, []))[2].append(a)
@@ -133,7 +125,8 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
     ax.set_yscale("log")
     points = _points(analyses, skipped)
     summary = hardware_summary(analyses[0], hw)
-    peak = summary["peak_flops_per_s"] if summary else None
+    peak = cast(float, summary["peak_flops_per_s"]) if summary else None
+    dtype = cast(str, summary["dtype"]) if summary else ""  # used only under a roof (peak)
     xs = [p["x"] for p in points] + [p.get("mx", p["x"]) for p in points]
     ys = [p["y"] for p in points if p["y"] is not None]
     ridge = peak / hw.mem_bandwidth if hw and peak else None
@@ -146,7 +139,7 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
     for p in points:  # intensity-only points sit just above the bottom edge
         if p["y"] is None:
             p["y"] = y_lo * (y_hi / y_lo) ** 0.025
-    roof_texts = draw_roof(ax, hw, peak, summary["dtype"]) if hw is not None and peak else []
+    roof_texts = draw_roof(ax, hw, peak, dtype) if hw is not None and peak else []
     _hollow_coincident(points)
     for p in points:
         if "mx" in p:  # measured intensity: hollow marker, dashed link to the analytical point
@@ -164,7 +157,7 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
     ax.yaxis.set_major_formatter(rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
-    device = (f"{hw.name}: {si(peak, 'FLOP/s')} {summary['dtype']}, "
+    device = (f"{hw.name}: {si(peak, 'FLOP/s')} {dtype}, "
               f"{si(hw.mem_bandwidth, 'B/s')}" if hw is not None and peak
               else "no device given (no roofs: pass --hardware)")
     if not label_all:  # a small multiple: the trace names the panel
@@ -277,13 +270,14 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
                  "trace": i}
             mi = getattr(r, "measured_intensity", None)
             if pos(mi):
-                p["mx"] = float(mi)
+                p["mx"] = float(cast(SupportsFloat, mi))
             points.append(p)
         for phase, w in a.whole_by_phase.items():
             if (pos(w.get("intensity")) and pos(w.get("achieved_flops_per_s"))
                     and not w.get("withheld")):  # most time uncosted: no figure to draw
                 label = "whole model" if len(a.whole_by_phase) == 1 else f"whole model ({phase})"
-                points.append({"x": float(w["intensity"]), "y": float(w["achieved_flops_per_s"]),
+                points.append({"x": float(cast(SupportsFloat, w["intensity"])),
+                               "y": float(cast(SupportsFloat, w["achieved_flops_per_s"])),
                                "c": colour, "m": "*", "s": 320, "whole": True, "rank": 2.0,
                                "label": label, "trace": i})
         for e in a.extrapolated_whole.values():  # no time: marked on the bottom edge
@@ -305,7 +299,7 @@ def short_name(path: str) -> str:
 
 def pos(x: object) -> bool:
     try:
-        v = float(x)  # type: ignore[arg-type]
+        v = float(x)  # type: ignore[arg-type]  # any object: what float() refuses raises
     except (TypeError, ValueError):
         return False
     return math.isfinite(v) and v > 0
@@ -351,7 +345,7 @@ def place_slope_label(fig: Figure, ax, points: list[dict], roof_texts: list) -> 
     label = next((t for t in roof_texts if t.get_text().startswith("memory slope")), None)
     if label is None:
         return
-    renderer = fig.canvas.get_renderer()
+    renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # the figures are drawn by Agg
     px_per_pt = fig.dpi / 72.0
     marks = []
     for p in points:
@@ -434,14 +428,14 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
 
 
 def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
-                 avoid: Sequence[dict] = (), avoid_lines: Sequence[np.ndarray] = ()) -> None:
+                 avoid: Sequence[dict] = (), avoid_lines: Sequence[ArrayLike] = ()) -> None:
     """Greedy placement: biggest points first, each label at the nearest candidate offset whose
     box overlaps no placed label, marker, roof line or roof text, the legend or the axes edge;
     a leader line joins a label set away from its point. `avoid` are unlabelled markers
     ({x, y, s}: the diff chart's A side) and `avoid_lines` polylines in data coordinates (its
     arrows) that labels must not cover either. Where no spot is free, the candidate inside
     the axes with the fewest overlaps."""
-    renderer = fig.canvas.get_renderer()
+    renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # the figures are drawn by Agg
     px_per_pt = fig.dpi / 72.0
     frame = ax.get_window_extent(renderer)
     legend = ax.get_legend()

@@ -1,17 +1,12 @@
 """The diff chart: each operator's move on the roofline from trace A to trace B.
 
-Log-log axes and roofs as in `plot.roofline_figure` (A's device). Per (phase, operator) present
-in both with positive intensity and achieved FLOP/s on both sides: a hollow marker at A, a filled
-one at B and an arrow A -> B, green when B is faster, red when slower, blue within ±2%
-(`NEUTRAL_BAND`: 0.99x is timing noise, not a regression); the label (at B) carries
-the speed-up and `FLOPs changed` when the work differs. An operator plottable on one side
-only (absent from the other, or 0 FLOPs there) is a lone grey marker, hollow for A, filled for
-B. The whole model is a star. Labels avoid the A markers and the arrows too. Returns a Figure.
+Design notes: docs/architecture.md ("trace_roofline/outputs/plot_diff.py").
 """
 
 from __future__ import annotations
 
 import textwrap
+from typing import SupportsFloat, cast
 
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -83,16 +78,17 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
     ax.set_yscale("log")
     points, arrows, skipped = _points(table)
     hw = a.hardware
-    peak = float(hw["peak_flops_per_s"]) if hw else None
-    ridge = float(hw["ridge"]) if hw else None
+    peak = float(cast(SupportsFloat, hw["peak_flops_per_s"])) if hw else None
+    ridge = float(cast(SupportsFloat, hw["ridge"])) if hw else None
     xs = [p["x"] for p in points] + [v[0] for v in arrows] + ([ridge] if ridge else [])
     ys = [p["y"] for p in points] + [v[1] for v in arrows]
     ax.set_xlim(min(xs, default=0.1) / 4, max(xs, default=1e3) * 10)
     ax.set_ylim(min(ys, default=1e9) / 6, max(ys + ([peak] if peak else []), default=1e15) * 4)
     roof_texts = []
-    if hw:
+    if hw and peak is not None:  # peak is None only without hw
         device = Hardware(str(hw["name"]), {str(hw["dtype"]): peak},
-                          float(hw["bandwidth_bytes_per_s"]), str(hw.get("source", "")))
+                          float(cast(SupportsFloat, hw["bandwidth_bytes_per_s"])),
+                          str(hw.get("source", "")))
         roof_texts = draw_roof(ax, device, peak, str(hw["dtype"]))
     for xa, ya, xb, yb, colour, marker, size in arrows:
         ax.annotate("", (xb, yb), xytext=(xa, ya), zorder=3,

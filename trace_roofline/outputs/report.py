@@ -1,27 +1,7 @@
 """Reports of one or more analysed traces: terminal text, report.json, markdown, and the bytes of
 every output file.
 
-Library code: every function returns a string, a dict or bytes; the CLI prints and writes files.
-
-Shares are fractions from 0 to 1 in every machine-readable output (report.json, CSV, Parquet):
-`time_share` (of the phase's device time), `roof_fraction` (achieved / attainable), coverage
-`fraction` / `costed_fraction`, `byte_share`. Text outputs (terminal, report.md) print them as
-percentages and scale units with size (µs/ms/s, kB/MB/GB, MFLOP/GFLOP/TFLOP, GB/s, TB/s).
-
-report.json (`schema_version` 2) has one shape whatever the number of traces:
-{"schema_version": 2, "traces": [entry, ...]}. Each entry: `trace`, `hardware` {name, dtype,
-peak_flops_per_s, bandwidth_bytes_per_s, ridge, source}, `model`, `conventions`, `coverage`,
-`operators` [{operator, layer, phase, ...}] (layer null for the aggregate over layers and steps),
-`reconciliation` [{phase, operator, flops, bytes, intensity, byte_share, contribution}], and the
-whole model per phase: `whole_model_by_phase` {phase: {flops, bytes, intensity, time_us,
-costed_time_us, kernels, uncosted, achieved_flops_per_s, achieved_bytes_per_s, phases,
-[peak_flops_per_s, attainable_flops_per_s, roof_fraction, bound]}}, phases in order of first
-appearance, always present; `whole_model` is the entry of the phase with the most device time
-(the only phase of a decode or prefill trace; its `phases` names it). A trace holding both phases
-(an HF `generate` profile) gets no blended figure: the reconciliation's contributions sum to each
-phase's ΣFLOPs/Σbytes. Also: `preset_mismatches`, `uncosted` {reason: instances}, with --ncu
-`ncu`, with --layers `extrapolated` {layers, whole_model {phase: {flops, bytes, intensity}},
-operators}.
+Design notes: docs/architecture.md ("trace_roofline/outputs/report.py").
 """
 
 from __future__ import annotations
@@ -31,6 +11,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import SupportsFloat, cast
 
 import pandas as pd
 
@@ -79,7 +60,7 @@ def duration(us: object) -> str:
     """A time given in µs, in µs, ms or s: 115.1 µs, 2.315 ms, 1.5 s; '-' when missing."""
     if _missing(us):
         return "-"
-    v = float(us)
+    v = float(cast(SupportsFloat, us))
     for scale, unit in ((1e6, "s"), (1e3, "ms")):
         if abs(v) >= scale * 0.99995:
             return f"{v / scale:.4g} {unit}"
@@ -88,12 +69,12 @@ def duration(us: object) -> str:
 
 def _pct(x: object) -> str:
     """A fraction (0-1) as a percentage; 'n/a' when missing."""
-    return "n/a" if _missing(x) else f"{100 * float(x):.1f}%"
+    return "n/a" if _missing(x) else f"{100 * float(cast(SupportsFloat, x)):.1f}%"
 
 
 def _fmt(x: object, fmt: str, scale: float = 1.0) -> str:
     """`x / scale` formatted; '-' for a missing value."""
-    return "-" if _missing(x) else format(float(x) / scale, fmt)
+    return "-" if _missing(x) else format(float(cast(SupportsFloat, x)) / scale, fmt)
 
 
 # ----------------------------------------------------------------------------- terminal
@@ -199,7 +180,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
             lines.append(f"{'whole model':<{width}} {phase:<7.7} {withheld_text(w)}")
             continue
         lines.append(_row("whole model", phase, _cells(
-            w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+            w["kernels"], w["time_us"], cast(float, w["time_us"]) / _phase_time(a, phase), w["flops"],
             w["bytes"], w["intensity"], w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
             w.get("pct_of_roof")), w.get("bound"), width).rstrip())
     if _flagged(a.operators["exceeds_roof"].any()):
@@ -331,7 +312,8 @@ SLOW_COMMUNICATION = (0.25, 0.05)
 
 def _phase_time(a: Analysis, phase: str) -> float:
     """A phase's device time: the whole model's (HBM operators) plus its collectives'."""
-    return a.whole_by_phase[phase]["time_us"] + a.communication.get(phase, {}).get("time_us", 0.0)
+    whole = cast(float, a.whole_by_phase[phase]["time_us"])
+    return whole + a.communication.get(phase, {}).get("time_us", 0.0)
 
 
 def _communication_lines(a: Analysis) -> list[str]:
@@ -359,14 +341,15 @@ def _coverage_line(a: Analysis) -> str:
     """'coverage of 612.7 µs device time: 98.4% named with evidence (shape 78.5%, position
     18.4%, ...), 1.6% fallback (other 1.6%); 100.0% costed, 0 uncosted op instance(s)'."""
     c = a.coverage
-    total = c["kernel_time_us"]
+    total = cast(float, c["kernel_time_us"])
 
-    def parts(d: dict) -> str:
+    def parts(d: dict[str, float]) -> str:
         share = {k: v / total for k, v in d.items() if total > 0}
         return ", ".join(f"{k} {_pct(v)}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
 
-    named = {k: v for k, v in c["by_evidence"].items() if k != "fallback"}
-    fallback = parts(c["fallback_by_operator"])
+    by_evidence = cast("dict[str, float]", c["by_evidence"])
+    named = {k: v for k, v in by_evidence.items() if k != "fallback"}
+    fallback = parts(cast("dict[str, float]", c["fallback_by_operator"]))
     return (f"coverage of {duration(total)} device time: {_pct(c['evidence_fraction'])} named "
             f"with evidence ({parts(named) or 'none'}), {_pct(c['fallback_fraction'])} fallback"
             + (f" ({fallback})" if fallback else "")
@@ -381,8 +364,9 @@ def shapes_line(a: Analysis) -> str | None:
     if d is None:
         return None if a.model else "shapes: no projection or attention shapes to infer a model from"
     if a.model is None:
-        return f"shapes (no --model): {describe(d)}: {', '.join(d['presets']) or 'custom'}"
-    if (d.get("model_tp") or 1) > 1:
+        presets = cast("list[str]", d["presets"])
+        return f"shapes (no --model): {describe(d)}: {', '.join(presets) or 'custom'}"
+    if (cast("int | None", d.get("model_tp")) or 1) > 1:
         return (f"shapes: consistent with {a.model.name} at TP={d['model_tp']} (one rank's shard "
                 "of each sharded linear and of attention's heads)")
     return None
@@ -485,7 +469,7 @@ def _entry(a: Analysis) -> dict[str, object]:
             "whole_model": a.extrapolated_whole,
             "operators": _records(a.extrapolated),
         }
-    return _clean(entry)
+    return cast("dict[str, object]", _clean(entry))
 
 
 def _fractions(ops: pd.DataFrame) -> pd.DataFrame:
@@ -591,7 +575,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 out.append(f"| **whole model** | {phase} | {withheld_text(w)} |" + " |" * 11)
                 continue
             out.append(_md_row("**whole model**", phase, _cells(
-                w["kernels"], w["time_us"], w["time_us"] / _phase_time(a, phase), w["flops"],
+                w["kernels"], w["time_us"], cast(float, w["time_us"]) / _phase_time(a, phase), w["flops"],
                 w["bytes"], w["intensity"],
                 w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
                 w.get("bound"), "", "sum of the rows"))
