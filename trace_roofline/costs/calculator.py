@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 from trace_roofline.model import formulas, moe
 from trace_roofline.model.hardware import Hardware
@@ -20,7 +21,7 @@ def si(x: object, unit: str, digits: int = 4) -> str:
     `intensity`, `sweep`, `calibrate`) prints rates and sizes with it, so a CPU's 8.5 GB/s is
     never '0.01 TB/s'."""
     try:
-        v = float(x)  # type: ignore[arg-type]
+        v = float(x)  # type: ignore[arg-type]  # any object: what float() refuses is "-"
     except (TypeError, ValueError):
         return "-"
     if math.isnan(v):
@@ -95,7 +96,7 @@ def intensity_table(
     }
 
 
-def _moe_table(model: ModelSpec, tokens: Sequence[int], b: int, ridge: float) -> dict | None:
+def _moe_table(model: ModelSpec, tokens: Sequence[int], b: float, ridge: float) -> dict | None:
     """The routed experts' GEMMs (gate_up + down of one sparse layer) at each number of tokens
     in flight: active experts (uniform-routing expectation and range), tokens per active expert,
     intensity under each count, the dense equivalent's (moe.py); and the fewest tokens at which
@@ -104,10 +105,11 @@ def _moe_table(model: ModelSpec, tokens: Sequence[int], b: int, ridge: float) ->
     if e is None:
         return None
     h = model.hidden_size
+    assumptions = cast("tuple[moe.Assumption, ...]", moe.ASSUMPTIONS)  # the Literal's values
     rows = []
     for t in tokens:
         active = moe.active_experts(e, t)
-        by = {a: moe.experts_intensity(e, h, t, b, a) for a in moe.ASSUMPTIONS}
+        by = {a: moe.experts_intensity(e, h, t, b, a) for a in assumptions}
         rows.append({
             "tokens": t, "experts_active": active.expected, "experts_active_low": active.low,
             "experts_active_high": active.high,
@@ -118,7 +120,7 @@ def _moe_table(model: ModelSpec, tokens: Sequence[int], b: int, ridge: float) ->
     return {"experts": e.num_experts, "top_k": e.top_k, "intermediate": e.intermediate_size,
             "shared_intermediate": e.shared_intermediate_size, "rows": rows,
             "crossing_tokens": {a: moe.crossing_tokens(e, h, b, ridge, a)
-                                for a in moe.ASSUMPTIONS}}
+                                for a in assumptions}}
 
 
 def _regime(bound: str) -> str:

@@ -1,117 +1,6 @@
 """Trace shapes -> analytical costs: one row per op instance with FLOPs and minimum DRAM bytes.
 
-The stage between `attribute` and `roofline`. attribute() numbers the op instances (its
-`instance` column: the shape-carrying cpu op that launched the kernels, so a split-K GEMM's two
-kernels are one instance), and each instance is costed from the `Input Dims` / `Input type` the
-trace recorded, through the formulas of `trace_roofline.model.formulas`. The model preset is only a
-cross-check (`check` names contradictions, crosscheck.instance_checks).
-
-Each op goes to one cost rule (`rule_for`): the rule of the operator that recognises it by name
-(operators.py: every attention op), else the Triton kernel rule for `triton_*` ops, else the
-aten rule registered for its name (`ATEN_RULES`, an in-place `op_` finding `op`'s), or for an
-op outside aten an engine's rule for its base name (`ENGINE_RULES`).
-
-The raw dims JSON is decoded once per unique (op_name, input_dims, input_types, concrete_inputs,
-input_strides) combination and the costs are mapped back to the instances by factorised codes.
-
-Per-op rules (`minimum bytes` = tensor inputs read once + outputs written once, formulas.py):
-- Broadcast inputs: where `Input Strides` are recorded, an input is read as its distinct
-  elements, the product of its dims whose stride is not 0 (an `expand`ed [512, 3584] index with
-  strides [1, 0] reads 512 elements, HF's K/V expanded to n_q heads reads n_kv heads); outputs
-  are written in full. Applies wherever inputs are counted (elementwise, norms, reductions,
-  copies, gather indices, Triton buffers), not to GEMMs and attention.
-- GEMM: mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K], bias?);
-  matmul (broadcast batch); bmm / baddbmm (batch x GEMM); _scaled_mm (fp8 in, out_dtype out).
-  FLOPs 2·M·K·N (+ M·N for a bias add), formulas.gemm_flops.
-- Attention (SDPA and its flash / efficient / cudnn / CPU backends, flash_attn): Q [B,n_q,T,d],
-  K,V [B,n_kv,S,d]; decode when T == 1, else prefill. The op is causal when its concrete
-  `is_causal` says so, else when T > 1; with the `causal` convention only unmasked pairs count
-  (formulas.attention_pairs), with `full` every pair does. Bytes follow `attention_bytes` (kv|all).
-  flash-attention's forwards as engines call them (`layouts.VARLEN_LAYOUTS`: vLLM's _vllm_fa3_C::fwd,
-  _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd) are costed so where the shapes fix every
-  sequence's T and S (one sequence, or a dense batch); packed or paged batches are uncosted:
-  their lengths are tensor values. vLLM's unified_attention (new tokens only) is uncosted too,
-  but only where the trace lacks the flash-attention forward it runs (attribute.py makes that
-  inner op the attention instance).
-- Elementwise (FLOPs per output element in `_POINTWISE_FLOPS`): out = broadcast of the tensor
-  inputs, in the widest input dtype (bool for comparisons); in-place ops write their first input.
-- Norms: rms_norm 4 FLOPs/element (square, sum, scale, weight), layer_norm 7; softmax 5
-  (max, subtract, exp, sum, divide); reductions 1 per input element and write input/last-dim
-  elements (the last dim is reduced, as in RMSNorm's mean) unless `Concrete Inputs` give the dims.
-- Data movement, 0 FLOPs: copy_ (read src, write dst), clone/_to_copy (out dtype from Concrete
-  Inputs when recorded), cat/stack (read and write every input), fill_/zero_/arange (write only),
-  index_copy_/index_put_ (read source + index, write source-many elements), embedding /
-  index_select / gather (read and write the gathered elements, plus the indices).
-- torch.compile Triton kernels (`triton_*` cpu ops carry every buffer argument, whole, even
-  when the kernel touches a slice of it: the KV cache and the cos/sin tables passed to a decode
-  RoPE kernel that rotates one token). Each buffer moves its distinct elements once, but at
-  most W of them, W being the kernel's work size: the points of its iteration space, which
-  Inductor passes as the last integer arguments (`Concrete Inputs`, after any symbolic sizes
-  ks0, ...): xnumel for `triton_poi_*`, xnumel·r0_numel for `triton_red_*`/`triton_per_*`;
-  a tiled kernel's ynumel (znumel) is included when only the longer product is some buffer's
-  size (`_work`). Each point loads or stores one element of
-  a buffer at one index (RoPE's rotate-half reads a second one of the same slice), so a
-  buffer cannot move more than W distinct elements. FLOPs: 1 per point, W (a placeholder of
-  the right magnitude). Without recorded sizes (`triton_tem_*` templates, old traces) every
-  buffer counts whole and FLOPs are the largest buffer's size. A kernel fusing `embedding`
-  reads only the gathered rows of the table (index elements × row width) in any case.
-- Views and allocations (view, transpose, slice, empty, ...): 0 FLOPs, 0 bytes.
-- Mixture of experts (moe.py's formulas): `_grouped_mm` ([S, K] x [E, K, N], one GEMM over the
-  ΣM_e = S rows of all experts) 2·S·K·N FLOPs, activations S·K read and S·N written; an engine's
-  fused experts op (vLLM's inplace/outplace_fused_experts: hidden [M, H], w13 [E, 2I, H], w2 [E,
-  H, I], top-k ids [M, k]; or moe_forward [M, H], logits [M, E] with the model's experts) costs
-  its gate_up half (2·S·H·2I) or its down half (2·S·I·H), S = M·k, as attribute.py split its two
-  `fused_moe_kernel` launches (a hidden size padded past the model's, vLLM's 2880 -> 3072 for
-  gpt-oss's MXFP4 kernels, is costed at the useful size and said; moe_forward's weights are at
-  the model's expert bits, MXFP4 4.25). Their expert weights are read once per *active* expert,
-  which these ops do not show: `_moe_layers` adds A·(one expert's weights) per layer, A the
-  uniform-routing expectation E·(1 - (1 - k/E)^T) for the layer's T tokens (moe.active_experts;
-  k from the model, else the router's top-k, else S/T), and writes A and its range [k, min(E,
-  S)] to `experts_active`, `experts_active_low`, `experts_active_high`. A Python loop over
-  experts shows A exactly (one down GEMM per active expert, each reading its own weights); HF's
-  batched_mm gathers each (token, expert) pair's weights (an `index` of the [E, N, K] weights: A
-  experts' weights read, S copies written) and its `bmm`s read them. Gathers whose indices the
-  trace does not record (`index` in the dispatch and combine) move as many rows as the expert
-  GEMM they feed (dispatch) or follow (combine). The router's top-k (topk / topk_softmax), sort,
-  histc, cumsum, one_hot's scatter, moe_align_block_size and moe_sum are costed as data movement
-  and reductions.
-- Serving engines' own kernels (`ENGINE_RULES`, by base name: vLLM's `_C::` /
-  `_C_cache_ops::`, SGLang's `sgl_kernel::`): rms_norm(out, input, weight) reads input and
-  weight, writes out (rms_norm's 4 FLOPs per element); fused_add_rms_norm(input, residual,
-  weight) reads and writes input and residual in place (5); rotary_embedding and
-  apply_rope_pos_ids_cos_sin_cache read and write the rotated elements of q and k, one cos|sin
-  row per token and the positions (3 FLOPs per rotated element); silu / gelu[_tanh]_and_mul
-  (out [.., I], input [.., 2I]); reshape_and_cache[_flash], concat_and_cache_mla and
-  store_kv_cache move slot_mapping's tokens (read from the new K/V, written at the cache's
-  dtype), never the whole cache. AMD's aiter ops by full name: add_rmsnorm /
-  rmsnorm2d_fwd_with_add[_ck](out, input, residual_in, residual_out, weight) a norm with the
-  residual add's bytes (input, residual and weight read, out and residual written, 5 FLOPs per
-  element), rms_norm(input, weight), and SGLang's `sglang::store_cache`; triton_kernels'
-  routing as vLLM records it (`TopK`, `SortTokens`).
-- Attention of a serving step (`_step_attention`): an attention instance its op leaves
-  uncosted (paged, packed or new-token-only arguments) inside a step whose annotation holds the
-  batch sums (attribution/steps.py, the `serving_step` column) is costed from them per layer:
-  the step's query-key pairs under the layer's sliding window, 2·n_q·(d + d_v) FLOPs each; Q
-  read and O written for the step's queries, K and V of its keys; the `shape` says what the
-  count rests on (an upper bound under a window, the sinks).
-- Collectives (instances attribute() named all_reduce, all_gather, ...; `_collective`): 0 FLOPs;
-  bytes = the bytes each rank moves over its link by nccl-tests' bus-bandwidth convention,
-  S x bus factor (operators.py: all-reduce 2(t-1)/t, all-gather / reduce-scatter / all-to-all
-  (t-1)/t, send/recv 1), S = the message: the input tensor (or tensor list) of the op, its
-  elements x dtype bytes, times t for an all-gather (the input is one rank's part). The input
-  is argument 0 (record_param_comms, c10d::allreduce_, _c10d_functional ops, vllm::all_reduce)
-  or 1 for c10d's (output, input) ops (`_C10D_INPUT_ARG`). Its dtype: the tensor's, for a
-  tensor list the kernel name's (ncclDevKernel_AllReduce_Sum_bf16_..., cross_device_reduce_
-  1stage<__nv_bfloat16, 2>), else the model's. t, the group size: record_param_comms'
-  recorded world size (its Concrete Inputs' last value), vLLM's custom all-reduce kernel's
-  template argument, else `group_size` (the trace's TP degree or distributedInfo world size);
-  unknown, the instance is uncosted. A copy inside a collective op (a symmetric-memory
-  all-reduce's copy-in and copy-out around multimem_all_reduce_) costs 0 bytes of its own: the
-  message is counted once.
-Anything else (or an op without recorded shapes) is kept with NaN flops/bytes, `cost_kind`
-"none" and an `uncosted` reason, and is counted in the roofline's `uncosted` columns. So is
-malformed shape data (`Malformed`: negative, non-integer or overflowing dims, arguments a rule
-cannot read), with `cost_kind` "malformed"; roofline.analyze warns about those.
+Design notes: docs/architecture.md ("trace_roofline/costs/shapes.py").
 """
 
 from __future__ import annotations
@@ -120,6 +9,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -254,11 +144,17 @@ class _Arg:
 
     @property
     def dtype(self) -> str:
-        return dtypes.lookup(self.type).short
+        return _known(self.type).short  # (asked of tensors only: `is_tensor`)
 
     @property
-    def b(self) -> int:
-        return dtypes.lookup(self.type).bytes
+    def b(self) -> float:
+        return _known(self.type).bytes
+
+
+def _known(spelling: str) -> dtypes.DType:
+    """The dtype of a spelling known to name one (a tensor's type, a constant, a short name a
+    lookup gave)."""
+    return cast(dtypes.DType, dtypes.lookup(spelling))
 
 
 @dataclass(frozen=True)
@@ -267,8 +163,8 @@ class _Call:
 
     name: str  # as recorded: aten::add_, flash_attn::_flash_attn_forward, triton_poi_fused_...
     args: list[_Arg]
-    causal: str
-    attention_bytes: str
+    causal: formulas.Causal
+    attention_bytes: formulas.AttentionBytes
     fallback: str | None  # short dtype of tensor lists (their dtype is not recorded)
     # what attribute() named it: a collective, or the half of a fused MoE op
     operator: str | None = None
@@ -333,8 +229,10 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     combos, codes = frames.distinct_rows(inst, text)
     fallback = _fallback_dtype(model, inst["input_types"])
     facts = _ModelFacts.of(model)
+    # validated above: one of formulas.py's conventions each
+    counted, convention = cast(formulas.Causal, causal), cast(formulas.AttentionBytes, attention_bytes)
     table = [
-        _cost(name, dims, types, conc, causal, attention_bytes, fallback, strides,
+        _cost(name, dims, types, conc, counted, convention, fallback, strides,
               _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
               if isinstance(op, str) else None, part if isinstance(part, str) else None,
               facts)
@@ -482,7 +380,7 @@ class _Collective:
 
 
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
-          causal: str, attention_bytes: str, fallback: str | None,
+          causal: formulas.Causal, attention_bytes: formulas.AttentionBytes, fallback: str | None,
           strides_raw: str | None = None, collective: _Collective | None = None,
           part: str | None = None, facts: _ModelFacts | None = None) -> Cost:
     """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
@@ -572,7 +470,7 @@ def _int(text: str, what: str) -> int:
 
 # --------------------------------------------------------------------------------- GEMMs
 def _gemm(m: int, k: int, n: int, a: _Arg, *, batch: int = 1, bias: _Arg | None = None,
-          out_b: int | None = None, w_numel: int | None = None) -> Cost:
+          out_b: float | None = None, w_numel: int | None = None) -> Cost:
     """batch × [M,K]x[K,N] at the activation's dtype; a bias of N elements uses costs' bias term,
     a larger one (addmm's full C) is read in full; `w_numel` overrides a broadcast weight's size."""
     b = a.b
@@ -1058,7 +956,7 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     lay = np.nan_to_num(layer[first], nan=-1.0).astype(np.int64)
     w = wins[np.where((lay >= 0) & (lay < len(wins) - 1), lay, -1)]
     t = steps.attention_table(text.iloc[first], w, causal)
-    dt = dtypes.lookup(arch.precision.activations) or dtypes.lookup("bf16")
+    dt = dtypes.lookup(arch.precision.activations) or _known("bf16")
     nq, nkv, d, dv = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim
     kv = t["keys"].to_numpy() * nkv * (d + dv) * dt.bytes
     qo = t["queries"].to_numpy() * nq * (d + dv) * dt.bytes
@@ -1083,7 +981,7 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
 
 
 # ---------------------------------------------------------------------- elementwise & co.
-def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: int, kind: str,
+def _io(flops: float, reads: Sequence[_Arg], out_numel: float, out_b: float, kind: str,
         dtype: str, extra_read_bytes: float = 0.0) -> Cost:
     """Read every tensor in `reads` once (its distinct elements), write `out_numel` elements of
     `out_b` bytes."""
@@ -1163,7 +1061,7 @@ def _cat(c: _Call) -> Cost:
     if first is None or first.type != "TensorList" or c.fallback is None:
         return Cost(uncosted="aten::cat: tensor-list dtype unknown")
     n = sum(math.prod(d) for d in first.dims)
-    b = dtypes.lookup(c.fallback).bytes
+    b = _known(c.fallback).bytes
     shape = f"{len(first.dims)} tensors -> {n}"
     return Cost("copy", 0.0, formulas.elementwise_bytes(n, n, b), c.fallback, shape)
 
@@ -1252,7 +1150,7 @@ def _arange(c: _Call) -> Cost:
         raise Malformed(f"arange bounds {start}, {end}, {step}")
     n = max(math.ceil((end - start) / step), 0)
     short = "int64" if all(v.is_integer() for v in (start, end, step)) else "fp32"
-    nbytes = formulas.elementwise_bytes(0, n, dtypes.lookup(short).bytes)
+    nbytes = formulas.elementwise_bytes(0, n, _known(short).bytes)
     return Cost("copy", 0.0, nbytes, short, f"arange -> {n}")
 
 
@@ -1350,10 +1248,10 @@ _COLLECTIVE_COPIES = {"copy_", "copy", "_to_copy", "clone", "contiguous"}
 
 
 def _collective(c: _Call) -> Cost:
-    """S x bus factor bytes, 0 FLOPs (see the module docstring and operators.py); a copy
+    """S x bus factor bytes, 0 FLOPs (see docs/architecture.md and operators.py); a copy
     inside a collective op (a symmetric-memory all-reduce's copy-in and copy-out) is part of
     that one collective: 0 bytes of its own, so the message is counted once."""
-    op = operators.BY_NAME[c.operator]
+    op = operators.BY_NAME[cast(str, c.operator)]  # a collective's call names its operator
     if _plain(c.base) in _COLLECTIVE_COPIES or c.base in _COLLECTIVE_COPIES:
         return Cost(_COMMUNICATION, 0.0, 0.0, None,
                     f"copy in or out of the {op.name}'s buffer (symmetric memory): its bytes "
@@ -1374,7 +1272,7 @@ def _collective(c: _Call) -> Cost:
     if dt is None:
         return Cost(uncosted=f"{c.name} ({op.name}): message dtype unknown")
     message = numel * dt.bytes * (t if op.gathers else 1)
-    bus = op.bus_factor(t)
+    bus = cast("Callable[[int], float]", op.bus_factor)(t)  # every collective has one
     shape = f"{numel}x{dt.short} over {t} ranks: S {message} B x bus {bus:.3g}"
     return Cost(_COMMUNICATION, 0.0, float(message * bus), dt.short, shape)
 
@@ -1538,7 +1436,9 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
     k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _concrete_at(raw, 1))
     fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy()
     k_ids = _each_distinct(inst["input_dims"], lambda raw: _dims_at(raw, 4, 1))
-    ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)), dtype="float64")
+    # numpy's stubs leave None out of ArrayLike; np.where takes it (an object element)
+    ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)),  # type: ignore[call-overload]
+                   dtype="float64")
     per["k"] = ks.groupby(block.to_numpy()).max()
     rows = out.loc[out["experts"].notna(), "M"].groupby(block).max().astype("float64")
     per["k"] = per["k"].fillna((rows / per["T"]).round())
@@ -1572,7 +1472,7 @@ def _each_distinct(values: pd.Series, fn) -> np.ndarray:
 
 def _num(text: object) -> float:
     try:
-        return float(text)
+        return float(text)  # type: ignore[arg-type]  # any object: what float() refuses is NaN
     except (TypeError, ValueError):
         return np.nan
 
@@ -1590,7 +1490,7 @@ def _active(experts: np.ndarray, top_k: np.ndarray, tokens: np.ndarray) -> tuple
 
 def _element_bytes(short: pd.Series) -> np.ndarray:
     """Bytes per element of each row's short dtype (NaN where unknown)."""
-    sizes = {v: dtypes.lookup(v).bytes for v in short.dropna().unique() if dtypes.lookup(v)}
+    sizes = {v: d.bytes for v in short.dropna().unique() if (d := dtypes.lookup(v))}
     return short.map(sizes).to_numpy(np.float64)
 
 
