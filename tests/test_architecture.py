@@ -241,14 +241,21 @@ def test_mxfp4_experts_are_4_25_bits():
 # ----------------------------------------------------------------------------- errors
 def test_unknown_model_type_is_one_line_listing_the_families(tmp_path):
     with pytest.raises(InputError) as e:
-        A.from_hf_config({"model_type": "t5", "d_model": 512}, "t5/config.json")
+        A.from_hf_config({"model_type": "rwkv", "d_model": 512}, "rwkv/config.json")
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("t5/config.json: unknown model_type 't5'")
+    assert "\n" not in msg and msg.startswith("rwkv/config.json: unknown model_type 'rwkv'")
     assert all(f in msg for f in A.FAMILIES)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "t5", "d_model": 512}))
-    with pytest.raises(InputError, match="unknown model_type 't5'"):
+    path.write_text(json.dumps({"model_type": "rwkv", "d_model": 512}))
+    with pytest.raises(InputError, match="unknown model_type 'rwkv'"):
         get_model(str(path))
+    # an encoder's config has every field a Llama reading needs, and is still no decoder
+    bert = {"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 100}
+    for cfg in (bert, {"model_type": "t5", "d_model": 512}):
+        path.write_text(json.dumps(cfg))
+        with pytest.raises(InputError, match=f"'{cfg['model_type']}' is not a decoder-only"):
+            get_model(str(path))
     with pytest.raises(InputError, match="config.json lacks n_head"):
         A.from_hf_config({"model_type": "gpt2", "n_embd": 8, "n_layer": 1}, "g")
 

@@ -808,6 +808,13 @@ FAMILIES: dict[str, Family] = {
                       classes=("GptOssForCausalLM",)),
 }
 _BY_CLASS = {cls: mt for mt, f in FAMILIES.items() for cls in f.classes}
+# Model types that are no decoder-only LM (encoders, encoder-decoders, vision and speech
+# models): never read as the fallback family, whatever fields their config shares with it.
+NOT_DECODERS = frozenset({
+    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+    "mpnet", "modernbert", "camembert", "ernie", "t5", "mt5", "umt5", "bart", "mbart", "pegasus",
+    "marian", "whisper", "wav2vec2", "hubert", "vit", "clip", "siglip", "dinov2", "swin", "convnext",
+    "resnet"})
 
 
 def _supported() -> str:
@@ -832,6 +839,10 @@ def from_hf_config(cfg: dict, source: str, fallback: str | None = None) -> Archi
     if not isinstance(cfg, dict):
         raise InputError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
     mt = model_type(cfg)
+    if mt in NOT_DECODERS:
+        raise InputError(f"{source}: model_type {mt!r} is not a decoder-only language model "
+                         "(an encoder, encoder-decoder or vision/speech model): there is no "
+                         f"decoder layer layout to name its kernels by ({_supported()})")
     family = FAMILIES.get(mt)
     if family is None and fallback is not None:
         fits = all(cfg.get(k) is not None for k in FAMILIES[fallback].required)

@@ -1,0 +1,77 @@
+"""Names on the H200 captures of sample_traces/families_h200 (see its README), checked against each
+family's layer layout: every GEMM named as a linear has that linear's (K, N) in the family's
+architecture, no operator the architecture lacks is named, and an encoder names nothing as a
+decoder. A name that fails these checks is a wrong name; at most 2% of device time may carry one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import trace_roofline as tr
+from tests.builders import SAMPLES
+from trace_roofline.attribution import naming
+from trace_roofline.model import operators
+from trace_roofline.model.models import expected_linears
+
+DIR = SAMPLES / "families_h200"
+CONFIGS = DIR / "configs"
+DECODER = set(operators.LINEARS) | {"attention", "q_norm", "k_norm", "rope", "input_norm",
+                                         "post_attention_norm", "lm_head", "router",
+                                         "experts_gate_up", "experts_down"}
+EXPERTS = {"router", "experts_gate_up", "experts_down", "experts_act", "moe_dispatch",
+           "moe_combine"}
+FAMILIES = sorted((f.stem for f in CONFIGS.glob("*.json")), key=len, reverse=True)
+TRACES = sorted(DIR.glob("*_h200.json.gz"))
+
+
+def _family(path: Path) -> str:
+    return next(f for f in FAMILIES if path.name.startswith(f + "_"))
+
+
+def _wrong(att, model: tr.ModelSpec) -> np.ndarray:
+    """Rows named as a linear whose GEMM has another (K, N), or named after an operator the
+    architecture does not have."""
+    op = att["operator"].astype(str).to_numpy()
+    k, n = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
+                          att["input_dims"])
+    want = expected_linears(model)
+    kn = np.array([want.get(o, (-2, -2)) for o in op]).reshape(-1, 2)
+    linear = np.isin(op, list(want)) & (k >= 0)
+    wrong = linear & ((k != kn[:, 0]) | (n != kn[:, 1]))
+    if model.experts is None:
+        wrong |= np.isin(op, list(EXPERTS))
+    if not model.architecture.attention.qk_norm:
+        wrong |= np.isin(op, ["q_norm", "k_norm"])
+    return wrong
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name.removesuffix("_h200.json.gz"))
+def test_no_wrong_name_on_any_family_capture(path):
+    family = _family(path)
+    trace = tr.load_trace(path)
+    if family == "bert":  # an encoder: its config is refused, and bare names no decoder op
+        with pytest.raises(tr.InputError, match="'bert' is not a decoder-only language model"):
+            tr.get_model(str(CONFIGS / "bert.json"))
+        assert not set(tr.attribute(trace, None)["operator"].astype(str)) & DECODER
+        return
+    model = tr.get_model(str(CONFIGS / f"{family}.json"))
+    att = tr.attribute(trace, model)
+    dur = att["dur_us"].to_numpy()
+    wrong = _wrong(att, model)
+    assert dur[wrong].sum() <= 0.02 * dur.sum(), att.loc[wrong, ["operator", "op_name",
+                                                                 "input_dims"]].drop_duplicates()
+
+
+def test_the_check_finds_swapped_and_foreign_names():
+    """The oracle itself: gate_proj's GEMMs renamed down_proj ((H, I) is not down_proj's (I, H)),
+    or an expert name on a dense model, are wrong names."""
+    model = tr.get_model(str(CONFIGS / "qwen2.json"))
+    att = tr.attribute(tr.load_trace(DIR / "qwen2_decode_h200.json.gz"), model)
+    assert not _wrong(att, model).any()
+    for old, new in (("gate_proj", "down_proj"), ("act", "experts_act")):
+        bad = att.assign(operator=att["operator"].astype(str).replace(old, new))
+        wrong = _wrong(bad, model)
+        assert wrong.any() and (wrong == (att["operator"] == old).to_numpy()).all()
