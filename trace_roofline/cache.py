@@ -1,58 +1,6 @@
 """Columnar cache of parsed traces, their attribution and finished analyses, private to the user.
 
-A trace's tables (`Trace`) and its `attribute()` output (which depends on the trace and the model,
-not on hardware or conventions) are kept as Arrow IPC files, so a re-run of the same file maps
-them instead of parsing JSON again; the finished `Analysis` of each set of analysis arguments
-(model, hardware, conventions, ...) is kept too, so a re-run with the same arguments (another
-report format, --per-layer, a diff) reads it back whole. Nothing is ever written next to the
-user's file.
-
-Layout, under `cache_dir()` (`$TRACE_ROOFLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/trace-roofline`,
-else `~/.cache/trace-roofline`)::
-
-    v<SCHEMA_VERSION>/                  mode 0700; CACHEDIR.TAG marks it as this cache's
-      <sha256(absolute path)[:32]>/      one entry per source file
-        trace/                   <table>.arrow per Trace table, fields.json, manifest.json
-        attributed-<model hash>/  attributed.arrow, manifest.json   (one per model, or none)
-        analysis-<arguments hash>/ analysis.json, frame-<i>.arrow, manifest.json (per argument set)
-
-Each part (`trace/`, `attributed-*/`, `analysis-*/`) is written whole into a temporary directory
-and renamed into place, so it is complete or absent. Its `manifest.json` holds the key it was
-built for (the source file's `files.identity`: absolute path, device, inode, size, mtime, ctime
-and a hash of a sample of its bytes; SCHEMA_VERSION; a fingerprint of the analyzer's source
-code, which changes with the package version and any column schema; the pandas and pyarrow
-versions; the model for an attribution, the analysis arguments for an analysis) and every
-file's length and CRC-32. A part is used only when its key equals the current one and every
-file has its recorded length and checksum (zlib's CRC-32 runs at several GB/s); anything else
-(stale, truncated, flipped bytes, unreadable, a malformed manifest) is a miss, rewritten, never
-trusted.
-
-Trust: the checksums find accidents, not attacks; what keeps another user's files out is
-ownership. Nothing is read from (or written to) a version directory, entry or part that is not
-a real directory owned by the current user and closed to group and others' writes (`_private`),
-nor any file in it that is not a regular file of that user. And nothing read can run code: the
-files are Arrow IPC tables and JSON, no pickle. An `Analysis` is a tree of frozen dataclasses
-(roofline.Analysis, the model and its architecture, the hardware, graphs.GraphReport), dicts,
-lists, tuples, scalars and DataFrames: `_encode` writes it as one JSON tree (analysis.json)
-naming each dataclass by an allow-listed class (`_classes`) and each DataFrame by an Arrow file
-with its columns and dtypes, and refuses any other type (the analysis is then not cached);
-`_decode` rebuilds exactly that, checking every node, class, field name, file and dtype, and
-any mismatch is a miss. A round trip gives equal values and identical frames (dtypes and
-categories included).
-
-Categorical columns are stored as Arrow dictionaries and everything else as plain Arrow columns
-(with pandas' metadata), so a hit gives DataFrames identical to a parse, dtypes included.
-Arrow files are compressed (Arrow IPC's per-buffer compression): the trace and attribution
-tables with zstd (`CODEC`), whose repeated strings shrink ~10-30x (on the 1 GB HF tile the
-cache held 26 MB, 500 MB uncompressed), an Analysis's frames with their string columns
-dictionary-encoded (`_packed`) and LZ4 (`FRAME_CODEC`: a hit reads them all, and LZ4
-decompresses 2-3x faster than zstd), so a first run's background writes and checksums take a
-fraction of a second and a hit decompresses instead of checksumming 10x the bytes.
-Cache writes that fail (read-only directory, disk full, a directory that is not private) never
-fail an analysis: they are reported in the returned `CacheStatus`. Files are memory-mapped on a
-hit; the cache only ever replaces files by rename and removes them by unlink, so a mapping is
-never truncated under a reader. `clear` removes only version directories that carry this
-cache's CACHEDIR.TAG (or, from before it, hold nothing but the cache's own layout).
+Design notes: docs/architecture.md ("trace_roofline/cache.py").
 """
 
 from __future__ import annotations
@@ -71,7 +19,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache, cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -603,7 +551,7 @@ _CLASS_MODULES = ("trace_roofline.roofline", "trace_roofline.model.models",
                   "trace_roofline.model.architecture", "trace_roofline.attribution.graphs")
 # Attributes an instance may carry besides its fields: the architecture a ModelSpec was built
 # from (ModelSpec.from_architecture). Any other one (but a cached_property's) is refused.
-_EXTRA_STATE = {"trace_roofline.model.models.ModelSpec": ("_architecture",)}
+_EXTRA_STATE: dict[str, tuple[str, ...]] = {"trace_roofline.model.models.ModelSpec": ("_architecture",)}
 _NUMPY_KINDS = "biuf"  # numpy scalars and columns of bool, int, uint and float are stored
 _MASKED = {"boolean", *(f"{k}{n}" for k in ("Int", "UInt") for n in (8, 16, 32, 64)),
            "Float32", "Float64"}
@@ -652,7 +600,7 @@ def _decode_analysis(tree: object, found: dict[str, Path]) -> Analysis:
     value = dec.node(tree)
     if type(value) is not _analysis_class() or dec.unused():
         raise _Malformed("not one Analysis with each of its frames")
-    return value
+    return cast("Analysis", value)
 
 
 class _Encoder:
@@ -723,7 +671,8 @@ class _Decoder:
     """`_Encoder`'s nodes back to values, checking every node against what it writes."""
 
     def __init__(self, found: dict[str, Path]) -> None:
-        self.found, self.used = found, set()
+        self.found = found
+        self.used: set[str] = set()
 
     def unused(self) -> set[str]:
         return set(self.found) - self.used
@@ -736,25 +685,26 @@ class _Decoder:
             return [self.node(x) for x in n]  # type: ignore[attr-defined]
         if t is not dict:
             raise _Malformed(f"a {t.__name__} node")
-        tag = n.get("$")  # type: ignore[attr-defined]
+        d = cast("dict[str, object]", n)  # json.loads' dict: str keys
+        tag = d.get("$")
         if tag == "json":
-            (value,) = _only(n, "value")  # (as json.loads built it: only JSON's own types)
+            (value,) = _only(d, "value")  # (as json.loads built it: only JSON's own types)
             return value
         if tag == "tuple":
-            (items,) = _only(n, "items")
+            (items,) = _only(d, "items")
             return tuple(self.node(x) for x in _list(items))
         if tag == "dict":
-            (items,) = _only(n, "items")
+            (items,) = _only(d, "items")
             pairs = [_list(p) for p in _list(items)]
             if any(len(p) != 2 for p in pairs):
                 raise _Malformed("a dict item is not a pair")
             return {self.node(k): self.node(x) for k, x in pairs}
         if tag == "np":
-            return _numpy_scalar(*_only(n, "dtype", "value"))
+            return _numpy_scalar(*_only(d, "dtype", "value"))
         if tag == "frame":
-            return self._frame(*_only(n, "file", "columns", "packed", "dtypes", "index"))
+            return self._frame(*_only(d, "file", "columns", "packed", "dtypes", "index"))
         if tag == "dataclass":
-            return self._dataclass(*_only(n, "class", "fields", "state"))
+            return self._dataclass(*_only(d, "class", "fields", "state"))
         raise _Malformed(f"node tag {tag!r}")
 
     def _dataclass(self, name: object, fields: object, state: object) -> object:
@@ -764,7 +714,7 @@ class _Decoder:
         declared = dataclasses.fields(cls)
         if set(fields) != {f.name for f in declared}:
             raise _Malformed(f"the fields of {name}")
-        if not set(state) <= set(_EXTRA_STATE.get(name, ())):  # type: ignore[arg-type]
+        if not set(state) <= set(_EXTRA_STATE.get(cast(str, name), ())):  # a str: `cls` was found
             raise _Malformed(f"the attributes of {name}")
         values = {k: self.node(v) for k, v in fields.items()}
         obj = cls(**{f.name: values[f.name] for f in declared if f.init})

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from trace_roofline import memory
 from trace_roofline.costs import calculator
@@ -138,7 +138,7 @@ def add_force_arg(p: argparse.ArgumentParser, layers: bool = True) -> None:
                         + ("warn, and never extrapolate with --layers" if layers else "warn"))
 
 
-def conventions(args: argparse.Namespace) -> tuple[str, str]:
+def conventions(args: argparse.Namespace) -> tuple[formulas.Causal, formulas.AttentionBytes]:
     """(causal, attention_bytes) of `intensity`: --lesson's unless a flag contradicts it."""
     if not args.lesson:
         return args.causal or "causal", args.attention_bytes or "all"
@@ -267,11 +267,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         text += "\n\n" + cross.text()
     elif note := ranks.unranked_note(infos):
         text += f"\n\n{note}"
-    extra = {"ranks": cross.to_dict()} if cross is not None else {}
-    outputs: dict[Path, bytes] = ({Path(args.json): report.report_json(analyses, **extra)}
+    across = cross.to_dict() if cross is not None else None
+    outputs: dict[Path, bytes] = ({Path(args.json): report.report_json(analyses, ranks=across)}
                                   if args.json else {})
     if out is not None:
-        files = report.output_files(analyses, **extra)
+        files = report.output_files(analyses, ranks=across)
         if cross is not None:
             files["ranks.csv"] = cross.summary.to_csv(index=False).encode()
         outputs |= {out / name: data for name, data in files.items()}
@@ -329,7 +329,8 @@ def _diff_side(path: str, args: argparse.Namespace, label: str):
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
     if _REPORT_HEAD.match(head):
-        return diff.side(read_json(p), label=str(p))
+        doc = cast("dict[str, object]", read_json(p))  # its head matched: a JSON object
+        return diff.side(doc, label=str(p))
     model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
     return diff.side(analyze_trace(p, model, hw, causal=args.causal,

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from trace_roofline.errors import InputError
 
@@ -193,7 +193,11 @@ def _temp_name(name: str) -> str:
     return f".{name}.{secrets.token_hex(6)}.tmp"
 
 
-def write_files(files: Mapping[str | Path, bytes], *, inputs: Iterable[str | Path | None] = (),
+# A path as write_files' callers give it (a mapping's keys are one type or both).
+_PathLike = TypeVar("_PathLike", bound=str | Path)
+
+
+def write_files(files: Mapping[_PathLike, bytes], *, inputs: Iterable[str | Path | None] = (),
                 sets: Mapping[str | Path, Collection[str]] | None = None) -> list[Path]:
     """Write every file (path -> content) or none; return the final paths.
 
@@ -211,8 +215,8 @@ def write_files(files: Mapping[str | Path, bytes], *, inputs: Iterable[str | Pat
     """
     targets = {Path(path): data for path, data in files.items()}
     check_targets(targets)
-    inputs = [Path(i) for i in inputs if i is not None and str(i)]
-    check_outputs([("output", p) for p in targets], inputs)
+    input_paths = [Path(i) for i in inputs if i is not None and str(i)]
+    check_outputs([("output", p) for p in targets], input_paths)
     groups: dict[Path, dict[str, bytes]] = {}
     for path, data in targets.items():
         groups.setdefault(path.parent, {})[path.name] = data
@@ -221,7 +225,7 @@ def write_files(files: Mapping[str | Path, bytes], *, inputs: Iterable[str | Pat
     try:
         for directory, named in groups.items():
             names = whole.get(directory)
-            swap = names is not None and _swappable(directory, names | named.keys(), inputs)
+            swap = names is not None and _swappable(directory, names | named.keys(), input_paths)
             stages.append(_Stage.of(directory, named, swap))
         for stage in stages:
             stage.commit()
