@@ -75,3 +75,30 @@ def test_the_check_finds_swapped_and_foreign_names():
         bad = att.assign(operator=att["operator"].astype(str).replace(old, new))
         wrong = _wrong(bad, model)
         assert wrong.any() and (wrong == (att["operator"] == old).to_numpy()).all()
+
+
+def test_a_training_step_keeps_forward_backward_and_optimizer_apart():
+    """Qwen2 training step: forward rows hold only forward time, each linear's backward GEMMs
+    (grad-input and grad-weight) are `<linear>.grad` at 2x the forward FLOPs, AdamW is
+    `optimizer`."""
+    model = tr.get_model(str(CONFIGS / "qwen2.json"))
+    att = tr.attribute(tr.load_trace(DIR / "qwen2_train_h200.json.gz"), model)
+    part = att["training"].astype(str)
+    forward_ops = set(operators.LINEARS) | {"attention", "input_norm", "rope"}
+    assert (part[att["operator"].isin(forward_ops)] == "forward").all()
+    assert (part[att["operator"].astype(str).str.endswith(".grad")] == "backward").all()
+    assert (part[att["operator"] == "optimizer"] == "optimizer").all()
+    a = tr.analyze_trace(DIR / "qwen2_train_h200.json.gz", model)
+    flops = a.costed.groupby("operator")["flops"].sum()
+    for linear in ("q_proj", "k_proj", "gate_proj", "down_proj", "lm_head"):
+        assert flops[f"{linear}.grad"] == pytest.approx(2 * flops[linear], rel=1e-3)
+
+
+def test_continuous_batching_without_recorded_ops_is_unattributed_and_says_why():
+    """HF continuous batching runs its steps on a worker thread the profiler records no CPU
+    op on: every kernel's launch is in the file but no op is, so nothing is named, and the
+    analysis says why rather than guessing phases or operators."""
+    a = tr.analyze_trace(DIR / "llama_batch_h200.json.gz",
+                         tr.get_model(str(CONFIGS / "llama.json")))
+    assert set(a.costed["operator"].astype(str)) == {"unattributed"}
+    assert any("no linked cpu op 100.0%" in w for w in a.warnings)

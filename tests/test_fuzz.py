@@ -32,7 +32,7 @@ FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args"]
 ARGS = ["External id", "external id", "correlation", "device", "stream", "grid", "block",
         "Input Dims", "Input type", "Concrete Inputs", "Python id", "Python parent id"]
 # FUZZ_EXAMPLES=2000 for a longer search (the default keeps the suite fast)
-SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 40)), deadline=None,
+SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 20)), deadline=None,
                     derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
