@@ -29,6 +29,7 @@ import gzip
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.trace import parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -455,3 +457,22 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     checkout's package), output captured as text; `kwargs` go to subprocess.run (env, ...)."""
     return subprocess.run([sys.executable, "-m", "trace_roofline.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, **kwargs)
+
+
+def parent_waits_for_a_claim(monkeypatch) -> None:
+    """The parent's first claim waits (up to 10 s) until the worker has claimed a segment: on a
+    slow or busy machine the parent could otherwise claim every event before the worker runs."""
+    real_init, real_parent = parallel.Claims.__init__, parallel.Claims.parent
+
+    def init(self, start, end):
+        real_init(self, start, end)
+        self.end0 = end
+
+    def parent(self, stop, after):
+        deadline = time.monotonic() + 10
+        while self.worker_stop() == self.end0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return real_parent(self, stop, after)
+
+    monkeypatch.setattr(parallel.Claims, "__init__", init)
+    monkeypatch.setattr(parallel.Claims, "parent", parent)

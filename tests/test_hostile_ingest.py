@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.builders import parent_waits_for_a_claim
 from trace_roofline.errors import InputError
 from trace_roofline.trace import SCHEMAS, Trace, columns, decode, load_trace, parallel
 from trace_roofline.trace import read as trace_read
@@ -353,24 +354,6 @@ def test_a_claims_file_that_cannot_be_allocated_means_one_process(tmp_path, monk
 
 
 # ----------------------------------------------------------------------------- 4. one file identity
-def _parent_waits_for_a_claim(monkeypatch) -> None:
-    """The parent's first claim waits (up to 10 s) until the worker has claimed a segment."""
-    real_init, real_parent = parallel.Claims.__init__, parallel.Claims.parent
-
-    def init(self, start, end):
-        real_init(self, start, end)
-        self.end0 = end
-
-    def parent(self, stop, after):
-        deadline = time.monotonic() + 10
-        while self.worker_stop() == self.end0 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return real_parent(self, stop, after)
-
-    monkeypatch.setattr(parallel.Claims, "__init__", init)
-    monkeypatch.setattr(parallel.Claims, "parent", parent)
-
-
 def _in_place(path: Path, data: bytes, mtime_s: int) -> None:
     """Rewrite `path` in place (same inode) with `data`, modified at `mtime_s` (a distinct time
     for each rewrite: file systems keep coarse timestamps)."""
@@ -397,7 +380,7 @@ def test_a_trace_replaced_by_mv_during_a_two_process_parse_is_read_from_the_firs
         return real_work(*args)
 
     monkeypatch.setattr(parallel, "_work", work)
-    _parent_waits_for_a_claim(monkeypatch)
+    parent_waits_for_a_claim(monkeypatch)
     got = load_trace(path, workers=2)
     assert not other.exists()  # (the worker did replace it)
     assert_same_tables(first, got)

@@ -13,7 +13,15 @@ import pandas as pd
 import pytest
 
 from benchmarks.tile import tile
-from tests.builders import SAMPLES, cpu_trace, gpu_trace, legacy_trace, read, write
+from tests.builders import (
+    SAMPLES,
+    cpu_trace,
+    gpu_trace,
+    legacy_trace,
+    parent_waits_for_a_claim,
+    read,
+    write,
+)
 from tests.test_robustness import FILE_CASES
 from trace_roofline.errors import InputError
 from trace_roofline.trace import (
@@ -605,7 +613,7 @@ def test_parallel_parse_is_bit_identical_with_skipped_and_bad_events(tmp_path, b
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc).replace("Infinity", "1e400"))
     serial = both(path, "serial")
-    _parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
+    parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
     assert serial.meta["skipped_events"] and serial.meta["events_with_dropped_fields"] == 3
     assert "only_in_the_second_half" in serial.device["name"].cat.categories
     assert_identical(serial, both(path, "two"))
@@ -640,25 +648,6 @@ def _in_child(monkeypatch, name: str, action):
     monkeypatch.setattr(parallel, name, wrapper)
 
 
-def _parent_waits_for_a_claim(monkeypatch):
-    """The parent's first claim waits (up to 10 s) until the worker has claimed a segment: on a
-    slow or busy machine the parent could otherwise claim every event before the worker runs."""
-    real_init, real_parent = parallel.Claims.__init__, parallel.Claims.parent
-
-    def init(self, start, end):
-        real_init(self, start, end)
-        self.end0 = end
-
-    def parent(self, stop, after):
-        deadline = time.monotonic() + 10
-        while self.worker_stop() == self.end0 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return real_parent(self, stop, after)
-
-    monkeypatch.setattr(parallel.Claims, "__init__", init)
-    monkeypatch.setattr(parallel.Claims, "parent", parent)
-
-
 def _exit():
     os._exit(9)
 
@@ -686,7 +675,7 @@ def test_a_dying_worker_gives_the_one_process_result(tmp_path, both, monkeypatch
     serial = both(path, "serial")
     _in_child(monkeypatch, where, action)
     if mode == "late":  # the worker dies after claiming: let it claim, however slow its start
-        _parent_waits_for_a_claim(monkeypatch)
+        parent_waits_for_a_claim(monkeypatch)
     assert_identical(serial, both(path, mode))
     bad = tmp_path / "bad.json"
     bad.write_bytes(path.read_bytes()[:-40] if not gz else gzip.decompress(path.read_bytes())[:-40])
@@ -722,7 +711,7 @@ def test_unproven_splits_fall_back_to_one_process(tmp_path, both, monkeypatch, c
     mode = {"tail_array": "two", "duplicate_key": "fallback",
             "duplicate_key_first": "fallback"}.get(case, "unforked")
     if mode == "two":  # (a small file: the parent could decode it all before the worker runs)
-        _parent_waits_for_a_claim(monkeypatch)
+        parent_waits_for_a_claim(monkeypatch)
     out = both(path, mode)
     if isinstance(serial, str):
         assert out == serial
@@ -767,7 +756,7 @@ def test_parallel_parse_when_children_are_reaped_automatically(tmp_path, both, m
 
     path = write(_mixed_events(), tmp_path / "t.json")
     serial = both(path, "serial")
-    _parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
+    parent_waits_for_a_claim(monkeypatch)  # (a small file: the worker must get a part)
     old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
         assert_identical(serial, both(path, "two"))
