@@ -1,49 +1,6 @@
 """Stage 2: attribute every device microsecond of a trace to a named operator.
 
-`attribute(trace, model)` returns one row per timed unit (a kernel / memcpy / memset; in a
-CPU-only trace, a top-level cpu op, wrappers such as torch.compile regions skipped, so nested
-ops are never counted twice) naming its operator, layer and profiler step.
-`operator_table(attributed)` sums them per (step, layer, operator); `coverage(attributed)`
-says how much device time found an operator. Both conserve time exactly (integer ps).
-
-Linking a kernel to the cpu op that launched it (first that applies):
-1. its `External id` (else its runtime launch's) equals a cpu op's (Kineto stamps the
-   innermost op active at launch);
-2. its `correlation` equals a runtime launch's (cudaLaunchKernel...; else the ac2g /
-   async_cpu_to_gpu flow start with that id): the innermost cpu op on that thread around it;
-3. nothing: the kernel is named only by a gpu_user_annotation around it, else `unattributed`.
-From the launch point the op instance (`op_id`) is the innermost enclosing op that carries
-shapes, except that everything inside an attention op belongs to the outermost one (SDPA with
-its mask preparation, cuDNN kernels and memsets, or a math fallback's bmm/softmax). So a
-split-K GEMM and its reduce, or an attention call, are one instance of one operator.
-Nesting is found with sorted arrays and `searchsorted` per depth (_nest.Nest), never per event.
-Names (kernels, ops, shapes, operators) stay categorical codes throughout: string work runs once
-per distinct value, and the `str` output columns are decoded from the codes at the end.
-
-Naming an op instance, strongest evidence first (the `evidence` column, operators.EVIDENCE):
-1. `annotation`: the innermost enclosing record_function range with a canonical name
-   (`q_proj`, also `model.layers.3.self_attn.q_proj`); `layers.N` in a range name is the layer;
-2. `module`: nn.Module frames of with_stack=True traces (see naming.module_names);
-3. `shape`: a GEMM whose (K, N) (and, for linears sharing a shape, order) matches the model's
-   linears, or the linears inferred from the trace's own GEMMs when no model is given;
-   `kernel_name`: the op's own name says what it is (attention, embedding ops);
-   `position`: everything else, by where it sits between those anchors and its op name (or
-   the aten ops a Triton kernel's name fuses) (naming.position_names);
-4. `fallback`: a name outside the operator vocabulary, given without evidence: `other`,
-   `unattributed`, an unmatched GEMM's `linear[K×N]` and, in a trace with no decoder-layer
-   operator at all (a CNN, a matmul loop), the op's own name (`aten::conv2d`) for `other`.
-An engine's fused MoE op (vLLM's inplace_fused_experts / moe_forward) launches its Triton
-`fused_moe_kernel` twice per token chunk, on w13 then on w2: its kernels are split into two
-instances, the odd-numbered launches (in time) `experts_gate_up`, the even ones `experts_down`.
-Collectives (operators.COLLECTIVES) are named before all of these, whatever range or position
-surrounds them, with evidence `kernel_name`: the op instance or the outermost op around it is a
-collective op (c10d::allreduce_, vllm::all_reduce), or a kernel name says so
-(ncclDevKernel_AllReduce_*, cross_device_reduce_1stage); an unlinked collective kernel too.
-Layers: explicit (layers.N range, decoder-layer module) or counted: a layer starts when the
-stage order input_norm < q/k/v/qkv < attention < o < post_attention_norm < gate/gate_up < down
-goes back, and the count restarts at each embedding. Embedding, final_norm, lm_head and
-`other` (model work outside the canonical operators: masks, position ids, sampling) have no
-layer. Steps: the ProfilerStep#N range around the launch (any thread, as a last resort).
+Design notes: docs/architecture.md ("trace_roofline/attribution/attribute.py").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Profiled graph captures: the launches a CUDA/HIP-graph capture recorded, as templates that
 name the kernels its graph replays.
 
-A capture trace (vLLM's `--profiler-config.capture_torch_profiler_dir`, TraceLens's
-`capture_traces/`) profiles `torch.cuda.graph(...)`: between cudaStreamBeginCapture and
-cudaStreamEndCapture (hip* on ROCm) every kernel launch is recorded with its kernel name, grid
-and block in its args, under the cpu op (shapes) and module stack that launched it, but no
-kernel runs. `capture_launches` reads those launch args (the trace tables keep no launch args;
-a second, typed msgspec pass over the file reads only them); `graphs.capture_mapping` turns the
-launches into a template named as an eager trace of the same step would be.
-
-Where captures come from (`find`): a capture trace, a folder of them, or nothing given and a
-`capture_traces/` folder beside the replay trace (said in the output). A folder's
-`execution_details.json` ([{"file", "batch_size", "mode"}], TraceLens) says which file holds
-which batch size and graph mode; without it the capture's own `capture_{bs}_{mode}` range (or
-a `bs_{N}` in its file name) does. `graphs.name_replays` matches each graph to the captures of
-its step's batch size and graph mode (`graphs.for_graph`).
+Design notes: docs/architecture.md ("trace_roofline/attribution/captures.py").
 """
 
 from __future__ import annotations

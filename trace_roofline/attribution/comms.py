@@ -1,22 +1,6 @@
 """Communication: exposed collective time on one rank, and which rank waits for which.
 
-Exposed time (`exposed_us`). A collective kernel's time is hidden where compute kernels run at
-the same time (on other streams: one stream runs one kernel at a time); the rest is exposed,
-the time the rank spends communicating and nothing else. Per collective kernel,
-exposed = its duration - its overlap with the union of the trace's other (non-collective)
-kernels, by interval arithmetic: the compute intervals are merged once (sorted starts, running
-maximum of ends), and each collective's covered length is C(end) - C(start) with C(x) the
-merged length before x (prefix sums and `searchsorted`, no per-event loop). A trace holds one
-GPU (each rank writes its own).
-
-Waiting (`waiting`). An NCCL kernel starts on a rank when that rank launches it and ends when
-every rank has contributed, so the rank that reaches a collective first sits in it until the
-last one (the straggler) arrives: its kernel is long, the straggler's short. Over the ranks'
-traces, the k-th collective of each (phase, collective) is the same call on every rank (ranks
-issue collectives in one order); its shortest duration over ranks is the transfer itself, and
-each rank's excess over it is waiting. Per rank: the collectives' time, the waiting in it, and
-the rank it waits for (the one whose kernel was shortest in the calls where it waited longest).
-A rank that waits more than half its collective time `mostly waits`.
+Design notes: docs/architecture.md ("trace_roofline/attribution/comms.py").
 """
 
 from __future__ import annotations

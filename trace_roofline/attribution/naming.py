@@ -1,53 +1,6 @@
 """Naming op instances without annotations: GEMM shapes, op names, position, module frames.
 
-Used by `attribute.py`. Everything works on an *instance table*: one row per op instance (the
-innermost shape-carrying cpu op that launched one or more kernels), sorted by launch order
-within a sequence group `grp` (one profiler step on one thread). Columns used:
-`grp`, `op_name`, `top_name` (outermost op around it), `input_dims`.
-
-Evidence, strongest first inside this module:
-- GEMMs named by (K, N) against the model's linears (or linears inferred from the trace's own
-  GEMM shapes); a tie (q/o, k/v, gate/up share a shape) is broken by order of occurrence.
-- Attention and embedding ops by name. These and the named GEMMs are the *anchors*.
-- Everything else by the two anchors around it and its own op name (or, for torch.compile
-  Triton kernels, the aten ops the kernel name says it fuses): e.g. between o_proj and
-  gate_proj a residual `add` then the norm; between the projections and attention the RoPE
-  ops, then the KV-cache writes (cat / copy_ / index_copy_ after the last RoPE op).
-- Triton kernels between the projections and attention, by what they store, wherever they
-  sit (Inductor schedules V's cache store before Q's RoPE kernel):
-  - KV-cache write: a store (the name fuses copy, index_put, index_copy, scatter or
-    slice_scatter) with a 4-D [B, heads, S, d] buffer among its arguments, or a `cat` that
-    appends to the cache (DynamicCache: one 4-D argument is another grown along S). This
-    holds when the kernel also rotates K on the way (it fuses neg/cos/sin): one name per
-    kernel, and the cache traffic (the whole cache, for a cat) outweighs one token's RoPE.
-  - attention: every tensor argument 4-D (or 0-d), so no projection output is read: K/V
-    expanded to every query head, or SDPA's mask (eager HF's repeat_kv copies are attention).
-  - RoPE otherwise (Q's rotation, always a kernel of its own).
-- q/k norms (`_qk_norms`: HF Qwen3's q_norm / k_norm, an RMSNorm of each head before RoPE):
-  the norm ops (pow / mean / rsqrt ..., or a fused rms_norm, with their casts and multiplies)
-  right after q_proj are q_norm, after k_proj k_norm (after a fused qkv_proj: the first norm
-  q's, the second k's), up to the first RoPE op. Only where the norm is per head: its input's
-  last dim is below the projection's N (eager shapes), or, naming a CUDA graph from kernel
-  names (no shapes), where the model says it has them (ModelSpec.qk_norm). Evidence
-  `position`.
-- Mixture-of-experts layers (operators.MOE), anchored by the expert GEMMs the model's shapes
-  name (the router H -> E, the routed experts' gate_up H -> 2I (or gate and up, H -> I) and
-  down I -> H, the shared expert's projections and its sigmoid gate H -> 1), whatever form
-  runs them: a Python loop (one linear per hit expert), `_grouped_mm` (weights [E, K, N]),
-  weight-first `bmm` over gathered weights ([S, N, K] x [S, K, 1], after an `index` gather of
-  the [E, N, K] weights, itself named after the GEMM it feeds):
-  - after the router GEMM: its softmax, top-k and renormalisation are `router`, from the first
-    token-permutation op (sort, histc, one_hot, nonzero, repeat_interleave, ...) on
-    `moe_dispatch`;
-  - between an expert's gate_up and its down: `experts_act`;
-  - after an expert's down: the weighting and accumulation back to tokens (up to the last
-    index_add_ / sum) are `moe_combine`; in a loop the next expert's gather is `moe_dispatch`;
-    after the last expert, the final add before the next norm is the `residual`. The shared
-    expert's sigmoid is `router`, its weighting and the add of both outputs `moe_combine`.
-  - an engine's fused MoE op (vLLM's `moe_forward` / `inplace_fused_experts`) and the ops
-    inside it, by op name: top-k softmax and its casts `router`, moe_align_block_size
-    `moe_dispatch`, silu_and_mul `experts_act`, moe_sum (or a sum over top-k) `moe_combine`;
-    its Triton `fused_moe_kernel` launches are split by attribute.py (w13, then w2).
+Design notes: docs/architecture.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

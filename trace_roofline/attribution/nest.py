@@ -1,13 +1,6 @@
 """Vectorised interval nesting: which range on the same thread contains a point.
 
-Profiler ranges on one thread (cpu ops, record_function ranges, module frames) nest properly.
-Sorted by (start, -end), an interval's depth is the number of earlier intervals still open at
-its start, and its parent the last interval one depth up opened before it (one `searchsorted`
-per depth). A point's innermost interval is the last one opened at or before it, or the
-nearest of that one's ancestors still open: one `searchsorted`, then a walk up the tree. The
-work is a loop over depths (a few dozen at most), never over events. Times are integer
-nanoseconds (`to_ns`), so that float microsecond timestamps near 5e12 do not break nesting by
-one ulp.
+Design notes: docs/architecture.md ("trace_roofline/attribution/nest.py").
 """
 
 from __future__ import annotations

@@ -1,49 +1,6 @@
 """Forward passes: find each forward pass of an attributed trace, number it, give it a phase.
 
-A forward pass is the unit a phase belongs to: an HF `generate` profile holds one prefill pass
-and then one decode pass per new token, with or without `ProfilerStep` ranges; a serving step
-may hold prefill and decode tokens in one pass (`mixed`). `forward_passes(attributed)` works on
-`attribute.attribute()`'s table (one row per timed unit) and returns a pass number and a phase
-per row plus one row per pass (`PASS_COLUMNS`).
-
-Where passes start (rows in device-time order; only *structural* rows decide: embedding,
-final_norm, lm_head and the staged operators of a decoder layer that carry a layer):
-1. `profiler_step`: the first structural row of each ProfilerStep range (or of the rows
-   outside any range);
-2. `embedding`: an embedding row whose previous structural row is not an embedding;
-3. `layer_restart`: the model order goes back, e.g. layer 0 after layer 27 or after lm_head
-   without an embedding between (a CUDA-graph replay of the layers alone, a layer benchmark).
-   The order key of a row is embedding < (layer, stage) < final_norm < lm_head, with the
-   stage of `operators.STAGES` (input_norm < q/k/v < attention < o < post_attention_norm <
-   gate/up < down).
-Rows before the first start of their range join that range's first pass; later rows join the
-pass before them (sampling after lm_head is part of its pass). A range without structural rows
-is one pass when it is a ProfilerStep range, else its rows belong to no pass (NA).
-
-Phase, from the query length T that the pass's operators saw; the strongest rule present in a
-pass decides (`TOKEN_RULES`, in order), independent of the attention implementation:
-1. `attention`: fused attention ops (SDPA and its flash / efficient / cuDNN back ends,
-   flash_attn): Q [B, n_q, T, d] or [B, T, n_q, d], K [.., S, ..];
-2. `varlen`: variable-length attention (flash-attn varlen, aten::_flash_attention_forward with
-   cumulative sequence lengths, engines' flash-attention forwards: vLLM's _vllm_fa3_C::fwd and
-   _vllm_fa2_C::varlen_fwd, SGLang's sgl_kernel::fwd): Q [total, n_q, d], cu_seqlens [B + 1],
-   max_seqlen_q (or a dense Q [B, T, n_q, d]). All
-   decode when total == B; provably mixed when total < max_seqlen_q + 2·(B - 1) (some
-   sequence has one token while another has max_seqlen_q); prefill otherwise;
-3. `eager_attention`: the matmul / bmm / softmax inside an `attention` operator (eager
-   matmul-softmax-matmul): T is the second-to-last dim of the first operand (Q·Kᵀ, P·V, P);
-4. `kv_cache`: the new tokens written to the cache: index_copy_'s / index_put_'s source,
-   cat's last tensor ([B, n_kv, T, d]);
-5. `gemm_m`: q_proj's (qkv_proj's) M over the batch B of a 4-D cache or attention tensor in
-   the same pass (T = M / B, when it divides).
-A pass is `decode` when every T is 1, `prefill` when every T > 1 (a chunked prefill with a cache,
-S > T, is prefill too: its S is in the table), `mixed` when both occur, `unknown` without
-evidence.
-
-Training steps (attribute.py's `training` column): a pass holding backward or optimizer rows is a
-training step's, its phase `forward`; each backward / optimizer row's phase is `backward` /
-`optimizer` (never the forward's). Kernels launched before the profiled window
-(operators.BEFORE_WINDOW) belong to no pass, phase `before_window`.
+Design notes: docs/architecture.md ("trace_roofline/attribution/passes.py").
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Serving steps: the step annotations vLLM and SGLang write, each kernel's step, its phase, and
 the attention work a step's batch statistics fix exactly.
 
-Two formats (`user_annotation` ranges on the thread that launches the step's kernels):
-- vLLM's `--profiler-config.detailed_trace_annotation` (and TraceLens's SGLang patch):
-  `execute_{tokens}_context_{n}(sq{Σq}sk{Σk}sqsq{Σq²}sqsk{Σq·k})_generation_{m}(sq..sk..sqsq..sqsk..)`,
-  the sums over the step's n prefill chunks and m decode requests of the query length q, the
-  key length k (cached prefix + the chunk), q² and q·k;
-- SGLang's `step[DECODE bs=N]`, `step[EXTEND bs=N toks=T]` (`MIXED`, `IDLE`, ... likewise).
-Annotations that overlap on one thread are one step (SGLang's patched runs nest one in the
-other): their fields are merged, the detailed sums first. `parse` reads every distinct name once
-(a vectorised `str.extract`); `kernel_steps` gives each device row the step whose range holds
-its launch (a `searchsorted` over the steps' starts, the launch found by correlation), and
-`apply` makes the step's phase the phase of its rows and of the forward passes inside it
-(`phase_from` = `step_annotation`).
-
-Phase: a step with only prefill chunks is `prefill` (an EXTEND), with only decodes `decode`,
-with both `mixed`. Attention (`attention_pairs`, `attention_bytes`), per layer: a prefill chunk
-of q queries over k keys (k - q cached) has q·k - q(q - 1)/2 causal pairs, so the chunks hold
-Σq·k - (Σq² - Σq)/2 and the decodes (q = 1) Σk; every pair (the `full` convention) Σq·k and Σk.
-A sliding window W keeps at most W keys per query: min(pairs, W·Σq), exact when every chunk is
-shorter than W or every query sees at least W keys (for decodes: every context ≥ W), else an
-upper bound (only sums are recorded); the evidence says which. Sinks (gpt-oss) add one learned
-logit per head and query: no key, no matmul FLOPs.
+Design notes: docs/architecture.md ("trace_roofline/attribution/steps.py").
 """
 
 from __future__ import annotations

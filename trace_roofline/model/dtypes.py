@@ -1,22 +1,6 @@
 """The one dtype table: every spelling of a dtype -> its short name, bytes and peak key.
 
-Spellings come from four places, all looked up here (case-insensitively, a leading `torch.`
-dropped): a trace's `Input type` ('c10::BFloat16', 'float', 'long int', 'unsigned char'), a
-Hugging Face config's `torch_dtype` ('bfloat16', 'float8_e4m3fn'), a hardware file's
-`peak_flops` keys and the short names the tables show ('bf16', 'fp8'). `Concrete Inputs`
-print a dtype argument (`_to_copy`, `_scaled_mm`'s out_dtype) as its c10::ScalarType number,
-looked up by `by_scalar_type`.
-
-`peak` is the `Hardware.peak_flops` key of the dtype's tensor-core rate, None for the dtypes a
-hardware file lists no peak for (integers, bool, fp64, complex): the roofline borrows the
-trace's main dtype's peak for those.
-
-Low-precision weight formats count their scales in `bytes` (so it may be fractional, `bits` =
-8·bytes): fp8 (e4m3 / e5m2, 1 byte; per-tensor or per-block scales are negligible), MXFP4 (OCP
-microscaling: 4-bit e2m1 elements plus one 8-bit e8m0 scale per block of 32 = 4.25 bits, gpt-oss's
-routed experts) and NVFP4 (4-bit e2m1 plus one fp8 e4m3 scale per block of 16 = 4.5 bits; the
-per-tensor fp32 scale is negligible). Both 4-bit formats run on `fp4` tensor-core peaks
-(Blackwell, MI355X) where the hardware has them.
+Design notes: docs/architecture.md ("trace_roofline/model/dtypes.py").
 """
 
 from __future__ import annotations

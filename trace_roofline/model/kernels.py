@@ -1,22 +1,6 @@
 """The one registry of kernel-name families: which library wrote a kernel and what it does.
 
-`FAMILIES` is an ordered table of (family, vendor/library, regex, role): a kernel's family is
-the first entry whose regex matches (searched, not anchored, unless the regex anchors itself)
-its name. Order matters where names overlap: Inductor's pointwise and reduction kernels come
-first (`triton_poi_fused__scaled_dot_product_cudnn_attention_..._5` is elementwise work, not an
-attention), fused add+RMSNorm before plain norms, ck_tile's `FmhaBatchPrefillWithPagedKVCache`
-before FlashInfer's `BatchPrefillWithPagedKVCache`, MoE GEMMs before the generic GEMM patterns,
-specific ATen functors (silu, argmax) before ATen's generic elementwise and reduce kernels.
-
-`classify(names)` works once per distinct name (the categories of a categorical Series) and
-broadcasts back: no per-row Python. Roles (`ROLES`) say what the kernel computes, not which
-operator of a model it belongs to: a `softmax` or a `sort_scan` may be attention, a MoE router
-or sampling, which the kernel's place decides (attribution/naming.py). A name no entry matches
-is `unknown`.
-
-Names of kernels in the entries' comments are real ones from the committed traces
-(sample_traces/, ../shared/traces/) or the libraries' sources; tests/test_kernels.py checks
-every family against at least one.
+Design notes: docs/architecture.md ("trace_roofline/model/kernels.py").
 """
 
 from __future__ import annotations

@@ -1,51 +1,6 @@
 """The one operator vocabulary: every operator a kernel's time can be attributed to.
 
-Each `Operator` says, in one place, what the rest of the analyzer needs to know about it:
-- `name`: what the tables show (q_proj, attention, ...);
-- `kind`: the resource its work is expected to load: `compute` (weight GEMMs, attention),
-  `memory` (norms, RoPE, cache writes, elementwise work, gathers), `communication`
-  (collectives), `unknown` (the fallbacks);
-- `stage`: its place in a decoder layer's order (`Stage`); attribute.py counts a new layer
-  where the stage order goes back. Operators that occur at several places of a layer (the
-  residual adds) or anywhere (RoPE, act) have none;
-- `per_layer`: whether it belongs to a decoder layer. Embedding, final_norm, lm_head and the
-  fallbacks `other` and `unattributed` are model-level: never given a layer, never scaled by
-  the roofline's layer extrapolation;
-- `linear`: a weight GEMM, matched to the model's linears by (K, N); `LINEARS` is their order,
-  which also breaks ties between linears of one shape (q/o, k/v, gate/up);
-- `row_parallel`: a linear that tensor parallelism shards along K (o_proj, down_proj: each rank
-  reads K/t inputs); the other linears are column-parallel (each rank computes N/t outputs);
-- `aliases`: Hugging Face module and record_function names that mean it (input_layernorm);
-- `ops`: a regex over cpu op base names (after the last "::") that are this operator wherever
-  they sit (`recognise`); torch.compile's `triton_*` kernel ops never match (their names list
-  the aten ops they fuse);
-- `cost`: the shapes.py cost rule every op recognised by `ops` goes to (None: each op is
-  costed by its own aten name);
-- `kernels`: a regex over kernel names that are this operator whatever op launched them (NCCL's
-  `ncclDevKernel_AllReduce_Sum_bf16_RING_LL`, vLLM's `cross_device_reduce_1stage<...>`);
-- `bus_factor`: for a collective over t ranks, the factor turning its message size S into the
-  bytes each rank moves over its link, nccl-tests' "bus bandwidth" convention
-  (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): all-reduce
-  2(t-1)/t, all-gather, reduce-scatter and all-to-all (t-1)/t, send/recv, broadcast and
-  reduce 1. S is the whole buffer (all-gather: the gathered output; reduce-scatter: the
-  scattered input);
-- `gathers`: the op's input tensor is S/t (all-gather: S = t x input); for every other
-  collective the input is S.
-
-Collectives (kind `communication`) are named by their cpu op (c10d::allreduce_,
-_c10d_functional::all_gather_into_tensor, vllm::all_reduce) or their kernel, whatever range or
-position surrounds them; they cost 0 FLOPs (the reduction's adds, (t-1)/t of an element each,
-are not counted) and are placed against the interconnect, not HBM.
-
-A new operator is one more entry in `OPERATORS`.
-
-Mixture-of-experts layers (see moe.py) add the router (its logits GEMM H -> E, softmax, top-k
-and renormalisation; the shared expert's sigmoid gate), the token permutation (moe_dispatch),
-the routed experts' GEMMs and activation (experts_gate_up, experts_act, experts_down), the
-weighted sum back to tokens (moe_combine) and the shared expert's projections. None of them
-has a stage: a Python loop over experts repeats gate_up and down within one layer, and engines
-run the shared expert before or after the routed ones; their layer is the one of the
-attention and norms around them.
+Design notes: docs/architecture.md ("trace_roofline/model/operators.py").
 """
 
 from __future__ import annotations
