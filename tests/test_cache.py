@@ -102,6 +102,18 @@ def test_hit_reads_no_json_and_keys_attribution_by_model(decode_copy, tmp_path, 
         _load(c, decode_copy, get_model("llama-3-8b"))
 
 
+def test_attribution_is_keyed_by_the_architecture_too(decode_copy, tmp_path):
+    """GPT-2's config and a ModelSpec of the same summary fields (heads, sizes, ...) but the
+    Llama-style layout those fields describe are two models: the second load misses."""
+    c = TraceCache(tmp_path / "c")
+    gpt2 = get_model(str(SAMPLES / "families_h200" / "configs" / "gpt2.json"))
+    same_fields = type(gpt2)(**{f.name: getattr(gpt2, f.name) for f in dataclasses.fields(gpt2)})
+    assert same_fields == gpt2 and same_fields.architecture != gpt2.architecture
+    _load(c, decode_copy, gpt2)
+    assert c.load(decode_copy, same_fields)[1] is None
+    assert c.load(decode_copy, gpt2)[1] is not None
+
+
 def test_same_file_by_another_spelling_keeps_the_callers_path(decode_copy, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
     _load(c, decode_copy)

@@ -111,10 +111,12 @@ def _digest(obj: object) -> str:
 
 
 def _model_key(model: ModelSpec | None) -> dict | None:
-    """The model's fields as the manifest's JSON reads them back (tuples as lists)."""
+    """The model's fields and its architecture (family, layer layout) as the manifest's JSON
+    reads them back (tuples as lists)."""
     if model is None:
         return None
-    return json.loads(json.dumps({"type": type(model).__name__, **dataclasses.asdict(model)}))
+    return json.loads(json.dumps({"type": type(model).__name__, **dataclasses.asdict(model),
+                                  "architecture": dataclasses.asdict(model.architecture)}))
 
 
 def _argument_key(value: object) -> object:
