@@ -93,6 +93,23 @@ def test_a_training_step_keeps_forward_backward_and_optimizer_apart():
     for linear in ("q_proj", "k_proj", "gate_proj", "down_proj", "lm_head"):
         assert flops[f"{linear}.grad"] == pytest.approx(2 * flops[linear], rel=1e-3)
 
+    # SDPA's backward, per layer and step: causal pairs 512·513/2 = 131,328; forward
+    # 4·28 heads·128·131,328 = 1,882,718,208 FLOPs, backward 2.5x = 4,706,795,520; bytes
+    # 2·(4·28·512·128 + 4·4·512·128) = 16,777,216 (Q, O, dO, dQ; K, V, dK, dV); 2 layers x 2 steps
+    grad = a.costed[a.costed["operator"] == "attention.grad"]
+    costed = grad[grad["flops"] > 0]
+    assert len(costed) == 4 and (costed["flops"] == 4_706_795_520).all()
+    assert (costed["bytes"] == 16_777_216).all()
+    assert set(costed["shape"]) == {"backward of B=1 n_q=28 n_kv=4 T=512 S=512 d=128 causal"}
+
+
+def test_an_encoders_attention_backward_counts_every_pair():
+    """BERT's backward SDPA (is_causal False): 512² pairs, 4·16·64·262,144 = 1,073,741,824
+    forward FLOPs, 2.5x = 2,684,354,560 per layer and step."""
+    a = tr.analyze_trace(DIR / "bert_train_h200.json.gz")
+    c = a.costed[a.costed["op_name"] == "aten::_scaled_dot_product_cudnn_attention_backward"]
+    assert len(c) == 4 and (c["flops"] == 2_684_354_560).all()
+
 
 def test_continuous_batching_without_recorded_ops_is_unattributed_and_says_why():
     """HF continuous batching runs its steps on a worker thread the profiler records no CPU

@@ -853,6 +853,8 @@ def _attention(c: _Call) -> Cost:
     paged sequences, `_varlen_attention`): formulas.attention_flops / attention_bytes."""
     if c.name in layouts.VARLEN_LAYOUTS:
         return _varlen_attention(c, layouts.VARLEN_LAYOUTS[c.name])
+    if c.name in layouts.ATTENTION_BACKWARD_LAYOUTS:
+        return _attention_backward(c)
     if c.name in _ATTENTION_WITHOUT_LENGTHS:
         return Cost(uncosted=f"{c.name}: {_ATTENTION_WITHOUT_LENGTHS[c.name]}")
     if c.name not in layouts.ATTENTION_LAYOUTS:
@@ -886,6 +888,24 @@ def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int
             + (" causal" if is_causal else ""))
     return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
                 causal=is_causal, heads=(n_q, n_kv, d))
+
+
+def _attention_backward(c: _Call) -> Cost:
+    """SDPA's backward (grad_out, query [B,n_q,T,d], key [B,n_kv,S,d], ...): the forward's
+    geometry and causal convention (`_attention_cost`), formulas.attention_backward_flops and
+    attention_backward_bytes."""
+    _, causal_at = layouts.ATTENTION_BACKWARD_LAYOUTS[c.name]
+    q, k = _tensor(c.args, 1), _tensor(c.args, 2)
+    if len(q.dims) != 4 or len(k.dims) != 4:
+        raise Malformed(f"query {q.dims} and key {k.dims} are not [B, heads, T, d]")
+    (batch, n_q, t, d), (_, n_kv, s, _) = q.dims, k.dims
+    flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
+    fwd = _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag)
+    counted = c.causal if fwd.causal else "full"
+    return Cost("attention", formulas.attention_backward_flops(batch, n_q, t, s, d, counted),
+                formulas.attention_backward_bytes(batch, n_q, n_kv, t, s, d, q.b), q.dtype,
+                f"backward of {fwd.shape}", batch=batch, t=t, s=s, causal=fwd.causal,
+                heads=(n_q, n_kv, d))
 
 
 def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:

@@ -70,6 +70,25 @@ def attention_bytes(
     raise ValueError(f"convention must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
 
 
+# FlashAttention-2 (Dao 2023, sec. 3.1): the backward pass recomputes QKᵀ and runs dV = PᵀdO,
+# dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q: five matmuls of the forward's size to its two.
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+
+
+def attention_backward_flops(
+    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal"
+) -> float:
+    """The backward of `attention_flops`: 2.5x the forward (ATTENTION_BACKWARD_FLOPS_RATIO)."""
+    return ATTENTION_BACKWARD_FLOPS_RATIO * attention_flops(batch, n_q, t, s, d, causal)
+
+
+def attention_backward_bytes(batch: int, n_q: int, n_kv: int, t: int, s: int, d: int,
+                             b: float) -> float:
+    """Minimum DRAM bytes of a fused attention backward: Q, O, dO read and dQ written
+    (4·B·n_q·T·d), K and V read and dK, dV written (4·B·n_kv·S·d), b bytes each."""
+    return b * (4.0 * batch * n_q * t * d + 4.0 * batch * n_kv * s * d)
+
+
 def attention_intensity(
     n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
     causal: Causal = "causal", convention: AttentionBytes = "all", batch: int = 1,

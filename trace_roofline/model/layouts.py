@@ -23,6 +23,13 @@ ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
     "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
     "flash_attn::_flash_attn_forward": ("BTHD", 5),
 }
+# SDPA's backward ops (grad_out, query, key, value, ...): the layout and is_causal's index.
+ATTENTION_BACKWARD_LAYOUTS: dict[str, tuple[str, int]] = {
+    "aten::_scaled_dot_product_flash_attention_backward": ("BHTD", 11),
+    "aten::_scaled_dot_product_efficient_attention_backward": ("BHTD", 11),
+    "aten::_scaled_dot_product_cudnn_attention_backward": ("BHTD", 14),
+    "aten::_cudnn_attention_backward": ("BHTD", 14),
+}
 
 
 @dataclass(frozen=True)
