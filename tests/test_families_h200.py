@@ -119,3 +119,19 @@ def test_continuous_batching_without_recorded_ops_is_unattributed_and_says_why()
                          tr.get_model(str(CONFIGS / "llama.json")))
     assert set(a.costed["operator"].astype(str)) == {"unattributed"}
     assert any("no linked cpu op 100.0%" in w for w in a.warnings)
+
+
+def test_eager_attention_counts_the_causal_pairs_like_sdpa():
+    """Gemma-2's eager attention (bmm, softcap, mask, softmax, bmm) under --causal causal: each
+    bmm of a 512-token prefill is 2·8·512·256·512 = 1,073,741,824 FLOPs over every pair, counted
+    at the causal share 513/1024 = 537,919,488 (the two together equal the attention rule's
+    4·8·256·131,328); with --causal full, every pair; a decode's 1 x S scores stay whole."""
+    model = tr.get_model(str(CONFIGS / "gemma2.json"))
+    for causal, want in (("causal", 537_919_488), ("full", 1_073_741_824)):
+        c = tr.analyze_trace(DIR / "gemma2_prefill_h200.json.gz", model, causal=causal).costed
+        bmm = c[(c["operator"] == "attention") & (c["op_name"] == "aten::bmm")]
+        assert len(bmm) == 8 and (bmm["flops"] == want).all()
+        assert bmm["shape"].str.endswith(" (causal pairs)").all() == (causal == "causal")
+    c = tr.analyze_trace(DIR / "gemma2_decode_h200.json.gz", model).costed
+    bmm = c[(c["operator"] == "attention") & (c["op_name"] == "aten::bmm")]
+    assert set(bmm["flops"]) == {2 * 8 * 256 * 514, 2 * 8 * 256 * 515}

@@ -265,6 +265,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     if "serving_step" in inst:
         _step_attention(out, inst["serving_step"], model, causal, attention_bytes)
+    if causal == "causal":
+        _eager_attention_causal(out)
     out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
@@ -906,6 +908,28 @@ def _attention_backward(c: _Call) -> Cost:
                 formulas.attention_backward_bytes(batch, n_q, n_kv, t, s, d, q.b), q.dtype,
                 f"backward of {fwd.shape}", batch=batch, t=t, s=s, causal=fwd.causal,
                 heads=(n_q, n_kv, d))
+
+
+_EAGER_ATTENTION_GEMMS = ("aten::bmm", "aten::matmul", "aten::baddbmm")
+
+
+def _eager_attention_causal(out: pd.DataFrame) -> None:
+    """An eager attention's QKᵀ and P·V matmuls (bmm/matmul rows named attention) compute every
+    query-key pair before a decoder's causal mask; under --causal causal they count the causal
+    pairs, as the attention rule does: a prefill's square T x T scores (QKᵀ: M = N = T; P·V:
+    M = K = T; T > 1) times pairs/(T·T), the shape says so. Bytes stay those the GEMM moved;
+    other shapes (T = 1, chunks) are left at every pair."""
+    m, k, n = (out[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in ("M", "K", "N"))
+    rows = ((out["operator"] == "attention").to_numpy(bool)
+            & out["op_name"].isin(_EAGER_ATTENTION_GEMMS).to_numpy(bool)
+            & (m > 1) & ((n == m) | (k == m)) & (out["flops"].to_numpy(np.float64) > 0))
+    if not rows.any():
+        return
+    sizes, at = np.unique(m[rows], return_inverse=True)
+    share = np.array([formulas.attention_pairs(int(t), int(t), "causal") / (t * t)
+                      for t in sizes])[at]  # (per distinct T)
+    out.loc[rows, "flops"] = out.loc[rows, "flops"].to_numpy(np.float64) * share
+    out.loc[rows, "shape"] = out.loc[rows, "shape"].astype(str) + " (causal pairs)"
 
 
 def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
