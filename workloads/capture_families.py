@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,25 +159,20 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
         acts = [torch.profiler.ProfilerActivity.CPU]
         if dev.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        t0 = time.perf_counter()
-        if mode == "schedule":  # 3 unsynchronised steps, the last one recorded
-            sched = torch.profiler.schedule(wait=1, warmup=1, active=1)
-            with torch.profiler.profile(activities=acts, record_shapes=True,
-                                        schedule=sched) as prof:
-                for _ in range(3):
+        workload = dict(family=family, mode=mode, layers=layers, batch=batch, tokens=tokens,
+                        dtype=dtype, scale=scale, steps=steps)
+        # a schedule records 3 unsynchronised steps' last one; otherwise each step is a range
+        sched = torch.profiler.schedule(wait=1, warmup=1, active=1) if mode == "schedule" else None
+        with torch.profiler.profile(activities=acts, record_shapes=True, schedule=sched) as prof:
+            for i in range(3 if sched else steps):
+                prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
+                if sched:  # (metadata given outside the recorded cycle is dropped)
                     step()
                     prof.step()
-                _sync(dev)
-        else:
-            with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
-                for i in range(steps):
-                    with torch.profiler.record_function(f"ProfilerStep#{i}"):
-                        step()
-                _sync(dev)
-        workload = dict(family=family, mode=mode, layers=layers, batch=batch, tokens=tokens,
-                        dtype=dtype, scale=scale, steps=steps,
-                        seconds=round(time.perf_counter() - t0, 3))
-        prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
+                    continue
+                with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                    step()
+            _sync(dev)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{family}_{mode}_{dev.type}.json.gz"
     prof.export_chrome_trace(str(path))
