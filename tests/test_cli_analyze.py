@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -207,13 +208,19 @@ def test_directory_of_traces(tmp_path, capsys):
 
 def test_directory_skips_files_that_are_not_traces(tmp_path, capsys):
     """sample_traces/ holds a sweep's .results.json, a bandwidth JSON, an ncu CSV, a PNG and a
-    README beside its traces (sub-folders are not descended into)."""
-    path = tmp_path / "r.json"
-    assert main(["analyze", str(SAMPLES), "--json", str(path)]) == 0
-    traces = json.loads(path.read_text())["traces"]
-    assert len(traces) == len(list(SAMPLES.glob("*.json.gz")))
-    note = capsys.readouterr().err
+    README beside its traces (sub-folders are not descended into): its files that are not
+    traces, and two of its traces, copied into a folder of their own."""
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
     others = [p for p in SAMPLES.iterdir() if p.is_file() and not p.name.endswith(".json.gz")]
+    for f in [*others, DECODE, PREFILL]:
+        shutil.copy(f, d / f.name)
+    shutil.copy(DECODE, d / "sub" / "not_descended.json.gz")
+    path = tmp_path / "r.json"
+    assert main(["analyze", str(d), "--json", str(path)]) == 0
+    traces = json.loads(path.read_text())["traces"]
+    assert sorted(Path(t["trace"]).name for t in traces) == sorted([DECODE.name, PREFILL.name])
+    note = capsys.readouterr().err
     assert f"skipped {len(others)} file(s) that are not traces" in note
     for name in ("qwen2.5-7b_msweep_q_proj_bf16_h200.results.json", "README.md",
                  "h200x2_allreduce_busbw.json",

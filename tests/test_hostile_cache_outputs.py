@@ -229,7 +229,19 @@ def _preset(p: Path) -> str | None:
     return best[-1] if best else None
 
 
-@pytest.mark.parametrize("path", _committed_traces(), ids=lambda p: str(p.relative_to(SAMPLES)))
+def _every_sample() -> list:
+    """Each committed trace; beyond the first of each folder, marked `exhaustive` (CI runs
+    those in a leg of their own: `pytest -m exhaustive`)."""
+    seen: set[Path] = set()
+    out = []
+    for p in _committed_traces():
+        marks = [pytest.mark.exhaustive] if p.parent in seen else []
+        seen.add(p.parent)
+        out.append(pytest.param(p, marks=marks, id=str(p.relative_to(SAMPLES))))
+    return out
+
+
+@pytest.mark.parametrize("path", _every_sample())
 def test_a_cache_hit_equals_the_fresh_analysis_on_every_sample(path, tmp_path):
     """The Analysis read back (JSON tree + Arrow frames, no pickle) is the one computed: every
     field and frame (dtypes, categories), report.json's dict and the operator tables."""
