@@ -135,3 +135,21 @@ def test_eager_attention_counts_the_causal_pairs_like_sdpa():
     c = tr.analyze_trace(DIR / "gemma2_decode_h200.json.gz", model).costed
     bmm = c[(c["operator"] == "attention") & (c["op_name"] == "aten::bmm")]
     assert set(bmm["flops"]) == {2 * 8 * 256 * 514, 2 * 8 * 256 * 515}
+
+
+def test_kernels_from_before_the_window_are_a_bucket_of_their_own():
+    """A profiler schedule over unsynchronised 8192-token prefills: the window opens while 63
+    kernels of the previous step still run (no launch in the file, correlation ids below the
+    first launch's). They are `before_window`, in no forward pass, uncosted and said; the
+    recorded step is one prefill pass of its own kernels."""
+    path = DIR / "qwen2_schedule-t8192_h200.json.gz"
+    model = tr.get_model(str(CONFIGS / "qwen2.json"))
+    att = tr.attribute(tr.load_trace(path), model)
+    early = att["operator"] == "before_window"
+    assert early.sum() == 63 and att.loc[early, "step"].isna().all()
+    assert not att.loc[~early, "step"].isna().any()
+    a = tr.analyze_trace(path, model)
+    assert a.coverage["fallback_by_operator"]["before_window"] == pytest.approx(
+        att.loc[early, "dur_us"].sum())
+    assert list(a.passes["phase"]) == ["prefill"]
+    assert a.whole_by_phase["prefill"]["kernels"] == (~early).sum()

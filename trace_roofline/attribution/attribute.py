@@ -162,7 +162,9 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         out[dst] = _strings(_take_cat(_categorical(ops[col]), idx))
     out["operator"] = _strings(pd.Categorical.from_codes(operator, op_cats))
     out["layer"] = layer
-    out["step"] = pd.array(units["step"], dtype="Int64")
+    step = pd.array(units["step"], dtype="Int64")
+    step[early] = pd.NA  # a previous step's kernels, whatever step range they end in
+    out["step"] = step
     out["evidence"] = _strings(pd.Categorical.from_codes(evidence, ev_cats))
     out["reason"] = _strings(pd.Categorical.from_codes(reason, re_cats))
     out["training"] = _strings(units["training"].array)
