@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 from workloads.capture_families import FAMILIES, MODES, capture  # noqa: E402
 
 
-@pytest.mark.parametrize("family,mode", [("gpt2", "prefill"), ("qwen2", "train"), ("qwen2", "schedule")])
+@pytest.mark.parametrize("family,mode", [("gpt2", "prefill"), ("qwen2", "train"),
+                                         ("qwen2", "schedule"), ("llama", "batch")])
 def test_a_small_capture_holds_the_family_and_its_ops(tmp_path, family, mode):
     path = capture(family, mode, tmp_path, tokens=16, device="cpu", dtype="float32", steps=1,
                    scale=0.03, progress=lambda _: None)

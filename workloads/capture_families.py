@@ -161,23 +161,58 @@ def capture(family: str, mode: str, out: Path, *, layers: int = 2, batch: int = 
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         workload = dict(family=family, mode=mode, layers=layers, batch=batch, tokens=tokens,
                         dtype=dtype, scale=scale, steps=steps)
-        # a schedule records 3 unsynchronised steps' last one; otherwise each step is a range
-        sched = torch.profiler.schedule(wait=1, warmup=1, active=1) if mode == "schedule" else None
-        with torch.profiler.profile(activities=acts, record_shapes=True, schedule=sched) as prof:
-            for i in range(3 if sched else steps):
-                prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
-                if sched:  # (metadata given outside the recorded cycle is dropped)
-                    step()
-                    prof.step()
-                    continue
-                with torch.profiler.record_function(f"ProfilerStep#{i}"):
-                    step()
-            _sync(dev)
+        prof = (_on_the_scheduler_thread(step, acts, workload, dev) if mode == "batch"
+                else _profiled(step, acts, workload, steps, dev, schedule=mode == "schedule"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{family}_{mode}_{dev.type}.json.gz"
     prof.export_chrome_trace(str(path))
     progress(f"wrote {path}")
     return path
+
+
+def _profiled(step: Callable[[], object], acts: list, workload: dict, steps: int,
+              dev: torch.device, schedule: bool) -> torch.profiler.profile:
+    """`steps` steps, each in a `ProfilerStep#N` range; with `schedule`, 3 unsynchronised
+    steps under schedule(wait=1, warmup=1, active=1), the last one recorded."""
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=1) if schedule else None
+    with torch.profiler.profile(activities=acts, record_shapes=True, schedule=sched) as prof:
+        for i in range(3 if schedule else steps):
+            # (given outside a schedule's recorded cycle, the metadata is dropped)
+            prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
+            if schedule:
+                step()
+                prof.step()
+                continue
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                step()
+        _sync(dev)
+    return prof
+
+
+def _on_the_scheduler_thread(step: Callable[[], object], acts: list, workload: dict,
+                             dev: torch.device) -> torch.profiler.profile:
+    """One `generate_batch`: continuous batching runs its steps on a worker thread, whose ops
+    a profiler started on this thread does not record, so the worker's generation loop runs
+    inside a profiler of its own (one `ProfilerStep#0` range)."""
+    from transformers.generation.continuous_batching import continuous_api
+
+    manager = continuous_api.ContinuousBatchingManager
+    loop, done = manager._run_generation_loop, []
+
+    def profiled(self: object) -> None:
+        with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+            prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
+            with torch.profiler.record_function("ProfilerStep#0"):
+                loop(self)
+            _sync(dev)
+        done.append(prof)
+
+    manager._run_generation_loop = profiled  # type: ignore[method-assign]
+    try:
+        step()
+    finally:
+        manager._run_generation_loop = loop  # type: ignore[method-assign]
+    return done[0]
 
 
 def _sync(dev: torch.device) -> None:
