@@ -153,3 +153,23 @@ def test_kernels_from_before_the_window_are_a_bucket_of_their_own():
         att.loc[early, "dur_us"].sum())
     assert list(a.passes["phase"]) == ["prefill"]
     assert a.whole_by_phase["prefill"]["kernels"] == (~early).sum()
+
+
+def test_packed_continuous_batching_steps_are_not_passed_off_as_plain_prefills():
+    """HF continuous batching with its ops recorded: SDPA packs every request's tokens into one
+    sequence, so 4 decode tokens of 4 requests (T = 4, S = 537) look like a 4-token prefill
+    chunk. The footer says which passes score more keys than queries and that their phase
+    rests on T alone."""
+    from trace_roofline.outputs.report import passes_lines
+
+    a = tr.analyze_trace(DIR / "llama_batch-ops_h200.json.gz",
+                         tr.get_model(str(CONFIGS / "llama.json")))
+    p = a.passes
+    packed = p[(p["phase"] == "prefill") & (p["S"] > p["T_max"])]
+    assert len(packed) == 8 and sorted(set(packed["T_max"])) == [4, 21, 256]
+    lines = passes_lines(a)
+    assert lines[1].startswith("8 prefill pass(es) score more keys than queries (T < S)")
+    assert "continuous batching" in lines[1] and "by T alone" in lines[1]
+    plain = tr.analyze_trace(DIR / "qwen2_prefill_h200.json.gz",
+                             tr.get_model(str(CONFIGS / "qwen2.json")))
+    assert len(passes_lines(plain)) == 1  # T = S: nothing to say

@@ -388,8 +388,16 @@ def passes_lines(a: Analysis) -> list[str]:
         tokens = "" if pd.isna(lo) else f" (T={lo})" if lo == hi else f" (T={lo}..{hi})"
         parts.append(f"{len(g)} {phase}{tokens}")
     evidence = ", ".join(sorted(t["evidence"].unique()))
-    return [f"forward passes: {', '.join(parts)} (phase from {evidence}); each phase's time, "
-            "FLOPs and bytes are summed over its passes (per pass: divide by their number)"]
+    lines = [f"forward passes: {', '.join(parts)} (phase from {evidence}); each phase's time, "
+             "FLOPs and bytes are summed over its passes (per pass: divide by their number)"]
+    longer = (t["phase"] == "prefill") & (t["S"] > t["T_max"]).fillna(False)
+    if longer.any():
+        lines.append(f"{int(longer.sum())} prefill pass(es) score more keys than queries (T < S): "
+                     "a chunked prefill, a speculative verification, several requests' prefill "
+                     "and decode tokens packed into one sequence (continuous batching) and a "
+                     "static cache's prefill look alike in the shapes; their phase is prefill "
+                     "by T alone")
+    return lines
 
 
 def graphs_lines(a: Analysis) -> list[str]:
