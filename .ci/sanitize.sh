@@ -91,6 +91,7 @@ from pathlib import Path
 
 import msgspec
 
+from tests.builders import scan_batch
 from trace_roofline.trace import columns, decode
 from trace_roofline.trace.schema import MISSING
 
@@ -153,13 +154,10 @@ def f64(v: float) -> bytes:
 
 
 def scanned(content: bytes):
-    sc = columns.SCANNER()
-    got = sc.scan(bytearray(b"[" + content + b"]"), 1, len(content) + 1)
+    got = scan_batch(content)
     if isinstance(got, str):
         return got
-    n, i32, f, i64 = got
-    strings = [None] + [msgspec.json.decode(b'"' + k + b'"') for k in sc.strings()]
-    raws = sc.raws()
+    n, i32, f, i64, strings, raws = got
     w = lambda b, fmt, k: struct.unpack(f"<{k * n}{fmt}", b)  # noqa: E731
     i32, f, i64 = w(i32, "i", 5), w(f, "d", 2), w(i64, "q", len(INTS))
     return [(strings[i32[r]], strings[i32[n + r]], strings[i32[2 * n + r]], raws[i32[3 * n + r]],

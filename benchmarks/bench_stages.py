@@ -29,8 +29,7 @@ import trace_roofline.trace as trace_mod  # noqa: E402
 from trace_roofline.attribution.attribute import attribute  # noqa: E402
 from trace_roofline.costs.shapes import attach_costs  # noqa: E402
 from trace_roofline.model.models import get_model  # noqa: E402
-from trace_roofline.pipeline import trace_hardware  # noqa: E402
-from trace_roofline.roofline import analyze  # noqa: E402
+from trace_roofline.pipeline import analyze, trace_hardware  # noqa: E402
 
 IMPORTS_S = time.perf_counter() - t0
 

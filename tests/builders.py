@@ -35,10 +35,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pandas as pd
 
 from trace_roofline.model.models import ModelSpec
-from trace_roofline.trace import parallel
+from trace_roofline.trace import columns, parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -476,3 +477,16 @@ def parent_waits_for_a_claim(monkeypatch) -> None:
 
     monkeypatch.setattr(parallel.Claims, "__init__", init)
     monkeypatch.setattr(parallel.Claims, "parent", parent)
+
+
+def scan_batch(content: bytes) -> str | tuple:
+    """The compiled scanner (trace.columns.SCANNER) over one batch, a JSON array's content: its
+    reason for declining, or (n, i32, f64, i64 buffers, the string table with None first, the
+    raw values)."""
+    sc = columns.SCANNER()
+    got = sc.scan(bytearray(b"[" + content + b"]"), 1, len(content) + 1)
+    if isinstance(got, str):
+        return got
+    n, i32, f64, i64 = got
+    strings = [None] + [msgspec.json.decode(b'"' + k + b'"') for k in sc.strings()]
+    return n, i32, f64, i64, strings, sc.raws()

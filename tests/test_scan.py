@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import SAMPLES, gpu_trace
+from tests.builders import SAMPLES, gpu_trace, scan_batch
 from trace_roofline.errors import InputError
 from trace_roofline.trace import SCHEMAS, columns, decode, load_trace, parallel
 from trace_roofline.trace import read as trace_read
@@ -140,13 +140,10 @@ def _f64(v: float) -> bytes:
 def scanned_rows(content: bytes):
     """The scanner's columns of a batch (a JSON array's content) as one dict per event, or the
     reason it declines."""
-    sc = _scan.Scanner()
-    got = sc.scan(bytearray(b"[" + content + b"]"), 1, len(content) + 1)
+    got = scan_batch(content)
     if isinstance(got, str):
         return got
-    n, i32, f64, i64 = got
-    strings = [None] + [msgspec.json.decode(b'"' + k + b'"') for k in sc.strings()]
-    raws = sc.raws()
+    n, i32, f64, i64, strings, raws = got
     i32 = np.frombuffer(i32, np.int32).reshape(-1, n) if n else np.empty((len(_I32), 0), np.int32)
     f64 = np.frombuffer(f64, np.float64).reshape(-1, n) if n else np.empty((2, 0))
     i64 = np.frombuffer(i64, np.int64).reshape(-1, n) if n else np.empty((len(_I64), 0), np.int64)

@@ -1061,15 +1061,15 @@ def _honest(ctx: _Context, name: Names, evidence: Names
     ev = np.where(eager, "shape", ev)
     # (`other` claims nothing: it stays, with the gap as its reason)
     unexplained = positional & ~gemm & ~_explained(ctx) & (nm != UNATTRIBUTED)
-    pn = np.where(ctx.P.vocab[ctx.P.codes] == "", "the start",
-                  ctx.P.vocab[ctx.P.codes]).astype(object)
-    nn = np.where(ctx.N.vocab[ctx.N.codes] == "", "the end",
-                  ctx.N.vocab[ctx.N.codes]).astype(object)
-    gap = "between " + pn + " and " + nn + ": no layout explains this gap"
     nm = np.where(unexplained & (nm != "other"), UNATTRIBUTED, nm)
-    why = np.where(unexplained, gap, why)
-    rule = positional & (nm == UNATTRIBUTED) & (why == "")
-    why = np.where(rule, "between " + pn + " and " + nn + ": no attention in reach", why)
+    rule = positional & (nm == UNATTRIBUTED) & ~unexplained & (why == "")
+    said = np.flatnonzero(unexplained | rule)  # the rows whose reason names their neighbours
+    if len(said):
+        pn, nn = (np.where(v == "", empty, v).astype(object) for v, empty in (
+            (ctx.P.vocab[ctx.P.codes[said]], "the start"), (ctx.N.vocab[ctx.N.codes[said]], "the end")))
+        tail = np.where(unexplained[said], ": no layout explains this gap",
+                        ": no attention in reach").astype(object)
+        why[said] = "between " + pn + " and " + nn + tail
     why = np.where((nm == "other") & (why == ""), "model work outside the operator vocabulary",
                    why)
     return nm.astype(object), ev.astype(object), why.astype(object)

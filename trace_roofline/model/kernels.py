@@ -246,6 +246,10 @@ _NAMES = np.asarray([f.family for f in FAMILIES] + [UNKNOWN], dtype=object)
 _VENDORS = np.asarray([f.vendor for f in FAMILIES] + [""], dtype=object)
 _ROLES = np.asarray([f.role for f in FAMILIES] + [UNKNOWN], dtype=object)
 BY_FAMILY: dict[str, KernelFamily] = {f.family: f for f in FAMILIES}
+# classify's columns: per family index, its category's code, and the categories
+_CODES = {col: (pd.Index(cats).get_indexer(values), cats) for col, values, cats in (
+    ("family", _NAMES, pd.unique(_NAMES)), ("vendor", _VENDORS, pd.unique(_VENDORS)),
+    ("role", _ROLES, list(ROLES)))}
 
 
 def _distinct(names: pd.Series) -> tuple[np.ndarray, pd.Series]:
@@ -297,11 +301,8 @@ def classify(names: pd.Series) -> pd.DataFrame:
     categoricals, indexed like `names`. Worked out once per distinct name."""
     codes, distinct = _distinct(names)
     fam = family_index(distinct)[codes]
-    return pd.DataFrame({
-        "family": pd.Categorical(_NAMES[fam], categories=pd.unique(_NAMES)),
-        "vendor": pd.Categorical(_VENDORS[fam], categories=pd.unique(_VENDORS)),
-        "role": pd.Categorical(_ROLES[fam], categories=list(ROLES)),
-    }, index=names.index)
+    return pd.DataFrame({col: pd.Categorical.from_codes(code[fam], cats)
+                         for col, (code, cats) in _CODES.items()}, index=names.index)
 
 
 def roles(names: pd.Series) -> pd.Series:
