@@ -33,6 +33,9 @@ FILE_CASES = {
     "truncated": (good_bytes()[: len(good_bytes()) // 2], "truncated JSON"),
     "trailing_garbage": (good_bytes() + b"}{", "malformed JSON"),
     "not_json": (b"hello world", "not JSON"),
+    # a first letter of true/false/null is no literal yet: not JSON, not "top level is null"
+    "word_like_null": (b"nonsense", "not JSON (it begins 'nonsense'); expected a torch.profiler"),
+    "word_like_true": (b"trace events", "not JSON (it begins 'trace events')"),
     "nan_token": (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN,'
                   b' "dur": 1}]}', "malformed JSON"),
     "top_number": (b"42", "top level is a number"),
@@ -67,6 +70,12 @@ def test_malformed_file_is_one_clear_line(tmp_path, case):
     p = tmp_path / f"{case}.json"
     p.write_bytes(data)
     expect_error(p, match)
+
+
+def test_a_gz_name_without_gzip_data_says_both(tmp_path):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(b"not gzip at all")
+    expect_error(p, "not JSON, nor gzip-compressed though named .gz (it begins 'not gzip at all')")
 
 
 def test_missing_file_and_directories(tmp_path):

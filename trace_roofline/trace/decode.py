@@ -113,6 +113,7 @@ _ONE_LENIENT = msgspec.json.Decoder(_EventLenient)
 
 _JSON_KINDS = {ord("["): "an array", ord("{"): "an object", ord('"'): "a string",
                ord("t"): "a boolean", ord("f"): "a boolean", ord("n"): "null"}
+_JSON_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
 _PLACEHOLDER = _Event()
 
 
@@ -333,7 +334,9 @@ def json_kind(view) -> str:
     if not head:
         return "empty"
     first = head[0]
-    return _JSON_KINDS.get(first, "a number" if first in b"-0123456789" else "not JSON")
+    kind = _JSON_KINDS.get(first, "a number" if first in b"-0123456789" else "not JSON")
+    literal = _JSON_LITERALS.get(first)
+    return "not JSON" if literal and not head.startswith(literal) else kind
 
 
 def _why(e: Exception) -> str:
@@ -357,6 +360,11 @@ def _split_top(p: Path, buf: Buffer) -> tuple[dict, list]:
         raise InputError(f"{p}: empty file")
     if kind == "an array":  # Chrome's "JSON Array Format": the events alone
         return {"device_properties": []}, RAW_LIST.decode(view)
+    if kind == "not JSON":
+        gz = ", nor gzip-compressed though named .gz" if p.name.endswith(".gz") else ""
+        begins = bytes(view[:24]).decode("utf-8", "replace")
+        raise InputError(f"{p}: not JSON{gz} (it begins {begins!r}); expected a torch.profiler "
+                         "trace, an object with traceEvents")
     if kind != "an object":
         raise InputError(f"{p}: top level is {kind}, expected an object with traceEvents")
     try:
