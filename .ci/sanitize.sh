@@ -89,9 +89,7 @@ import struct
 import time
 from pathlib import Path
 
-import msgspec
-
-from tests.builders import scan_batch
+from tests.builders import msgspec_batch, scan_batch
 from trace_roofline.trace import columns, decode
 from trace_roofline.trace.schema import MISSING
 
@@ -170,9 +168,8 @@ def as_int(v) -> int:
 
 
 def decoded(content: bytes):
-    try:
-        evs = decode._BATCH.decode(b"[" + content + b"]")
-    except (msgspec.DecodeError, RecursionError):
+    evs = msgspec_batch(content)
+    if evs is None:
         return None
     rows = []
     for e in evs:

@@ -39,7 +39,7 @@ import msgspec
 import pandas as pd
 
 from trace_roofline.model.models import ModelSpec
-from trace_roofline.trace import columns, parallel
+from trace_roofline.trace import columns, decode, parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -490,3 +490,12 @@ def scan_batch(content: bytes) -> str | tuple:
     n, i32, f64, i64 = got
     strings = [None] + [msgspec.json.decode(b'"' + k + b'"') for k in sc.strings()]
     return n, i32, f64, i64, strings, sc.raws()
+
+
+def msgspec_batch(content: bytes) -> list | None:
+    """trace.decode's msgspec Structs of one batch (a JSON array's content), or None where
+    msgspec does not decode it in one go (the scanner must then decline)."""
+    try:
+        return decode._BATCH.decode(b"[" + content + b"]")
+    except (msgspec.DecodeError, RecursionError):
+        return None

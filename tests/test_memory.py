@@ -24,8 +24,12 @@ for _ in range(5):
 print(faults() - before)
 """
 
-ADVICE = """
-import numpy._core.multiarray as m
+NUMPY_MULTIARRAY = """try:  # numpy 2; numpy 1.26 (the oldest supported) names it numpy.core
+    import numpy._core.multiarray as m
+except ImportError:
+    import numpy.core.multiarray as m
+"""
+ADVICE = NUMPY_MULTIARRAY + """
 from trace_roofline import memory
 memory.tune()
 print(m._set_madvise_hugepage(True))  # the setting before this call
@@ -48,7 +52,7 @@ def test_numpy_huge_page_advice_is_off():
 
 
 def test_cli_main_tunes_its_process():
-    code = ("import numpy._core.multiarray as m; from trace_roofline.cli import main; "
-            "main(['intensity', '--model', 'qwen2.5-7b', '--hardware', 'h200-sxm']); "
-            "print(m._set_madvise_hugepage(True))")
+    code = (NUMPY_MULTIARRAY + "from trace_roofline.cli import main\n"
+            "main(['intensity', '--model', 'qwen2.5-7b', '--hardware', 'h200-sxm'])\n"
+            "print(m._set_madvise_hugepage(True))\n")
     assert _run(code).splitlines()[-1] == "False"

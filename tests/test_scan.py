@@ -13,14 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import SAMPLES, gpu_trace, scan_batch
+from tests.builders import SAMPLES, gpu_trace, msgspec_batch, scan_batch
 from trace_roofline.errors import InputError
 from trace_roofline.trace import SCHEMAS, columns, decode, load_trace, parallel
 from trace_roofline.trace import read as trace_read
@@ -165,9 +164,8 @@ def _int_of(v) -> int:
 def struct_rows(content: bytes):
     """decode.py's msgspec Structs of the same batch as the same dicts, or None if msgspec
     does not decode the batch in one go (the scanner must then decline)."""
-    try:
-        evs = decode._BATCH.decode(b"[" + content + b"]")
-    except (msgspec.DecodeError, RecursionError):
+    evs = msgspec_batch(content)
+    if evs is None:
         return None
     rows = []
     for e in evs:
