@@ -10,6 +10,7 @@ import json
 import os
 import struct
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -779,6 +780,10 @@ def test_two_process_parse_uses_the_scanner_in_both_processes(tmp_path, monkeypa
     monkeypatch.setattr(decode, "BATCH_BYTES", 20_000)
     monkeypatch.setattr(parallel, "SEGMENT_BYTES", 200_000)
     monkeypatch.setattr(parallel, "MIN_SEGMENT_BYTES", 20_000)
+    # a fork is refused while other threads run: wait for an earlier test's to end
+    for t in [t for t in threading.enumerate() if t is not threading.main_thread()]:
+        t.join(timeout=10)
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
     scanned, plain, calls = both_ways(path, workers=2, log=tmp_path / "scan.log")
     assert len(forks) == 2  # (one each way)
     with monkeypatch.context() as m:
