@@ -40,7 +40,8 @@ _TRAINING_PARTS = ("backward", "optimizer")
 
 _MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
 ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
-_EAGER_ATTENTION_OPS = {"bmm", "baddbmm", "matmul", "softmax", "_softmax", "_safe_softmax"}
+_EAGER_ATTENTION_OPS = {*(g.removeprefix("aten::") for g in layouts.EAGER_ATTENTION_GEMMS),
+                        "softmax", "_softmax", "_safe_softmax"}
 _KV_OPS = {"index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_", "cat"}
 _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
 # argument indices of (cu_seqlens_q, max_seqlen_q): engines' flash-attention forwards

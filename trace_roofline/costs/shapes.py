@@ -855,7 +855,7 @@ def _attention(c: _Call) -> Cost:
     paged sequences, `_varlen_attention`): formulas.attention_flops / attention_bytes."""
     if c.name in layouts.VARLEN_LAYOUTS:
         return _varlen_attention(c, layouts.VARLEN_LAYOUTS[c.name])
-    if c.name in layouts.ATTENTION_BACKWARD_LAYOUTS:
+    if c.name in layouts.ATTENTION_BACKWARD_CAUSAL_AT:
         return _attention_backward(c)
     if c.name in _ATTENTION_WITHOUT_LENGTHS:
         return Cost(uncosted=f"{c.name}: {_ATTENTION_WITHOUT_LENGTHS[c.name]}")
@@ -896,7 +896,7 @@ def _attention_backward(c: _Call) -> Cost:
     """SDPA's backward (grad_out, query [B,n_q,T,d], key [B,n_kv,S,d], ...): the forward's
     geometry and causal convention (`_attention_cost`), formulas.attention_backward_flops and
     attention_backward_bytes."""
-    _, causal_at = layouts.ATTENTION_BACKWARD_LAYOUTS[c.name]
+    causal_at = layouts.ATTENTION_BACKWARD_CAUSAL_AT[c.name]
     q, k = _tensor(c.args, 1), _tensor(c.args, 2)
     if len(q.dims) != 4 or len(k.dims) != 4:
         raise Malformed(f"query {q.dims} and key {k.dims} are not [B, heads, T, d]")
@@ -910,9 +910,6 @@ def _attention_backward(c: _Call) -> Cost:
                 heads=(n_q, n_kv, d))
 
 
-_EAGER_ATTENTION_GEMMS = ("aten::bmm", "aten::matmul", "aten::baddbmm")
-
-
 def _eager_attention_causal(out: pd.DataFrame) -> None:
     """An eager attention's QKᵀ and P·V matmuls (bmm/matmul rows named attention) compute every
     query-key pair before a decoder's causal mask; under --causal causal they count the causal
@@ -921,7 +918,7 @@ def _eager_attention_causal(out: pd.DataFrame) -> None:
     other shapes (T = 1, chunks) are left at every pair."""
     m, k, n = (out[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in ("M", "K", "N"))
     rows = ((out["operator"] == "attention").to_numpy(bool)
-            & out["op_name"].isin(_EAGER_ATTENTION_GEMMS).to_numpy(bool)
+            & out["op_name"].isin(layouts.EAGER_ATTENTION_GEMMS).to_numpy(bool)
             & (m > 1) & ((n == m) | (k == m)) & (out["flops"].to_numpy(np.float64) > 0))
     if not rows.any():
         return

@@ -23,13 +23,15 @@ ATTENTION_LAYOUTS: dict[str, tuple[str, int]] = {
     "aten::_efficient_attention_forward": ("BTHD", 9),  # custom_mask_type: 0 none, 1/2 causal
     "flash_attn::_flash_attn_forward": ("BTHD", 5),
 }
-# SDPA's backward ops (grad_out, query, key, value, ...): the layout and is_causal's index.
-ATTENTION_BACKWARD_LAYOUTS: dict[str, tuple[str, int]] = {
-    "aten::_scaled_dot_product_flash_attention_backward": ("BHTD", 11),
-    "aten::_scaled_dot_product_efficient_attention_backward": ("BHTD", 11),
-    "aten::_scaled_dot_product_cudnn_attention_backward": ("BHTD", 14),
-    "aten::_cudnn_attention_backward": ("BHTD", 14),
+# SDPA's backward ops (grad_out, query, key, value, ... all BHTD): is_causal's index.
+ATTENTION_BACKWARD_CAUSAL_AT: dict[str, int] = {
+    "aten::_scaled_dot_product_flash_attention_backward": 11,
+    "aten::_scaled_dot_product_efficient_attention_backward": 11,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+    "aten::_cudnn_attention_backward": 14,
 }
+# The matmuls of an eager attention (QKᵀ, then P·V), as their ops are named
+EAGER_ATTENTION_GEMMS = frozenset({"aten::bmm", "aten::baddbmm", "aten::matmul"})
 
 
 @dataclass(frozen=True)
