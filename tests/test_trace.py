@@ -731,14 +731,14 @@ def test_the_faster_process_decodes_more(tmp_path, both, monkeypatch, slow):
 
     def parse(p, w, start, end, acc, progress, **kw):
         if (os.getpid() == parent) == (slow == "parent"):
-            progress = lambda *a: time.sleep(0.002)  # noqa: E731 (after each batch)
+            progress = lambda *a: time.sleep(0.01)  # noqa: E731 (after each batch)
         return real_parse(p, w, start, end, acc, progress, **kw)
 
     monkeypatch.setattr(parallel, "parse_span", parse)
     two = both(path, "two")
     assert_identical(serial, two)
     share = both.spans[0] / n
-    assert (share < 0.25) if slow == "parent" else (share > 0.75), share
+    assert (share < 1 / 3) if slow == "parent" else (share > 2 / 3), share  # (loaded CI: a margin)
 
 
 @needs_fork
