@@ -5,7 +5,9 @@ decoder. A name that fails these checks is a wrong name; at most 2% of device ti
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -49,7 +51,7 @@ def _wrong(att, model: tr.ModelSpec) -> np.ndarray:
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name.removesuffix("_h200.json.gz"))
-def test_no_wrong_name_on_any_family_capture(path):
+def test_no_wrong_name_on_any_family_capture(path, tmp_path):
     family = _family(path)
     trace = tr.load_trace(path)
     if family == "bert":  # an encoder: its config is refused, and bare names no decoder op
@@ -61,8 +63,60 @@ def test_no_wrong_name_on_any_family_capture(path):
     att = tr.attribute(trace, model)
     dur = att["dur_us"].to_numpy()
     wrong = _wrong(att, model)
+    if path.name.startswith("llama_assisted"):  # the draft's rows, by the draft's layout
+        draft = (att["model"] == DRAFT_LABEL).to_numpy(bool)
+        wrong = np.where(draft, _wrong(att, _draft_model(tmp_path)), wrong)
     assert dur[wrong].sum() <= 0.02 * dur.sum(), att.loc[wrong, ["operator", "op_name",
                                                                  "input_dims"]].drop_duplicates()
+
+
+# llama_assisted's draft (workloads/capture_families.py: `build(..., draft=0.25)`, 1 layer):
+# a quarter of Llama-3-8B's widths and heads, its head size and vocabulary
+DRAFT = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "intermediate_size": 3584, "num_hidden_layers": 1}
+DRAFT_LABEL = "hidden 1024, vocab 128256"
+
+
+def _draft_model(tmp_path: Path) -> tr.ModelSpec:
+    cfg = json.loads((CONFIGS / "llama.json").read_text()) | DRAFT
+    (tmp_path / "draft.json").write_text(json.dumps(cfg))
+    return tr.get_model(str(tmp_path / "draft.json"))
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["with-model", "without"])
+def test_two_models_in_one_trace_are_two_analyses(given):
+    """Assisted decoding (a 2-layer target and a 1-layer draft): each embedding weight is a
+    model with its own rows, passes and whole model; none of the draft's GEMMs is a fallback
+    `linear[K×N]` or is added to the target's, the given model is the draft's only by shapes,
+    and every kernel lands in exactly one of the two."""
+    path = DIR / "llama_assisted_h200.json.gz"
+    model = tr.get_model(str(CONFIGS / "llama.json")) if given else None
+    a = tr.analyze_trace(path, model)
+    assert len(a.models) == 1
+    draft = a.models[0]
+    first = "llama" if given else "hidden 4096, vocab 128256"
+    assert a.trace.endswith(f"[model 1 of 2: {first}]")
+    assert draft.trace.endswith(f"[model 2 of 2: {DRAFT_LABEL}]") and draft.model is None
+    assert a.tp == (1 if given else None)  # (blended, the draft's shapes read as a TP=4 shard)
+    for part, hidden in ((a, 4096), (draft, 1024)):
+        ops = part.operators[part.operators["layer"].isna()]
+        assert not ops["operator"].str.startswith("linear[").any()
+        assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                "attention", "lm_head"} <= set(ops["operator"])
+        assert part.model_inferred["hidden_size"] == hidden
+    # per generate, the target: its 513-token prefill, 6 verifications of 2 tokens, a last
+    # decode; the draft: its 512-token prefill and 6 passes of 2 tokens (2 generates)
+    assert len(a.passes) == 16 and len(draft.passes) == 14
+    assert list(a.passes["T_max"].iloc[:8]) == [513, 2, 2, 2, 2, 2, 2, 1]
+    assert list(draft.passes["T_max"].iloc[:7]) == [512, 2, 2, 2, 2, 2, 2]
+    assert set(a.passes["pass"]).isdisjoint(draft.passes["pass"])
+    total = tr.attribute(tr.load_trace(path), model)["dur_us"].sum()
+    both = sum(cast(float, w["time_us"]) for p in (a, draft) for w in p.whole_by_phase.values())
+    assert both == pytest.approx(total, rel=1e-12)
+    # the draft's q_proj by hand: 14 passes of T tokens, 2·T·1024·1024 FLOPs each
+    tokens = int(draft.passes["T_max"].sum())  # (one sequence per pass)
+    q = draft.operators[(draft.operators["operator"] == "q_proj") & draft.operators["layer"].isna()]
+    assert q["flops"].sum() == 2 * tokens * 1024 * 1024
 
 
 def test_the_check_finds_swapped_and_foreign_names():

@@ -259,10 +259,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for status in cache.log if cache else []:  # in this process only (jobs 1, no dask)
         if status.write_error:
             print(f"{PROG}: note: {status.path}: not cached ({status.write_error})", file=sys.stderr)
-    # Render every output in memory first: a failure leaves no partial files behind.
-    text = report.terminal_table(analyses, per_layer=args.per_layer)
     cross = (ranks.CrossRank.of(infos, [a.operators for a in analyses],
                                 [a.collectives for a in analyses]) if infos else None)
+    analyses = [m for a in analyses for m in (a, *a.models)]  # a trace's models, each apart
+    # Render every output in memory first: a failure leaves no partial files behind.
+    text = report.terminal_table(analyses, per_layer=args.per_layer)
     if cross is not None:  # the traces are ranks of one run
         text += "\n\n" + cross.text()
     elif note := ranks.unranked_note(infos):

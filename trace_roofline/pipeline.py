@@ -129,7 +129,8 @@ def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None,
         if cache is not None:
             cache.store_attributed(trace, model, attributed)
     if model is not None:  # attribute() names GEMMs as the shard the shapes show
-        more = infer_tp(gemm_shapes(trace), model)
+        several = attributed["model"].notna().any()  # (its own GEMMs, in a trace of several)
+        more = infer_tp(gemm_shapes(trace, model.name if several else None, attributed), model)
         model, tp = model.shard(more), (tp or 1) * more
     kernels, replays, found = attribute_trace(trace, model, options, attributed=attributed,
                                               progress=progress)
@@ -151,14 +152,51 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None = None,
 
 
 def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOptions) -> Analysis:
-    """Cost and place the attributed kernels, with ncu's measured bytes."""
+    """Cost and place the attributed kernels, with ncu's measured bytes: in a trace of several
+    models, each model's kernels on their own (`_model_parts`), the others in `models`."""
+    parts = _model_parts(att)
+    if len(parts) == 1:
+        return _analyze_one(att, att.trace.path, hardware, options)
+    done = [_analyze_one(part, f"{att.trace.path} [model {i + 1} of {len(parts)}: {label}]",
+                         hardware, options) for i, (label, part) in enumerate(parts)]
+    return dataclasses.replace(done[0], models=tuple(done[1:]))
+
+
+def _model_parts(att: Attributed) -> list[tuple[str, Attributed]]:
+    """Each model's kernels (attribute's `model` column) as an Attributed of its own: the
+    --model's first (with the units no op launched), then the others by device time, without a
+    model (their linears inferred) and without graph replays. One part for a one-model trace."""
+    label = att.kernels["model"]
+    if label.nunique() < 2:
+        return [("", att)]
+    time = att.kernels["dur_us"].groupby(label).sum()
+    first = [att.model.name] if att.model is not None and att.model.name in time.index else []
+    order = first + [m for m in time.sort_values(ascending=False, kind="stable").index
+                     if m not in first]
+    out = []
+    for i, m in enumerate(order):
+        rows = (label == m).to_numpy(bool) | (i == 0) & label.isna().to_numpy(bool)
+        kernels = att.kernels[rows]
+        table = att.passes.table[att.passes.table["pass"].isin(kernels["step"].dropna())]
+        found = dataclasses.replace(att.passes, pass_id=kernels["step"].array,
+                                    phase=kernels["phase"].array, table=table)
+        own = i == 0
+        out.append((str(m), Attributed(att.trace, kernels, att.model if own else None,
+                                       att.tp if own else None, att.replays if own else None,
+                                       found)))
+    return out
+
+
+def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
+                 options: AnalysisOptions) -> Analysis:
+    """Cost and place one model's attributed kernels, with ncu's measured bytes."""
     trace, attributed, model, tp, replays = (att.trace, att.kernels, att.model, att.tp,
                                              att.replays)
     hw = hardware or trace_hardware(trace)
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
-    common: dict[str, Any] = dict(trace=trace.path, tp=tp, group_size=group)
+    common: dict[str, Any] = dict(trace=name, tp=tp, group_size=group)
     extra = {"passes": att.passes.table, "graphs": replays,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:

@@ -118,6 +118,9 @@ class Analysis:
     # mixture-of-experts layers per phase (`moe_summary`): tokens, active experts and their
     # assumption, tokens per active expert, the experts' intensity next to the dense equivalent
     moe: dict[str, dict[str, object]] = field(default_factory=dict)
+    # the trace's other models (assisted or speculative decoding: each embedding weight a
+    # model), each analysed on its own kernels; `trace` then ends "[model i of n: label]"
+    models: tuple[Analysis, ...] = ()
 
     @property
     def whole(self) -> dict[str, object]:

@@ -18,7 +18,7 @@ from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.model import kernels, models, operators
 from trace_roofline.model.models import ModelSpec
-from trace_roofline.trace import Trace
+from trace_roofline.trace import Trace, parse_dims
 
 # One row per timed unit, in the trace's device-row order (file order of the events).
 ATTRIBUTED_COLUMNS = {
@@ -47,6 +47,9 @@ ATTRIBUTED_COLUMNS = {
     # the part of a training step (forward | backward | optimizer); NA in a trace without
     # backward work
     "training": "str",
+    # which model ran it, in a trace of several (assisted decoding: `_models`): the --model's
+    # name or "hidden H, vocab V"; NA in a trace of one model (and on units no op launched)
+    "model": "str",
 }
 OPERATOR_TABLE_COLUMNS = {
     "step": "Int64",
@@ -90,8 +93,6 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     shapes show (a tensor-parallel rank: `tp.infer_tp`); without it the linears are inferred
     from the trace's own GEMM shapes when they look like a Llama/Qwen layer.
     """
-    if model is not None:
-        model = model.shard(infer_tp(gemm_shapes(trace), model))
     keys = KeySpace(trace.cpu_ops, trace.runtime, trace.flows, trace.annotations,
                     trace.python_frames)
     ops = _ops_frame(trace.cpu_ops, keys)
@@ -101,10 +102,89 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
                                                                         keys)
     units["training"], units["node"], units["frame"] = _training(units, ops, trace.annotations,
                                                                  keys)
-    inst = _instances(units, ops)
-    name, evidence, layer, reason = _name_instances(inst, ops, trace.python_frames, keys, model)
-    return _assemble(units, ops, inst.assign(operator=name, evidence=evidence, layer=layer,
-                                             reason=reason))
+    inst = _gemm_shapes(_instances(units, ops))
+    inst, found = _models(inst, ops)
+    if not found:
+        if model is not None:
+            model = model.shard(infer_tp(gemm_shapes(trace), model))
+        named = _name_instances(inst, ops, trace.python_frames, keys, model)
+        return _assemble(units, ops, inst.assign(**dict(zip(_NAMED, named, strict=True))))
+    inst, labels, shards = _model_shards(inst, found, model)
+    parts = []
+    for m, shard in enumerate(shards):
+        sub = inst[inst["model"].to_numpy() == m]
+        named = _name_instances(sub, ops, trace.python_frames, keys, shard)
+        parts.append(sub.assign(**dict(zip(_NAMED, named, strict=True))))
+    inst = pd.concat(parts).loc[inst.index]
+    for col in ("operator", "evidence", "reason"):
+        inst[col] = inst[col].astype("category")
+    inst["model"] = pd.Categorical.from_codes(inst["model"].to_numpy(np.int64), labels)
+    return _assemble(units, ops, inst)
+
+
+_NAMED = ("operator", "evidence", "layer", "reason")  # what _name_instances returns, in order
+
+
+def _models(inst: pd.DataFrame, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
+    """Several models in one trace (assisted or speculative decoding): each hidden size H of the
+    embedding weights (V, H) is a model (one model's tables, of tokens, positions and token
+    types, share its H), as (largest V, H), widest first. An instance belongs to the model of
+    the last embedding before it in its group (the group's first one before any; model 0 in a
+    group without one), and each model's instances are groups of their own. With one H or
+    none, `inst` unchanged and no models."""
+    emb = np.flatnonzero(naming.Names.of(ops["name"]).mapped(operators.base_names)
+                         .isin(["embedding"]))
+    vh = naming.per_value(ops["input_dims"].iloc[emb].astype("string"), _embedding_weight)
+    v, h = vh["V"].to_numpy(np.int64), vh["H"].to_numpy(np.int64)
+    emb, v, h = emb[h > 0], v[h > 0], h[h > 0]
+    hidden = np.unique(h)[::-1]
+    if len(hidden) < 2:
+        return inst, []
+    code = len(hidden) - 1 - np.searchsorted(hidden[::-1], h)  # index into `hidden`
+    vocab = pd.Series(v).groupby(code).max()
+    found = [(int(vocab[i]), int(size)) for i, size in enumerate(hidden)]
+    inside = Nest(ops["s"].to_numpy()[emb], ops["e"].to_numpy()[emb],
+                  ops["key"].to_numpy()[emb]).innermost(inst["t"].to_numpy(),
+                                                        inst["key"].to_numpy())
+    grp = inst["grp"].to_numpy()
+    per = pd.Series(np.where(inside >= 0, code[np.maximum(inside, 0)], np.nan)).groupby(grp)
+    model = per.ffill().fillna(per.bfill()).fillna(0).to_numpy(np.int64)
+    inst = inst.assign(model=model, grp=pd.factorize(grp * len(found) + model)[0])
+    return inst.sort_values(["grp", "t"], kind="stable"), found
+
+
+def _embedding_weight(dims: pd.Series) -> pd.DataFrame:
+    """(V, H) of an embedding's weight (its first argument) per distinct Input Dims; -1, -1
+    where it has none."""
+    def one(d: object) -> tuple[int, int]:
+        w = d[0] if isinstance(d, list) and d else None
+        ok = isinstance(w, list) and len(w) == 2 and all(type(x) is int and x > 0 for x in w)
+        return (w[0], w[1]) if ok else (-1, -1)  # type: ignore[index]
+
+    return pd.DataFrame([one(d) for d in parse_dims(dims)], index=dims.index, columns=["V", "H"])
+
+
+def _model_shards(inst: pd.DataFrame, found: list[tuple[int, int]], model: ModelSpec | None
+                  ) -> tuple[pd.DataFrame, list[str], list[ModelSpec | None]]:
+    """The models `_models` found, labelled, each with the spec its GEMMs are named by: `model`
+    (as the shard its shapes show) for the one whose GEMMs it explains best, placed first; the
+    others none (their linears inferred from their own GEMMs)."""
+    labels = [f"hidden {h}, vocab {v}" for v, h in found]
+    shards: list[ModelSpec | None] = [None] * len(found)
+    if model is not None:
+        best, hits = 0, -1
+        for m in range(len(found)):
+            rows = (inst["model"].to_numpy() == m) & (inst["K"].to_numpy() >= 0)
+            shapes = set(zip(inst["K"].to_numpy()[rows].tolist(),
+                             inst["N"].to_numpy()[rows].tolist(), strict=True))
+            shard = model.shard(infer_tp(shapes, model))
+            n = len(shapes & set(models.expected_linears(shard).values()))
+            if n > hits:
+                best, hits, shards[0] = m, n, shard
+        order = [best, *(m for m in range(len(found)) if m != best)]
+        labels = [model.name if i == 0 else labels[m] for i, m in enumerate(order)]
+        inst = inst.assign(model=np.argsort(order)[inst["model"].to_numpy()])
+    return inst, labels, shards
 
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
@@ -168,6 +248,10 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
     out["evidence"] = _strings(pd.Categorical.from_codes(evidence, ev_cats))
     out["reason"] = _strings(pd.Categorical.from_codes(reason, re_cats))
     out["training"] = _strings(units["training"].array)
+    models_of = (inst["model"].array if "model" in inst
+                 else pd.Categorical.from_codes(np.zeros(0, np.int8), []))
+    out["model"] = _strings(_take_cat(models_of, np.where(has, at, -1)) if len(models_of)
+                            else pd.Categorical.from_codes(np.full(n, -1, np.int8), []))
     return out[list(ATTRIBUTED_COLUMNS)]
 
 
@@ -720,7 +804,6 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     if not n:
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
         return empty, empty, pd.array([], dtype="Int64"), empty
-    inst = _gemm_shapes(inst)
     backward = np.asarray(inst["training"].array.isin(["backward", "optimizer"]), dtype=bool)
     linears = _linears(inst[~backward], model)  # (backward GEMMs run the transposed shapes)
     gemm = naming.name_gemms(inst, linears)

@@ -290,11 +290,13 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
 
 
 def short_name(path: str) -> str:
-    """A trace's file name without directories and trace suffixes."""
+    """A trace's file name without directories and trace suffixes (a model's part of a trace
+    of several keeps its " [model i of n: ...]")."""
+    path, part, which = path.partition(" [model ")
     name = os.path.basename(path.rstrip("/")) or path
     for suffix in (".gz", ".json", ".pt.trace"):
         name = name.removesuffix(suffix)
-    return name
+    return name + part + which
 
 
 def pos(x: object) -> bool:

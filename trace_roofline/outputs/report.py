@@ -172,6 +172,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
              _hardware_line(a), f"conventions: {conventions_line(a)}"]
     shapes = shapes_line(a)
     lines += [shapes] if shapes else []
+    lines += [models_line(a)] if a.models else []
     lines += [f"! WARNING: {w}" for w in a.warnings]
     lines += [_head(width, measured)]
     lines += [_op_row(r, width, measured) for r in agg.itertuples()]
@@ -370,6 +371,14 @@ def shapes_line(a: Analysis) -> str | None:
         return (f"shapes: consistent with {a.model.name} at TP={d['model_tp']} (one rank's shard "
                 "of each sharded linear and of attention's heads)")
     return None
+
+
+def models_line(a: Analysis) -> str:
+    """What a trace of several models (`Analysis.models`) holds, said with its first model."""
+    return (f"models: this trace runs {1 + len(a.models)} models (each embedding weight (V, H) "
+            "is one: assisted or speculative decoding); each is analysed on its own kernels, "
+            "with its own passes and whole model, this one first, then "
+            + ", ".join(m.trace.rpartition(" [")[2].rstrip("]") for m in a.models))
 
 
 def withheld_text(w: dict) -> str:
