@@ -240,15 +240,15 @@ def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
-    op = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["op_name"]).items()}
-    top = {c: v.to_numpy(dtype=bool) for c, v in _op_flags(rows["top_name"]).items()}
+    op = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["op_name"], _op_flags).items()}
+    top = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["top_name"], _op_flags).items()}
     dims = _dims_flags(rows["input_dims"])
     has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
                 "loss"):
         out[col] = op[col] | top[col]
-    out["attn"] = _attention_ops(rows).to_numpy(dtype=bool)
+    out["attn"] = per_value(rows[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
@@ -907,9 +907,8 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
     outer = ((k_dim >= 0) & (k_dim <= 1)) | (F["last0"] == 1)  # (HF's RoPE table: K = 1)
     ctx = _Context(R, F, P, N, gemms, known, generic, is_anchor, by_name | (after_head & F["loss"]),
                    (pos >= rope0) & preamble, outer, attn_core)
-    nm, ev, why = _honest(ctx, name, evidence)
-    why = np.where(why == "", None, why)  # type: ignore[call-overload]  # (stubs refuse None)
-    return tuple(pd.Series(pd.Categorical(v), index=inst.index) for v in (nm, ev, why))
+    return tuple(pd.Series(v.categorical(), index=inst.index)  # type: ignore[return-value]
+                 for v in _honest(ctx, name, evidence))
 
 
 def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
@@ -1029,50 +1028,60 @@ def _explained(ctx: _Context) -> np.ndarray:
     return ok & ~((sp == 2.0) & (sn == 2.0) & ~same_call)
 
 
-def _honest(ctx: _Context, name: Names, evidence: Names
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(name, evidence, reason) per row as object arrays, after the honesty rules: a GEMM not
+def _honest(ctx: _Context, name: Names, evidence: Names) -> tuple[Names, Names, Names]:
+    """(name, evidence, reason) per row ("": no reason), after the honesty rules: a GEMM not
     matched by its shape keeps its `linear[K×N]` (else is unattributed), but for an eager
     attention's batched product (evidence `shape`: its geometry), the RoPE table's product and
     an outer product (K <= 1: no weight);
     a position name in a gap no layout explains is unattributed; a trace whose GEMMs all miss
     the decoder's linears has no decoder names (`other` everywhere but the embedding)."""
-    nm = name.vocab[name.codes].astype(object)
-    ev = evidence.vocab[evidence.codes].astype(object)
-    why = np.full(len(nm), "", dtype=object)
-    gname = ctx.gemms.vocab[ctx.gemms.codes].astype(object)
+    n = len(name.codes)
+    every = np.ones(n, dtype=bool)
     if ctx.generic.any() and not ctx.known.any():  # GEMMs with shapes, none a decoder's
         # a GEMM loop keeps its linear[K×N] names, elsewhere `other` becomes the op's own name
         # (attribute.py)
-        out = np.where(ctx.generic & ctx.generic.all(), gname,
-                       np.where(ctx.F["emb"], "embedding", "other"))
-        return (out.astype(object), np.where(ctx.F["emb"], "kernel_name", "position"),
-                np.full(len(nm), "no decoder layout: no GEMM of the trace fits a decoder's "
-                                 "linears (an encoder, a CNN, a recommendation model?)", object))
-    positional = ev == "position"
+        emb = ctx.F["emb"]
+        return (first_match([(ctx.generic & ctx.generic.all(), ctx.gemms), (emb, "embedding")],
+                            "other"),
+                first_match([(emb, "kernel_name")], "position"),
+                Names(np.zeros(n, dtype=np.int64), np.asarray([
+                    "no decoder layout: no GEMM of the trace fits a decoder's linears (an "
+                    "encoder, a CNN, a recommendation model?)"], dtype=object)))
+    positional = evidence.isin(["position"])
     gemm = ctx.F["gemmop"] & ~(ctx.is_anchor & ctx.known) & ~ctx.by_name & ~ctx.outer
-    eager = gemm & ctx.F["batched"] & (nm == "attention")
-    table = gemm & ctx.rope_table & (nm == "rope")
+    eager = gemm & ctx.F["batched"] & name.isin(["attention"])
+    table = gemm & ctx.rope_table & name.isin(["rope"])
     lost = gemm & ~eager & ~table
-    nm = np.where(lost, np.where(ctx.generic, gname, UNATTRIBUTED), nm)
-    why = np.where(lost, np.where(ctx.generic, "a GEMM whose (K, N) is no linear of the layout",
-                                  "a GEMM kernel with no shape to match: never named by its "
-                                  "place"), why)
-    ev = np.where(eager, "shape", ev)
     # (`other` claims nothing: it stays, with the gap as its reason)
-    unexplained = positional & ~gemm & ~_explained(ctx) & (nm != UNATTRIBUTED)
-    nm = np.where(unexplained & (nm != "other"), UNATTRIBUTED, nm)
-    rule = positional & (nm == UNATTRIBUTED) & ~unexplained & (why == "")
-    said = np.flatnonzero(unexplained | rule)  # the rows whose reason names their neighbours
-    if len(said):
-        pn, nn = (np.where(v == "", empty, v).astype(object) for v, empty in (
-            (ctx.P.vocab[ctx.P.codes[said]], "the start"), (ctx.N.vocab[ctx.N.codes[said]], "the end")))
-        tail = np.where(unexplained[said], ": no layout explains this gap",
-                        ": no attention in reach").astype(object)
-        why[said] = "between " + pn + " and " + nn + tail
-    why = np.where((nm == "other") & (why == ""), "model work outside the operator vocabulary",
-                   why)
-    return nm.astype(object), ev.astype(object), why.astype(object)
+    unexplained = positional & ~gemm & ~_explained(ctx) & ~name.isin([UNATTRIBUTED])
+    nm = first_match([(lost & ctx.generic, ctx.gemms), (lost, UNATTRIBUTED),
+                      (unexplained & ~name.isin(["other"]), UNATTRIBUTED), (every, name)], "")
+    ev = first_match([(eager, "shape"), (every, evidence)], "")
+    rule = positional & nm.isin([UNATTRIBUTED]) & ~unexplained & ~lost
+    said = unexplained | rule  # the rows whose reason names their neighbours
+    why = first_match([
+        (lost & ctx.generic, "a GEMM whose (K, N) is no linear of the layout"),
+        (lost, "a GEMM kernel with no shape to match: never named by its place"),
+        (said, _gap_reasons(ctx, said, unexplained)),
+        (nm.isin(["other"]), "model work outside the operator vocabulary")], "")
+    return nm, ev, why
+
+
+def _gap_reasons(ctx: _Context, said: np.ndarray, unexplained: np.ndarray) -> Names:
+    """Per row, "between P and N: why", worked out once per distinct (P, N, why) of the `said`
+    rows ("" elsewhere)."""
+    rows = np.flatnonzero(said)
+    codes = np.zeros(len(said), dtype=np.int64)
+    if not len(rows):
+        return Names(codes, np.asarray([""], dtype=object))
+    key = (ctx.P.codes[rows] * (len(ctx.N.vocab) + 1) + ctx.N.codes[rows]) * 2 + unexplained[rows]
+    which, first = np.unique(key, return_inverse=True)[1], np.unique(key, return_index=True)[1]
+    at = rows[first]
+    pn, nn = (np.where(v == "", empty, v).astype(object) for v, empty in (
+        (ctx.P.vocab[ctx.P.codes[at]], "the start"), (ctx.N.vocab[ctx.N.codes[at]], "the end")))
+    tail = np.where(unexplained[at], ": no layout explains this gap", ": no attention in reach")
+    codes[rows] = 1 + which
+    return Names(codes, np.asarray(["", *("between " + pn + " and " + nn + tail)], dtype=object))
 
 
 # ----------------------------------------------------------------------------------------------
