@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -36,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pandas as pd
 
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import columns, decode, parallel
+from trace_roofline.trace.schema import MISSING
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -499,3 +502,75 @@ def msgspec_batch(content: bytes) -> list | None:
         return decode._BATCH.decode(b"[" + content + b"]")
     except (msgspec.DecodeError, RecursionError):
         return None
+
+
+# the scanner's columns of one batch against msgspec's (test_scan, .ci/sanitize.sh's fuzz)
+_INT_FIELDS = {"pid": "pid", "tid": "tid", "id": "id", "args.device": "device", "args.stream": "stream",
+               "args.correlation": "correlation", "args.external_id": "external_id",
+               "args.external_id_legacy": "external_id_legacy", "args.python_id": "python_id",
+               "args.python_parent_id": "python_parent_id"}
+_CPU_RAWS = ("input_dims", "input_dims_legacy", "input_types", "concrete_inputs", "input_strides")
+
+
+def _f64(v: float) -> bytes:
+    return struct.pack("<d", v)
+
+
+def scanned_rows(content: bytes):
+    """The scanner's columns of a batch (a JSON array's content) as one dict per event, or the
+    reason it declines."""
+    from trace_roofline.trace import _scan  # (the compiled scanner: callers skip without it)
+
+    i32_cols, i64_cols = _scan.I32_COLUMNS, _scan.I64_COLUMNS
+    got = scan_batch(content)
+    if isinstance(got, str):
+        return got
+    n, i32, f64, i64, strings, raws = got
+    i32 = np.frombuffer(i32, np.int32).reshape(-1, n) if n else np.empty((len(i32_cols), 0), np.int32)
+    f64 = np.frombuffer(f64, np.float64).reshape(-1, n) if n else np.empty((2, 0))
+    i64 = np.frombuffer(i64, np.int64).reshape(-1, n) if n else np.empty((len(i64_cols), 0), np.int64)
+    rows = []
+    for r in range(n):
+        row = {c: strings[i32[k, r]] for k, c in enumerate(i32_cols[:3])}
+        row["raw.device"], row["raw.cpu_ops"] = raws[i32[3, r]], raws[i32[4, r]]
+        row["ts"], row["dur"] = _f64(f64[0, r]), _f64(f64[1, r])
+        row.update({c: int(i64[k, r]) for k, c in enumerate(i64_cols)})
+        rows.append(row)
+    return rows
+
+
+def _int_of(v) -> int:
+    """A decoded int field as the columns hold it (a string of no digits, or None: MISSING)."""
+    return MISSING if v is None else columns.as_int(v)
+
+
+def struct_rows(content: bytes):
+    """decode.py's msgspec Structs of the same batch as the same dicts, or None if msgspec
+    does not decode the batch in one go (the scanner must then decline)."""
+    evs = msgspec_batch(content)
+    if evs is None:
+        return None
+    rows = []
+    for e in evs:
+        a = e.args
+        row = {"ph": e.ph, "cat": e.cat, "name": e.name,
+               "raw.device": bytes(a.grid) + b"\x01" + bytes(a.block),
+               "raw.cpu_ops": b"\x01".join(bytes(getattr(a, c)) for c in _CPU_RAWS),
+               "ts": _f64(e.ts), "dur": _f64(e.dur)}
+        for col, attr in _INT_FIELDS.items():
+            row[col] = _int_of(getattr(e, attr) if not col.startswith("args.") else getattr(a, attr))
+        rows.append(row)
+    return rows
+
+
+def check_batch(content: bytes):
+    """The scanner's columns of a batch are msgspec's, or it declines; what it gave."""
+    got = scanned_rows(content)
+    if isinstance(got, str):
+        return got
+    ref = struct_rows(content)
+    assert ref is not None, "the scanner read a batch that msgspec does not decode"
+    assert len(got) == len(ref)
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert g == r, (i, {k: (g[k], r[k]) for k in g if g[k] != r[k]})
+    return got

@@ -8,23 +8,20 @@ and why it declines the others. Skipped where the optional C extension is not bu
 import gzip
 import json
 import os
-import struct
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import SAMPLES, gpu_trace, msgspec_batch, scan_batch
+from tests.builders import SAMPLES, check_batch, gpu_trace
 from trace_roofline.errors import InputError
 from trace_roofline.trace import SCHEMAS, columns, decode, load_trace, parallel
 from trace_roofline.trace import read as trace_read
-from trace_roofline.trace.schema import MISSING
 
 _scan = pytest.importorskip("trace_roofline.trace._scan",
                             reason="the optional C extension trace_roofline.trace._scan is not built")
@@ -122,76 +119,6 @@ def check_file(path: Path, expect: str | None = None, workers: int = 1):
     elif expect is not None:
         assert ("declined", expect) in [c[1:] for c in calls], calls
     return scanned, calls
-
-
-# ----------------------------------------------------------------------------- the batch, directly
-_I32, _I64 = _scan.I32_COLUMNS, _scan.I64_COLUMNS
-_INT_FIELDS = {"pid": "pid", "tid": "tid", "id": "id", "args.device": "device", "args.stream": "stream",
-               "args.correlation": "correlation", "args.external_id": "external_id",
-               "args.external_id_legacy": "external_id_legacy", "args.python_id": "python_id",
-               "args.python_parent_id": "python_parent_id"}
-_CPU_RAWS = ("input_dims", "input_dims_legacy", "input_types", "concrete_inputs", "input_strides")
-
-
-def _f64(v: float) -> bytes:
-    return struct.pack("<d", v)
-
-
-def scanned_rows(content: bytes):
-    """The scanner's columns of a batch (a JSON array's content) as one dict per event, or the
-    reason it declines."""
-    got = scan_batch(content)
-    if isinstance(got, str):
-        return got
-    n, i32, f64, i64, strings, raws = got
-    i32 = np.frombuffer(i32, np.int32).reshape(-1, n) if n else np.empty((len(_I32), 0), np.int32)
-    f64 = np.frombuffer(f64, np.float64).reshape(-1, n) if n else np.empty((2, 0))
-    i64 = np.frombuffer(i64, np.int64).reshape(-1, n) if n else np.empty((len(_I64), 0), np.int64)
-    rows = []
-    for r in range(n):
-        row = {c: strings[i32[k, r]] for k, c in enumerate(_I32[:3])}
-        row["raw.device"], row["raw.cpu_ops"] = raws[i32[3, r]], raws[i32[4, r]]
-        row["ts"], row["dur"] = _f64(f64[0, r]), _f64(f64[1, r])
-        row.update({c: int(i64[k, r]) for k, c in enumerate(_I64)})
-        rows.append(row)
-    return rows
-
-
-def _int_of(v) -> int:
-    """A decoded int field as the columns hold it (a string of no digits, or None: MISSING)."""
-    return MISSING if v is None else columns.as_int(v)
-
-
-def struct_rows(content: bytes):
-    """decode.py's msgspec Structs of the same batch as the same dicts, or None if msgspec
-    does not decode the batch in one go (the scanner must then decline)."""
-    evs = msgspec_batch(content)
-    if evs is None:
-        return None
-    rows = []
-    for e in evs:
-        a = e.args
-        row = {"ph": e.ph, "cat": e.cat, "name": e.name,
-               "raw.device": bytes(a.grid) + b"\x01" + bytes(a.block),
-               "raw.cpu_ops": b"\x01".join(bytes(getattr(a, c)) for c in _CPU_RAWS),
-               "ts": _f64(e.ts), "dur": _f64(e.dur)}
-        for col, attr in _INT_FIELDS.items():
-            row[col] = _int_of(getattr(e, attr) if not col.startswith("args.") else getattr(a, attr))
-        rows.append(row)
-    return rows
-
-
-def check_batch(content: bytes):
-    """The scanner's columns of a batch are msgspec's, or it declines; what it gave."""
-    got = scanned_rows(content)
-    if isinstance(got, str):
-        return got
-    ref = struct_rows(content)
-    assert ref is not None, "the scanner read a batch that msgspec does not decode"
-    assert len(got) == len(ref)
-    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
-        assert g == r, (i, {k: (g[k], r[k]) for k in g if g[k] != r[k]})
-    return got
 
 
 # ----------------------------------------------------------------------------- trace documents

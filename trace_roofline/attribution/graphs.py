@@ -19,12 +19,13 @@ import pyarrow.compute as pc
 
 from trace_roofline.attribution import naming
 from trace_roofline.attribution.attribute import attribute
-from trace_roofline.attribution.passes import decode_args, forward_passes
+from trace_roofline.attribution.passes import forward_passes
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, kernels, layouts, moe, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import DecodeShapes
 from trace_roofline.trace import Trace
+from trace_roofline.trace.decode import decode_args
 
 GRAPH_LAUNCH = re.compile(r"^(?:cu(?:da)?|hip)GraphLaunch")
 BAND = 64  # kernels either side of the diagonal the alignment may stray

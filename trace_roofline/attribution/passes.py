@@ -9,7 +9,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -18,6 +17,7 @@ import pyarrow.compute as pc
 from trace_roofline.frames import distinct_codes
 from trace_roofline.model import layouts
 from trace_roofline.model.operators import BEFORE_WINDOW, STAGES
+from trace_roofline.trace.decode import decode_args
 
 PASS_COLUMNS = {
     "pass": "int64",  # 0, 1, ... in order of first device start
@@ -50,7 +50,6 @@ _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
 _VARLEN_ARGS = {name: (v.cu_seqlens_q, v.max_seqlen_q) for name, v in layouts.VARLEN_LAYOUTS.items()}
 _VARLEN_DEFAULT_ARGS = (3, 5)
 _Q_PROJ = {"q_proj", "qkv_proj"}
-_JSON = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True)
@@ -332,17 +331,6 @@ def _flat(dims: list) -> list:
         if isinstance(a, list):
             out.extend(a if a and isinstance(a[0], list) else [a])
     return out
-
-
-def decode_args(raw: str) -> list | None:
-    """A recorded argument list (`Input Dims`, `Concrete Inputs`) as Python lists, None if not one."""
-    if not raw:
-        return None
-    try:
-        v = _JSON.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return v if isinstance(v, list) else None
 
 
 def _table(att: pd.DataFrame, pass_id: np.ndarray, ev: pd.DataFrame,

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import msgspec
 import numpy as np
 import pandas as pd
 
@@ -21,6 +20,7 @@ from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, layouts, moe, operators
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.trace.decode import decode_args
 
 # One row per op instance (op_id; a kernel with no linked op is an instance of its own).
 COSTED_COLUMNS = {
@@ -80,7 +80,6 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "slice
           "lift_fresh", "view_as", "expand_as", "empty", "empty_like", "empty_strided",
           "resolve_conj", "resolve_neg", "result_type"}
 
-_JSON = msgspec.json.Decoder()
 _INT64_MAX = 2**63 - 1
 
 
@@ -340,21 +339,11 @@ def _fallback_dtype(model: ModelSpec | None, types: pd.Series) -> str | None:
         return d.short
     counts: dict[str, int] = {}
     for raw in types.dropna().unique():
-        for t in _decode(raw) or []:
+        for t in decode_args(raw) or []:
             d = dtypes.lookup(str(t))
             if d is not None:
                 counts[d.short] = counts.get(d.short, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else None
-
-
-def _decode(raw: str | None) -> list | None:
-    if raw is None or raw == "":
-        return None
-    try:
-        value = _JSON.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return value if isinstance(value, list) else None
 
 
 @dataclass(frozen=True)
@@ -390,14 +379,14 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
     `facts`: the model's, for MoE ops that do not record their shapes)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
-    dims, types = _decode(dims_raw), _decode(types_raw)
+    dims, types = decode_args(dims_raw), decode_args(types_raw)
     if dims is None or types is None or len(dims) != len(types):
         return Cost(uncosted=f"{name}: no recorded shapes")
     rule = _collective if collective is not None else rule_for(name)
     if rule is None:
         return Cost(uncosted=f"no cost rule for {name}")
-    concrete = _decode(concrete_raw) or []
-    strides = _decode(strides_raw) or []
+    concrete = decode_args(concrete_raw) or []
+    strides = decode_args(strides_raw) or []
     extra = {"operator": part} if collective is None else {
         "operator": collective.operator, "kernel": collective.kernel,
         "group_size": collective.group_size}
@@ -1458,7 +1447,7 @@ def _moe_layers(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None) 
 
 def _first_dtype(raw: object) -> str | None:
     """Short dtype of an op's first argument from its raw Input type JSON."""
-    types = _decode(raw) if isinstance(raw, str) else None
+    types = decode_args(raw) if isinstance(raw, str) else None
     d = dtypes.lookup(str(types[0])) if types else None
     return d.short if d else None
 
@@ -1488,13 +1477,13 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
 
 def _concrete_at(raw: object, arg: int) -> float:
     """Concrete Inputs[arg] of a raw JSON text as a number (NaN when absent or not one)."""
-    values = _decode(raw) if isinstance(raw, str) else None
+    values = decode_args(raw) if isinstance(raw, str) else None
     return _num(values[arg]) if values and len(values) > arg else np.nan
 
 
 def _dims_at(raw: object, arg: int, dim: int | None) -> float:
     """Input Dims[arg][dim] (dim None: the product of Input Dims[arg]) of a raw JSON text."""
-    d = _decode(raw) if isinstance(raw, str) else None
+    d = decode_args(raw) if isinstance(raw, str) else None
     if not d or len(d) <= arg or not isinstance(d[arg], list) or not d[arg]:
         return np.nan
     shape = d[arg]

@@ -416,6 +416,13 @@ def decode_json(text: Any, keep_text: bool = False) -> Any:
         return bytes(text).decode("utf-8", "replace") if keep_text else None
 
 
+def decode_args(raw: str | None) -> list | None:
+    """A recorded argument list (`Input Dims`, `Concrete Inputs`, ...) as Python lists, None if
+    it is missing or not one."""
+    value = decode_json(raw) if raw else None
+    return value if isinstance(value, list) else None
+
+
 def _decode_batch(p: Path, text, batch: Sequence, start: int, acc: Accumulator) -> list:
     """Decode a batch of events; retry one by one only if some event is malformed."""
     try:
