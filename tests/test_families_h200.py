@@ -227,3 +227,21 @@ def test_packed_continuous_batching_steps_are_not_passed_off_as_plain_prefills()
     plain = tr.analyze_trace(DIR / "qwen2_prefill_h200.json.gz",
                              tr.get_model(str(CONFIGS / "qwen2.json")))
     assert len(passes_lines(plain)) == 1  # T = S: nothing to say
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_max_autotune_decode_gemvs_are_named_by_their_weights(family):
+    """Under max-autotune Inductor fuses each decode GEMV into a reduction kernel with the norm
+    or activation around it (triton_red_fused_..._mm_...). Each is named after the linear whose
+    weight buffer its arguments hold (gate and up in one kernel: gate_up_proj) and costed as
+    that GEMM: per pass and layer 2·K·N FLOPs (M = 1)."""
+    model = tr.get_model(str(CONFIGS / f"{family}.json"))
+    a = tr.analyze_trace(DIR / f"{family}_max-autotune_h200.json.gz", model)
+    assert a.coverage["evidence_fraction"] > 0.99
+    ops = a.operators[a.operators["layer"].isna()].set_index("operator")
+    passes = len(a.passes)  # 2 decode steps of 2 layers
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    assert ops.loc["lm_head", "flops"] == passes * 2 * h * v
+    assert ops.loc["gate_up_proj", "flops"] == passes * 2 * 2 * h * 2 * i
+    assert ops.loc["down_proj", "flops"] == passes * 2 * 2 * i * h
+    assert not ops.index.str.startswith("linear[").any()

@@ -238,6 +238,35 @@ def test_inductor_fuses():
     assert kernels.inductor_fuses(names, "store").tolist() == [False, True, False]
 
 
+# Input Dims of max-autotune decode kernels (sample_traces/families_h200/qwen2_max-autotune_h200,
+# Qwen2.5-7B widths: H 3584, kv 512, I 18944, vocab 152064) and the GEMM each runs (M, K, N)
+FUSED_GEMMS = [
+    ("final norm + lm_head", [[3584], [1, 1, 3584], [1, 3584], [1, 1, 1], [152064, 3584],
+                              [1, 152064], [], []], (1, 3584, 152064)),
+    ("act + down_proj", [[1, 18944], [1, 18944], [3584, 18944], [1, 3584], [], []],
+     (1, 18944, 3584)),
+    ("norm + gate and up", [[3584], [1, 1, 3584], [1, 1, 1], [18944, 3584], [18944, 3584],
+                            [1, 18944], [1, 18944], [], []], (1, 3584, 2 * 18944)),
+    ("k_proj (bias)", [[512], [1, 1, 3584], [512, 3584], [1, 512], [], [], []], (1, 3584, 512)),
+    ("o_proj from the heads", [[1, 28, 1, 128], [3584, 3584], [1, 3584], [], []],
+     (1, 3584, 3584)),
+    ("o_proj + residual, the embedding recomputed", [[1, 28, 1, 128], [3584, 3584], [1, 1],
+                                                     [152064, 3584], [1, 3584], [1, 3584],
+                                                     [1, 1, 3584], [], []], (1, 3584, 3584)),
+    ("a prefill k_proj template: the input has the weight's shape",
+     [[512], [512, 3584], [512, 3584], [512, 512]], (512, 3584, 512)),
+    ("an embedding and a norm, no GEMM", [[1, 1], [152064, 3584], [1, 3584], [1, 3584], [3584],
+                                          [1, 1, 3584], [], []], None),
+    ("RoPE's table (an outer product, no weight)", [[1, 3584], [64], [1, 28, 1, 128], [], []],
+     None),
+]
+
+
+@pytest.mark.parametrize("what, dims, gemm", FUSED_GEMMS, ids=[c[0] for c in FUSED_GEMMS])
+def test_the_gemm_inside_an_inductor_kernel(what, dims, gemm):
+    assert kernels.inductor_gemm(dims) == gemm
+
+
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
 

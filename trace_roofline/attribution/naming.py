@@ -17,6 +17,7 @@ from trace_roofline.frames import distinct_codes, factorized
 from trace_roofline.model import kernels, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.model.operators import Stage
+from trace_roofline.trace.decode import decode_args
 
 PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
 MLP_IN = operators.at_stage(Stage.MLP_IN)
@@ -344,11 +345,25 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
         nn = pd.to_numeric(m[gn - 1].where(ok), errors="coerce").fillna(-1).astype("int64")
         pos = pd.Index(uniq).get_indexer(text[rows])
         k[rows], n[rows] = kk.to_numpy()[pos], nn.to_numpy()[pos]
-    tem = (kernels.roles(op_base.fillna("")).isin(kernels.GEMM_ROLES)
-           & op_base.fillna("").str.match(operators.TRITON_KERNEL_OP)).to_numpy(dtype=bool)
+    base = op_base.fillna("")
+    triton = base.str.match(operators.TRITON_KERNEL_OP).to_numpy(dtype=bool)
+    fused = triton & base.str.contains(kernels.INDUCTOR_MATMUL).to_numpy(dtype=bool)
+    if fused.any():
+        k[fused], n[fused] = _fused_kn(text[fused])
+    tem = (k < 0) & triton & kernels.roles(base).isin(kernels.GEMM_ROLES).to_numpy(dtype=bool)
     if tem.any():
         k[tem], n[tem] = _template_kn(text[tem])
     return k, n
+
+
+def _fused_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) of the weight GEMM an Inductor kernel fused (kernels.inductor_gemm), -1 where
+    none fits. Once per distinct text."""
+    uniq = pd.Series(text.unique(), dtype="string")
+    found = [kernels.inductor_gemm(decode_args(t) or []) for t in uniq]
+    got = np.array([(g[1], g[2]) if g else (-1, -1) for g in found], dtype=np.int64).reshape(-1, 2)
+    at = pd.Index(uniq).get_indexer(text)
+    return got[at, 0], got[at, 1]
 
 
 def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from trace_roofline import frames
 from trace_roofline.attribution import steps
 from trace_roofline.costs import crosscheck
 from trace_roofline.errors import InputError
-from trace_roofline.model import dtypes, formulas, layouts, moe, operators
+from trace_roofline.model import dtypes, formulas, kernels, layouts, moe, operators
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace.decode import decode_args
 
@@ -1209,6 +1209,11 @@ def _fused(c: _Call) -> Cost:
     shape = " ".join(str(t.dims) for t in ts)
     shape += f" over {work}" if work is not None else " (no sizes recorded)"
     flops = work if work is not None else main.numel
+    gemm = (kernels.inductor_gemm([t.dims for t in ts])
+            if kernels.INDUCTOR_MATMUL.search(name) else None)
+    if gemm is not None:  # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less)
+        flops = formulas.gemm_flops(*gemm)
+        shape = f"GEMM {gemm[0]}x{gemm[1]}x{gemm[2]} fused: {shape}"
     return Cost("fused", float(flops), float(nbytes), main.dtype, shape)
 
 

@@ -342,3 +342,37 @@ def inductor_fuses(names: pd.Series, what: str) -> pd.Series:
     tri = text.where(text.str.match(INDUCTOR_KERNEL), "").str.replace("_to_copy", "_cast",
                                                                         regex=False)
     return tri.str.contains(INDUCTOR_FUSES[what]).fillna(False).astype(bool)
+
+
+# An Inductor kernel that fused a matmul (a decode GEMV became a reduction, with the norm or the
+# activation around it): its weight GEMM is read from its arguments' shapes (`inductor_gemm`)
+INDUCTOR_MATMUL = re.compile(r"(?:^|_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
+
+
+def inductor_gemm(shapes: list) -> tuple[int, int, int] | None:
+    """(M, K, N) of the weight GEMM inside an Inductor kernel that fused a matmul, from its
+    arguments' shapes in order: a 2-D weight buffer [N, K] (N, K > 1) for which another
+    argument ends in N with M·N elements (the output) and a third holds M·K (the input, as
+    [M, K] or as heads). Several weights of that one shape run as one GEMM (N summed: a fused
+    gate and up; an input of the weight's shape is not one); None when no weight, or weights
+    of two shapes, fit."""
+    dims = [d for d in shapes if isinstance(d, list) and d and all(type(v) is int for v in d)]
+    numel = [int(np.prod(d)) for d in dims]
+    fits: dict[tuple[int, int], int] = {}  # (N, K) -> M
+    for i, w in enumerate(dims):
+        if len(w) != 2 or min(w) < 2:
+            continue
+        n, k = w
+        for j, out in enumerate(dims):
+            m = numel[j] // n
+            if (j != i and out[-1] == n and m >= 1 and m * n == numel[j]
+                    and any(x not in (i, j) and numel[x] == m * k for x in range(len(dims)))):
+                fits[(n, k)] = m
+                break
+    if len(fits) != 1:
+        return None
+    (n, k), m = next(iter(fits.items()))
+    weights = sum(d == [n, k] for d in dims)
+    if not any(numel[x] == m * k and d != [n, k] for x, d in enumerate(dims)):
+        weights -= 1  # (one of them is the input: an activation [M, K] of the weight's shape)
+    return m, k, n * weights
