@@ -1208,13 +1208,13 @@ def _fused(c: _Call) -> Cost:
     nbytes = sum(formulas.elementwise_bytes(n, 0, t.b) for n, t in zip(moved, ts, strict=True))
     shape = " ".join(str(t.dims) for t in ts)
     shape += f" over {work}" if work is not None else " (no sizes recorded)"
-    flops = work if work is not None else main.numel
+    flops = float(work if work is not None else main.numel)
     gemm = (kernels.inductor_gemm([t.dims for t in ts])
             if kernels.INDUCTOR_MATMUL.search(name) else None)
     if gemm is not None:  # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less)
         flops = formulas.gemm_flops(*gemm)
         shape = f"GEMM {gemm[0]}x{gemm[1]}x{gemm[2]} fused: {shape}"
-    return Cost("fused", float(flops), float(nbytes), main.dtype, shape)
+    return Cost("fused", flops, float(nbytes), main.dtype, shape)
 
 
 def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
