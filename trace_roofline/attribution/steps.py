@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trace_roofline.frames import factorized
 from trace_roofline.trace import Trace
 
 _SUMS = ("sq", "sk", "sqsq", "sqsk")
@@ -82,15 +83,20 @@ def parse_text(text: str) -> StepSums | None:
 # ---------------------------------------------------------------------------------- parsing
 def parse(annotations: pd.DataFrame) -> pd.DataFrame:
     """The steps (STEP_COLUMNS) the `user_annotation` ranges of a trace name, in start order;
-    overlapping ranges on one thread are one step."""
-    ann = annotations[annotations["cat"].astype("string").eq("user_annotation").to_numpy(bool)]
-    names = ann["name"].astype("string").fillna("")
-    fields = _fields(names)
-    keep = (fields["engine"] != "").to_numpy()
+    overlapping ranges on one thread are one step. Each distinct name is read once."""
+    cat_codes, cats = factorized(annotations["cat"])
+    user = np.append(np.asarray(pd.Index(cats).astype("string") == "user_annotation"),
+                     False)[np.where(cat_codes < 0, len(cats), cat_codes)]
+    ann = annotations[user]
+    codes, uniq = factorized(ann["name"])
+    fields = _fields(pd.Series(np.asarray(uniq, dtype=object), dtype="string").fillna(""))
+    keep = np.append((fields["engine"] != "").to_numpy(), False)[np.where(codes < 0, len(uniq),
+                                                                            codes)]
     if not keep.any():
         return _empty()
-    a = pd.concat([ann.reset_index(drop=True)[["name", "pid", "tid", "ts_us", "dur_us"]],
-                   fields.reset_index(drop=True)], axis=1)[keep]
+    a = pd.concat([ann.reset_index(drop=True)[["name", "pid", "tid", "ts_us", "dur_us"]][keep]
+                   .reset_index(drop=True),
+                   fields.iloc[codes[keep]].reset_index(drop=True)], axis=1)
     a = a.sort_values(["pid", "tid", "ts_us"], kind="stable")
     a["end_us"] = a["ts_us"] + a["dur_us"]
     a["cluster"] = _clusters(a)
@@ -98,12 +104,10 @@ def parse(annotations: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fields(names: pd.Series) -> pd.DataFrame:
-    """Per annotation name: the vLLM fields, SGLang's mode and batch, and `engine`; every
-    distinct name read once."""
-    codes, uniq = pd.factorize(names)
-    u = pd.Series(uniq, dtype="string")
-    v, s = u.str.extract(_VLLM), u.str.extract(_SGLANG)
-    out = pd.DataFrame(index=u.index)
+    """Per distinct annotation name (a string Series): the vLLM fields, SGLang's mode and
+    batch, and `engine` ("" for neither)."""
+    v, s = names.str.extract(_VLLM), names.str.extract(_SGLANG)
+    out = pd.DataFrame(index=names.index)
     ints = ["tokens", "n", "m", *PREFILL_SUMS, *DECODE_SUMS]
     for c in ints:
         out[c] = pd.to_numeric(v[c]).astype("Int64")
@@ -111,7 +115,7 @@ def _fields(names: pd.Series) -> pd.DataFrame:
     out["bs"] = pd.to_numeric(s["bs"]).astype("Int64")
     out["toks"] = pd.to_numeric(s["toks"]).astype("Int64")
     out["engine"] = np.where(v["tokens"].notna(), "vllm", np.where(s["mode"].notna(), "sglang", ""))
-    return out.iloc[codes].reset_index(drop=True)
+    return out
 
 
 def _clusters(a: pd.DataFrame) -> np.ndarray:

@@ -28,7 +28,7 @@ def gemm_shapes(trace: Trace, model: str | None = None,
     if not len(name):
         return set()
     key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1
-    _, first = np.unique(key, return_index=True)
+    first = np.flatnonzero(~pd.Index(key).duplicated())  # (hashed: no sort of every op)
     names = pd.Series(name.take(first), dtype="string")
     k, n = naming.gemm_kn(naming.base_name(names).fillna(""),
                            pd.Series(dims.take(first), dtype="string"))
