@@ -283,3 +283,11 @@ def test_committed_traces_classify(rel: str):
     unknown = dev["name"][got["role"].astype(str).eq("unknown").to_numpy()]
     assert unknown.empty, sorted(set(unknown.astype(str)))[:5]
     assert np.isin(got["role"].astype(str), list(kernels.ROLES)).all()
+
+
+def test_a_weight_read_as_k_by_n_without_a_transpose():
+    """A kernel without `t` among its fused ops reads its weight as [K, N]: the same buffer,
+    the other way round."""
+    dims = [[1, 256], [256, 64], [1, 64]]
+    assert kernels.inductor_gemm(dims, transposed=False) == (1, 256, 64)
+    assert kernels.inductor_gemm(dims) == (1, 64, 256)  # (as [N, K]: another GEMM)

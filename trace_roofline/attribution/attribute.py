@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import inference, naming
 from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.model import kernels, models, operators
@@ -107,7 +107,7 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     if not found:
         if model is not None:
             model = model.shard(infer_tp(gemm_shapes(trace), model))
-        named = _name_instances(inst, ops, trace.python_frames, keys, model)
+        named = _name_instances(inst, ops, trace.python_frames, keys, model, whole=True)
         return _assemble(units, ops, inst.assign(**dict(zip(_NAMED, named, strict=True))))
     inst, labels, shards = _model_shards(inst, found, model)
     parts = []
@@ -739,7 +739,8 @@ _FUSED_LAYOUTS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
                   ("shared_gate_up_proj", ("shared_gate_proj", "shared_up_proj")))
 
 
-def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int, int]] | None:
+def _linears(inst: pd.DataFrame, model: ModelSpec | None,
+             ops: pd.DataFrame | None = None) -> dict[str, tuple[int, int]] | None:
     """The model's linears if any GEMM of the trace matches them, else linears inferred (with
     the experts of its grouped GEMMs, naming.infer_moe_linears)."""
     gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
@@ -758,8 +759,17 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None) -> dict[str, tuple[int
         return None
     moe = naming.infer_moe_linears(per, _expert_weights(inst))
     kn = list(zip(per["K"], per["N"], strict=True))
-    dense = naming.infer_linears(per[[p not in moe.values() for p in kn]],
-                                  naming.attention_calls(inst)) or {}
+    rest = per[[p not in moe.values() for p in kn]]
+    calls = naming.attention_calls(inst)
+    dense = naming.infer_linears(rest, calls) or {}
+    if not {"q_proj", "qkv_proj"} & set(dense) and len(rest):  # a layout the counts miss
+        geometry = inference.attention_geometry(inst["op_name"], inst["input_dims"])
+        if geometry is None and ops is not None:  # (an eager attention's matmuls wrap bmm's)
+            geometry = inference.attention_geometry(ops["name"], ops["input_dims"])
+        h = int(per.groupby("K")["count"].sum().idxmax())
+        counts = {(int(k), int(n)): int(x)
+                  for k, n, x in rest[["K", "N", "count"]].itertuples(index=False)}
+        dense = (inference.infer_layout(counts, geometry, h, calls) if geometry else None) or dense
     return dense | moe or None
 
 
@@ -797,7 +807,7 @@ def _module_frames(frames: pd.DataFrame) -> pd.DataFrame:
 
 
 def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
-                    keys: KeySpace, model: ModelSpec | None):
+                    keys: KeySpace, model: ModelSpec | None, whole: bool = False):
     """(operator, evidence, layer) per instance: annotation > module frames > position; a name
     outside the vocabulary is a fallback (`_fallbacks`)."""
     n = len(inst)
@@ -805,7 +815,9 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
         empty = pd.Categorical.from_codes(np.zeros(0, np.int8), [])
         return empty, empty, pd.array([], dtype="Int64"), empty
     backward = np.asarray(inst["training"].array.isin(["backward", "optimizer"]), dtype=bool)
-    linears = _linears(inst[~backward], model)  # (backward GEMMs run the transposed shapes)
+    # (backward GEMMs run the transposed shapes; `whole`: the trace's only model, whose
+    # attention geometry every op of the trace may show)
+    linears = _linears(inst[~backward], model, ops if whole else None)
     gemm = naming.name_gemms(inst, linears)
     pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm)
     mod = _module_frames(frames)

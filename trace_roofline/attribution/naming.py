@@ -349,21 +349,23 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
     triton = base.str.match(operators.TRITON_KERNEL_OP).to_numpy(dtype=bool)
     fused = triton & base.str.contains(kernels.INDUCTOR_MATMUL).to_numpy(dtype=bool)
     if fused.any():
-        k[fused], n[fused] = _fused_kn(text[fused])
+        k[fused], n[fused] = _fused_kn(base[fused], text[fused])
     tem = (k < 0) & triton & kernels.roles(base).isin(kernels.GEMM_ROLES).to_numpy(dtype=bool)
     if tem.any():
         k[tem], n[tem] = _template_kn(text[tem])
     return k, n
 
 
-def _fused_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+def _fused_kn(names: pd.Series, text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """(K, N) of the weight GEMM an Inductor kernel fused (kernels.inductor_gemm), -1 where
-    none fits. Once per distinct text."""
-    uniq = pd.Series(text.unique(), dtype="string")
-    found = [kernels.inductor_gemm(decode_args(t) or []) for t in uniq]
+    none fits. Once per distinct (kernel, Input Dims)."""
+    pairs = pd.DataFrame({"n": names.to_numpy(dtype=object), "d": text.to_numpy(dtype=object)})
+    codes, first = distinct_codes([pd.factorize(pairs[c])[0] for c in ("n", "d")])
+    found = [kernels.inductor_gemm(decode_args(str(d)) or [],
+                                   bool(kernels.INDUCTOR_TRANSPOSED.search(str(n))))
+             for n, d in pairs.iloc[first].itertuples(index=False)]
     got = np.array([(g[1], g[2]) if g else (-1, -1) for g in found], dtype=np.int64).reshape(-1, 2)
-    at = pd.Index(uniq).get_indexer(text)
-    return got[at, 0], got[at, 1]
+    return got[codes, 0], got[codes, 1]
 
 
 def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -170,8 +170,25 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
         # heads from the projection widths (attention may read K/V expanded to every head)
         "num_heads": q // d if q and d else heads[0],
         "num_kv_heads": kv // d if kv and d else heads[1], "head_dim": d,
-        "presets": fits, "match": fits[0] if fits else "custom",
+        "presets": fits, "match": fits[0] if fits else "custom", "layout": _layout(costed),
     }
+
+
+# (operators whose presence says the form, the form) of a layer's attention, then of its MLP
+_FORMS = ((("kv_b_proj", "kv_a_proj_with_mqa"), "MLA attention"),
+          (("qkv_proj",), "fused qkv"), (("k_proj",), "q/k/v"),
+          (("experts_gate_up", "experts_gate", "experts_down"), "routed experts"),
+          (("gate_up_proj",), "fused gated MLP"), (("gate_proj",), "gated MLP"),
+          (("up_proj",), "ungated MLP"))
+
+
+def _layout(costed: pd.DataFrame) -> str:
+    """The forms of a layer the named operators show: 'q/k/v, gated MLP', 'MLA attention,
+    routed experts, gated MLP', 'fused qkv, ungated MLP'."""
+    names = set(costed["operator"].astype(str))
+    forms = [form for ops, form in _FORMS if names & set(ops)]
+    mlp = [f for f in forms if f.endswith("MLP")]
+    return ", ".join([f for f in forms if not f.endswith("MLP")] + mlp[:1])
 
 
 ORDER_EVIDENCE = ("shape", "kernel_name", "position")  # names and layers found from the order

@@ -347,11 +347,14 @@ def inductor_fuses(names: pd.Series, what: str) -> pd.Series:
 # An Inductor kernel that fused a matmul (a decode GEMV became a reduction, with the norm or the
 # activation around it): its weight GEMM is read from its arguments' shapes (`inductor_gemm`)
 INDUCTOR_MATMUL = re.compile(r"(?:^|_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
+# ... whose weight it reads transposed (`t`: nn.Linear's [N, K] buffer), else as [K, N]
+INDUCTOR_TRANSPOSED = re.compile(r"(?:^|_)t(?:_|$)")
 
 
-def inductor_gemm(shapes: list) -> tuple[int, int, int] | None:
+def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int] | None:
     """(M, K, N) of the weight GEMM inside an Inductor kernel that fused a matmul, from its
-    arguments' shapes in order: a 2-D weight buffer [N, K] (N, K > 1) for which another
+    arguments' shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`;
+    N, K > 1) for which another
     argument ends in N with M·N elements (the output) and a third holds M·K (the input, as
     [M, K] or as heads). Several weights of that one shape run as one GEMM (N summed: a fused
     gate and up; an input of the weight's shape is not one); None when no weight, or weights
@@ -362,7 +365,7 @@ def inductor_gemm(shapes: list) -> tuple[int, int, int] | None:
     for i, w in enumerate(dims):
         if len(w) != 2 or min(w) < 2:
             continue
-        n, k = w
+        n, k = w if transposed else w[::-1]
         for j, out in enumerate(dims):
             m = numel[j] // n
             if (j != i and out[-1] == n and m >= 1 and m * n == numel[j]
@@ -372,7 +375,8 @@ def inductor_gemm(shapes: list) -> tuple[int, int, int] | None:
     if len(fits) != 1:
         return None
     (n, k), m = next(iter(fits.items()))
-    weights = sum(d == [n, k] for d in dims)
-    if not any(numel[x] == m * k and d != [n, k] for x, d in enumerate(dims)):
+    shape = [n, k] if transposed else [k, n]
+    weights = sum(d == shape for d in dims)
+    if not any(numel[x] == m * k and d != shape for x, d in enumerate(dims)):
         weights -= 1  # (one of them is the input: an activation [M, K] of the weight's shape)
     return m, k, n * weights

@@ -366,7 +366,8 @@ def shapes_line(a: Analysis) -> str | None:
         return None if a.model else "shapes: no projection or attention shapes to infer a model from"
     if a.model is None:
         presets = cast("list[str]", d["presets"])
-        return f"shapes (no --model): {describe(d)}: {', '.join(presets) or 'custom'}"
+        custom = "custom" + (f" ({d['layout']})" if d.get("layout") else "")
+        return f"shapes (no --model): {describe(d)}: {', '.join(presets) or custom}"
     if (cast("int | None", d.get("model_tp")) or 1) > 1:
         return (f"shapes: consistent with {a.model.name} at TP={d['model_tp']} (one rank's shard "
                 "of each sharded linear and of attention's heads)")
