@@ -34,53 +34,9 @@ OWN_PASS_MATCH = 0.9  # the same for the replay trace's own eager passes
 LAYER_MATCH = 0.75  # share of a layer's kernels that must repeat in the last layer (kernel_name)
 CARRIED = ("operator", "op_name", "input_dims", "input_types", "concrete_inputs",
            "input_strides")
-# a GEMM's second kernel, which joins the one before it: split-K reductions, and the reduction
-# of cuBLAS's dot-product GEMV (an N = 1 GEMM such as a shared expert's gate: dot_kernel, then
-# reduce_1Block_kernel<..., cublasGemvTensorStridedBatched<...>>)
-_REDUCE = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk|"
-                     r"reduce_1Block_kernel.*cublas")
 _TRITON_SUFFIX = re.compile(r"_\d+$")
 _EXPERT_GEMMS = ("experts_gate_up", "experts_down")  # a weight gather joins these
 
-# Kernel name -> the ATen or engine op it runs (first match wins), for what the kernel-name
-# registry (model/kernels.py: families and roles) does not say: ATen's functors (the op a norm,
-# RoPE or dispatch is built of), the MoE engine ops naming.py names by their op, the fp32 SIMT
-# GEMM of RoPE's table (no weight) and torch's grouped-GEMM set-up (PREPARE joins the GEMM after
-# it, like a memset). Weight GEMMs and attention come from the registry's roles (`kernel_ops`).
-PREPARE = "grouped_gemm_prepare"
-FP32_GEMM = "fp32_gemm"
-KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
-    (r"simt_sgemm|_sgemm_", FP32_GEMM),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
-    (r"prepare_grouped_gemm", PREPARE),
-    (r"topkGatingSoftmax|moeTopK|moeSoftmax", "_moe_C::topk_softmax"),
-    (r"moe_align_block_size|count_and_sort_expert_tokens", "_moe_C::moe_align_block_size"),
-    (r"moe_sum_kernel", "_moe_C::moe_sum"),
-    (r"gatherTopK|sbtopk|mbtopk", "aten::topk"),
-    (r"bitonicSort|radixSort|RadixSort|segmented_sort", "aten::sort"),
-    (r"kernelHistogram1D", "aten::histc"),
-    (r"DeviceScan|tensor_kernel_scan", "aten::cumsum"),
-    (r"arange_cuda_out", "aten::arange"),
-    (r"indexSelect|(?<!rotary_)embedding", "aten::embedding"),
-    (r"index_copy_kernel", "aten::index_copy_"),
-    (r"index_put_kernel", "aten::index_put_"),
-    (r"index_kernel_impl|vectorized_gather_kernel", "aten::index"),
-    (r"CatArrayBatchedCopy", "aten::cat"),
-    (r"MeanOps", "aten::mean"),
-    (r"pow_tensor_scalar|pow_kernel", "aten::pow"),
-    (r"rsqrt_kernel", "aten::rsqrt"),
-    (r"silu_kernel", "aten::silu"),
-    (r"sigmoid_kernel", "aten::sigmoid"),
-    (r"gelu_kernel", "aten::gelu"),
-    (r"neg_kernel", "aten::neg"),
-    (r"cos_kernel", "aten::cos"),
-    (r"sin_kernel", "aten::sin"),
-    (r"CUDAFunctor_add|CUDAFunctorOnSelf_add|AddFunctor", "aten::add"),
-    (r"MulFunctor", "aten::mul"),
-    (r"copy_kernel", "aten::_to_copy"),
-    (r"ArgMaxOps", "aten::argmax"),
-    (r"softmax", "aten::_softmax"),
-    (r"sum_functor", "aten::sum"),
-))
 GEMM = "gemm"  # kernel_ops' op of a weight GEMM (named by its place)
 _SDPA_FUSED = re.compile(r"^triton_\w*fused_\w*(?:scaled_dot_product|attention)")
 ATTENTION_OP = "aten::scaled_dot_product_attention"  # kernel_ops' op of an attention kernel
@@ -621,7 +577,7 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
     src = match.copy()
     how = np.where(match >= 0, "matched", "none").astype(object)
     # unmatched split-K reduces join the kernel before, memsets / memcpys the kernel after
-    reduce_ = pd.Series(vocab[codes]).str.contains(_REDUCE).to_numpy() & (match < 0)
+    reduce_ = pd.Series(vocab[codes]).str.contains(kernels.GEMM_SECOND_KERNEL).to_numpy() & (match < 0)
     copy_ = np.isin(kinds, ["memset", "memcpy"]) & (match < 0)
     prev = _ffill(src, forward=True)
     nxt = _ffill(src, forward=False)
@@ -764,11 +720,11 @@ def align(a: np.ndarray, b: np.ndarray, band: int = BAND) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 def kernel_ops(names: pd.Series) -> pd.Series:
     """The op each kernel name runs, evaluated once per distinct name, first that applies:
-    RoPE's fp32 SIMT GEMM and the grouped GEMM's set-up (KERNEL_OPS' first two), GEMM for the
+    RoPE's fp32 SIMT GEMM and the grouped GEMM's set-up (kernels.KERNEL_OPS' first two), GEMM for the
     registry's weight-GEMM roles (kernels.GEMM_ROLES), ATTENTION_OP for its attention roles, a
-    Triton kernel's own name (its fused ops), KERNEL_OPS' ATen or engine op, else "" (nothing
+    Triton kernel's own name (its fused ops), kernels.KERNEL_OPS' ATen or engine op, else "" (nothing
     said)."""
-    first, rest = KERNEL_OPS[:2], KERNEL_OPS[2:]
+    first, rest = kernels.KERNEL_OPS[:2], kernels.KERNEL_OPS[2:]
 
     def per(u: pd.Series) -> pd.Series:
         text = u.fillna("")
@@ -821,8 +777,9 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
     before = np.cumsum(op == GEMM) == 0
     op = np.where((op == "aten::embedding") & ~before, "aten::index_select", op)
     op = np.where((op == "aten::index") & before & (np.arange(n) == 0), "aten::embedding", op)
-    reduce_ = pd.Series(names, dtype=object).str.contains(_REDUCE).to_numpy()
-    copy_ = np.isin(kinds, ["memset", "memcpy"]) | (op == PREPARE)  # join the kernel after
+    reduce_ = pd.Series(names, dtype=object).str.contains(kernels.GEMM_SECOND_KERNEL).to_numpy()
+    # (a copy, a memset and the grouped GEMM's set-up join the kernel after them)
+    copy_ = np.isin(kinds, ["memset", "memcpy"]) | (op == kernels.GROUPED_GEMM_PREPARE)
     core = ~reduce_ & ~copy_
     gemm = core & (op == GEMM)
     # attention library kernels mark the layers; Inductor's Triton kernels that prepare SDPA's
@@ -927,7 +884,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     copies, give layers, group instances and add user shapes."""
     n = len(names)
     idx = np.flatnonzero(core)
-    is_gemm = np.isin(op[idx], [GEMM, FP32_GEMM])
+    is_gemm = np.isin(op[idx], [GEMM, kernels.FP32_GEMM])
     pseudo = np.where(is_gemm, "aten::mm", np.where(op[idx] == "", "kernel", op[idx]))
     inst = pd.DataFrame({
         "grp": np.zeros(len(idx), np.int64),
@@ -939,7 +896,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     })
     # a GEMM that is no weight of the model (the fp32 RoPE table product) is named by its place,
     # as an unmatched `linear[K×N]` GEMM of an eager trace is
-    gemm = pd.Series(np.where((op[idx] == FP32_GEMM), "linear[fp32]", gemm_name[idx]),
+    gemm = pd.Series(np.where((op[idx] == kernels.FP32_GEMM), "linear[fp32]", gemm_name[idx]),
                      dtype="string")
     named, _ = naming.position_names(inst, gemm, qk_norm=model.qk_norm)
     name = np.full(n, None, dtype=object)

@@ -380,3 +380,53 @@ def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int]
     if not any(numel[x] == m * k and d != shape for x, d in enumerate(dims)):
         weights -= 1  # (one of them is the input: an activation [M, K] of the weight's shape)
     return m, k, n * weights
+
+
+# ----------------------------------------------------------------------------------------------
+# What a bare kernel (a CUDA/HIP-graph replay, no op around it) runs
+# ----------------------------------------------------------------------------------------------
+# a GEMM's second kernel, which joins the one before it: split-K reductions, and the reduction
+# of cuBLAS's dot-product GEMV (an N = 1 GEMM such as a shared expert's gate: dot_kernel, then
+# reduce_1Block_kernel<..., cublasGemvTensorStridedBatched<...>>)
+GEMM_SECOND_KERNEL = re.compile(r"splitKreduce|splitK_?[Rr]educe|ReduceSplitK|reduce_splitk|"
+                               r"reduce_1Block_kernel.*cublas")
+
+# Kernel name -> the ATen or engine op it runs (first match wins), for what the families and
+# roles above do not say: ATen's functors (the op a norm, RoPE or dispatch is built of), the
+# MoE engine ops naming.py names by their op, the fp32 SIMT GEMM of RoPE's table (no weight)
+# and torch's grouped-GEMM set-up (which joins the GEMM after it, like a memset). Weight GEMMs
+# and attention come from the roles (attribution/graphs.py's `kernel_ops`).
+GROUPED_GEMM_PREPARE = "grouped_gemm_prepare"
+FP32_GEMM = "fp32_gemm"
+KERNEL_OPS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(rx), op) for rx, op in (
+    (r"simt_sgemm|_sgemm_", FP32_GEMM),  # fp32 SIMT GEMM: RoPE's inv_freq x positions
+    (r"prepare_grouped_gemm", GROUPED_GEMM_PREPARE),
+    (r"topkGatingSoftmax|moeTopK|moeSoftmax", "_moe_C::topk_softmax"),
+    (r"moe_align_block_size|count_and_sort_expert_tokens", "_moe_C::moe_align_block_size"),
+    (r"moe_sum_kernel", "_moe_C::moe_sum"),
+    (r"gatherTopK|sbtopk|mbtopk", "aten::topk"),
+    (r"bitonicSort|radixSort|RadixSort|segmented_sort", "aten::sort"),
+    (r"kernelHistogram1D", "aten::histc"),
+    (r"DeviceScan|tensor_kernel_scan", "aten::cumsum"),
+    (r"arange_cuda_out", "aten::arange"),
+    (r"indexSelect|(?<!rotary_)embedding", "aten::embedding"),
+    (r"index_copy_kernel", "aten::index_copy_"),
+    (r"index_put_kernel", "aten::index_put_"),
+    (r"index_kernel_impl|vectorized_gather_kernel", "aten::index"),
+    (r"CatArrayBatchedCopy", "aten::cat"),
+    (r"MeanOps", "aten::mean"),
+    (r"pow_tensor_scalar|pow_kernel", "aten::pow"),
+    (r"rsqrt_kernel", "aten::rsqrt"),
+    (r"silu_kernel", "aten::silu"),
+    (r"sigmoid_kernel", "aten::sigmoid"),
+    (r"gelu_kernel", "aten::gelu"),
+    (r"neg_kernel", "aten::neg"),
+    (r"cos_kernel", "aten::cos"),
+    (r"sin_kernel", "aten::sin"),
+    (r"CUDAFunctor_add|CUDAFunctorOnSelf_add|AddFunctor", "aten::add"),
+    (r"MulFunctor", "aten::mul"),
+    (r"copy_kernel", "aten::_to_copy"),
+    (r"ArgMaxOps", "aten::argmax"),
+    (r"softmax", "aten::_softmax"),
+    (r"sum_functor", "aten::sum"),
+))
