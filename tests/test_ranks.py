@@ -129,9 +129,9 @@ def test_summary_by_hand():
         _ops([("decode", "all_reduce", 20.0), ("decode", "o_proj", 8.0), ("decode", "rope", 3.0)]),
     ]
     s = summarize(ranks, tables).set_index(["phase", "operator"])
-    assert s.index.tolist() == [("decode", "whole model"), ("decode", "all_reduce"),
+    assert s.index.tolist() == [("decode", "device time"), ("decode", "all_reduce"),
                                 ("decode", "o_proj"), ("decode", "rope"),
-                                ("prefill", "whole model"), ("prefill", "o_proj")]
+                                ("prefill", "device time"), ("prefill", "o_proj")]
     ar = s.loc[("decode", "all_reduce")]
     assert (ar["ranks"], ar["min_time_us"], ar["median_time_us"], ar["max_time_us"]) == (3, 10, 20, 30)
     assert ar["skew"] == 1.5 and (ar["slowest_rank"], ar["fastest_rank"]) == ("1", "0")
@@ -140,7 +140,7 @@ def test_summary_by_hand():
     rope = s.loc[("decode", "rope")]  # ran on one rank: the others count 0 µs
     assert (rope["ranks"], rope["min_time_us"], rope["median_time_us"], rope["max_time_us"]) == (1, 0, 0, 3)
     assert math.isnan(rope["skew"])  # median 0: no ratio
-    whole = s.loc[("decode", "whole model")]  # each rank's device time in the phase: 14, 34, 31
+    whole = s.loc[("decode", "device time")]  # each rank's device time in the phase: 14, 34, 31
     assert (whole["min_time_us"], whole["median_time_us"], whole["max_time_us"]) == (14, 31, 34)
     assert whole["slowest_rank"] == "1" and whole["skew"] == pytest.approx(34 / 31)
     pre = s.loc[("prefill", "o_proj")]  # rank 2 has no prefill at all
@@ -171,7 +171,7 @@ def test_cli_rank_directory(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "cross-rank summary: 2 ranks (rank from file name)" in text
     summary = pd.read_csv(out / "ranks.csv")
-    whole = summary[summary["operator"] == "whole model"].iloc[0]
+    whole = summary[summary["operator"] == "device time"].iloc[0]
     # B=64 decode (rank 1) is the slower rank; its whole time is the max
     report = json.loads((out / "report.json").read_text())
     times = [t["whole_model"]["time_us"] for t in report["traces"]]

@@ -26,7 +26,8 @@ NAME_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?<![a-z0-9])(dp|pp|tp|ep)(\d+)(?![a-z0-9])", re.I), "coordinates"),
 )
 
-# One row per (phase, operator), plus a `whole model` row per phase (a rank's device time).
+# One row per (phase, operator), plus a `device time` row per phase: all of a rank's device
+# time, collectives included (a rank's whole model, on the HBM roof, leaves them out).
 SUMMARY_COLUMNS = {
     "phase": "str",
     "operator": "str",
@@ -38,7 +39,7 @@ SUMMARY_COLUMNS = {
     "slowest_rank": "str",  # label of the rank with the most time (the first such, in rank order)
     "fastest_rank": "str",
 }
-WHOLE = "whole model"
+WHOLE = "device time"
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def summarize(ranks: Sequence[RankInfo], operators: Sequence[pd.DataFrame]) -> p
     `operators[i]` is rank `ranks[i]`'s operator table (ranks with distinct labels, as
     `rank_order` checks) (roofline.OPERATOR_COLUMNS; its
     aggregate rows, layer NA, are used). Rows come per phase in order of first appearance, by
-    median time (descending), each phase's `whole model` row (the ranks' device time) first.
+    median time (descending), each phase's `device time` row first.
     """
     labels = [r.label for r in ranks]
     long = pd.concat(
