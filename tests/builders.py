@@ -574,3 +574,32 @@ def check_batch(content: bytes):
     for i, (g, r) in enumerate(zip(got, ref, strict=True)):
         assert g == r, (i, {k: (g[k], r[k]) for k in g if g[k] != r[k]})
     return got
+
+
+# ---------------------------------------------------------------- names against a model's layout
+_EXPERT_OPERATORS = {"router", "experts_gate_up", "experts_down", "experts_act", "moe_dispatch",
+                     "moe_combine"}
+
+
+def wrong_names(att: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+    """Per attributed row, whether its name is wrong for `model` (the shard the trace ran): a
+    linear's name on a GEMM of another (K, N) (the lm_head's vocabulary padded by Inductor
+    excepted), an expert's on a dense model, q_norm / k_norm on a model without them."""
+    from trace_roofline.attribution import naming
+    from trace_roofline.model.models import expected_linears
+
+    op = att["operator"].astype(str).to_numpy()
+    k, n = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
+                          att["input_dims"])
+    want = expected_linears(model)
+    kn = np.array([want.get(o, (-2, -2)) for o in op]).reshape(-1, 2)
+    linear = np.isin(op, list(want)) & (k >= 0)
+    wrong = linear & ((k != kn[:, 0]) | (n != kn[:, 1]))
+    v = model.vocab_size  # (Inductor pads the lm_head's vocabulary: GPT-2's 50257 to 50264)
+    padded = {-(-v // a) * a for a in (8, 16, 32, 64, 128)} if v else set()
+    wrong &= ~((op == "lm_head") & (k == kn[:, 0]) & np.isin(n, list(padded)))
+    if model.experts is None:
+        wrong |= np.isin(op, list(_EXPERT_OPERATORS))
+    if not model.architecture.attention.qk_norm:
+        wrong |= np.isin(op, ["q_norm", "k_norm"])
+    return wrong

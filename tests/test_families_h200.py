@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 import trace_roofline as tr
-from tests.builders import SAMPLES
-from trace_roofline.attribution import naming
+from tests.builders import SAMPLES, wrong_names
 from trace_roofline.model import operators
-from trace_roofline.model.models import expected_linears
 from trace_roofline.outputs import report
 
 DIR = SAMPLES / "families_h200"
@@ -24,34 +22,12 @@ CONFIGS = DIR / "configs"
 DECODER = set(operators.LINEARS) | {"attention", "q_norm", "k_norm", "rope", "input_norm",
                                          "post_attention_norm", "lm_head", "router",
                                          "experts_gate_up", "experts_down"}
-EXPERTS = {"router", "experts_gate_up", "experts_down", "experts_act", "moe_dispatch",
-           "moe_combine"}
 FAMILIES = sorted((f.stem for f in CONFIGS.glob("*.json")), key=len, reverse=True)
 TRACES = sorted(DIR.glob("*_h200.json.gz"))
 
 
 def _family(path: Path) -> str:
     return next(f for f in FAMILIES if path.name.startswith(f + "_"))
-
-
-def _wrong(att, model: tr.ModelSpec) -> np.ndarray:
-    """Rows named as a linear whose GEMM has another (K, N), or named after an operator the
-    architecture does not have."""
-    op = att["operator"].astype(str).to_numpy()
-    k, n = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
-                          att["input_dims"])
-    want = expected_linears(model)
-    kn = np.array([want.get(o, (-2, -2)) for o in op]).reshape(-1, 2)
-    linear = np.isin(op, list(want)) & (k >= 0)
-    wrong = linear & ((k != kn[:, 0]) | (n != kn[:, 1]))
-    v = model.vocab_size  # (Inductor pads the lm_head's vocabulary: GPT-2's 50257 to 50264)
-    padded = {-(-v // a) * a for a in (8, 16, 32, 64, 128)} if v else set()
-    wrong &= ~((op == "lm_head") & (k == kn[:, 0]) & np.isin(n, list(padded)))
-    if model.experts is None:
-        wrong |= np.isin(op, list(EXPERTS))
-    if not model.architecture.attention.qk_norm:
-        wrong |= np.isin(op, ["q_norm", "k_norm"])
-    return wrong
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name.removesuffix("_h200.json.gz"))
@@ -66,10 +42,10 @@ def test_no_wrong_name_on_any_family_capture(path, tmp_path):
     model = tr.get_model(str(CONFIGS / f"{family}.json"))
     att = tr.attribute(trace, model)
     dur = att["dur_us"].to_numpy()
-    wrong = _wrong(att, model)
+    wrong = wrong_names(att, model)
     if path.name.startswith("llama_assisted"):  # the draft's rows, by the draft's layout
         draft = (att["model"] == DRAFT_LABEL).to_numpy(bool)
-        wrong = np.where(draft, _wrong(att, _draft_model(tmp_path)), wrong)
+        wrong = np.where(draft, wrong_names(att, _draft_model(tmp_path)), wrong)
     assert dur[wrong].sum() <= 0.02 * dur.sum(), att.loc[wrong, ["operator", "op_name",
                                                                  "input_dims"]].drop_duplicates()
 
@@ -128,10 +104,10 @@ def test_the_check_finds_swapped_and_foreign_names():
     or an expert name on a dense model, are wrong names."""
     model = tr.get_model(str(CONFIGS / "qwen2.json"))
     att = tr.attribute(tr.load_trace(DIR / "qwen2_decode_h200.json.gz"), model)
-    assert not _wrong(att, model).any()
+    assert not wrong_names(att, model).any()
     for old, new in (("gate_proj", "down_proj"), ("act", "experts_act")):
         bad = att.assign(operator=att["operator"].astype(str).replace(old, new))
-        wrong = _wrong(bad, model)
+        wrong = wrong_names(bad, model)
         assert wrong.any() and (wrong == (att["operator"] == old).to_numpy()).all()
 
 
@@ -258,10 +234,10 @@ def test_no_wrong_name_without_a_model(path, tmp_path):
     geometry; what it names must still fit the family's real layout (each model's own, in
     the assisted capture)."""
     att = tr.attribute(tr.load_trace(path), None)
-    wrong = _wrong(att, tr.get_model(str(CONFIGS / f"{_family(path)}.json")))
+    wrong = wrong_names(att, tr.get_model(str(CONFIGS / f"{_family(path)}.json")))
     if path.name.startswith("llama_assisted"):
         draft = (att["model"] == DRAFT_LABEL).to_numpy(bool)
-        wrong = np.where(draft, _wrong(att, _draft_model(tmp_path)), wrong)
+        wrong = np.where(draft, wrong_names(att, _draft_model(tmp_path)), wrong)
     dur = att["dur_us"].to_numpy()
     assert dur[wrong].sum() <= 0.02 * dur.sum(), att.loc[wrong, ["operator", "op_name",
                                                                  "input_dims"]].drop_duplicates()
