@@ -253,6 +253,8 @@ FUSED_GEMMS = [
     ("o_proj + residual, the embedding recomputed", [[1, 28, 1, 128], [3584, 3584], [1, 1],
                                                      [152064, 3584], [1, 3584], [1, 3584],
                                                      [1, 1, 3584], [], []], (1, 3584, 3584)),
+    ("Phi-3's act + down_proj: the input is the fused gate_up's output",
+     [[1, 16384], [3072, 8192], [1, 3072], [], []], (1, 8192, 3072)),
     ("a prefill k_proj template: the input has the weight's shape",
      [[512], [512, 3584], [512, 3584], [512, 512]], (512, 3584, 512)),
     ("an embedding and a norm, no GEMM", [[1, 1], [152064, 3584], [1, 3584], [1, 3584], [3584],

@@ -158,8 +158,8 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
     kv = first(("k_proj", "N", 1), ("v_proj", "N", 1))
     if kv is None and q is not None and "qkv_proj" in kn.index:
         kv = (int(kn.loc["qkv_proj", "N"]) - q) // 2
-    if kv is None and heads[1] is not None:
-        kv = heads[1] * heads[2]
+    if kv is None and heads[1] is not None and heads[1] != heads[0]:  # (K, V expanded to every
+        kv = heads[1] * heads[2]                                        # query head: unknown)
     d = heads[2]
     fits = fitting_presets(costed)
     return {

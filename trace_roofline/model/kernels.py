@@ -354,11 +354,11 @@ INDUCTOR_TRANSPOSED = re.compile(r"(?:^|_)t(?:_|$)")
 def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int] | None:
     """(M, K, N) of the weight GEMM inside an Inductor kernel that fused a matmul, from its
     arguments' shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`;
-    N, K > 1) for which another
-    argument ends in N with M·N elements (the output) and a third holds M·K (the input, as
-    [M, K] or as heads). Several weights of that one shape run as one GEMM (N summed: a fused
-    gate and up; an input of the weight's shape is not one); None when no weight, or weights
-    of two shapes, fit."""
+    N, K > 1), with another argument that ends in N with M·N elements (the output) and a third
+    that holds M·K (the input, as [M, K] or as heads) or 2·M·K (a fused gate_up's output, the
+    activation run in the kernel). Several weights of that one shape run as one GEMM (N
+    summed: a fused gate and up; an input of the weight's shape is not one); None when no
+    weight, or weights of two shapes, fit."""
     dims = [d for d in shapes if isinstance(d, list) and d and all(type(v) is int for v in d)]
     numel = [int(np.prod(d)) for d in dims]
     fits: dict[tuple[int, int], int] = {}  # (N, K) -> M
@@ -369,7 +369,8 @@ def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int]
         for j, out in enumerate(dims):
             m = numel[j] // n
             if (j != i and out[-1] == n and m >= 1 and m * n == numel[j]
-                    and any(x not in (i, j) and numel[x] == m * k for x in range(len(dims)))):
+                    and any(x not in (i, j) and numel[x] in (m * k, 2 * m * k)
+                            for x in range(len(dims)))):
                 fits[(n, k)] = m
                 break
     if len(fits) != 1:
@@ -377,7 +378,7 @@ def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int]
     (n, k), m = next(iter(fits.items()))
     shape = [n, k] if transposed else [k, n]
     weights = sum(d == shape for d in dims)
-    if not any(numel[x] == m * k and d != shape for x, d in enumerate(dims)):
+    if not any(numel[x] in (m * k, 2 * m * k) and d != shape for x, d in enumerate(dims)):
         weights -= 1  # (one of them is the input: an activation [M, K] of the weight's shape)
     return m, k, n * weights
 
