@@ -10,13 +10,13 @@ import pandas as pd
 
 from trace_roofline.attribution import captures, graphs, passes, steps
 from trace_roofline.attribution.attribute import attribute
-from trace_roofline.attribution.tp import gemm_shapes, infer_tp
+from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
 from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware, for_device_name
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import AnalysisOptions
-from trace_roofline.roofline import Analysis, place_costed
+from trace_roofline.roofline import Analysis, model_part, place_costed
 from trace_roofline.trace import Progress, Trace, load_trace
 from trace_roofline.trace import ncu as ncu_csv
 
@@ -129,8 +129,12 @@ def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None,
         if cache is not None:
             cache.store_attributed(trace, model, attributed)
     if model is not None:  # attribute() names GEMMs as the shard the shapes show
-        several = attributed["model"].notna().any()  # (its own GEMMs, in a trace of several)
-        more = infer_tp(gemm_shapes(trace, model.name if several else None, attributed), model)
+        if attributed["model"].notna().any():  # its own GEMMs, in a trace of several models
+            own = attributed[attributed["model"] == model.name]
+            shapes = gemm_shapes_of(own["op_name"], own["input_dims"])
+        else:
+            shapes = gemm_shapes(trace)
+        more = infer_tp(shapes, model)
         model, tp = model.shard(more), (tp or 1) * more
     kernels, replays, found = attribute_trace(trace, model, options, attributed=attributed,
                                               progress=progress)
@@ -157,8 +161,8 @@ def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOption
     parts = _model_parts(att)
     if len(parts) == 1:
         return _analyze_one(att, att.trace.path, hardware, options)
-    done = [_analyze_one(part, f"{att.trace.path} [model {i + 1} of {len(parts)}: {label}]",
-                         hardware, options) for i, (label, part) in enumerate(parts)]
+    done = [_analyze_one(part, model_part(att.trace.path, i + 1, len(parts), label), hardware,
+                         options) for i, (label, part) in enumerate(parts)]
     return dataclasses.replace(done[0], models=tuple(done[1:]))
 
 

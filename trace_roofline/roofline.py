@@ -86,6 +86,20 @@ EXTRAPOLATED_COLUMNS = {
 }
 
 
+_PART = " [model "
+
+
+def model_part(path: str, i: int, n: int, label: str) -> str:
+    """The `trace` of model i (1-based) of the n a trace runs: 'PATH [model i of n: label]'."""
+    return f"{path}{_PART}{i} of {n}: {label}]"
+
+
+def split_part(trace: str) -> tuple[str, str]:
+    """(the path, its model part 'model i of n: label' or "") of an Analysis's `trace`."""
+    path, sep, part = trace.partition(_PART)
+    return path, f"model {part.removesuffix(']')}" if sep else ""
+
+
 @dataclass(frozen=True)
 class Analysis:
     """Everything the report and the chart need about one trace."""
@@ -118,8 +132,9 @@ class Analysis:
     # mixture-of-experts layers per phase (`moe_summary`): tokens, active experts and their
     # assumption, tokens per active expert, the experts' intensity next to the dense equivalent
     moe: dict[str, dict[str, object]] = field(default_factory=dict)
-    # the trace's other models (assisted or speculative decoding: each embedding weight a
-    # model), each analysed on its own kernels; `trace` then ends "[model i of n: label]"
+    # the trace's other models (assisted or speculative decoding: each hidden size of the
+    # embedding tables a model), each analysed on its own kernels; `trace` then ends
+    # " [model i of n: label]" (`model_part`)
     models: tuple[Analysis, ...] = ()
 
     @property

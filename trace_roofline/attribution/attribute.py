@@ -137,10 +137,10 @@ def _models(inst: pd.DataFrame, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[t
     vh = naming.per_value(ops["input_dims"].iloc[emb].astype("string"), _embedding_weight)
     v, h = vh["V"].to_numpy(np.int64), vh["H"].to_numpy(np.int64)
     emb, v, h = emb[h > 0], v[h > 0], h[h > 0]
-    hidden = np.unique(h)[::-1]
-    if len(hidden) < 2:
+    ascending, at = np.unique(h, return_inverse=True)
+    if len(ascending) < 2:
         return inst, []
-    code = len(hidden) - 1 - np.searchsorted(hidden[::-1], h)  # index into `hidden`
+    hidden, code = ascending[::-1], len(ascending) - 1 - at  # widest first
     vocab = pd.Series(v).groupby(code).max()
     found = [(int(vocab[i]), int(size)) for i, size in enumerate(hidden)]
     inside = Nest(ops["s"].to_numpy()[emb], ops["e"].to_numpy()[emb],
@@ -766,7 +766,7 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
         geometry = inference.attention_geometry(inst["op_name"], inst["input_dims"])
         if geometry is None and ops is not None:  # (an eager attention's matmuls wrap bmm's)
             geometry = inference.attention_geometry(ops["name"], ops["input_dims"])
-        h = int(per.groupby("K")["count"].sum().idxmax())
+        h = naming.hidden_size(per)
         counts = {(int(k), int(n)): int(x)
                   for k, n, x in rest[["K", "N", "count"]].itertuples(index=False)}
         dense = (inference.infer_layout(counts, geometry, h, calls) if geometry else None) or dense

@@ -357,12 +357,11 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
 
 
 def _fused_kn(names: pd.Series, text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) of the weight GEMM an Inductor kernel fused (kernels.inductor_gemm), -1 where
+    """(K, N) of the weight GEMM an Inductor kernel fused (kernels.fused_gemm), -1 where
     none fits. Once per distinct (kernel, Input Dims)."""
     pairs = pd.DataFrame({"n": names.to_numpy(dtype=object), "d": text.to_numpy(dtype=object)})
     codes, first = distinct_codes([pd.factorize(pairs[c])[0] for c in ("n", "d")])
-    found = [kernels.inductor_gemm(decode_args(str(d)) or [],
-                                   bool(kernels.INDUCTOR_TRANSPOSED.search(str(n))))
+    found = [kernels.fused_gemm(str(n), decode_args(str(d)) or [])
              for n, d in pairs.iloc[first].itertuples(index=False)]
     got = np.array([(g[1], g[2]) if g else (-1, -1) for g in found], dtype=np.int64).reshape(-1, 2)
     return got[codes, 0], got[codes, 1]
@@ -425,7 +424,7 @@ def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tupl
     when the trace has neither."""
     if grouped.empty or kn.empty:
         return {}
-    h = int(kn.groupby("K")["count"].sum().idxmax())
+    h = hidden_size(kn)
     out: dict[str, tuple[int, int]] = {}
     for e, k, n in grouped[["E", "K", "N"]].drop_duplicates().itertuples(index=False):
         out["experts_down" if n == h else "experts_gate_up"] = (int(k), int(n))
@@ -433,6 +432,12 @@ def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tupl
     if ((kn["K"] == h) & (kn["N"] == 1)).any():
         out["shared_expert_gate"] = (h, 1)
     return out
+
+
+def hidden_size(kn: pd.DataFrame) -> int:
+    """The hidden size H of GEMM (K, N) counts (columns K, N, count): the K most GEMMs share
+    (q, k, v, gate, up, router and lm_head all read H)."""
+    return int(kn.groupby("K")["count"].sum().idxmax())
 
 
 def attention_calls(inst: pd.DataFrame) -> int:
@@ -484,7 +489,7 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
     c = {(int(a), int(b)): int(n) for a, b, n in kn[["K", "N", "count"]].itertuples(index=False)}
     if not c:
         return None
-    h = int(kn.groupby("K")["count"].sum().idxmax())  # the hidden size feeds most GEMMs
+    h = hidden_size(kn)
     mlps = {}  # I -> fused (its up-projection (H, 2I)) for every MLP pattern into H
     for (i, n), cnt in c.items():
         if n == h and i != h and (c.get((h, i), 0) >= 2 * cnt
@@ -1092,7 +1097,7 @@ def _gap_reasons(ctx: _Context, said: np.ndarray, unexplained: np.ndarray) -> Na
     if not len(rows):
         return Names(codes, np.asarray([""], dtype=object))
     key = (ctx.P.codes[rows] * (len(ctx.N.vocab) + 1) + ctx.N.codes[rows]) * 2 + unexplained[rows]
-    which, first = np.unique(key, return_inverse=True)[1], np.unique(key, return_index=True)[1]
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
     at = rows[first]
     pn, nn = (np.where(v == "", empty, v).astype(object) for v, empty in (
         (ctx.P.vocab[ctx.P.codes[at]], "the start"), (ctx.N.vocab[ctx.N.codes[at]], "the end")))

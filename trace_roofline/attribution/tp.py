@@ -15,16 +15,15 @@ from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Trace
 
 
-def gemm_shapes(trace: Trace, model: str | None = None,
-                attributed: pd.DataFrame | None = None) -> set[tuple[int, int]]:
-    """The distinct (K, N) of the trace's weight GEMMs (cpu ops with recorded shapes), parsed
-    once per distinct (op name, Input Dims) pair, found from the categorical codes; with
-    `model`, only those `attributed` (attribute's table) gives that model (a trace of several)."""
-    if model is not None and attributed is not None:
-        rows = attributed[attributed["model"] == model]
-        name, dims = (rows[c].astype("category").array for c in ("op_name", "input_dims"))
-    else:
-        name, dims = (trace.cpu_ops[c].astype("category").array for c in ("name", "input_dims"))
+def gemm_shapes(trace: Trace) -> set[tuple[int, int]]:
+    """The distinct (K, N) of the trace's weight GEMMs (cpu ops with recorded shapes)."""
+    return gemm_shapes_of(trace.cpu_ops["name"], trace.cpu_ops["input_dims"])
+
+
+def gemm_shapes_of(names: pd.Series, input_dims: pd.Series) -> set[tuple[int, int]]:
+    """The distinct (K, N) of the weight GEMMs among ops (their names and raw Input Dims),
+    parsed once per distinct (op name, Input Dims) pair, found from the categorical codes."""
+    name, dims = (c.astype("category").array for c in (names, input_dims))
     if not len(name):
         return set()
     key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1

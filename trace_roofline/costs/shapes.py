@@ -1209,9 +1209,7 @@ def _fused(c: _Call) -> Cost:
     shape = " ".join(str(t.dims) for t in ts)
     shape += f" over {work}" if work is not None else " (no sizes recorded)"
     flops = float(work if work is not None else main.numel)
-    gemm = (kernels.inductor_gemm([t.dims for t in ts],
-                                  bool(kernels.INDUCTOR_TRANSPOSED.search(name)))
-            if kernels.INDUCTOR_MATMUL.search(name) else None)
+    gemm = kernels.fused_gemm(name, [t.dims for t in ts])
     if gemm is not None:  # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less)
         flops = formulas.gemm_flops(*gemm)
         shape = f"GEMM {gemm[0]}x{gemm[1]}x{gemm[2]} fused: {shape}"

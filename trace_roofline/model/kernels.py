@@ -351,6 +351,14 @@ INDUCTOR_MATMUL = re.compile(r"(?:^|_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
 INDUCTOR_TRANSPOSED = re.compile(r"(?:^|_)t(?:_|$)")
 
 
+def fused_gemm(name: str, shapes: list) -> tuple[int, int, int] | None:
+    """`inductor_gemm` of an Inductor kernel's arguments when its name says it fused a matmul
+    (reading the weight as [N, K] when it fused a transpose too), else None."""
+    if not INDUCTOR_MATMUL.search(name):
+        return None
+    return inductor_gemm(shapes, bool(INDUCTOR_TRANSPOSED.search(name)))
+
+
 def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int] | None:
     """(M, K, N) of the weight GEMM inside an Inductor kernel that fused a matmul, from its
     arguments' shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`;

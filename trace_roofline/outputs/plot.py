@@ -22,7 +22,7 @@ from trace_roofline.attribution.ranks import rank_info, rank_order
 from trace_roofline.costs.calculator import si
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware
-from trace_roofline.roofline import Analysis, hardware_summary
+from trace_roofline.roofline import Analysis, hardware_summary, split_part
 
 PHASE_MARKERS = {"decode": "o", "prefill": "s", "unknown": "^"}
 TRACE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -292,11 +292,11 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
 def short_name(path: str) -> str:
     """A trace's file name without directories and trace suffixes (a model's part of a trace
     of several keeps its " [model i of n: ...]")."""
-    path, part, which = path.partition(" [model ")
+    path, part = split_part(path)
     name = os.path.basename(path.rstrip("/")) or path
     for suffix in (".gz", ".json", ".pt.trace"):
         name = name.removesuffix(suffix)
-    return name + part + which
+    return f"{name} [{part}]" if part else name
 
 
 def pos(x: object) -> bool:

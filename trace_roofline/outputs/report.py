@@ -17,7 +17,7 @@ import pandas as pd
 
 from trace_roofline.costs.calculator import si  # noqa: F401 (report.si: the units of every text output)
 from trace_roofline.costs.crosscheck import describe
-from trace_roofline.roofline import Analysis, hardware_summary, operators_frame
+from trace_roofline.roofline import Analysis, hardware_summary, operators_frame, split_part
 
 SCHEMA_VERSION = 2
 # Analysis column -> output name where the output's scale differs (percent -> fraction).
@@ -376,10 +376,10 @@ def shapes_line(a: Analysis) -> str | None:
 
 def models_line(a: Analysis) -> str:
     """What a trace of several models (`Analysis.models`) holds, said with its first model."""
-    return (f"models: this trace runs {1 + len(a.models)} models (each embedding weight (V, H) "
-            "is one: assisted or speculative decoding); each is analysed on its own kernels, "
-            "with its own passes and whole model, this one first, then "
-            + ", ".join(m.trace.rpartition(" [")[2].rstrip("]") for m in a.models))
+    return (f"models: this trace runs {1 + len(a.models)} models (each hidden size of its "
+            "embedding tables is one: assisted or speculative decoding); each is analysed on its "
+            "own kernels, with its own passes and whole model, this one first, then "
+            + ", ".join(split_part(m.trace)[1] for m in a.models))
 
 
 def withheld_text(w: dict) -> str:
