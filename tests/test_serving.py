@@ -269,12 +269,16 @@ def test_gpt_oss_experts_down_by_hand_bare(vllm_decode_bare):
     assert got["experts_down"] == pytest.approx(OL * _gemm(32 * OK, OI, OH), rel=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="the capture's vllm::moe_forward runs both triton_kernels "
-                   "_matmul_ogs launches: attribute() names both experts_gate_up (it splits only "
-                   "fused_moe_kernel's launches), so its down half is not costed apart")
 def test_gpt_oss_experts_down_by_hand_capture(vllm_decode):
+    """The capture's vllm::moe_forward launches both triton_kernels _matmul_ogs GEMMs and the
+    finalize: w13 (gate_up), w2 (down) and the top-k sum (moe_combine), each costed apart."""
     got = _flops(vllm_decode)
     assert got.get("experts_down", 0.0) == pytest.approx(OL * _gemm(32 * OK, OI, OH), rel=1e-12)
+    c = vllm_decode.costed
+    comb = c[(c["operator"] == "moe_combine") & c["op_name"].eq("vllm::moe_forward")]
+    assert len(comb) == OL
+    assert (comb["flops"] == 32 * OK * OH).all()  # one add per top-k output element
+    assert (comb["bytes"] == (32 * OK * OH + 32 * OH) * 2).all()  # [32,4,2880] read, [32,2880] written
 
 
 def test_gpt_oss_attention_evidence(vllm_decode):

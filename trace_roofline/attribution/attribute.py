@@ -73,9 +73,10 @@ _WRAPPER_RE = re.compile(r"^(?:Torch-Compiled Region|TorchDynamo|CompiledFunctio
                          r"AOTDispatcher|## |cudaGraph|autograd::engine|Optimizer\.|"
                          r"\w+Backward\d*$|torch::autograd::AccumulateGrad$)")
 _PS_PER_US = 1_000_000
-# Triton kernels that run both halves of an engine's fused MoE op, w13 (gate_up) then w2 (down)
-_FUSED_MOE_KERNEL = kernels.BY_FAMILY["fused_moe_triton"].pattern
-_SECOND_HALF = "experts_down"
+# what an engine's fused MoE op (operators.FUSED_EXPERTS: vLLM's fused_experts, moe_forward)
+# runs besides its own name, experts_gate_up: by kernel role, in time order within the op, its
+# expert GEMMs alternate w13 (gate_up) and w2 (down); a finalize kernel sums the top-k outputs
+_FUSED_PARTS = ("experts_down", "moe_combine")  # part 1, part 2 (0: the op's own name)
 _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 _BACKWARD_FRAME = "autograd::engine::evaluate_function: "
 _OPTIMIZER_RE = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
@@ -203,13 +204,11 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
              else np.zeros(n, bool)) & ~has
     named &= ~early
     lone &= ~early
-    part = _fused_moe_halves(units) & has
-    (op, an, un, co, down, bw), op_cats = _unify(_take_cat(inst["operator"].array, at), ann,
-                                                 _const(UNATTRIBUTED, n), coll,
-                                                 _const(_SECOND_HALF, n),
-                                                 _const(operators.BEFORE_WINDOW.name, n))
-    operator = np.where(part, down, np.where(lone, co, np.where(has, op,
-                                                                np.where(named, an, un))))
+    part = np.where(has, _fused_moe_parts(units, ops), 0)
+    (op, an, un, co, down, comb, bw), op_cats = _unify(
+        _take_cat(inst["operator"].array, at), ann, _const(UNATTRIBUTED, n), coll,
+        *(_const(p, n) for p in _FUSED_PARTS), _const(operators.BEFORE_WINDOW.name, n))
+    operator = np.select([part == 1, part == 2, lone, has, named], [down, comb, co, op, an], un)
     operator = np.where(early, bw, operator)
     (ev, an, un, ke), ev_cats = _unify(_take_cat(inst["evidence"].array, at),
                                        _const("annotation", n), _const(FALLBACK, n),
@@ -256,28 +255,35 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
 
 
 def _instance_ids(op_idx: np.ndarray, step: pd.Series, part: np.ndarray) -> np.ndarray:
-    """0, 1, ... per distinct (op, step, part) in order of first unit (part: the second half
-    of a fused MoE op); an unlinked unit (op_idx < 0) gets an id of its own."""
+    """0, 1, ... per distinct (op, step, part) in order of first unit (part: of a fused MoE op,
+    _fused_moe_parts); an unlinked unit (op_idx < 0) gets an id of its own."""
     step_code = pd.factorize(pd.array(step, dtype="Int64"), use_na_sentinel=False)[0]
     n_steps = int(step_code.max(initial=0)) + 1
-    key = np.where(op_idx >= 0, (op_idx * n_steps + step_code) * 2 + part,
+    key = np.where(op_idx >= 0, (op_idx * n_steps + step_code) * 3 + part,
                    -1 - np.arange(len(op_idx)))
     return pd.factorize(key)[0].astype(np.int64)
 
 
-def _fused_moe_halves(units: pd.DataFrame) -> np.ndarray:
-    """True for the even-numbered `fused_moe_kernel` launches (in time) of each op and step:
-    the w2 (down) halves of an engine's fused MoE op."""
-    fused = _by_category(units["name"], lambda c: c.str.contains(_FUSED_MOE_KERNEL))
-    out = np.zeros(len(units), dtype=bool)
-    if not fused.any():
+def _fused_moe_parts(units: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """Per unit, its part of an engine's fused MoE op (0 elsewhere): 1 for the even-numbered
+    expert-GEMM kernels (in time) of each op and step, the w2 (down) halves, 2 for a finalize
+    kernel (the combine); see _FUSED_PARTS."""
+    out = np.zeros(len(units), dtype=np.int64)
+    idx = units["op_idx"].to_numpy()
+    fused_op = _by_category(ops["name"], lambda c: operators.recognise(
+        operators.FUSED_EXPERTS, c.str.rsplit("::", n=1).str[-1]))
+    inside = np.zeros(len(units), dtype=bool)
+    inside[idx >= 0] = fused_op[idx[idx >= 0]]
+    if not inside.any():
         return out
-    rows = np.flatnonzero(fused)
-    sub = pd.DataFrame({"op": units["op_idx"].to_numpy()[rows],
-                        "step": pd.array(units["step"], dtype="Int64")[rows],
+    role = np.asarray(kernels.roles(pd.Series(_categorical(units["name"]))).astype(object))
+    gemm, finalize = inside & (role == "moe_gemm"), inside & (role == "moe_finalize")
+    out[finalize] = 2
+    rows = np.flatnonzero(gemm)
+    sub = pd.DataFrame({"op": idx[rows], "step": pd.array(units["step"], dtype="Int64")[rows],
                         "ts": units["ts_us"].to_numpy()[rows]})
     rank = sub.sort_values("ts", kind="stable").groupby(["op", "step"], dropna=False).cumcount()
-    out[rows] = (rank.reindex(sub.index).to_numpy() % 2) == 1
+    out[rows] = (rank.reindex(sub.index).to_numpy() % 2)
     return out
 
 

@@ -535,13 +535,23 @@ def _by_capture(names, kinds, m: Mapping, info) -> pd.DataFrame | None:
         res = _empty(n)
         for c in (*CARRIED, "layer"):
             res[c] = tmpl[c].to_numpy(dtype=object) if c != "layer" else tmpl[c].array
-        res["inst"] = pd.factorize(tmpl["op_id"].astype("Int64").to_numpy(
-            np.float64, na_value=np.nan))[0]
+        res["inst"] = _template_instances(tmpl)
         res["evidence"] = "graph_map"
         res["how"] = "matched"
         info.update(method="graph_map", template=f"{m.source} {t}", matched=n, shapes="mapping")
         return res
     return None
+
+
+def _template_instances(tmpl: pd.DataFrame, alone: bool = False) -> np.ndarray:
+    """0, 1, ... per distinct (op, operator) of a template (an op can hold several: a fused MoE
+    op's gate_up, down and combine); a row without an op is -1, or with `alone` one of its own."""
+    op = tmpl["op_id"].astype("Int64").to_numpy(np.float64, na_value=np.nan)
+    if alone:
+        op = np.where(np.isnan(op), -1.0 - np.arange(len(tmpl)), op)
+    key = pd.MultiIndex.from_arrays([op, tmpl["operator"].astype(object).to_numpy()])
+    inst = pd.factorize(key)[0]
+    return np.where(np.isnan(op), -1, inst)
 
 
 def _empty(n: int) -> pd.DataFrame:
@@ -589,8 +599,7 @@ def _by_mapping(codes, kinds, grids, vocab, m: Mapping, model, shapes, info
     for c in (*CARRIED, "layer"):
         vals = tmpl[c].to_numpy(dtype=object if c != "layer" else None)
         res.loc[ok, c] = vals[src[ok]] if c != "layer" else tmpl[c].array.take(src[ok])
-    inst = pd.factorize(pd.Series(tmpl["op_id"].astype("Int64").to_numpy(
-        np.float64, na_value=np.nan)).fillna(pd.Series(-1.0 - np.arange(len(tmpl)))))[0]
+    inst = _template_instances(tmpl, alone=True)
     res["inst"] = np.where(ok, inst[np.maximum(src, 0)], -1)
     res["evidence"] = np.where(ok, "graph_map", operators.FALLBACK)
     res["how"] = how

@@ -883,8 +883,10 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
         (p_tail & before_norm, "moe_combine"),
         (p_tail & n_start, "input_norm"),
         (p_tail, "final_norm"),
-        # after a router whose experts ran inside an engine's fused op: adding the shared
-        # expert's output, then the next layer's norm
+        # after a router whose experts run inside an engine's fused op: before that op, its
+        # input's preparation (vLLM pads gpt-oss's hidden states), as a bare replay names it;
+        # after it, adding the shared expert's output, then the next layer's norm
+        (p_router & (pos < R.first(F["fused_op"])), "router"),
         (p_router & before_norm, "moe_combine"),
         (p_router & n_start, "input_norm"),
         (p_router, "final_norm"),

@@ -546,7 +546,8 @@ def _fused_experts(c: _Call) -> Cost:
     inplace/outplace_fused_experts(hidden [M, H], w13 [E, 2I, H], w2 [E, H, I],
     topk_weights [M, k], topk_ids [M, k], ...), or moe_forward(hidden [M, H], logits [M, E],
     layer name) with the model's experts. gate_up: 2·S·H·2I FLOPs, S·H read, S·2I written;
-    down: 2·S·I·H, S·I read, S·H written (S = M·k); weights per active expert added per layer,
+    down: 2·S·I·H, S·I read, S·H written (S = M·k); combine (its finalize kernel): S·H read and
+    added, M·H written; weights per active expert added per layer,
     at the model's expert weight bits (MXFP4: 4.25) where the op does not record its weights.
     An input padded past the model's hidden size (vLLM pads gpt-oss's 2880 to 3072 for its
     MXFP4 kernels) is costed at the useful size, and the shape says so."""
@@ -568,6 +569,9 @@ def _fused_experts(c: _Call) -> Cost:
         # the recorded w13's bytes per logical weight element (fp8: 1; packed 4-bit: 0.5)
         weight_b = w1.numel * w1.b / max(e * 2 * inter * x.dims[1], 1)
     rows = m * top_k
+    if c.operator == "moe_combine":  # the top-k outputs [M, k, H] summed into [M, H]
+        return Cost("reduction", float(rows * h), formulas.elementwise_bytes(rows * h, m * h, x.b),
+                    x.dtype, f"[{m},{top_k},{h}] top-{top_k} sum fused{pad}")
     halves = {"experts_gate_up": (h, 2 * inter), "experts_down": (inter, h)}
     if c.operator not in halves:
         return Cost(uncosted=f"{c.name}: named {c.operator}, not an expert GEMM half")
