@@ -584,17 +584,23 @@ _EXPERT_OPERATORS = {"router", "experts_gate_up", "experts_down", "experts_act",
 def wrong_names(att: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     """Per attributed row, whether its name is wrong for `model` (the shard the trace ran): a
     linear's name on a GEMM of another (K, N) (the lm_head's vocabulary padded by Inductor
-    excepted), an expert's on a dense model, q_norm / k_norm on a model without them."""
+    excepted) or one weight's name on a kernel of several (Inductor's k and v at once), an
+    expert's on a dense model, q_norm / k_norm on a model without them."""
     from trace_roofline.attribution import naming
+    from trace_roofline.model import operators
     from trace_roofline.model.models import expected_linears
 
     op = att["operator"].astype(str).to_numpy()
-    k, n = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
-                          att["input_dims"])
+    k, n, w = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
+                             att["input_dims"])
     want = expected_linears(model)
+    for fused, parts in operators.FUSIONS:  # Inductor's kv_proj: the parts' weights at once
+        if fused not in want and all(p in want for p in parts):
+            want[fused] = (want[parts[0]][0], sum(want[p][1] for p in parts))
     kn = np.array([want.get(o, (-2, -2)) for o in op]).reshape(-1, 2)
     linear = np.isin(op, list(want)) & (k >= 0)
     wrong = linear & ((k != kn[:, 0]) | (n != kn[:, 1]))
+    wrong |= linear & (w > 1) & ~np.isin(op, [f for f, _ in operators.FUSIONS])
     v = model.vocab_size  # (Inductor pads the lm_head's vocabulary: GPT-2's 50257 to 50264)
     padded = {-(-v // a) * a for a in (8, 16, 32, 64, 128)} if v else set()
     wrong &= ~((op == "lm_head") & (k == kn[:, 0]) & np.isin(n, list(padded)))

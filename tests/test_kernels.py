@@ -266,7 +266,20 @@ FUSED_GEMMS = [
 
 @pytest.mark.parametrize("what, dims, gemm", FUSED_GEMMS, ids=[c[0] for c in FUSED_GEMMS])
 def test_the_gemm_inside_an_inductor_kernel(what, dims, gemm):
-    assert kernels.inductor_gemm(dims) == gemm
+    got = kernels.inductor_gemm(dims)
+    assert (got if got is None else got[:3]) == gemm
+
+
+def test_an_inductor_kernel_counts_the_weights_it_multiplies():
+    """Gemma-2's k and v (4 kv heads x 256 = 1024 each) in one max-autotune decode kernel: N
+    is their sum, 2048, which is also its q_proj's N; two weights say it is not q_proj."""
+    kv = [[1, 1, 2304], [1024, 2304], [1024, 2304], [1, 1024], [1, 4, 1, 256], [], [], []]
+    assert kernels.inductor_gemm(kv) == kernels.FusedGemm(1, 2304, 2048, weights=2)
+    q = [[1, 1, 2304], [2048, 2304], [1, 2048], [], []]
+    assert kernels.inductor_gemm(q) == kernels.FusedGemm(1, 2304, 2048, weights=1)
+    gate_up = FUSED_GEMMS[2][1]
+    assert kernels.inductor_gemm(gate_up).weights == 2
+    assert kernels.inductor_gemm(FUSED_GEMMS[7][1]).weights == 1  # the input has its shape
 
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
@@ -291,5 +304,5 @@ def test_a_weight_read_as_k_by_n_without_a_transpose():
     """A kernel without `t` among its fused ops reads its weight as [K, N]: the same buffer,
     the other way round."""
     dims = [[1, 256], [256, 64], [1, 64]]
-    assert kernels.inductor_gemm(dims, transposed=False) == (1, 256, 64)
-    assert kernels.inductor_gemm(dims) == (1, 64, 256)  # (as [N, K]: another GEMM)
+    assert kernels.inductor_gemm(dims, transposed=False) == (1, 256, 64, 1)
+    assert kernels.inductor_gemm(dims) == (1, 64, 256, 1)  # (as [N, K]: another GEMM)

@@ -733,16 +733,9 @@ def _gemm_shapes(inst: pd.DataFrame) -> pd.DataFrame:
 
 def _weight_shapes(distinct: pd.DataFrame) -> pd.DataFrame:
     base = naming.base_name(distinct["op_name"]).fillna("")
-    k, n = naming.gemm_kn(base, distinct["input_dims"])
+    k, n, w = naming.gemm_kn(base, distinct["input_dims"])
     we, wk, wn = naming.expert_weight_kn(base, distinct["input_dims"])
-    return pd.DataFrame({"K": k, "N": n, "WE": we, "WK": wk, "WN": wn})
-
-
-# fused projections and the separate ones they cover: a trace holds one layout
-_FUSED_LAYOUTS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-                  ("gate_up_proj", ("gate_proj", "up_proj")),
-                  ("experts_gate_up", ("experts_gate", "experts_up")),
-                  ("shared_gate_up_proj", ("shared_gate_proj", "shared_up_proj")))
+    return pd.DataFrame({"K": k, "N": n, "W": w, "WE": we, "WK": wk, "WN": wn})
 
 
 def _linears(inst: pd.DataFrame, model: ModelSpec | None,
@@ -755,7 +748,7 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
     if model is not None:
         lin = naming.with_moe_linears(models.expected_linears(model), model)
         if seen & set(lin.values()):
-            for fused, parts in _FUSED_LAYOUTS:
+            for fused, parts in operators.FUSIONS:  # a trace holds one form
                 if fused in lin:
                     drop = parts if lin[fused] in seen else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}

@@ -324,8 +324,11 @@ _EXPERT_WEIGHT_TEXT = {
 }
 
 
-def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) of weight GEMMs from the raw Input Dims text; -1 where not a 2-D-weight GEMM.
+def gemm_kn(op_base: pd.Series, dims_text: pd.Series
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K, N, W) of weight GEMMs from the raw Input Dims text; K = N = -1 where not a
+    2-D-weight GEMM. W counts the weights of one shape an Inductor kernel multiplies at once
+    (N is their sum: a fused gate and up, k and v); 1 elsewhere.
 
     mm/_scaled_mm [M,K]x[K,N]; addmm (bias, [M,K], [K,N]); linear ([..,K], weight [N,K]);
     matmul ([..,K], [K,N]) only with a 2-D second operand; the activation must be >= 2-D.
@@ -333,6 +336,7 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
     """
     k = np.full(len(op_base), -1, dtype=np.int64)
     n = k.copy()
+    w = np.ones(len(op_base), dtype=np.int64)
     text = dims_text.astype("string").fillna("")
     for op, (rx, ga, gk, gn) in _GEMM_TEXT.items():
         rows = (op_base == op).to_numpy()
@@ -349,22 +353,23 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, np.nd
     triton = base.str.match(operators.TRITON_KERNEL_OP).to_numpy(dtype=bool)
     fused = triton & base.str.contains(kernels.INDUCTOR_MATMUL).to_numpy(dtype=bool)
     if fused.any():
-        k[fused], n[fused] = _fused_kn(base[fused], text[fused])
+        k[fused], n[fused], w[fused] = _fused_kn(base[fused], text[fused])
     tem = (k < 0) & triton & kernels.roles(base).isin(kernels.GEMM_ROLES).to_numpy(dtype=bool)
     if tem.any():
         k[tem], n[tem] = _template_kn(text[tem])
-    return k, n
+    return k, n, w
 
 
-def _fused_kn(names: pd.Series, text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) of the weight GEMM an Inductor kernel fused (kernels.fused_gemm), -1 where
-    none fits. Once per distinct (kernel, Input Dims)."""
+def _fused_kn(names: pd.Series, text: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K, N, W) of the weight GEMM an Inductor kernel fused (kernels.fused_gemm), -1, -1, 1
+    where none fits. Once per distinct (kernel, Input Dims)."""
     pairs = pd.DataFrame({"n": names.to_numpy(dtype=object), "d": text.to_numpy(dtype=object)})
     codes, first = distinct_codes([pd.factorize(pairs[c])[0] for c in ("n", "d")])
     found = [kernels.fused_gemm(str(n), decode_args(str(d)) or [])
              for n, d in pairs.iloc[first].itertuples(index=False)]
-    got = np.array([(g[1], g[2]) if g else (-1, -1) for g in found], dtype=np.int64).reshape(-1, 2)
-    return got[codes, 0], got[codes, 1]
+    got = np.array([(g.k, g.n, g.weights) if g else (-1, -1, 1) for g in found],
+                   dtype=np.int64).reshape(-1, 3)
+    return got[codes, 0], got[codes, 1], got[codes, 2]
 
 
 def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -605,23 +610,42 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
     rows = np.flatnonzero(inst["K"].to_numpy() >= 0)
     if len(rows):
         k, n = inst["K"].to_numpy()[rows], inst["N"].to_numpy()[rows]
-        width = int(n.max()) + 1
-        pair, pairs = pd.factorize(k * width + n)  # the distinct (K, N) (K, N >= 0)
+        w = inst["W"].to_numpy()[rows] if "W" in inst else np.ones(len(rows), np.int64)
+        width, most = int(n.max()) + 1, int(w.max()) + 1
+        pair, pairs = pd.factorize((k * width + n) * most + w)  # the distinct (K, N, W)
         in_grp = inst["grp"].to_numpy()[rows] * len(pairs) + pair
         occ = pd.Series(in_grp).groupby(in_grp, sort=False).cumcount().to_numpy()
         cycles: dict[tuple[int, ...], list[str]] = {}  # the linears of each (K, N), in order
         for name in LINEAR_ORDER:
-            if name in linears:
+            if name in linears and name not in operators.KERNEL_FUSIONS:
                 cycles.setdefault(tuple(linears[name]), []).append(name)
         start, size = np.zeros(len(pairs), np.int64), np.zeros(len(pairs), np.int64)
-        for p, (pk, pn) in enumerate(zip(pairs // width, pairs % width, strict=True)):
-            cycle = cycles.get((int(pk), int(pn)), [f"linear[{pk}×{pn}]"])
+        for p, key in enumerate(pairs):
+            (pk, pn), pw = divmod(int(key) // most, width), int(key) % most
+            fused = _kernel_fusion(pk, pn, pw, linears) if pw > 1 else None
+            cycle = ([fused] if fused else [] if pw > 1 else cycles.get((pk, pn), [])) \
+                or [f"linear[{pk}×{pn}]"]
             start[p], size[p] = len(names), len(cycle)
             names.extend(cycle)
         codes[rows] = start[pair] + occ % size[pair]
     unique, cats = pd.factorize(np.asarray(names, dtype=object))
     return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, unique[codes], -1), cats),
                      index=inst.index)
+
+
+def _kernel_fusion(k: int, n: int, weights: int, linears: dict[str, tuple[int, int]]
+                   ) -> str | None:
+    """The fused linear (operators.FUSIONS) a kernel multiplying `weights` weights [K, n/w] at
+    once runs: the one of as many parts, its own (K, N) or its parts' all (K, n/w), when no
+    other linear has that part shape (MHA's q, k, v and o alike: which two? None)."""
+    each = (k, n // weights)
+    alike = {name for name, kn in linears.items() if tuple(kn) == each}
+    for fused, parts in operators.FUSIONS:
+        whole = tuple(linears.get(fused, ())) == (k, n) or all(
+            tuple(linears.get(p, ())) == each for p in parts)
+        if len(parts) == weights and whole and alike <= set(parts):
+            return fused
+    return None
 
 
 _EXPERT_LINEARS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
@@ -791,6 +815,8 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
     eager geometry does). A trace with GEMMs none of which fits a decoder's linears has no
     decoder names at all."""
     F = _with_roles(classify(inst), inst)
+    if "K" in inst:  # an Inductor kernel that fused a weight GEMM is a GEMM (gemm_kn)
+        F["gemmop"] = F["gemmop"] | (F["triton"] & (inst["K"].to_numpy() >= 0))
     n = len(inst)
     grp = inst["grp"].to_numpy()
     # weight GEMMs matched to a linear are anchors; an unmatched one (`linear[K×N]`, e.g. the
@@ -944,7 +970,8 @@ def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
     a projection of q, k or v, is not). In such a region, the ops from its first norm op (and
     the cast before it) up to RoPE (its first neg / cos / sin / rotary op, and the q·cos mul
     right before it), the first attention op or the region's end. After q_proj it is q's norm,
-    after k_proj k's (HF: q_proj, q_norm, k_proj, k_norm, v_proj, RoPE); after a fused qkv_proj
+    after k_proj (or Inductor's kv_proj) k's (HF: q_proj, q_norm, k_proj, k_norm, v_proj,
+    RoPE); after a fused qkv_proj
     (or v_proj) the first norm is q's, the next k's, each opened by its first op (pow, a fused
     rms_norm) or the cast before it. Dense Llama/Qwen2 layers have no norm op there, so nothing
     is named."""
@@ -960,7 +987,8 @@ def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
     next_open = np.r_[F["normopen"][1:], False] & same_next
     opens = span & ((F["cast"] & next_open) | (F["normopen"] & ~prev_cast))
     rules: list[Rule] = [(~span, ""), (P.isin(["q_proj"]), "q_norm"),
-                         (P.isin(["k_proj"]), "k_norm"), (R.count(opens) <= 1, "q_norm")]
+                         (P.isin(["k_proj", "kv_proj"]), "k_norm"),
+                         (R.count(opens) <= 1, "q_norm")]
     return first_match(rules, "k_norm")
 
 

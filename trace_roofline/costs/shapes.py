@@ -1215,8 +1215,8 @@ def _fused(c: _Call) -> Cost:
     flops = float(work if work is not None else main.numel)
     gemm = kernels.fused_gemm(name, [t.dims for t in ts])
     if gemm is not None:  # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less)
-        flops = formulas.gemm_flops(*gemm)
-        shape = f"GEMM {gemm[0]}x{gemm[1]}x{gemm[2]} fused: {shape}"
+        flops = formulas.gemm_flops(gemm.m, gemm.k, gemm.n)
+        shape = f"GEMM {gemm.m}x{gemm.k}x{gemm.n} fused: {shape}"
     return Cost("fused", flops, float(nbytes), main.dtype, shape)
 
 

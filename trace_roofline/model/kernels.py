@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -351,7 +352,17 @@ INDUCTOR_MATMUL = re.compile(r"(?:^|_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
 INDUCTOR_TRANSPOSED = re.compile(r"(?:^|_)t(?:_|$)")
 
 
-def fused_gemm(name: str, shapes: list) -> tuple[int, int, int] | None:
+class FusedGemm(NamedTuple):
+    """The weight GEMM inside an Inductor kernel: [m, k] x [k, n], n summed over `weights`
+    weight buffers of one shape (2: a fused gate and up, or k and v)."""
+
+    m: int
+    k: int
+    n: int
+    weights: int = 1
+
+
+def fused_gemm(name: str, shapes: list) -> FusedGemm | None:
     """`inductor_gemm` of an Inductor kernel's arguments when its name says it fused a matmul
     (reading the weight as [N, K] when it fused a transpose too), else None."""
     if not INDUCTOR_MATMUL.search(name):
@@ -359,13 +370,13 @@ def fused_gemm(name: str, shapes: list) -> tuple[int, int, int] | None:
     return inductor_gemm(shapes, bool(INDUCTOR_TRANSPOSED.search(name)))
 
 
-def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int] | None:
-    """(M, K, N) of the weight GEMM inside an Inductor kernel that fused a matmul, from its
-    arguments' shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`;
-    N, K > 1), with another argument that ends in N with M·N elements (the output) and a third
-    that holds M·K (the input, as [M, K] or as heads) or 2·M·K (a fused gate_up's output, the
-    activation run in the kernel). Several weights of that one shape run as one GEMM (N
-    summed: a fused gate and up; an input of the weight's shape is not one); None when no
+def inductor_gemm(shapes: list, transposed: bool = True) -> FusedGemm | None:
+    """The weight GEMM inside an Inductor kernel that fused a matmul, from its arguments'
+    shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`; N, K > 1), with
+    another argument that ends in N with M·N elements (the output) and a third that holds M·K
+    (the input, as [M, K] or as heads) or 2·M·K (a fused gate_up's output, the activation run
+    in the kernel). Several weights of that one shape run as one GEMM (N summed, `weights`
+    counted: a fused gate and up; an input of the weight's shape is not one); None when no
     weight, or weights of two shapes, fit."""
     dims = [d for d in shapes if isinstance(d, list) and d and all(type(v) is int for v in d)]
     numel = [int(np.prod(d)) for d in dims]
@@ -388,7 +399,7 @@ def inductor_gemm(shapes: list, transposed: bool = True) -> tuple[int, int, int]
     weights = sum(d == shape for d in dims)
     if not any(numel[x] in (m * k, 2 * m * k) and d != shape for x, d in enumerate(dims)):
         weights -= 1  # (one of them is the input: an activation [M, K] of the weight's shape)
-    return m, k, n * weights
+    return FusedGemm(m, k, n * weights, weights)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ OPERATORS: tuple[Operator, ...] = (
     _linear("k_proj", Stage.QKV),
     _linear("v_proj", Stage.QKV),
     _linear("qkv_proj", Stage.QKV),
+    # k_proj and v_proj as one GEMM: no module's, Inductor's kernel of both weights (FUSIONS)
+    _linear("kv_proj", Stage.QKV),
     # RMSNorm of each head of q and of k, before RoPE (HF Qwen3 / Qwen3-MoE `q_norm`, `k_norm`;
     # LFM2's q_layernorm, k_layernorm): no stage, HF runs them between the projections
     Operator("q_norm", "memory", aliases=("q_layernorm",)),
@@ -199,6 +201,16 @@ FUSED_EXPERTS = BY_NAME["experts_gate_up"]  # an engine's fused MoE op: both exp
 MOE: frozenset[str] = frozenset({"router", "moe_dispatch", "experts_gate_up", "experts_act",
                                  "experts_down", "moe_combine", "shared_gate_proj",
                                  "shared_up_proj", "shared_gate_up_proj", "shared_down_proj"})
+# fused projections and the separate linears they cover (a trace holds one form or the other);
+# the kernel-only ones are no module of any model, only an Inductor kernel multiplying the
+# parts' weights at once: never the name of one weight's GEMM
+FUSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("kv_proj", ("k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+    ("experts_gate_up", ("experts_gate", "experts_up")),
+    ("shared_gate_up_proj", ("shared_gate_proj", "shared_up_proj")))
+KERNEL_FUSIONS: frozenset[str] = frozenset({"kv_proj"})
 # the dense MLP's operators and the shared expert's, which has the same structure
 SHARED_OF: dict[str, str] = {"gate_proj": "shared_gate_proj", "up_proj": "shared_up_proj",
                              "gate_up_proj": "shared_gate_up_proj", "down_proj": "shared_down_proj"}
