@@ -260,3 +260,31 @@ def test_the_layout_is_inferred_and_said_without_a_model(capture, layout, names)
     ops = set(a.operators["operator"])
     assert names <= ops and not any(o.startswith("linear[") for o in names & ops)
     assert a.coverage["evidence_fraction"] > 0.9
+
+
+@pytest.mark.parametrize("family, top_k", [("mixtral", 2), ("gpt_oss", 4)])
+def test_max_autotune_experts_are_inductor_grouped_gemms(family, top_k):
+    """Max-autotune runs the experts' _grouped_mm as an Inductor template
+    (triton_tem_fused__grouped_mm_...: tokens [S, K], all experts' weights, offsets, out
+    [S, N]); each is named by its weights' (K, N) and costed as the grouped GEMM it runs, with
+    only the active experts' weights read: at B = 1, S = top_k rows, 2·S·K·N FLOPs per layer and
+    pass (2 of each), under the memory roof."""
+    model = tr.get_model(str(CONFIGS / f"{family}.json"))
+    a = tr.analyze_trace(DIR / f"{family}_max-autotune_h200.json.gz", model)
+    assert a.coverage["evidence_fraction"] > 0.95
+    ops = a.operators[a.operators["layer"].isna()].set_index("operator")
+    h, i = model.hidden_size, model.experts.intermediate_size
+    assert ops.loc["experts_gate_up", "flops"] == 4 * 2 * top_k * h * 2 * i
+    assert ops.loc["experts_down", "flops"] == 4 * 2 * top_k * i * h
+    assert (ops.loc[["experts_gate_up", "experts_down"], "pct_of_roof"] < 100).all()
+
+
+def test_max_autotune_k_and_v_in_one_kernel_are_kv_proj():
+    """Gemma-2's k and v (4 heads x 256 each) run as one max-autotune kernel of two weights
+    whose N, 2048, is also its q_proj's: kv_proj, never q_proj."""
+    model = tr.get_model(str(CONFIGS / "gemma2.json"))
+    a = tr.analyze_trace(DIR / "gemma2_max-autotune_h200.json.gz", model)
+    ops = a.operators[a.operators["layer"].isna()].set_index("operator")
+    h, kv, q = model.hidden_size, model.num_kv_heads * model.head_dim, model.num_heads * model.head_dim
+    assert ops.loc["kv_proj", "flops"] == 4 * 2 * h * 2 * kv
+    assert ops.loc["q_proj", "flops"] == 4 * 2 * h * q

@@ -30,6 +30,10 @@ EXAMPLES: dict[str, list[str]] = {
                            "triton_per_fused__softmax_0"],  # (doc)
     "inductor_flex_attention": ["triton_tem_fused_flex_attention_0",  # (doc)
                                 "triton_tem_fused_flex_attention_backward_1"],
+    # (sample_traces/families_h200/mixtral_max-autotune_h200)
+    "inductor_grouped_mm_template": [
+        "triton_tem_fused__grouped_mm__to_copy__unsafe_view_add_embedding_mean_mul_pow_rsqrt_t_"
+        "view_9"],
     "inductor_mm_template": ["triton_tem_fused_mm_0", "triton_tem_fused_addmm_1",  # (doc, issue 25)
                              "triton_tem_fused_bmm_2", "triton_tem_fused__unsafe_view_mm_5",
                              "triton_tem_fused__scaled_mm_0"],
@@ -298,6 +302,24 @@ def test_committed_traces_classify(rel: str):
     unknown = dev["name"][got["role"].astype(str).eq("unknown").to_numpy()]
     assert unknown.empty, sorted(set(unknown.astype(str)))[:5]
     assert np.isin(got["role"].astype(str), list(kernels.ROLES)).all()
+
+
+@pytest.mark.parametrize("dims, want", [
+    # Mixtral's experts: gate_up [E, 2I, H] and down [E, H, I] buffers (as [E, N, K])
+    ([[2, 4096], [8, 28672, 4096], [8], [2, 28672], [], [], []], (2, 4096, 28672, 8)),
+    ([[2, 14336], [8, 4096, 14336], [8], [2, 4096], [], [], []], (2, 14336, 4096, 8)),
+    # gpt-oss keeps its gate_up as [E, H, 2I] (as [E, K, N])
+    ([[4, 2880], [32, 2880, 5760], [32], [4, 5760], [], [], []], (4, 2880, 5760, 32)),
+    ([[4, 2880], [8, 100, 7], [8], [4, 5760]], None),  # weights that fit neither
+])
+def test_the_grouped_gemm_of_an_inductor_template(dims, want):
+    assert kernels.grouped_gemm(dims) == want
+
+
+def test_a_grouped_gemm_prologue_is_no_fused_matmul():
+    """`_grouped_mm` in a pointwise kernel's name (the experts' input gather) is no `mm`."""
+    assert kernels.fused_gemm("triton_poi_fused__grouped_mm__to_copy_add_10",
+                              [[2], [2], [1, 1, 4096], [2, 4096], []]) is None
 
 
 def test_a_weight_read_as_k_by_n_without_a_transpose():

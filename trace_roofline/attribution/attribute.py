@@ -742,9 +742,10 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
              ops: pd.DataFrame | None = None) -> dict[str, tuple[int, int]] | None:
     """The model's linears if any GEMM of the trace matches them, else linears inferred (with
     the experts of its grouped GEMMs, naming.infer_moe_linears)."""
-    gemms = inst.loc[inst["K"] >= 0, ["K", "N"]]
+    gemms = inst.loc[inst["K"] >= 0, ["K", "N", "W"]]
     weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
-    seen = set(map(tuple, pd.concat([gemms, weights]).drop_duplicates().to_numpy().tolist()))
+    seen = set(map(tuple, pd.concat([gemms[["K", "N"]], weights]).drop_duplicates()
+                   .to_numpy().tolist()))
     if model is not None:
         lin = naming.with_moe_linears(models.expected_linears(model), model)
         if seen & set(lin.values()):
@@ -753,7 +754,11 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
                     drop = parts if lin[fused] in seen else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
-    per = gemms.groupby(["K", "N"]).size().rename("count").reset_index()
+    # an Inductor kernel of W weights counts as its W parts (gate and up, k and v): the
+    # layout is inferred unfused, and name_gemms names the kernel after the fusion of its parts
+    parts = gemms.loc[gemms.index.repeat(gemms["W"].to_numpy())]
+    parts = parts.assign(N=parts["N"] // parts["W"])
+    per = parts.groupby(["K", "N"]).size().rename("count").reset_index()
     if not len(per):
         return None
     moe = naming.infer_moe_linears(per, _expert_weights(inst))
@@ -781,7 +786,9 @@ def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
     wk, wn = inst["WK"].to_numpy(np.int64), inst["WN"].to_numpy(np.int64)
     kn = wk * (int(wn.max(initial=0)) + 1) + wn  # one key per (K, N)
     gathered = base.isin(["index"]) & has & np.isin(kn, kn[has & base.isin(["bmm"])])
-    grouped = base.isin(["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"])
+    grouped = base.isin(["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"]) | \
+        np.asarray(_by_category(inst["op_name"], lambda c: c.str.contains(
+            kernels.INDUCTOR_GROUPED_MM)), dtype=bool)
     return inst.loc[(grouped & has) | gathered,
                     ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
 

@@ -354,7 +354,11 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series
     fused = triton & base.str.contains(kernels.INDUCTOR_MATMUL).to_numpy(dtype=bool)
     if fused.any():
         k[fused], n[fused], w[fused] = _fused_kn(base[fused], text[fused])
-    tem = (k < 0) & triton & kernels.roles(base).isin(kernels.GEMM_ROLES).to_numpy(dtype=bool)
+    grouped = triton & base.str.contains(kernels.INDUCTOR_GROUPED_MM).to_numpy(dtype=bool)
+    if grouped.any():
+        _, k[grouped], n[grouped] = _grouped_ekn(text[grouped])
+    tem = (k < 0) & ~grouped & triton & kernels.roles(base).isin(kernels.GEMM_ROLES).to_numpy(
+        dtype=bool)
     if tem.any():
         k[tem], n[tem] = _template_kn(text[tem])
     return k, n, w
@@ -370,6 +374,17 @@ def _fused_kn(names: pd.Series, text: pd.Series) -> tuple[np.ndarray, np.ndarray
     got = np.array([(g.k, g.n, g.weights) if g else (-1, -1, 1) for g in found],
                    dtype=np.int64).reshape(-1, 3)
     return got[codes, 0], got[codes, 1], got[codes, 2]
+
+
+def _grouped_ekn(text: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(E, K, N) of Inductor grouped-GEMM templates (kernels.grouped_gemm), -1 where their
+    arguments do not fit. Once per distinct Input Dims."""
+    uniq = pd.Series(text.unique(), dtype="string")
+    found = [kernels.grouped_gemm(decode_args(str(d)) or []) for d in uniq]
+    got = np.array([(g[3], g[1], g[2]) if g else (-1, -1, -1) for g in found],
+                   dtype=np.int64).reshape(-1, 3)
+    at = pd.Index(uniq).get_indexer(text)
+    return got[at, 0], got[at, 1], got[at, 2]
 
 
 def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -393,12 +408,17 @@ def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, ...]:
     """(count, K, N) of expert weights: a weight-first `bmm` [S, N, K] x [S, K, 1] (count S), an
-    `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] and an
+    `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] (or its
+    Inductor template's, kernels.grouped_gemm) and an
     engine's fused MoE op's w13 [E, 2I, H] (count E); -1 elsewhere. The first two are expert
     GEMMs only when (K, N) (and E) are the model's; the last two tell a trace's experts
     (infer_moe_linears)."""
     out = [np.full(len(op_base), -1, dtype=np.int64) for _ in range(3)]
     text = dims_text.astype("string").fillna("")
+    grouped = op_base.fillna("").str.contains(kernels.INDUCTOR_GROUPED_MM).to_numpy(dtype=bool)
+    if grouped.any():  # Inductor's grouped-GEMM template: its weights [E, N, K] or [E, K, N]
+        for arr, got in zip(out, _grouped_ekn(text[grouped]), strict=True):
+            arr[grouped] = got
     for op, (rx, gc, gn, gk) in _EXPERT_WEIGHT_TEXT.items():
         rows = (op_base == op).to_numpy()
         if not rows.any():

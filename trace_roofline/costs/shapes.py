@@ -536,9 +536,14 @@ def _grouped_mm(c: _Call) -> Cost:
     FLOPs and activations exact; the active experts' weights are added per layer."""
     a, w = _tensor(c.args, 0, 2), _tensor(c.args, 1, 3)
     (s, k), (e, _, n) = a.dims, w.dims
+    return _experts_gemm(s, k, n, e, a, w)
+
+
+def _experts_gemm(s: int, k: int, n: int, e: int, a: _Arg, w: _Arg, how: str = "") -> Cost:
     nbytes = formulas.elementwise_bytes(s * k, s * n, a.b)
-    return Cost("gemm", 2.0 * s * k * n, nbytes, a.dtype, f"{e} experts [{s},{k}]x[{k},{n}]",
-                m=s, k=k, n=n, experts=e, expert_bytes=float(k * n * w.b))
+    return Cost("gemm", 2.0 * s * k * n, nbytes, a.dtype,
+                f"{e} experts [{s},{k}]x[{k},{n}]{how}", m=s, k=k, n=n, experts=e,
+                expert_bytes=float(k * n * w.b))
 
 
 def _fused_experts(c: _Call) -> Cost:
@@ -1189,7 +1194,8 @@ def _arange(c: _Call) -> Cost:
 
 
 def _fused(c: _Call) -> Cost:
-    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs), whole.
+    """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs), whole (an
+    Inductor grouped-GEMM template is costed as the `_grouped_mm` it runs).
 
     Each buffer counts its distinct elements, at most the kernel's work size W (`_work`). With
     `embedding` among the fused ops, the largest 2-D buffer is the table it gathers from: only
@@ -1197,6 +1203,12 @@ def _fused(c: _Call) -> Cost:
     passes to every kernel that recomputes the lookup.
     """
     name, ts = c.base, _tensors(c.args)
+    grouped = kernels.grouped_gemm([t.dims for t in ts]) if kernels.INDUCTOR_GROUPED_MM.match(
+        name) else None
+    if grouped is not None:  # the experts' grouped GEMM, as _grouped_mm
+        s, k, n, e = grouped
+        return _experts_gemm(s, k, n, e, ts[0], next(t for t in ts if len(t.dims) == 3),
+                             " (Inductor template)")
     if not ts:
         return Cost(uncosted="triton kernel without tensor arguments")
     index = [t for t in ts if t.dtype in ("int64", "int32")]
@@ -1472,7 +1484,8 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
         return per
     topk = (base == "topk").to_numpy()
     k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _concrete_at(raw, 1))
-    fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy()
+    fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy() & \
+        ~base.astype("string").fillna("").str.contains(kernels.INDUCTOR_GROUPED_MM).to_numpy(bool)
     k_ids = _each_distinct(inst["input_dims"], lambda raw: _dims_at(raw, 4, 1))
     # numpy's stubs leave None out of ArrayLike; np.where takes it (an object element)
     ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)),  # type: ignore[call-overload]

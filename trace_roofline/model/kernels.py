@@ -64,6 +64,9 @@ FAMILIES: tuple[KernelFamily, ...] = (
     # triton_tem_fused__scaled_mm_0), convolutions
     _f("inductor_flex_attention", "PyTorch Inductor",
        r"^triton_tem_fused_.*flex_(?:attention|decoding)|^triton_tem_fused_flex", "attention"),
+    # (the experts' grouped GEMM, triton_tem_fused__grouped_mm_..._22: INDUCTOR_GROUPED_MM)
+    _f("inductor_grouped_mm_template", "PyTorch Inductor", r"^triton_tem_fused__grouped_mm",
+       "moe_gemm"),
     _f("inductor_mm_template", "PyTorch Inductor",
        r"^triton_tem_fused_(?:.*_)?(?:mm|addmm|bmm|baddbmm|_scaled_mm|scaled_mm)(?:_|$)", "gemm"),
     _f("inductor_conv_template", "PyTorch Inductor", r"^triton_tem_fused_(?:.*_)?convolution",
@@ -347,7 +350,29 @@ def inductor_fuses(names: pd.Series, what: str) -> pd.Series:
 
 # An Inductor kernel that fused a matmul (a decode GEMV became a reduction, with the norm or the
 # activation around it): its weight GEMM is read from its arguments' shapes (`inductor_gemm`)
-INDUCTOR_MATMUL = re.compile(r"(?:^|_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
+INDUCTOR_MATMUL = re.compile(r"(?:^|(?<!grouped)_)(?:mm|addmm|bmm|baddbmm)(?:_|$)")
+# Inductor's grouped-GEMM template (max-autotune's _grouped_mm of all experts) and its
+# arguments: tokens [S, K], the experts' weights [E, N, K] or [E, K, N], offsets [E], out [S, N]
+INDUCTOR_GROUPED_MM = BY_FAMILY["inductor_grouped_mm_template"].pattern
+
+
+def grouped_gemm(shapes: list) -> tuple[int, int, int, int] | None:
+    """(S, K, N, E) of an Inductor grouped-GEMM template from its arguments' shapes: the first
+    2-D one is the input [S, K], the first 3-D one the weights, the last 2-D one of S rows the
+    output [S, N]; None when they do not fit one another."""
+    dims = [d for d in shapes if isinstance(d, list) and d and all(type(v) is int for v in d)]
+    two = [d for d in dims if len(d) == 2]
+    three = [d for d in dims if len(d) == 3]
+    if len(two) < 2 or not three:
+        return None
+    (s, k), w = two[0], three[0]
+    outs = [d for d in two[1:] if d[0] == s]
+    if not outs:
+        return None
+    n = outs[-1][1]
+    if sorted(w[1:]) != sorted((k, n)):
+        return None
+    return s, k, n, w[0]
 # ... whose weight it reads transposed (`t`: nn.Linear's [N, K] buffer), else as [K, N]
 INDUCTOR_TRANSPOSED = re.compile(r"(?:^|_)t(?:_|$)")
 
@@ -362,6 +387,11 @@ class FusedGemm(NamedTuple):
     weights: int = 1
 
 
+# no linear has fewer input features: a smaller "weight" is an activation (the top-k
+# combine's [k, H] expert outputs weighted by [1, k] routing weights)
+MIN_IN_FEATURES = 16
+
+
 def fused_gemm(name: str, shapes: list) -> FusedGemm | None:
     """`inductor_gemm` of an Inductor kernel's arguments when its name says it fused a matmul
     (reading the weight as [N, K] when it fused a transpose too), else None."""
@@ -372,7 +402,8 @@ def fused_gemm(name: str, shapes: list) -> FusedGemm | None:
 
 def inductor_gemm(shapes: list, transposed: bool = True) -> FusedGemm | None:
     """The weight GEMM inside an Inductor kernel that fused a matmul, from its arguments'
-    shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`; N, K > 1), with
+    shapes in order: a 2-D weight buffer [N, K] ([K, N] when not `transposed`; N > 1,
+    K >= MIN_IN_FEATURES), with
     another argument that ends in N with M·N elements (the output) and a third that holds M·K
     (the input, as [M, K] or as heads) or 2·M·K (a fused gate_up's output, the activation run
     in the kernel). Several weights of that one shape run as one GEMM (N summed, `weights`
@@ -385,6 +416,8 @@ def inductor_gemm(shapes: list, transposed: bool = True) -> FusedGemm | None:
         if len(w) != 2 or min(w) < 2:
             continue
         n, k = w if transposed else w[::-1]
+        if k < MIN_IN_FEATURES:
+            continue
         for j, out in enumerate(dims):
             m = numel[j] // n
             if (j != i and out[-1] == n and m >= 1 and m * n == numel[j]
