@@ -288,3 +288,24 @@ def test_max_autotune_k_and_v_in_one_kernel_are_kv_proj():
     h, kv, q = model.hidden_size, model.num_kv_heads * model.head_dim, model.num_heads * model.head_dim
     assert ops.loc["kv_proj", "flops"] == 4 * 2 * h * 2 * kv
     assert ops.loc["q_proj", "flops"] == 4 * 2 * h * q
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_max_autotune_eager_attention_in_triton_kernels_is_attention(family):
+    """Gemma-2's soft-capped and gpt-oss's sink attention run eagerly; max-autotune fuses
+    their Q·Kᵀ and P·V into Triton reduction kernels (triton_red/per_fused_..._bmm_...) over two
+    activations, with the softmax kernels between them: all attention, the products by their
+    geometry (evidence shape), and nothing of it named RoPE."""
+    model = tr.get_model(str(CONFIGS / f"{family}.json"))
+    a = tr.analyze_trace(DIR / f"{family}_max-autotune_h200.json.gz", model)
+    assert a.coverage["evidence_fraction"] == 1.0
+    att = tr.attribute(tr.load_trace(DIR / f"{family}_max-autotune_h200.json.gz"), model)
+    name = att["op_name"].astype(str)
+    products = (name.str.match(r"triton_(?:red|per)_fused_.*bmm") & ~name.str.contains("_mm_")
+                & ~name.str.contains("softmax"))
+    assert (att.loc[products, "operator"] == "attention").all()
+    assert (att.loc[products, "evidence"] == "shape").all()
+    # (over 4-D scores [B, heads, T, S]; the router's and the sampler's are not attention's)
+    softmax = name.str.contains("prepare_softmax_online") & att["input_dims"].astype(str).str.match(
+        r"\[\[\d+, \d+, \d+, \d+\]")
+    assert softmax.any() and (att.loc[softmax, "operator"] == "attention").all()

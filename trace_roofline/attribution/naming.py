@@ -81,6 +81,7 @@ LINEAR_ORDER = (*operators.LINEARS, "experts_gate", "experts_up", "shared_expert
 EXPERT_IN = {"experts_gate_up", "experts_gate", "experts_up"}
 SHARED_IN = {"shared_gate_proj", "shared_up_proj", "shared_gate_up_proj"}
 
+_ACTIVATION = re.compile(r"\[\s*\d+\s*(?:,\s*\d+\s*){1,},\s*(?:[2-9]|\d{2,})\s*\]")  # >= 3-D, last > 1
 _DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, heads, S, d]
 _BATCHED = re.compile(r"^\[\s*\[\s*\d+\s*(?:,\s*\d+\s*){2,3}\]\s*,\s*\[\s*\d+\s*(?:,\s*\d+\s*){1,2}"
                       r",\s*(?:[2-9]|\d{2,})\s*\]")
@@ -214,7 +215,8 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "tristore": fuses["store"],
         "tricat": fuses["cat"],
         "act": base.isin(ACT_OPS) | fuses["act"] | role.eq("activation"),
-        "softmax": base.isin(SOFTMAX_OPS),
+        "softmax": base.isin(SOFTMAX_OPS) | fuses["softmax"],
+        "tribmm": fuses["bmm"],
         "bgemm": base.isin(BATCHED_GEMM_OPS),
         "matmul": base == "matmul",
         "gemmop": base.isin(GEMM_OPS) | role.isin(kernels.GEMM_ROLES),
@@ -249,6 +251,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
                 "loss"):
         out[col] = op[col] | top[col]
+    del out["tribmm"]
     out["attn"] = per_value(rows[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
@@ -256,7 +259,10 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
-    out["batched"] = dims["batched"].to_numpy(dtype=bool) & (op["bgemm"] | op["matmul"])
+    # an eager attention's Q·Kᵀ or P·V: a batched matmul op, or an Inductor kernel that fused a
+    # bmm over two activations of 3-D or more (Gemma-2's soft-capped, gpt-oss's sink attention)
+    out["batched"] = (dims["batched"].to_numpy(dtype=bool) & (op["bgemm"] | op["matmul"])) | (
+        op["tribmm"] & dims["activations"].to_numpy(dtype=bool))
     out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
     out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
     return out
@@ -269,7 +275,9 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
     is 3-D: a sum over top-k of [tokens, k, H], not a renormalisation over [tokens, k]),
     rank0 and last0 (the first argument's rank and last dim; 0 and -1 when it is no tensor),
     batched (the first two arguments are both 3-D or 4-D, the second's last dim above 1: an
-    eager attention's Q·Kᵀ or P·V, not a weight GEMM nor a weight-first expert GEMV)."""
+    eager attention's Q·Kᵀ or P·V, not a weight GEMM nor a weight-first expert GEMV),
+    activations (two arguments of 3-D or more with a last dim above 1, anywhere: what an
+    Inductor kernel's bmm multiplies, not RoPE's [1, d/2, 1] x [1, 1, S] table)."""
     text = dims.fillna("")
     has4d = text.str.contains(_DIMS_4D)
     rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
@@ -287,6 +295,7 @@ def _dims_flags(dims: pd.Series) -> pd.DataFrame:
                          "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"),
                          "rank0": first.str.len().astype("int64"),
                          "batched": text.str.contains(_BATCHED),
+                         "activations": text.str.count(_ACTIVATION) >= 2,
                          "last0": pd.to_numeric(first.str[-1], errors="coerce")
                          .fillna(-1).astype("int64")})
 
@@ -1121,7 +1130,8 @@ def _honest(ctx: _Context, name: Names, evidence: Names) -> tuple[Names, Names, 
                     "encoder, a CNN, a recommendation model?)"], dtype=object)))
     positional = evidence.isin(["position"])
     gemm = ctx.F["gemmop"] & ~(ctx.is_anchor & ctx.known) & ~ctx.by_name & ~ctx.outer
-    eager = gemm & ctx.F["batched"] & name.isin(["attention"])
+    # an eager attention's batched products (ops, or Inductor kernels that fused them)
+    eager = (gemm | ctx.F["triton"]) & ctx.F["batched"] & name.isin(["attention"])
     table = gemm & ctx.rope_table & name.isin(["rope"])
     lost = gemm & ~eager & ~table
     # (`other` claims nothing: it stays, with the gap as its reason)

@@ -336,6 +336,9 @@ INDUCTOR_FUSES: dict[str, re.Pattern[str]] = {
     "store": re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)"),
     "cat": re.compile(r"(?:^|_)cat(?:_|$)"),
     "act": re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)"),
+    "softmax": re.compile(r"(?:^|_)(?:softmax|prepare_softmax_online)(?:_|$)"),
+    # (a reduction kernel's: a pointwise one only carries the name of a bmm it was fused near)
+    "bmm": re.compile(r"^triton_(?:red|per)_.*(?:^|_)(?:bmm|baddbmm)(?:_|$)"),
 }
 
 
