@@ -277,6 +277,10 @@ def test_max_autotune_experts_are_inductor_grouped_gemms(family, top_k):
     assert ops.loc["experts_gate_up", "flops"] == 4 * 2 * top_k * h * 2 * i
     assert ops.loc["experts_down", "flops"] == 4 * 2 * top_k * i * h
     assert (ops.loc[["experts_gate_up", "experts_down"], "pct_of_roof"] < 100).all()
+    # the router's logits GEMM, fused with the norm before it, marks each MoE block
+    moe = a.moe["decode"]
+    assert (moe["layers"], moe["tokens"], moe["top_k"]) == (4, 1.0, top_k)
+    assert moe["assumption"] == "uniform routing"
 
 
 def test_max_autotune_k_and_v_in_one_kernel_are_kv_proj():

@@ -14,7 +14,7 @@ import pandas as pd
 
 from trace_roofline import frames
 from trace_roofline.attribution import comms
-from trace_roofline.costs import crosscheck
+from trace_roofline.costs import crosscheck, shapes
 from trace_roofline.costs.shapes import mlp_costs, model_level_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, moe
@@ -242,7 +242,8 @@ def moe_summary(costed: pd.DataFrame) -> dict[str, dict[str, object]]:
         if experts.empty:
             continue
         gemm = c["cost_kind"].eq("gemm")
-        router = c[gemm & c["operator"].eq("router") & (c["N"] > 1)]
+        router = c[c["cost_kind"].isin(shapes.ROUTER_KINDS) & c["operator"].eq("router")
+                   & c["N"].gt(1).fillna(False)]
         down = c[gemm & c["operator"].eq("experts_down")]
         # the weight of one expert's down projection: [K, N], or [M, K] for a weight-first GEMV
         w = np.where(down["N"] > 1, down["K"] * down["N"], down["M"] * down["K"]).astype(float)

@@ -1226,10 +1226,11 @@ def _fused(c: _Call) -> Cost:
     shape += f" over {work}" if work is not None else " (no sizes recorded)"
     flops = float(work if work is not None else main.numel)
     gemm = kernels.fused_gemm(name, [t.dims for t in ts])
-    if gemm is not None:  # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less)
-        flops = formulas.gemm_flops(gemm.m, gemm.k, gemm.n)
-        shape = f"GEMM {gemm.m}x{gemm.k}x{gemm.n} fused: {shape}"
-    return Cost("fused", flops, float(nbytes), main.dtype, shape)
+    if gemm is None:
+        return Cost("fused", flops, float(nbytes), main.dtype, shape)
+    # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less), and its M, K, N
+    return Cost("fused", formulas.gemm_flops(gemm.m, gemm.k, gemm.n), float(nbytes), main.dtype,
+                f"GEMM {gemm.m}x{gemm.k}x{gemm.n} fused: {shape}", m=gemm.m, k=gemm.k, n=gemm.n)
 
 
 def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:
@@ -1411,6 +1412,10 @@ def rule_for(op_name: str) -> Rule | None:
 _LOOP_GEMMS = {"linear", "mm", "addmm", "matmul"}  # one 2-D expert weight per GEMM
 
 
+# the router's logits GEMM: its own, or fused by Inductor with the norm before it
+ROUTER_KINDS = ("gemm", "fused")
+
+
 def _moe_layers(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None) -> pd.DataFrame:
     """Per MoE block (from one router logits GEMM to the next, in time order): its tokens T
     (the router GEMM's M), experts E (its N, else the expert ops'), top-k (the model's, else
@@ -1434,7 +1439,8 @@ def _moe_layers(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None) 
                                     if isinstance(n, str) else ""), index=out.index)
     first = _each_distinct(inst["input_types"], _first_dtype)
     out["dtype"] = out["dtype"].fillna(pd.Series(first, index=out.index, dtype="str"))
-    logits = (op.eq("router") & out["cost_kind"].eq("gemm") & (out["N"] > 1)).to_numpy(bool)
+    logits = (op.eq("router") & out["cost_kind"].isin(ROUTER_KINDS)
+              & out["N"].gt(1)).to_numpy(bool, na_value=False)
     block = pd.Series(np.cumsum(logits), index=out.index)
     blocks = _moe_blocks(out, inst, model, base, block, logits)
     tokens, experts, top_k = (block.map(blocks[c]).to_numpy() for c in ("T", "E", "k"))
