@@ -271,7 +271,7 @@ def _fused_moe_parts(units: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     out = np.zeros(len(units), dtype=np.int64)
     idx = units["op_idx"].to_numpy()
     fused_op = _by_category(ops["name"], lambda c: operators.recognise(
-        operators.FUSED_EXPERTS, c.str.rsplit("::", n=1).str[-1]))
+        operators.FUSED_EXPERTS, operators.base_names(c)))
     inside = np.zeros(len(units), dtype=bool)
     inside[idx >= 0] = fused_op[idx[idx >= 0]]
     if not inside.any():
@@ -756,9 +756,9 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
             return lin
     # an Inductor kernel of W weights counts as its W parts (gate and up, k and v): the
     # layout is inferred unfused, and name_gemms names the kernel after the fusion of its parts
-    parts = gemms.loc[gemms.index.repeat(gemms["W"].to_numpy())]
-    parts = parts.assign(N=parts["N"] // parts["W"])
-    per = parts.groupby(["K", "N"]).size().rename("count").reset_index()
+    unfused = gemms.loc[gemms.index.repeat(gemms["W"].to_numpy())]
+    unfused = unfused.assign(N=unfused["N"] // unfused["W"])
+    per = unfused.groupby(["K", "N"]).size().rename("count").reset_index()
     if not len(per):
         return None
     moe = naming.infer_moe_linears(per, _expert_weights(inst))
@@ -787,8 +787,7 @@ def _expert_weights(inst: pd.DataFrame) -> pd.DataFrame:
     kn = wk * (int(wn.max(initial=0)) + 1) + wn  # one key per (K, N)
     gathered = base.isin(["index"]) & has & np.isin(kn, kn[has & base.isin(["bmm"])])
     grouped = base.isin(["_grouped_mm", "inplace_fused_experts", "outplace_fused_experts"]) | \
-        np.asarray(_by_category(inst["op_name"], lambda c: c.str.contains(
-            kernels.INDUCTOR_GROUPED_MM)), dtype=bool)
+        _by_category(inst["op_name"], lambda c: c.str.contains(kernels.INDUCTOR_GROUPED_MM))
     return inst.loc[(grouped & has) | gathered,
                     ["WE", "WK", "WN"]].set_axis(["E", "K", "N"], axis=1)
 

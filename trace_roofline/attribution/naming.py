@@ -247,11 +247,10 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     top = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["top_name"], _op_flags).items()}
     dims = _dims_flags(rows["input_dims"])
     has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
-    out = {c: v for c, v in op.items() if c not in ("tristore", "tricat")}
+    out = {c: v for c, v in op.items() if c not in ("tristore", "tricat", "tribmm")}
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
                 "loss"):
         out[col] = op[col] | top[col]
-    del out["tribmm"]
     out["attn"] = per_value(rows[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
@@ -651,9 +650,12 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
         start, size = np.zeros(len(pairs), np.int64), np.zeros(len(pairs), np.int64)
         for p, key in enumerate(pairs):
             (pk, pn), pw = divmod(int(key) // most, width), int(key) % most
-            fused = _kernel_fusion(pk, pn, pw, linears) if pw > 1 else None
-            cycle = ([fused] if fused else [] if pw > 1 else cycles.get((pk, pn), [])) \
-                or [f"linear[{pk}×{pn}]"]
+            if pw > 1:  # a kernel of several weights: only the fusion of its parts
+                fused = _kernel_fusion(pk, pn, pw, linears)
+                cycle = [fused] if fused else []
+            else:
+                cycle = cycles.get((pk, pn), [])
+            cycle = cycle or [f"linear[{pk}×{pn}]"]
             start[p], size[p] = len(names), len(cycle)
             names.extend(cycle)
         codes[rows] = start[pair] + occ % size[pair]

@@ -219,10 +219,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     if "name" in attributed and coll.any():
         first_rows = inst.loc[coll, "row"].to_numpy()
         inst.loc[coll, "_kernel"] = attributed["name"].take(first_rows).to_numpy()
-    # the half of an engine's fused MoE op attribute() named (its two GEMMs cost apart)
-    fused = _each_distinct(inst["op_name"], lambda n: isinstance(n, str)
-                           and operators.cost_rule(n) == "fused_experts").astype(bool)
-    inst["_part"] = inst["operator"].where(fused, None)
+    # the part of an engine's fused MoE op attribute() named (its GEMMs cost apart)
+    inst["_part"] = inst["operator"].where(_fused_experts_ops(inst["op_name"]), None)
     text = ["op_name", "input_dims", "input_types", "concrete_inputs", "input_strides", "_coll",
             "_kernel", "_part"]
     combos, codes = frames.distinct_rows(inst, text)
@@ -1490,8 +1488,7 @@ def _moe_blocks(out: pd.DataFrame, inst: pd.DataFrame, model: ModelSpec | None,
         return per
     topk = (base == "topk").to_numpy()
     k_arg = _each_distinct(inst["concrete_inputs"], lambda raw: _concrete_at(raw, 1))
-    fused = out["experts"].notna().to_numpy() & ~(base == "_grouped_mm").to_numpy() & \
-        ~base.astype("string").fillna("").str.contains(kernels.INDUCTOR_GROUPED_MM).to_numpy(bool)
+    fused = out["experts"].notna().to_numpy() & _fused_experts_ops(inst["op_name"])
     k_ids = _each_distinct(inst["input_dims"], lambda raw: _dims_at(raw, 4, 1))
     # numpy's stubs leave None out of ArrayLike; np.where takes it (an object element)
     ks = pd.Series(np.where(topk, k_arg, np.where(fused, k_ids, None)),  # type: ignore[call-overload]
@@ -1519,6 +1516,12 @@ def _dims_at(raw: object, arg: int, dim: int | None) -> float:
     if dim is None:
         return float(math.prod(shape))
     return float(shape[dim]) if -len(shape) <= dim < len(shape) else np.nan
+
+
+def _fused_experts_ops(op_names: pd.Series) -> np.ndarray:
+    """Per row, whether its op is an engine's fused MoE op (operators.FUSED_EXPERTS)."""
+    return _each_distinct(op_names, lambda n: isinstance(n, str)
+                          and operators.cost_rule(n) == "fused_experts").astype(bool)
 
 
 def _each_distinct(values: pd.Series, fn) -> np.ndarray:
