@@ -17,6 +17,7 @@ import pytest
 from trace_roofline.errors import InputError
 from trace_roofline.model import architecture as A
 from trace_roofline.model import dtypes
+from trace_roofline.model import families as F
 from trace_roofline.model.models import PRESETS, ModelSpec, from_hf_config, get_model
 from trace_roofline.model.moe import Experts
 
@@ -47,7 +48,20 @@ CASES: dict[str, dict] = {
     "deepseek_v2": dict(SMALL, q_lora_rank=None, **MLA),
     "deepseek_v3": dict(SMALL, q_lora_rank=24, n_group=1, topk_group=1, **MLA),
     "gpt_oss": dict(SMALL, num_local_experts=4, num_experts_per_tok=2, head_dim=16),
+    "olmo2": dict(SMALL, attention_bias=True),
+    "olmo3": dict(SMALL, num_hidden_layers=4, sliding_window=16),
+    "olmoe": dict(SMALL, num_experts=4, num_experts_per_tok=2),
+    "gemma": dict(SMALL, head_dim=32),
+    "glm": dict(SMALL, head_dim=16),
+    "glm4": dict(SMALL, head_dim=16),
+    "granite": dict(SMALL, attention_bias=True, mlp_bias=True, attention_multiplier=0.5),
+    "stablelm": dict(SMALL, use_qkv_bias=True),
+    "starcoder2": dict(SMALL),
+    "cohere": dict(SMALL, attention_bias=True),
+    "phi": dict(SMALL),
 }
+CASES = {k: dict(v, pad_token_id=None, bos_token_id=None, eos_token_id=None) if "n_embd" not in v
+         and "bos_token_id" not in v else v for k, v in CASES.items()}
 
 
 def _hf(model_type: str, **kw):
@@ -76,9 +90,9 @@ def _gemm_modules(layer) -> set[str]:
 @pytest.mark.parametrize("model_type", sorted(CASES))
 def test_every_hf_parameter_of_every_layer_is_the_architectures(model_type):
     cfg, model = _hf(model_type, **CASES[model_type])
-    arch = A.from_hf_config(cfg.to_dict(), f"{model_type}/config.json")
+    arch = F.from_hf_config(cfg.to_dict(), f"{model_type}/config.json")
     layers = _layers(model)
-    assert arch.num_layers == len(layers) and arch.family in A.FAMILIES
+    assert arch.num_layers == len(layers) and arch.family in F.FAMILIES
     for i, hf in enumerate(layers):
         mine = arch.layer(i)
         params = {n: tuple(p.shape) for n, p in hf.named_parameters()}
@@ -97,11 +111,11 @@ def test_every_hf_parameter_of_every_layer_is_the_architectures(model_type):
 def test_gemma3_multimodal_config_is_its_text_decoder():
     text = dict(SMALL, head_dim=32, num_hidden_layers=6)
     cfg = transformers.AutoConfig.for_model("gemma3", text_config=text).to_dict()
-    arch = A.from_hf_config(cfg, "gemma3/config.json")
+    arch = F.from_hf_config(cfg, "gemma3/config.json")
     _, model = _hf("gemma3_text", **text)
     for i, hf in enumerate(_layers(model)):
         assert arch.layer(i).hf_params() == {n: tuple(p.shape) for n, p in hf.named_parameters()}
-    assert arch.placement == "sandwich" and arch.attention.qk_norm
+    assert arch.placement == A.SANDWICH and arch.attention.qk_norm
     assert arch.embedding_scale == pytest.approx(8.0) and arch.mlp.activation == "gelu_pytorch_tanh"
 
 
@@ -109,10 +123,10 @@ def test_gemma3_multimodal_config_is_its_text_decoder():
 def test_gpt2_fields_learned_positions_and_an_ungated_mlp(tmp_path):
     cfg = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": None,
            "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}
-    arch = A.from_hf_config(cfg, "gpt2")
+    arch = F.from_hf_config(cfg, "gpt2")
     assert (arch.mlp.intermediate_size, arch.mlp.gated, arch.mlp.activation) == (3072, False, "gelu_new")
     assert (arch.position, arch.max_positions, arch.norm) == ("learned", 1024, "layernorm")
-    assert arch.attention.rope_dim == 0 and arch.placement == "pre"
+    assert arch.attention.rope_dim == 0 and arch.placement == A.PRE
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     spec = get_model(str(path))  # no longer "config.json lacks hidden_size"
@@ -120,7 +134,7 @@ def test_gpt2_fields_learned_positions_and_an_ungated_mlp(tmp_path):
                               "up_proj": (768, 3072, True), "down_proj": (3072, 768, True)}
     assert spec.fused_linears() == {"qkv_proj": (768, 2304, True)}  # no gate_up to invent
     assert spec.moe_linears() == {} and spec.architecture.family == "gpt2"
-    assert A.from_hf_config({**cfg, "n_inner": 1000}, "gpt2").mlp.intermediate_size == 1000
+    assert F.from_hf_config({**cfg, "n_inner": 1000}, "gpt2").mlp.intermediate_size == 1000
 
 
 def test_deepseek_head_dim_is_nope_plus_rope_not_the_saved_head_dim():
@@ -131,7 +145,7 @@ def test_deepseek_head_dim_is_nope_plus_rope_not_the_saved_head_dim():
            "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
            "moe_layer_freq": 1, "num_hidden_layers": 61, "vocab_size": 129280,
            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}
-    arch = A.from_hf_config(cfg, "dsv3")
+    arch = F.from_hf_config(cfg, "dsv3")
     at = arch.attention
     assert (at.head_dim, at.v_head_dim, at.rope_dim, at.num_kv_heads) == (192, 128, 64, 128)
     assert arch.sparse_among(5) == (3, 4) and not arch.layer(2).sparse and arch.layer(3).sparse
@@ -146,7 +160,7 @@ def test_deepseek_head_dim_is_nope_plus_rope_not_the_saved_head_dim():
     # the fp8 weights carry one float32 scale per 128x128 block; the router stays bf16
     assert arch.dense_layer.gemm("q_a_proj").weight_bits == 8 + 32 / 128**2
     assert arch.sparse_layer.gemm("router").weight_bits == 16
-    v2 = A.from_hf_config({**cfg, "model_type": "deepseek_v2", "q_lora_rank": None}, "dsv2")
+    v2 = F.from_hf_config({**cfg, "model_type": "deepseek_v2", "q_lora_rank": None}, "dsv2")
     assert v2.dense_layer.gemm("q_proj").n == 128 * 192 and v2.dense_layer.gemm("q_a_proj") is None
 
 
@@ -182,7 +196,7 @@ def test_moe_shard_by_hand_qwen15_moe_and_deepseek_mla():
            "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
            "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
            "first_k_dense_replace": 3, "num_hidden_layers": 61, "vocab_size": 129280}
-    arch = A.from_hf_config(cfg, "dsv3").shard(8)
+    arch = F.from_hf_config(cfg, "dsv3").shard(8)
     kn = {g.name: (g.k, g.n) for g in (*arch.dense_layer.gemms(), *arch.sparse_layer.gemms())}
     assert kn == {"q_a_proj": (7168, 1536), "q_b_proj": (1536, 16 * 192),  # q_a replicated
                   "kv_a_proj_with_mqa": (7168, 576), "kv_b_proj": (512, 16 * 256),
@@ -197,24 +211,24 @@ def test_moe_shard_by_hand_qwen15_moe_and_deepseek_mla():
 def test_sliding_window_patterns():
     oss = {"model_type": "gpt_oss", **SMALL, "num_hidden_layers": 4, "num_local_experts": 4,
            "experts_per_token": 2, "head_dim": 16, "sliding_window": 128}
-    assert A.from_hf_config(oss, "oss").attention.windows == (128, None, 128, None)
+    assert F.from_hf_config(oss, "oss").attention.windows == (128, None, 128, None)
     types = ["full_attention", "sliding_attention", "full_attention", "full_attention"]
-    got = A.from_hf_config({**oss, "layer_types": types}, "oss").attention
+    got = F.from_hf_config({**oss, "layer_types": types}, "oss").attention
     assert got.windows == (None, 128, None, None) and got.sinks
     g3 = {"model_type": "gemma3_text", **SMALL, "num_hidden_layers": 12, "sliding_window": 512}
-    w = A.from_hf_config(g3, "g3").attention.windows
+    w = F.from_hf_config(g3, "g3").attention.windows
     assert [i for i, x in enumerate(w) if x is None] == [5, 11] and set(w) == {512, None}
     hf = transformers.AutoConfig.for_model("gemma3_text", **{k: v for k, v in g3.items()
                                                              if k != "model_type"})
-    assert A.from_hf_config(hf.to_dict(), "g3").attention.windows == w  # HF's own layer_types
-    g2 = A.from_hf_config({"model_type": "gemma2", **SMALL, "num_hidden_layers": 4,
+    assert F.from_hf_config(hf.to_dict(), "g3").attention.windows == w  # HF's own layer_types
+    g2 = F.from_hf_config({"model_type": "gemma2", **SMALL, "num_hidden_layers": 4,
                            "sliding_window": 4096, "attn_logit_softcapping": 50.0,
                            "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256}, "g2")
     assert g2.attention.windows == (4096, None, 4096, None) and g2.attention.softcap == 50.0
     assert g2.final_softcap == 30.0 and g2.attention.scale == 256 ** -0.5
-    mistral = A.from_hf_config({"model_type": "mistral", **SMALL, "sliding_window": 4096}, "m")
+    mistral = F.from_hf_config({"model_type": "mistral", **SMALL, "sliding_window": 4096}, "m")
     assert mistral.attention.windows == (4096, 4096)
-    assert A.from_hf_config({"model_type": "llama", **SMALL}, "l").attention.windows == (None, None)
+    assert F.from_hf_config({"model_type": "llama", **SMALL}, "l").attention.windows == (None, None)
 
 
 def test_mxfp4_experts_are_4_25_bits():
@@ -223,7 +237,7 @@ def test_mxfp4_experts_are_4_25_bits():
            "num_hidden_layers": 24, "num_local_experts": 32, "num_experts_per_tok": 4,
            "vocab_size": 201088, "torch_dtype": "bfloat16", "attention_bias": True,
            "quantization_config": {"quant_method": "mxfp4"}}
-    arch = A.from_hf_config(cfg, "gpt-oss-20b")
+    arch = F.from_hf_config(cfg, "gpt-oss-20b")
     assert dtypes.MXFP4_BITS == 4 + 8 / 32  # e2m1 elements, one 8-bit scale per 32
     layer = arch.layer(0)
     bits = {g.name: g.weight_bits for g in layer.gemms()}
@@ -239,15 +253,17 @@ def test_mxfp4_experts_are_4_25_bits():
 
 
 # ----------------------------------------------------------------------------- errors
-def test_unknown_model_type_is_one_line_listing_the_families(tmp_path):
+def test_unknown_model_type_without_the_fields_is_one_line_naming_them(tmp_path):
     with pytest.raises(InputError) as e:
-        A.from_hf_config({"model_type": "rwkv", "d_model": 512}, "rwkv/config.json")
+        F.from_hf_config({"model_type": "rwkv", "d_model": 512}, "rwkv/config.json")
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("rwkv/config.json: unknown model_type 'rwkv'")
-    assert all(f in msg for f in A.FAMILIES)
+    assert "\n" not in msg and msg.startswith(
+        "rwkv/config.json: model_type 'rwkv' is not a known family, and config.json lacks "
+        "num_attention_heads (or n_head, num_heads, n_heads), num_hidden_layers (or n_layer, ")
+    assert all(f in msg for f in F.FAMILIES) and "hidden_size" not in msg  # d_model is one
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "rwkv", "d_model": 512}))
-    with pytest.raises(InputError, match="unknown model_type 'rwkv'"):
+    with pytest.raises(InputError, match="'rwkv' is not a known family"):
         get_model(str(path))
     # an encoder's config has every field a Llama reading needs, and is still no decoder
     bert = {"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4,
@@ -256,8 +272,8 @@ def test_unknown_model_type_is_one_line_listing_the_families(tmp_path):
         path.write_text(json.dumps(cfg))
         with pytest.raises(InputError, match=f"'{cfg['model_type']}' is not a decoder-only"):
             get_model(str(path))
-    with pytest.raises(InputError, match="config.json lacks n_head"):
-        A.from_hf_config({"model_type": "gpt2", "n_embd": 8, "n_layer": 1}, "g")
+    with pytest.raises(InputError, match="config.json lacks num_attention_heads .or n_head"):
+        F.from_hf_config({"model_type": "gpt2", "n_embd": 8, "n_layer": 1}, "g")
 
 
 # ----------------------------------------------------------------------------- ModelSpec

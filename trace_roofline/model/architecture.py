@@ -1,5 +1,6 @@
-"""One architecture description per decoder family, built from a Hugging Face config.json.
+"""A decoder's architecture (geometry, norm placement, precision) and its layers' sub-operations.
 
+The families and the reading of a HF config.json: families.py, config_reader.py.
 Design notes: docs/architecture.md ("trace_roofline/model/architecture.py").
 """
 
@@ -7,23 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, operators
 from trace_roofline.model.moe import Experts
 
 NormKind = Literal["rmsnorm", "layernorm"]
-Placement = Literal["pre", "sandwich", "parallel"]
 Position = Literal["rope", "learned"]
 Parallel = Literal["column", "row", "replicated"]
-
-_SCALE_BITS = 32  # fp8 checkpoints keep one float32 scale per weight block
+QkScope = Literal["head", "projection"]
 # Tensor parallelism (vLLM / Megatron): row-parallel GEMMs split K, replicated ones are whole
 _ROW = frozenset({"o_proj", "down_proj", "experts_down", "shared_down_proj"})
 _REPLICATED = frozenset({"router", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa"})
@@ -81,19 +78,21 @@ class Gemm:
 
 @dataclass(frozen=True)
 class Norm:
-    """A normalisation over `size` features (H, a head, a LoRA rank) at HF module `module`."""
+    """A normalisation over `size` features (H, a head, a LoRA rank) at HF module `module`;
+    `bias`: a LayerNorm with a bias (Cohere's has none)."""
 
     op: str
     module: str
     kind: NormKind
     size: int
+    bias: bool = False
 
     def __post_init__(self) -> None:
         _check_op(self.op)
 
     def hf_params(self) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {f"{self.module}.weight": (self.size,)}
-        if self.kind == "layernorm":
+        if self.bias:
             out[f"{self.module}.bias"] = (self.size,)
         return out
 
@@ -140,6 +139,56 @@ class Layer:
         return {k: v for o in self.ops for k, v in o.hf_params().items()}
 
 
+# ----------------------------------------------------------------------------- layout data
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where a family's sub-operations live in a HF layer (one per family, compared by identity).
+
+    modules: role (an operator name; `experts`: the stacked experts' module) -> HF module path
+        inside a layer; a role the family lacks is absent;
+    transposed: the GEMMs HF stores [K, N] (GPT-2's Conv1D, gpt-oss experts);
+    qk_norm: the q/k norms' scope: `head` (Qwen3, Gemma 3: one norm of head_dim shared by the
+        heads) or `projection` (OLMo2, OLMoE: over the whole q projection nq·d, k over nkv·d)."""
+
+    modules: Mapping[str, str]
+    transposed: frozenset[str] = frozenset()
+    qk_norm: QkScope = "head"
+
+
+# The blocks a placement orders besides norms (a norm is named by its operator)
+ATTENTION, MLP, RESIDUAL = "attention", "mlp", "residual"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A layer's blocks in the order HF runs them: `attention` (projections to o_proj), `mlp`
+    (dense or sparse), `residual` (an add) and norms, each named by its operator (its module:
+    Layout.modules)."""
+
+    name: str
+    order: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for block in self.order:
+            if block not in (ATTENTION, MLP):
+                _check_op(block)
+        if self.order.count(ATTENTION) != 1 or self.order.count(MLP) != 1:
+            raise ValueError(f"placement {self.name!r} needs one attention and one mlp block")
+
+
+PRE = Placement("pre", ("input_norm", ATTENTION, RESIDUAL, "post_attention_norm", MLP, RESIDUAL))
+# OLMo2 / OLMo3: no pre-norms; each block's output is normalised before its residual add
+POST = Placement("post", (ATTENTION, "post_attention_norm", RESIDUAL, MLP,
+                          "post_feedforward_norm", RESIDUAL))
+# Gemma 2 / 3, GLM-4: norms before and after attention and MLP
+SANDWICH = Placement("sandwich", ("input_norm", ATTENTION, "post_attention_norm", RESIDUAL,
+                                  "pre_feedforward_norm", MLP, "post_feedforward_norm", RESIDUAL))
+# GPT-NeoX: attention and MLP both read the layer input, each through its own norm
+PARALLEL = Placement("parallel", ("input_norm", ATTENTION, "post_attention_norm", MLP, RESIDUAL))
+# Cohere, Phi-2, StableLM's parallel form: one norm feeds attention and MLP
+PARALLEL_ONE_NORM = Placement("parallel_one_norm", ("input_norm", ATTENTION, MLP, RESIDUAL))
+
+
 # ----------------------------------------------------------------------------- geometry
 @dataclass(frozen=True)
 class Attention:
@@ -154,7 +203,7 @@ class Attention:
     v_head_dim: int
     bias: bool = False  # q/k/v (fused qkv; MLA: q_a/kv_a) projections
     out_bias: bool = False  # o_proj
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
+    qk_norm: bool = False  # q and k normalised before RoPE (scope: Layout.qk_norm)
     windows: tuple[int | None, ...] = ()
     sinks: bool = False  # a learned per-head sink logit (gpt-oss)
     softcap: float | None = None  # tanh logit softcapping (Gemma 2)
@@ -217,9 +266,10 @@ class Architecture:
     Layer i is sparse when `moe` is set, i is not in `mlp_only_layers` and
     (i + sparse_phase) % decoder_sparse_step == 0 (Qwen-MoE: phase 1; DeepSeek: phase 0 with
     the first_k_dense_replace layers listed dense). `mlp` is the dense MLP of the other layers,
-    None where the family has none (gpt-oss). placement: `pre` (pre-norm, post_attention_norm
-    before the MLP), `sandwich` (Gemma: norms before and after attention and MLP), `parallel`
-    (GPT-NeoX: attention and MLP both read the layer input)."""
+    None where the family has none (gpt-oss). `family` names the family, `layout` places its
+    sub-operations in HF's modules, `placement` orders norms, attention, MLP and residual
+    adds (PRE, POST, SANDWICH, PARALLEL, ...). `assumed`: what the config reader assumed
+    (defaults taken, a model type read from its fields, a guessed norm), one short line each."""
 
     family: str
     name: str
@@ -228,13 +278,15 @@ class Architecture:
     vocab_size: int
     attention: Attention
     mlp: Mlp | None
+    layout: Layout = field(kw_only=True)
     moe: Moe | None = None
     decoder_sparse_step: int = 1
     sparse_phase: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     norm: NormKind = "rmsnorm"
+    norm_bias: bool = True  # a LayerNorm's bias (Cohere's LayerNorm has none)
     norm_eps: float = 1e-6
-    placement: Placement = "pre"
+    placement: Placement = PRE
     position: Position = "rope"
     rope_theta: float = 10000.0
     max_positions: int = 0
@@ -242,10 +294,9 @@ class Architecture:
     embedding_scale: float = 1.0  # Gemma multiplies the embeddings by sqrt(H)
     final_softcap: float | None = None  # Gemma 2's final logit softcapping
     precision: Precision = field(default_factory=Precision)
+    assumed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise InputError(f"unknown architecture family {self.family!r} ({_supported()})")
         if self.mlp is None and self.moe is None:
             raise InputError(f"{self.name}: a decoder needs a dense MLP or experts")
 
@@ -374,12 +425,20 @@ def _fuse(name: str, parts: list[Gemm | None], leaf: str = "") -> Gemm | None:
 
 
 # ----------------------------------------------------------------------------- layout
-def _gemm(a: Architecture, fam: Family, name: str, k: int, n: int, bias: bool, *,
+def dtype_bits(dtype: str) -> float:
+    """Bits per element of a dtype name, scales included (mxfp4: 4.25; 0 for one the dtype
+    table does not know)."""
+    d = dtypes.lookup(dtype)
+    return d.bits if d is not None else 0.0
+
+
+def _gemm(a: Architecture, name: str, k: int, n: int, bias: bool, *,
           op: str = "", experts: int = 0, leaf: str = "weight") -> Gemm:
     """A GEMM at the family's module for `name` (stacked experts: the parameter `leaf`)."""
+    fam = a.layout
     module = fam.modules["experts" if experts else name]
     p = a.precision
-    bits = p.expert_bits if experts else (_bits(p.activations) if (op or name) == "router"
+    bits = p.expert_bits if experts else (dtype_bits(p.activations) if (op or name) == "router"
                                           else p.weight_bits)
     parallel: Parallel = ("row" if name in _ROW else "replicated" if name in _REPLICATED
                           else "column")
@@ -387,479 +446,87 @@ def _gemm(a: Architecture, fam: Family, name: str, k: int, n: int, bias: bool, *
                 transposed=name in fam.transposed, weight_bits=bits, parallel=parallel)
 
 
-def _norm(a: Architecture, fam: Family, op: str, size: int, kind: NormKind | None = None) -> Norm:
-    return Norm(op, fam.modules[op], kind or a.norm, size)
+def _norm(a: Architecture, op: str, size: int, kind: NormKind | None = None) -> Norm:
+    kind = kind or a.norm
+    return Norm(op, a.layout.modules[op], kind, size, kind == "layernorm" and a.norm_bias)
 
 
-def _attention_ops(a: Architecture, fam: Family) -> tuple[SubOp, ...]:
+def _attention_ops(a: Architecture) -> tuple[SubOp, ...]:
     """Projections, q/k norms, RoPE, attention and o_proj."""
-    at, h = a.attention, a.hidden_size
+    at, h, fam = a.attention, a.hidden_size, a.layout
     nq, nkv, d, dv = at.num_heads, at.num_kv_heads, at.head_dim, at.v_head_dim
     ops: list[SubOp]
     if at.mla:
-        ops = _mla_ops(a, fam)
+        ops = _mla_ops(a)
     elif "qkv_proj" in fam.modules:
-        ops = [_gemm(a, fam, "qkv_proj", h, (nq + 2 * nkv) * d, at.bias)]
+        ops = [_gemm(a, "qkv_proj", h, (nq + 2 * nkv) * d, at.bias)]
     else:
-        ops = [_gemm(a, fam, "q_proj", h, nq * d, at.bias), _gemm(a, fam, "k_proj", h, nkv * d, at.bias),
-               _gemm(a, fam, "v_proj", h, nkv * d, at.bias)]
+        ops = [_gemm(a, "q_proj", h, nq * d, at.bias), _gemm(a, "k_proj", h, nkv * d, at.bias),
+               _gemm(a, "v_proj", h, nkv * d, at.bias)]
     if at.qk_norm:
-        ops += [_norm(a, fam, "q_norm", d, "rmsnorm"), _norm(a, fam, "k_norm", d, "rmsnorm")]
+        q, k = (nq * d, nkv * d) if fam.qk_norm == "projection" else (d, d)
+        ops += [_norm(a, "q_norm", q), _norm(a, "k_norm", k)]
     if at.rope_dim:
         ops.append(Step("rope"))
     sinks = ((f"{fam.modules['attention']}.sinks", (nq,)),) if at.sinks else ()
     ops += [Step("attention", fam.modules["attention"], sinks),
-            _gemm(a, fam, "o_proj", nq * dv, h, at.out_bias)]
+            _gemm(a, "o_proj", nq * dv, h, at.out_bias)]
     return tuple(ops)
 
 
-def _mla_ops(a: Architecture, fam: Family) -> list[SubOp]:
+def _mla_ops(a: Architecture) -> list[SubOp]:
     """DeepSeek's multi-head latent attention projections (q through a LoRA when q_lora_rank)."""
     at, h = a.attention, a.hidden_size
     q_n = at.num_heads * at.head_dim
     if at.q_lora_rank is None:
-        ops: list[SubOp] = [_gemm(a, fam, "q_proj", h, q_n, False)]
+        ops: list[SubOp] = [_gemm(a, "q_proj", h, q_n, False)]
     else:
         r = at.q_lora_rank
-        ops = [_gemm(a, fam, "q_a_proj", h, r, at.bias), _norm(a, fam, "q_a_layernorm", r, "rmsnorm"),
-               _gemm(a, fam, "q_b_proj", r, q_n, False)]
+        ops = [_gemm(a, "q_a_proj", h, r, at.bias), _norm(a, "q_a_layernorm", r, "rmsnorm"),
+               _gemm(a, "q_b_proj", r, q_n, False)]
     c = at.kv_lora_rank
-    return ops + [_gemm(a, fam, "kv_a_proj_with_mqa", h, c + at.rope_dim, at.bias),
-                  _norm(a, fam, "kv_a_layernorm", c, "rmsnorm"),
-                  _gemm(a, fam, "kv_b_proj", c, at.num_heads * (at.nope_head_dim + at.v_head_dim), False)]
+    return ops + [_gemm(a, "kv_a_proj_with_mqa", h, c + at.rope_dim, at.bias),
+                  _norm(a, "kv_a_layernorm", c, "rmsnorm"),
+                  _gemm(a, "kv_b_proj", c, at.num_heads * (at.nope_head_dim + at.v_head_dim), False)]
 
 
-def _mlp_ops(a: Architecture, fam: Family) -> tuple[SubOp, ...]:
+def _mlp_ops(a: Architecture) -> tuple[SubOp, ...]:
     """The dense MLP: fused gate_up (Phi-3), gate and up, or an ungated up (GPT-2, GPT-NeoX)."""
     m, h = a.mlp, a.hidden_size
     assert m is not None
     i, b = m.intermediate_size, m.bias
-    act, down = Step("act", fam.modules["act"]), _gemm(a, fam, "down_proj", i, h, b)
+    act, down = Step("act", a.layout.modules["act"]), _gemm(a, "down_proj", i, h, b)
     if not m.gated:
-        return _gemm(a, fam, "up_proj", h, i, b), act, down
-    if "gate_up_proj" in fam.modules:
-        return _gemm(a, fam, "gate_up_proj", h, 2 * i, b), act, down
-    return _gemm(a, fam, "gate_proj", h, i, b), _gemm(a, fam, "up_proj", h, i, b), act, down
+        return _gemm(a, "up_proj", h, i, b), act, down
+    if "gate_up_proj" in a.layout.modules:
+        return _gemm(a, "gate_up_proj", h, 2 * i, b), act, down
+    return _gemm(a, "gate_proj", h, i, b), _gemm(a, "up_proj", h, i, b), act, down
 
 
-def _moe_ops(a: Architecture, fam: Family) -> tuple[SubOp, ...]:
+def _moe_ops(a: Architecture) -> tuple[SubOp, ...]:
     """Router, routed experts (stacked: gate_up then down) and the shared expert(s)."""
     moe, h = a.moe, a.hidden_size
     assert moe is not None
     e, i, bias = moe.experts, moe.experts.intermediate_size, moe.expert_bias
     n = e.num_experts
     ops: list[SubOp] = [
-        _gemm(a, fam, "router", h, n, moe.router_bias), Step("moe_dispatch"),
-        _gemm(a, fam, "experts_gate_up", h, 2 * i, bias, experts=n, leaf="gate_up_proj"),
+        _gemm(a, "router", h, n, moe.router_bias), Step("moe_dispatch"),
+        _gemm(a, "experts_gate_up", h, 2 * i, bias, experts=n, leaf="gate_up_proj"),
         Step("experts_act"),
-        _gemm(a, fam, "experts_down", i, h, bias, experts=n, leaf="down_proj"), Step("moe_combine")]
+        _gemm(a, "experts_down", i, h, bias, experts=n, leaf="down_proj"), Step("moe_combine")]
     s = e.shared_intermediate_size
     if s:
-        ops += [_gemm(a, fam, "shared_gate_proj", h, s, False), _gemm(a, fam, "shared_up_proj", h, s, False),
-                Step("act"), _gemm(a, fam, "shared_down_proj", s, h, False)]
+        ops += [_gemm(a, "shared_gate_proj", h, s, False), _gemm(a, "shared_up_proj", h, s, False),
+                Step("act"), _gemm(a, "shared_down_proj", s, h, False)]
     if s and e.shared_gate:
-        ops.append(_gemm(a, fam, "shared_expert_gate", h, 1, False, op="router"))
+        ops.append(_gemm(a, "shared_expert_gate", h, 1, False, op="router"))
     return tuple(ops)
 
 
 def _layer_ops(a: Architecture, sparse: bool) -> tuple[SubOp, ...]:
     """A layer's sub-operations in HF's order, by the norm placement."""
-    fam = FAMILIES[a.family]
-    attn = _attention_ops(a, fam)
-    mlp = _moe_ops(a, fam) if sparse else _mlp_ops(a, fam)
-    h, res = a.hidden_size, Step("residual")
-    pre, post = _norm(a, fam, "input_norm", h), _norm(a, fam, "post_attention_norm", h)
-    if a.placement == "sandwich":
-        return (pre, *attn, post, res, _norm(a, fam, "pre_feedforward_norm", h), *mlp,
-                _norm(a, fam, "post_feedforward_norm", h), res)
-    if a.placement == "parallel":
-        return (pre, *attn, post, *mlp, res)
-    return (pre, *attn, res, post, *mlp, res)
-
-
-# ----------------------------------------------------------------------------- config reading
-class _Config:
-    """A config.json's fields with the reader's checks: `need` reports missing fields as
-    "<source>: config.json lacks ...", bad values as "<source>: bad value in config.json"."""
-
-    def __init__(self, cfg: dict, source: str, model_type: str):
-        self.cfg, self.source, self.model_type = cfg, source, model_type
-
-    def need(self, *keys: str) -> None:
-        missing = [k for k in keys if self.cfg.get(k) is None]
-        if missing:
-            raise InputError(f"{self.source}: config.json lacks {', '.join(missing)}")
-
-    def get_int(self, key: str, default: int | None = None) -> int:
-        """An int field; with a default, also for a missing, null or 0 value."""
-        v = self.cfg.get(key)
-        if default is not None and not v:
-            return default
-        return int(v)  # type: ignore[arg-type]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        v = self.cfg.get(key)
-        return default if v is None else v
-
-    def name(self) -> str:
-        return str(self.cfg.get("_name_or_path") or self.cfg.get("model_type") or Path(self.source).stem)
-
-    def rope_theta(self) -> float:
-        """`rope_theta`, or HF 5.x's `rope_parameters` (Gemma 3: the full-attention layers')."""
-        if self.cfg.get("rope_theta") is not None:
-            return float(self.cfg["rope_theta"])
-        rp = self.cfg.get("rope_parameters") or {}
-        rp = rp.get("full_attention", rp) if isinstance(rp, dict) else {}
-        return float(rp.get("rope_theta", self.cfg.get("rotary_emb_base", 10000.0)))
-
-    def rotary_fraction(self) -> float:
-        rp = self.cfg.get("rope_parameters") or {}
-        return float(self.get("rotary_pct", rp.get("partial_rotary_factor", 1.0)
-                              if isinstance(rp, dict) else 1.0))
-
-    def windows(self, layers: int, default: Callable[[int], bool]) -> tuple[int | None, ...]:
-        """Per-layer sliding windows: `layer_types` where the config lists them, else the
-        family's rule `default(i)`; None for full attention or without `sliding_window`."""
-        w = self.cfg.get("sliding_window")
-        types = self.cfg.get("layer_types")
-        sliding = ([t == "sliding_attention" for t in types] if isinstance(types, list)
-                   else [default(i) for i in range(layers)])
-        return tuple(int(w) if w and s else None for s in sliding[:layers])
-
-    def precision(self) -> Precision:
-        """Dtypes from `torch_dtype` (or `dtype`) and `quantization_config`: fp8 (`fmt` e4m3 or
-        e5m2; a float32 scale per `weight_block_size` block) or mxfp4 (the routed experts)."""
-        act = str(self.cfg.get("torch_dtype") or self.cfg.get("dtype") or "bfloat16")
-        quant = self.cfg.get("quantization_config")
-        method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
-        if method == "fp8":
-            assert isinstance(quant, dict)
-            w = "float8_e5m2" if str(quant.get("fmt", "")).lower() == "e5m2" else "float8_e4m3fn"
-            block = quant.get("weight_block_size")
-            bits = 8.0 + (_SCALE_BITS / math.prod(block) if block else 0.0)
-            return Precision(act, w, bits, w, bits)
-        if method == "mxfp4":
-            return Precision(act, act, _bits(act), "mxfp4", _bits("mxfp4"))
-        return Precision(act, act, _bits(act), act, _bits(act))
-
-    def experts(self, count_key: str, inter_key: str, shared: int = 0,
-                shared_gate: bool = False, norm_default: bool = True) -> Experts:
-        return Experts(
-            num_experts=self.get_int(count_key), top_k=self.get_int("num_experts_per_tok",
-                                                           self.get("experts_per_token", 0)),
-            intermediate_size=self.get_int(inter_key), shared_intermediate_size=shared,
-            shared_gate=shared_gate, norm_topk_prob=bool(self.get("norm_topk_prob", norm_default)))
-
-
-def _bits(dtype: str) -> float:
-    """Bits per element of a dtype name, scales included (mxfp4: 4.25; 0 for one the dtype
-    table does not know)."""
-    d = dtypes.lookup(dtype)
-    return d.bits if d is not None else 0.0
-
-
-def _none(i: int) -> bool:
-    return False
-
-
-def _every_layer(i: int) -> bool:
-    return True
-
-
-def _even_layers(i: int) -> bool:
-    return i % 2 == 0
-
-
-# HF model types whose attention always RMSNorms q and k per head (no config field says so)
-QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text"})
-
-
-def _qk_norm(c: _Config) -> bool:
-    """Qwen3 / Gemma 3 always; others where the config says (`use_qk_norm`, `qk_layernorm`)."""
-    return c.model_type in QK_NORM_MODEL_TYPES or bool(c.get("use_qk_norm") or c.get("qk_layernorm"))
-
-
-def _common(c: _Config, family: str, **kw: Any) -> Architecture:
-    """The fields every family reads alike; `kw` sets the family's own."""
-    base: dict[str, Any] = dict(
-        family=family, name=c.name(), vocab_size=c.get_int("vocab_size", 0),
-        norm_eps=float(c.get("rms_norm_eps", c.get("layer_norm_eps", c.get("layer_norm_epsilon", 1e-6)))),
-        rope_theta=c.rope_theta(), max_positions=c.get_int("max_position_embeddings", 0),
-        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), precision=c.precision())
-    return Architecture(**{**base, **kw})
-
-
-def _gqa(c: _Config, bias_default: bool = False,
-         window_rule: Callable[[int], bool] = _none) -> tuple[int, int, Attention]:
-    """hidden, layers and the grouped-query attention of a Llama-style config."""
-    h, nq, layers = c.get_int("hidden_size"), c.get_int("num_attention_heads"), c.get_int("num_hidden_layers")
-    d = c.get_int("head_dim", h // nq)
-    bias = bool(c.get("attention_bias", c.get("qkv_bias", bias_default)))
-    att = Attention(nq, c.get_int("num_key_value_heads", nq), d, d, bias=bias,
-                    qk_norm=_qk_norm(c), windows=c.windows(layers, window_rule),
-                    rope_dim=int(d * c.rotary_fraction()))
-    return h, layers, att
-
-
-def _qwen2_windows(c: _Config) -> Callable[[int], bool]:
-    """Qwen2's rule: sliding from layer max_window_layers on, when use_sliding_window."""
-    start = c.get_int("max_window_layers", 0)
-    use = bool(c.get("use_sliding_window", False))
-    return lambda i: use and i >= start
-
-
-def _llama_experts(c: _Config) -> Moe | None:
-    """Mixtral's (`num_local_experts` of `intermediate_size`) or Qwen-MoE's (`num_experts` of
-    `moe_intermediate_size`, a shared expert with a sigmoid gate) experts; None for none."""
-    count_key = "num_local_experts" if c.get("num_local_experts") else "num_experts"
-    if not c.get(count_key):
-        return None
-    shared = c.get_int("shared_expert_intermediate_size", 0)
-    inter = "moe_intermediate_size" if c.get("moe_intermediate_size") else "intermediate_size"
-    # Mixtral renormalises always; Qwen's configs say so (Qwen2-MoE's default: not)
-    e = c.experts(count_key, inter, shared, shared_gate=shared > 0,
-                  norm_default="num_local_experts" in c.cfg)
-    return Moe(e)
-
-
-# transformers/models/{llama,mistral,qwen2,qwen3,qwen2_moe,qwen3_moe,mixtral}/modeling_*.py
-def _read_llama(c: _Config) -> Architecture:
-    """Llama, Mistral, Qwen2/3 and their MoE forms, Mixtral: GQA, SwiGLU, RMSNorm, RoPE."""
-    mt = c.model_type
-    rule: Callable[[int], bool] = {"mistral": _every_layer, "mixtral": _every_layer,
-                                   "qwen2": _qwen2_windows(c), "qwen2_moe": _qwen2_windows(c),
-                                   "qwen3": _qwen2_windows(c), "qwen3_moe": _qwen2_windows(c)
-                                   }.get(mt, _none)
-    # Qwen2's q/k/v always have a bias; others say so by `attention_bias`
-    arch = " ".join(c.get("architectures") or [mt]).lower()
-    h, layers, att = _gqa(c, bias_default="qwen2" in arch, window_rule=rule)
-    # Llama's and Qwen3's o_proj follow attention_bias; Qwen2's and Mistral's have none
-    att = dataclasses.replace(att, out_bias=att.bias and mt in ("llama", "qwen3", "qwen3_moe"))
-    mlp = Mlp(c.get_int("intermediate_size"), bias=bool(c.get("mlp_bias", False)),
-              activation=str(c.get("hidden_act", "silu")))
-    family = mt if mt in FAMILIES else "llama"
-    return _common(c, family, hidden_size=h, num_layers=layers, attention=att, mlp=mlp,
-                   moe=_llama_experts(c), decoder_sparse_step=c.get_int("decoder_sparse_step", 1),
-                   mlp_only_layers=tuple(int(v) for v in c.get("mlp_only_layers", ())))
-
-
-# transformers/models/phi3/modeling_phi3.py
-def _read_phi3(c: _Config) -> Architecture:
-    """Phi-3: a Llama layer with HF's own fused qkv_proj and gate_up_proj."""
-    h, layers, att = _gqa(c, window_rule=_every_layer)
-    mlp = Mlp(c.get_int("intermediate_size"), activation=str(c.get("hidden_act", "silu")))
-    return _common(c, "phi3", hidden_size=h, num_layers=layers, attention=att, mlp=mlp)
-
-
-# transformers/models/gemma2/modeling_gemma2.py, gemma3/modeling_gemma3.py
-def _read_gemma(c: _Config) -> Architecture:
-    """Gemma 2 / 3 text: head_dim 256, four norms, GeGLU, sqrt(H)-scaled embeddings, sliding
-    windows on alternate layers (Gemma 3: five of every six), softcapping (Gemma 2)."""
-    gemma2 = c.model_type == "gemma2"
-    pattern = int(c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6)))
-    rule = _even_layers if gemma2 else (lambda i: (i + 1) % pattern != 0)
-    h, layers, att = _gqa(c, window_rule=rule)
-    qpas = c.get("query_pre_attn_scalar")
-    att = dataclasses.replace(att, out_bias=att.bias, softcap=c.get("attn_logit_softcapping"),
-                              scale=float(qpas) ** -0.5 if qpas else None)
-    mlp = Mlp(c.get_int("intermediate_size"),
-              activation=str(c.get("hidden_activation", c.get("hidden_act", "gelu_pytorch_tanh"))))
-    return _common(c, "gemma2" if gemma2 else "gemma3_text", hidden_size=h, num_layers=layers,
-                   attention=att, mlp=mlp, placement="sandwich", embedding_scale=math.sqrt(h),
-                   final_softcap=c.get("final_logit_softcapping"),
-                   tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
-
-
-# transformers/models/gpt2/modeling_gpt2.py
-def _read_gpt2(c: _Config) -> Architecture:
-    """GPT-2: Conv1D c_attn (fused qkv) / c_proj / c_fc / c_proj with biases, LayerNorm,
-    gelu_new, learned positions, an ungated MLP of n_inner (None: 4·n_embd)."""
-    h, n, layers = c.get_int("n_embd"), c.get_int("n_head"), c.get_int("n_layer")
-    att = Attention(n, n, h // n, h // n, bias=True, out_bias=True, windows=c.windows(layers, _none))
-    mlp = Mlp(c.get_int("n_inner", 4 * h), gated=False, bias=True,
-              activation=str(c.get("activation_function", "gelu_new")))
-    return _common(c, "gpt2", hidden_size=h, num_layers=layers, attention=att, mlp=mlp,
-                   norm="layernorm", norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
-                   position="learned", max_positions=c.get_int("n_positions", 1024),
-                   tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
-
-
-# transformers/models/gpt_neox/modeling_gpt_neox.py
-def _read_gpt_neox(c: _Config) -> Architecture:
-    """GPT-NeoX / Pythia: fused query_key_value, dense_h_to_4h / dense_4h_to_h with biases,
-    LayerNorm, GELU, partial RoPE (rotary_pct), attention and MLP in parallel."""
-    h, layers, att = _gqa(c, bias_default=True)
-    att = dataclasses.replace(att, num_kv_heads=att.num_heads, out_bias=att.bias)
-    mlp = Mlp(c.get_int("intermediate_size"), gated=False, bias=True,
-              activation=str(c.get("hidden_act", "gelu")))
-    parallel = bool(c.get("use_parallel_residual", True))
-    return _common(c, "gpt_neox", hidden_size=h, num_layers=layers, attention=att, mlp=mlp,
-                   norm="layernorm", norm_eps=float(c.get("layer_norm_eps", 1e-5)),
-                   placement="parallel" if parallel else "pre")
-
-
-# transformers/models/deepseek_v2/modeling_deepseek_v2.py, deepseek_v3/modeling_deepseek_v3.py
-def _read_deepseek(c: _Config) -> Architecture:
-    """DeepSeek-V2 / V3: multi-head latent attention (the saved `head_dim` is the RoPE part,
-    not the head size), routed experts plus n_shared_experts as one MLP, the first
-    first_k_dense_replace layers dense (then every moe_layer_freq-th sparse)."""
-    h, nq, layers = c.get_int("hidden_size"), c.get_int("num_attention_heads"), c.get_int("num_hidden_layers")
-    rope = c.get_int("qk_rope_head_dim")
-    q_lora = c.get("q_lora_rank")
-    att = Attention(nq, nq, c.get_int("qk_nope_head_dim") + rope, c.get_int("v_head_dim"),
-                    bias=bool(c.get("attention_bias", False)),
-                    out_bias=bool(c.get("attention_bias", False)), rope_dim=rope,
-                    q_lora_rank=int(q_lora) if q_lora is not None else None,
-                    kv_lora_rank=c.get_int("kv_lora_rank"), windows=(None,) * layers)
-    moe = None
-    if c.get("n_routed_experts"):
-        shared = c.get_int("n_shared_experts", 0) * c.get_int("moe_intermediate_size")
-        moe = Moe(c.experts("n_routed_experts", "moe_intermediate_size", shared,
-                            norm_default=c.model_type == "deepseek_v3"))
-    return _common(c, c.model_type, hidden_size=h, num_layers=layers, attention=att,
-                   mlp=Mlp(c.get_int("intermediate_size")), moe=moe,
-                   decoder_sparse_step=c.get_int("moe_layer_freq", 1), sparse_phase=0,
-                   mlp_only_layers=tuple(range(c.get_int("first_k_dense_replace", 0))))
-
-
-# transformers/models/gpt_oss/modeling_gpt_oss.py
-def _read_gpt_oss(c: _Config) -> Architecture:
-    """gpt-oss: GQA with biases and sinks, alternating sliding (128) / full layers, every layer
-    sparse (router with bias, experts [E, H, 2I] with biases, clamped SwiGLU, MXFP4)."""
-    h, layers, att = _gqa(c, bias_default=True, window_rule=_even_layers)
-    att = dataclasses.replace(att, out_bias=att.bias, sinks=True)
-    count = "num_local_experts" if c.get("num_local_experts") else "num_experts"
-    moe = Moe(c.experts(count, "intermediate_size"), activation="swiglu_clamped",
-              swiglu_limit=float(c.get("swiglu_limit", 7.0)), router_bias=True, expert_bias=True)
-    return _common(c, "gpt_oss", hidden_size=h, num_layers=layers, attention=att, mlp=None, moe=moe)
-
-
-# ----------------------------------------------------------------------------- the registry
-_LLAMA_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
-@dataclass(frozen=True)
-class Family:
-    """How to read one model type's config.json and where its sub-operations live in a HF layer.
-
-    modules: role -> HF module path inside a layer (`experts`: the stacked experts' module);
-    transposed: the GEMMs HF stores [K, N]; classes: its HF `architectures` class names;
-    required: the config fields it cannot do without; text_config: a multimodal config whose
-    `text_config` is the decoder (Gemma 3)."""
-
-    read: Callable[[_Config], Architecture]
-    modules: dict[str, str]
-    transposed: frozenset[str] = frozenset()
-    classes: tuple[str, ...] = ()
-    required: tuple[str, ...] = _LLAMA_FIELDS
-    text_config: bool = False
-
-
-_ATTN = {"input_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
-         "v_proj": "self_attn.v_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
-         "attention": "self_attn", "o_proj": "self_attn.o_proj",
-         "post_attention_norm": "post_attention_layernorm"}
-_MLP = {"gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "act": "mlp.act_fn",
-        "down_proj": "mlp.down_proj"}
-_MOE = {"router": "mlp.gate", "experts": "mlp.experts",
-        "shared_gate_proj": "mlp.shared_expert.gate_proj", "shared_up_proj": "mlp.shared_expert.up_proj",
-        "shared_down_proj": "mlp.shared_expert.down_proj", "shared_expert_gate": "mlp.shared_expert_gate"}
-LLAMA = {**_ATTN, **_MLP, **_MOE}
-PHI3 = {**{k: v for k, v in _ATTN.items() if k not in ("q_proj", "k_proj", "v_proj")},
-        "qkv_proj": "self_attn.qkv_proj", "gate_up_proj": "mlp.gate_up_proj",
-        "act": "mlp.activation_fn", "down_proj": "mlp.down_proj"}
-GEMMA = {**_ATTN, **_MLP, "pre_feedforward_norm": "pre_feedforward_layernorm",
-         "post_feedforward_norm": "post_feedforward_layernorm"}
-GPT2 = {"input_norm": "ln_1", "qkv_proj": "attn.c_attn", "attention": "attn", "o_proj": "attn.c_proj",
-        "post_attention_norm": "ln_2", "up_proj": "mlp.c_fc", "act": "mlp.act", "down_proj": "mlp.c_proj"}
-GPT_NEOX = {"input_norm": "input_layernorm", "qkv_proj": "attention.query_key_value",
-            "attention": "attention", "o_proj": "attention.dense",
-            "post_attention_norm": "post_attention_layernorm", "up_proj": "mlp.dense_h_to_4h",
-            "act": "mlp.act", "down_proj": "mlp.dense_4h_to_h"}
-DEEPSEEK = {**_ATTN, **_MLP, **{k: v for k, v in _MOE.items() if k.startswith(("router", "experts"))},
-            "q_a_proj": "self_attn.q_a_proj", "q_a_layernorm": "self_attn.q_a_layernorm",
-            "q_b_proj": "self_attn.q_b_proj", "kv_a_proj_with_mqa": "self_attn.kv_a_proj_with_mqa",
-            "kv_a_layernorm": "self_attn.kv_a_layernorm", "kv_b_proj": "self_attn.kv_b_proj",
-            "shared_gate_proj": "mlp.shared_experts.gate_proj",
-            "shared_up_proj": "mlp.shared_experts.up_proj",
-            "shared_down_proj": "mlp.shared_experts.down_proj"}
-GPT_OSS = {**_ATTN, "router": "mlp.router", "experts": "mlp.experts"}
-_MLA_FIELDS = (*_LLAMA_FIELDS, "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(_read_llama, LLAMA, classes=("LlamaForCausalLM",)),
-    "mistral": Family(_read_llama, LLAMA, classes=("MistralForCausalLM",)),
-    "qwen2": Family(_read_llama, LLAMA, classes=("Qwen2ForCausalLM",)),
-    "qwen3": Family(_read_llama, LLAMA, classes=("Qwen3ForCausalLM",)),
-    "qwen2_moe": Family(_read_llama, LLAMA, classes=("Qwen2MoeForCausalLM",)),
-    "qwen3_moe": Family(_read_llama, LLAMA, classes=("Qwen3MoeForCausalLM",)),
-    "mixtral": Family(_read_llama, LLAMA, classes=("MixtralForCausalLM",)),
-    "gemma2": Family(_read_gemma, GEMMA, classes=("Gemma2ForCausalLM",)),
-    "gemma3": Family(_read_gemma, GEMMA, classes=("Gemma3ForConditionalGeneration",),
-                     text_config=True),
-    "gemma3_text": Family(_read_gemma, GEMMA, classes=("Gemma3ForCausalLM",)),
-    "phi3": Family(_read_phi3, PHI3, classes=("Phi3ForCausalLM",)),
-    "gpt2": Family(_read_gpt2, GPT2, frozenset({"qkv_proj", "o_proj", "up_proj", "down_proj"}),
-                   classes=("GPT2LMHeadModel",), required=("n_embd", "n_head", "n_layer")),
-    "gpt_neox": Family(_read_gpt_neox, GPT_NEOX, classes=("GPTNeoXForCausalLM",)),
-    "deepseek_v2": Family(_read_deepseek, DEEPSEEK, classes=("DeepseekV2ForCausalLM",),
-                          required=_MLA_FIELDS),
-    "deepseek_v3": Family(_read_deepseek, DEEPSEEK, classes=("DeepseekV3ForCausalLM",),
-                          required=_MLA_FIELDS),
-    "gpt_oss": Family(_read_gpt_oss, GPT_OSS, frozenset({"experts_gate_up", "experts_down"}),
-                      classes=("GptOssForCausalLM",)),
-}
-_BY_CLASS = {cls: mt for mt, f in FAMILIES.items() for cls in f.classes}
-# Model types that are no decoder-only LM (encoders, encoder-decoders, vision and speech
-# models): never read as the fallback family, whatever fields their config shares with it.
-NOT_DECODERS = frozenset({
-    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
-    "mpnet", "modernbert", "camembert", "ernie", "t5", "mt5", "umt5", "bart", "mbart", "pegasus",
-    "marian", "whisper", "wav2vec2", "hubert", "vit", "clip", "siglip", "dinov2", "swin", "convnext",
-    "resnet"})
-
-
-def _supported() -> str:
-    return f"supported: {', '.join(FAMILIES)}"
-
-
-def model_type(cfg: dict) -> str:
-    """The config's `model_type`, else the one its `architectures` class names, else ""."""
-    mt = cfg.get("model_type")
-    if mt:
-        return str(mt)
-    return next((_BY_CLASS[a] for a in cfg.get("architectures") or () if a in _BY_CLASS), "")
-
-
-def from_hf_config(cfg: dict, source: str, fallback: str | None = None) -> Architecture:
-    """The architecture of a HF config.json's contents (`source` names it in errors).
-
-    The family is `model_type` (or, without one, the `architectures` class). With `fallback`
-    (a family), a config naming neither, or an unknown model type whose config has the
-    fallback's required fields, is read as the fallback's (models.py: the Llama-style reading
-    the analyzer applied before families); any other unknown model type is an InputError."""
-    if not isinstance(cfg, dict):
-        raise InputError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
-    mt = model_type(cfg)
-    if mt in NOT_DECODERS:
-        raise InputError(f"{source}: model_type {mt!r} is not a decoder-only language model "
-                         "(an encoder, encoder-decoder or vision/speech model): there is no "
-                         f"decoder layer layout to name its kernels by ({_supported()})")
-    family = FAMILIES.get(mt)
-    if family is None and fallback is not None:
-        fits = all(cfg.get(k) is not None for k in FAMILIES[fallback].required)
-        family = FAMILIES[fallback] if fits or not mt else None
-    if family is None:
-        raise InputError(f"{source}: unknown model_type {mt!r} ({_supported()})")
-    if family.text_config and isinstance(cfg.get("text_config"), dict):
-        outer = ("_name_or_path", "torch_dtype", "quantization_config")
-        cfg = {**cfg["text_config"], **{k: cfg[k] for k in outer if k in cfg}}
-        mt = str(cfg.get("model_type") or mt)
-    c = _Config(cfg, source, mt)
-    c.need(*family.required)
-    try:
-        return family.read(c)
-    except InputError as e:
-        if str(e).startswith(source):
-            raise
-        raise InputError(f"{source}: bad value in config.json ({e})") from None
-    except (TypeError, ValueError, AttributeError) as e:
-        raise InputError(f"{source}: bad value in config.json ({e})") from None
+    blocks: dict[str, tuple[SubOp, ...]] = {
+        ATTENTION: _attention_ops(a), MLP: _moe_ops(a) if sparse else _mlp_ops(a),
+        RESIDUAL: (Step(RESIDUAL),)}
+    return tuple(op for b in a.placement.order
+                 for op in blocks.get(b) or (_norm(a, b, a.hidden_size),))

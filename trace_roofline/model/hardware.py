@@ -221,6 +221,13 @@ def from_json(path: str | Path) -> Hardware:
     return _from_dict(raw, str(p))
 
 
+def _ceiling(where: str, name: str, v: object) -> float:
+    """A ceiling (FLOP/s, bytes/s): a positive finite number, else an InputError naming it."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise InputError(f"{where}: {name} must be a positive finite number, got {v!r}")
+    return float(v)
+
+
 def _from_dict(raw: object, where: str) -> Hardware:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: hardware file must hold a JSON object")
@@ -231,21 +238,15 @@ def _from_dict(raw: object, where: str) -> Hardware:
     if not isinstance(peaks, dict) or not peaks:
         raise InputError(f"{where}: peak_flops must be a non-empty object of dtype -> FLOP/s")
     try:
-        peak_flops = {dtype_key(k): float(v) for k, v in peaks.items()}
-        bw = float(raw["mem_bandwidth"])
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: peak_flops and mem_bandwidth must be numbers ({e})") from None
+        peak_flops = {dtype_key(k): _ceiling(where, f"peak_flops[{k!r}]", v) for k, v in peaks.items()}
     except InputError as e:
-        raise InputError(f"{where}: {e}") from None
+        raise e if str(e).startswith(where) else InputError(f"{where}: {e}") from None
+    bw = _ceiling(where, "mem_bandwidth", raw["mem_bandwidth"])
     link = raw.get("link_bandwidth")
-    try:
-        link = None if link is None else float(link)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: link_bandwidth must be a number, got {link!r}") from None
-    ceilings = {**peak_flops, "mem_bandwidth": bw, **({} if link is None else {"link_bandwidth": link})}
-    bad = [k for k, v in ceilings.items() if not (v > 0 and math.isfinite(v))]
-    if bad:
-        raise InputError(f"{where}: non-positive or non-finite ceiling for {', '.join(bad)}")
+    link = None if link is None else _ceiling(where, "link_bandwidth", link)
+    names = raw.get("device_names") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{where}: device_names must be a list of strings, got {names!r}")
     known = {"name", "peak_flops", "mem_bandwidth", "source", "device_names", "link_bandwidth",
              "link_source"}
     return Hardware(
@@ -253,7 +254,7 @@ def _from_dict(raw: object, where: str) -> Hardware:
         peak_flops=peak_flops,
         mem_bandwidth=bw,
         source=str(raw.get("source", where)),
-        device_names=tuple(raw.get("device_names") or ()),
+        device_names=tuple(names),
         extra={k: v for k, v in raw.items() if k not in known},
         link_bandwidth=link,
         link_source=str(raw.get("link_source", "" if link is None else where)),

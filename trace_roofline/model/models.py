@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trace_roofline.errors import InputError
 from trace_roofline.files import read_json
-from trace_roofline.model import architecture, dtypes
+from trace_roofline.model import dtypes, families
 from trace_roofline.model.architecture import Architecture, Attention, Gemm, Mlp, Moe, Precision
 from trace_roofline.model.moe import Experts
 
@@ -74,6 +74,12 @@ class ModelSpec:
         one its fields describe."""
         carried = self.__dict__.get("_architecture")
         return carried if carried is not None else _described(self)
+
+    @property
+    def assumed(self) -> tuple[str, ...]:
+        """What reading its config assumed (defaults taken, a model type read from its
+        fields, a guessed norm kind), one short line each; () when nothing was."""
+        return self.architecture.assumed
 
     @property
     def sparse_layers(self) -> tuple[int, ...]:
@@ -159,7 +165,8 @@ def _describe(spec: ModelSpec) -> Architecture:
                           bias=spec.qkv_bias, qk_norm=spec.qk_norm, rope_dim=spec.head_dim)
     return Architecture(
         family, spec.name, spec.hidden_size, spec.num_layers, spec.vocab_size, attention,
-        Mlp(spec.intermediate_size), Moe(e) if e is not None else None,
+        Mlp(spec.intermediate_size), layout=families.FAMILIES[family].layout,
+        moe=Moe(e) if e is not None else None,
         decoder_sparse_step=spec.decoder_sparse_step, mlp_only_layers=tuple(spec.mlp_only_layers),
         norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
         tie_word_embeddings=spec.tie_word_embeddings,
@@ -177,7 +184,7 @@ def expected_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
 
 def _preset(name: str, cfg: dict) -> ModelSpec:
     """A preset: its config.json's fields read by the family's builder, named `name`."""
-    arch = architecture.from_hf_config(cfg, name)
+    arch = families.from_hf_config(cfg, name)
     return ModelSpec.from_architecture(dataclasses.replace(arch, name=name))
 
 
@@ -222,14 +229,14 @@ PRESETS: dict[str, ModelSpec] = {k: _preset(k, v) for k, v in PRESET_CONFIGS.ite
 
 
 def from_hf_config(path: str | Path) -> ModelSpec:
-    """A ModelSpec of a Hugging Face `config.json`, built by its family (architecture.FAMILIES);
-    a config without a `model_type`, or of an unlisted type with Llama's fields, is read as a
-    Llama-style decoder."""
+    """A ModelSpec of a Hugging Face `config.json`, built by its family (families.FAMILIES);
+    a config of no known family is read from its own fields as a Llama-style decoder, and
+    `assumed` says so."""
     p = Path(path)
     cfg = read_json(p)
     if not isinstance(cfg, dict):
         raise InputError(f"{p}: expected a JSON object, got {type(cfg).__name__}")
-    arch = architecture.from_hf_config(cfg, str(p), fallback="llama")
+    arch = families.from_hf_config(cfg, str(p))
     return ModelSpec.from_architecture(arch)
 
 
