@@ -88,9 +88,12 @@ TOKEN_IDS = re.compile(r".*_(token_id|token_index|id)$")
 
 def _shrink_list(key: str, value: list, layers: int) -> list | None:
     """A per-layer list cut to LAYERS (each distinct kind kept first), or layer indices < LAYERS."""
-    if len(value) == layers and layers > LAYERS:
-        kinds = list(dict.fromkeys(map(json.dumps, value)))
-        firsts = [value[[json.dumps(v) for v in value].index(k)] for k in kinds][:LAYERS]
+    if key in SIZES and value and all(type(v) is int for v in value):
+        return [SIZES[key]] * min(len(value), LAYERS)
+    if len(value) == layers and layers > LAYERS:  # each kind once, attention's first
+        kinds = sorted(dict.fromkeys(map(json.dumps, value)),
+                       key=lambda k: not re.search(r"attention|full|attn", k))
+        firsts = [json.loads(k) for k in kinds][:LAYERS]
         return (firsts + value[:LAYERS])[:LAYERS]
     if value and all(type(v) is int for v in value) and max(value) < layers and \
             value == sorted(set(value)) and "layer" in key:
@@ -109,7 +112,9 @@ def shrink(fields: dict[str, Any], mha: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in fields.items():
         if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
-            out[key] = {**value, **shrink(value, mha)}
+            sub = shrink(value, mha)  # a sub-config: its changed fields (and its type)
+            out[key] = {**sub, **({"model_type": value["model_type"]}
+                                  if value.get("model_type") else {})}
         elif isinstance(value, list):
             if (cut := _shrink_list(key, value, layers)) is not None:
                 out[key] = cut
@@ -122,6 +127,10 @@ def shrink(fields: dict[str, Any], mha: bool = False) -> dict[str, Any]:
             out[key] = LAYERS
         elif OFFSETS.fullmatch(key) and value >= LAYERS:
             out[key] = 1
+    if "kv_lora_rank" in fields:  # MLA: the rotary head is qk_rope_head_dim
+        out["head_dim"] = SIZES["qk_rope_head_dim"]
+    if type(fields.get("rotary_dim")) is int:  # GPT-J, CodeGen: a part of each head
+        out["rotary_dim"] = HEAD_DIM // 2
     vocab = out.get("vocab_size", fields.get("vocab_size"))
     for key, value in fields.items():  # token ids past the shrunk vocabulary
         if vocab and TOKEN_IDS.fullmatch(key) and type(value) is int and value >= vocab:
@@ -165,8 +174,7 @@ def _build(kind: str, family: str) -> tuple[Any, Any, str]:
     """The tiny model (float32, eval), its config and the attention implementation it built
     with (eager first, then sdpa, then the family's default)."""
     import torch
-    from transformers import (AutoModelForCausalLM, AutoModelForImageClassification,
-                              AutoModelForMaskedLM)
+    from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForMaskedLM
 
     factory = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM,
                "image": AutoModelForImageClassification}[kind]
@@ -225,7 +233,7 @@ def _inputs(kind: str, model: Any) -> dict[str, Any]:
     return {"input_ids": torch.randint(4, min(vocab, VOCAB), (1, TOKENS))}
 
 
-def _profile(model: Any, call: Any, path: Path, workload: dict[str, Any]) -> Any:
+def _profile(call: Any, path: Path, workload: dict[str, Any]) -> None:
     """Run `call()` once under the profiler; the raw Chrome trace goes to `path`."""
     import torch
 
@@ -233,13 +241,13 @@ def _profile(model: Any, call: Any, path: Path, workload: dict[str, Any]) -> Any
     with torch.profiler.profile(activities=acts, record_shapes=True, with_stack=True,
                                 with_modules=True) as prof:
         prof.add_metadata_json("trace_roofline_workload", json.dumps(workload))
-        out = call()
+        call()
     prof.export_chrome_trace(str(path))
-    return out
 
 
-def capture(kind: str, family: str, out: Path) -> tuple[dict[str, Any], dict[str, Path], Any]:
-    """Build the family tiny and profile its phases: raw traces in `out`."""
+def capture(kind: str, family: str, out: Path) -> tuple[dict[str, Any], Path, Any]:
+    """Build the family tiny and profile it (a causal LM: prefill, then one decode step on its
+    KV cache, in one trace; an encoder: one forward): the raw trace `out`/trace.json."""
     import torch
 
     torch.set_num_threads(1)
@@ -248,35 +256,30 @@ def capture(kind: str, family: str, out: Path) -> tuple[dict[str, Any], dict[str
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), default=str))
     args = _inputs(kind, model)
     workload = {"family": family, "kind": kind, "tokens": TOKENS, "dtype": "float32",
-                "layers": LAYERS, "attn_implementation": attn, "device": "cpu"}
-    traces: dict[str, Path] = {}
-    hooks = ModuleRanges(model)
-    with torch.no_grad():
+                "layers": LAYERS, "attn_implementation": attn, "device": "cpu",
+                "forwards": {"prefill": 1, "decode": 1} if kind == "causal" else {"forward": 1}}
+    one = args.get("input_ids", torch.zeros(1, 1, dtype=torch.long))[:, -1:]
+
+    def steps() -> None:
+        if kind != "causal":
+            model(**args)
+            return
+        cache = model(**args, use_cache=True).past_key_values
         try:
-            if kind != "causal":
-                model(**args)  # warm-up
-                _profile(model, lambda: model(**args), out / "forward.json",
-                         {**workload, "phase": "forward"})
-                traces["forward"] = out / "forward.json"
-                return info, traces, model
-            model(**args, use_cache=True)  # warm-up
-            res = _profile(model, lambda: model(**args, use_cache=True), out / "prefill.json",
-                           {**workload, "phase": "prefill"})
-            traces["prefill"] = out / "prefill.json"
-            cache = getattr(res, "past_key_values", None)
-            one = args["input_ids"][:, -1:]
-            try:
-                if cache is None:
-                    raise RuntimeError("the prefill returned no KV cache")
-                _profile(model, lambda: model(input_ids=one, past_key_values=cache,
-                                              use_cache=True),
-                         out / "decode.json", {**workload, "phase": "decode", "tokens": 1})
-                traces["decode"] = out / "decode.json"
-            except Exception as e:  # a family without a decode step keeps its prefill
-                info["decode_error"] = f"{type(e).__name__}: {e}"[:300]
+            if cache is None:
+                raise RuntimeError("the prefill returned no KV cache")
+            model(input_ids=one, past_key_values=cache, use_cache=True)
+        except Exception as e:  # a family without a decode step keeps its prefill
+            info["decode_error"] = f"{type(e).__name__}: {e}"[:300]
+
+    with torch.no_grad():
+        steps()  # warm-up
+        hooks = ModuleRanges(model)
+        try:
+            _profile(steps, out / "trace.json", workload)
         finally:
             hooks.remove()
-    return info, traces, model
+    return info, out / "trace.json", model
 
 
 def _is_moe(model: Any) -> bool:
@@ -331,17 +334,17 @@ def truths(model: Any, paths: pd.Series, classes: pd.Series, moe: bool) -> pd.Se
     keys = pd.DataFrame({"path": paths, "cls": classes})
     distinct = keys.drop_duplicates()
     found = {(p, c): et.truth_of(et.site_of(p, c, frozen, moe))
-             for p, c in zip(distinct["path"], distinct["cls"])}
-    return pd.Series([found[k] for k in zip(keys["path"], keys["cls"])], index=paths.index,
+             for p, c in zip(distinct["path"], distinct["cls"], strict=True)}
+    return pd.Series([found[k] for k in zip(keys["path"], keys["cls"], strict=True)], index=paths.index,
                      dtype="string")
 
 
 UNNAMED = re.compile(r"^(other|unattributed|linear\[.*)$")
 
 
-def judge(att: pd.DataFrame, events: list[dict[str, Any]], model: Any, moe: bool
-          ) -> pd.DataFrame:
-    """The analyzer's ops with their module, truth and contradiction kind."""
+def judge(att: pd.DataFrame, events: list[dict[str, Any]], model: Any, moe: bool,
+          kind: str = "causal") -> pd.DataFrame:
+    """The analyzer's ops with their module, truth, contradiction kind and phase."""
     ranges = module_ranges(events)
     at = enclosing(att, ranges)
     known = at.to_numpy() >= 0
@@ -354,7 +357,17 @@ def judge(att: pd.DataFrame, events: list[dict[str, Any]], model: Any, moe: bool
     out["path"], out["truth"] = path, truths(model, path, cls, moe)
     out["contradiction"] = et.contradictions(out["truth"], out["operator"], out["op_name"], moe)
     out["named"] = ~out["operator"].str.match(UNNAMED.pattern) & (out["evidence"] != "fallback")
+    out["phase"] = phase_of(att, ranges, kind)
     return out
+
+
+def phase_of(ops: pd.DataFrame, ranges: pd.DataFrame, kind: str) -> pd.Series:
+    """Per op, the call of the top module it ran in: prefill then decode (an encoder: forward)."""
+    calls = ranges[ranges["path"] == ""].sort_values("start")["start"].to_numpy()
+    names = np.array(["forward"] if kind != "causal" else ["prefill", "decode"][:len(calls)]
+                     or ["prefill"])
+    which = np.searchsorted(calls, ops["ts_us"].to_numpy(float) + 1e-3, side="right") - 1
+    return pd.Series(names[np.clip(which, 0, len(names) - 1)], index=ops.index)
 
 
 def score(judged: pd.DataFrame, top: int = 5) -> dict[str, Any]:
@@ -372,47 +385,56 @@ def score(judged: pd.DataFrame, top: int = 5) -> dict[str, Any]:
             "names": sorted(set(judged["operator"]))}
 
 
-def run_family(kind: str, family: str, out: Path | None = None) -> dict[str, Any]:
-    """One family's result (see `main`); traces kept under `out` when given."""
+def analyze_family(kind: str, family: str, work: Path, keep: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """Build, profile, analyze and judge one family in `work` (raw traces deleted unless
+    `keep`): its result (see `main`) and each phase's judged ops (`judge`)."""
     import trace_roofline as tr
     from trace_roofline.errors import InputError
     from trace_roofline.pipeline import attribute_trace
 
     result: dict[str, Any] = {"family": family, "kind": kind}
+    try:
+        info, raw, lm = capture(kind, family, work)
+    except Exception as e:  # not buildable tiny, or its forward fails: the why is the result
+        return {**result, "buildable": False, "why": f"{type(e).__name__}: {e}"[:600]}, {}
+    result.update(buildable=True, **info)
+    model, judged = None, {}
+    if kind == "causal":
+        try:
+            model = tr.get_model(str(work / "config.json"))
+            result["model_read"] = True
+        except InputError as e:
+            result.update(model_read=False, model_error=str(e)[:300])
+    events = strip_frames(raw, raw.with_suffix(".json.gz"))
+    if not keep:
+        raw.unlink()
+    try:
+        trace = tr.load_trace(raw.with_suffix(".json.gz"), workers=1)
+        try:
+            att, _, _ = attribute_trace(trace, model)
+        except InputError as e:  # the config's layout contradicted by the shapes
+            result["model_refused"] = str(e)[:300]
+            att, _, _ = attribute_trace(trace, None)
+        ops = judge(att, events, lm, info["moe"], kind)
+    except Exception as e:  # an analyzer crash is this family's result
+        result["crash"] = f"{type(e).__name__}: {e}"[:600]
+        result["where"] = traceback.format_exc(limit=-3)[-800:]
+        return result, judged
+    for phase, part in ops.groupby("phase", sort=False):
+        judged[str(phase)] = part
+        result[str(phase)] = score(part)
+    return result, judged
+
+
+def run_family(kind: str, family: str, out: Path | None = None) -> dict[str, Any]:
+    """One family's result; its traces kept under `out` when given, else in a temp dir."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"eco_{family.replace('@', '_')}_") as tmp:
         work = Path(tmp) if out is None else out / family.replace("@", "_")
         work.mkdir(parents=True, exist_ok=True)
-        try:
-            info, raw, lm = capture(kind, family, work)
-        except Exception as e:  # not buildable tiny, or its forward fails: the why is the result
-            return {**result, "buildable": False, "why": f"{type(e).__name__}: {e}"[:600],
-                    "seconds": round(time.perf_counter() - t0, 1)}
-        result.update(buildable=True, **info)
-        model = None
-        if kind == "causal":
-            try:
-                model = tr.get_model(str(work / "config.json"))
-                result["model_read"] = True
-            except InputError as e:
-                result.update(model_read=False, model_error=str(e)[:300])
-        for phase, path in raw.items():
-            events = strip_frames(path, path.with_suffix(".json.gz"))
-            if out is None:
-                path.unlink()
-            try:
-                trace = tr.load_trace(path.with_suffix(".json.gz"), workers=1)
-                try:
-                    att, _, _ = attribute_trace(trace, model)
-                except InputError as e:  # the config's layout contradicted by the shapes
-                    result[f"{phase}_model_refused"] = str(e)[:300]
-                    att, _, _ = attribute_trace(trace, None)
-                result[phase] = score(judge(att, events, lm, info["moe"]))
-            except Exception as e:  # an analyzer crash is this family's result
-                result[phase] = {"crash": f"{type(e).__name__}: {e}"[:600],
-                                 "where": traceback.format_exc(limit=-3)[-800:]}
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    return result
+        result, _ = analyze_family(kind, family, work, keep=out is not None)
+    return {**result, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 # --- the pool --------------------------------------------------------------------------------

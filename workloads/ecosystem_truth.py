@@ -107,7 +107,7 @@ TRUTH_TABLE: tuple[tuple[Callable[[Site], bool], str], ...] = (
     (lambda s: s.path == "", "model"),
     (_cls(r"Rotary|RoPE|Rope") , "rotary"),
     (lambda s: not s.in_layer and bool(re.fullmatch(
-        r"lm_head|embed_out|output_layer|output|decoder|lm_head\.linear", s.leaf))
+        r"(\w+_)?lm_head|embed_out|output_layer|output|decoder", s.leaf))
         and "Norm" not in s.cls and "Embedding" not in s.cls
         and not s.path.startswith(("model.", "transformer.", "gpt_neox.")), "lm_head"),
     (lambda s: s.path.endswith(("predictions.decoder", "lm_head.decoder")), "lm_head"),
@@ -119,7 +119,8 @@ TRUTH_TABLE: tuple[tuple[Callable[[Site], bool], str], ...] = (
     (lambda s: s.moe and (bool(re.fullmatch(r"gate|router|gating|router\.layer|layer", s.leaf))
                           and not _attn(s) or bool(re.search(r"Router|TopK|Topk|Gate$", s.cls))),
      "router"),
-    (lambda s: _norm(s) and _attn(s) and bool(re.search(r"^(q|k|query|key)_", s.leaf)), "qk_norm"),
+    (lambda s: _norm(s) and _attn(s) and bool(
+        re.match(r"(q|k|qk|query|key)_?(norm|layernorm|ln)", s.leaf)), "qk_norm"),
     (lambda s: _norm(s) and bool(re.fullmatch(_NORM_IN, s.leaf)), "input_norm"),
     (lambda s: _norm(s) and bool(re.fullmatch(_NORM_POST, s.leaf)), "post_attention_norm"),
     (_norm, "norm"),
@@ -238,7 +239,7 @@ def contradictions(truth: pd.Series, name: pd.Series, op_name: pd.Series, moe: b
     """Per op, the kind of the first rule its (truth, name) pair breaks, or <NA>."""
     truth, name = truth.astype(str).to_numpy(), name.astype(str).to_numpy()
     gemm = op_name.astype(str).str.match(GEMM_OPS.pattern).to_numpy()
-    fitting = np.array([n in PROJECTION_NAMES.get(t, ()) for t, n in zip(truth, name)],
+    fitting = np.array([n in PROJECTION_NAMES.get(t, ()) for t, n in zip(truth, name, strict=True)],
                        dtype=bool)
     kind = np.full(len(truth), None, dtype=object)
     for rule in rules:
