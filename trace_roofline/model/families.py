@@ -78,7 +78,9 @@ class Family:
     layout: HF module paths (and storage, q/k norm scope); placement: the norm placement, or
     `parallel_switch` (config field, its default, the placement when true); norm: its kind
     (None: told by which eps field the config has); norm_bias: a LayerNorm's bias;
-    qk_norm_always: q/k norms no config field announces (Qwen3, OLMo2); bias_default: q/k/v
+    qk_norm_always: q/k norms no config field announces (Qwen3, OLMo2); norm_topk_prob: the
+    top-k routing weights renormalised when the config does not say (None: where it counts
+    its experts as Mixtral does, `num_local_experts`); bias_default: q/k/v
     bias when no field says; out_bias / mlp_bias: o_proj's / the MLP's bias `attention` (as
     q/k/v), `never`, `always` (mlp_bias None: the config's `mlp_bias`); gated: a gated MLP;
     activation: its default; windows: WINDOW_RULES key; sqrt_embedding_scale: embeddings
@@ -93,6 +95,7 @@ class Family:
     norm: NormKind | None = "rmsnorm"
     norm_bias: bool = True
     qk_norm_always: bool = False
+    norm_topk_prob: bool | None = None
     bias_default: bool = False
     out_bias: BiasRule = "attention"
     mlp_bias: BiasRule | None = None
@@ -150,7 +153,7 @@ def read_decoder(c: Config, f: Family, family: str) -> Architecture:
                        else c.number("embedding_multiplier", 1.0))
     arch = Architecture(
         family, c.name(), h, layers, c.integer("vocab_size", 0), att, mlp, layout=f.layout,
-        moe=_experts(c), decoder_sparse_step=c.integer("decoder_sparse_step", 1),
+        moe=_experts(c, f), decoder_sparse_step=c.integer("decoder_sparse_step", 1),
         mlp_only_layers=c.ints("mlp_only_layers"), norm=norm, norm_bias=f.norm_bias,
         norm_eps=eps, placement=placement, position=f.position,
         rope_theta=c.rope_theta(), max_positions=c.integer("max_position_embeddings", 0),
@@ -172,7 +175,7 @@ def _guess_norm(c: Config) -> NormKind:
     return "rmsnorm"
 
 
-def _experts(c: Config) -> Moe | None:
+def _experts(c: Config, f: Family) -> Moe | None:
     """Routed experts (`num_experts` of `moe_intermediate_size`, else of `intermediate_size`)
     and a shared MLP (`shared_expert_intermediate_size`: with a sigmoid gate, Qwen-MoE;
     `n_shared_experts` experts as one MLP, DeepSeek); None without experts."""
@@ -181,16 +184,18 @@ def _experts(c: Config) -> Moe | None:
     inter = c.integer("moe_intermediate_size", c.integer("intermediate_size", 0) or None)
     gated_shared = c.integer("shared_expert_intermediate_size", 0)
     shared = gated_shared or c.integer("n_shared_experts", 0) * inter
-    # Mixtral renormalises always; Qwen's configs say so (Qwen2-MoE's default: not)
-    return Moe(c.experts(inter, shared, shared_gate=gated_shared > 0,
-                         norm_default="num_local_experts" in c.cfg))
+    renormalise = f.norm_topk_prob if f.norm_topk_prob is not None else "num_local_experts" in c.cfg
+    if f.norm_topk_prob is None and not c.has("norm_topk_prob"):
+        c.assume(f"norm_topk_prob absent: top-k routing weights {'' if renormalise else 'not '}"
+                 "renormalised")
+    return Moe(c.experts(inter, shared, shared_gate=gated_shared > 0, norm_default=renormalise))
 
 
 # transformers/models/deepseek_v2/modeling_deepseek_v2.py, deepseek_v3/modeling_deepseek_v3.py
 def _deepseek(c: Config, arch: Architecture) -> Architecture:
     """DeepSeek-V2 / V3: multi-head latent attention (the saved `head_dim` is the RoPE part,
     not the head size), the first first_k_dense_replace layers dense (then every
-    moe_layer_freq-th sparse), routing renormalised by default on V3."""
+    moe_layer_freq-th sparse)."""
     rope = c.integer("qk_rope_head_dim")
     q_lora = c.integer("q_lora_rank", 0) or None
     att = dataclasses.replace(
@@ -198,10 +203,8 @@ def _deepseek(c: Config, arch: Architecture) -> Architecture:
         head_dim=c.integer("qk_nope_head_dim") + rope, v_head_dim=c.integer("v_head_dim"),
         out_bias=arch.attention.bias, qk_norm=False, rope_dim=rope, q_lora_rank=q_lora,
         kv_lora_rank=c.integer("kv_lora_rank"), windows=(None,) * arch.num_layers)
-    moe = arch.moe and dataclasses.replace(arch.moe, experts=dataclasses.replace(
-        arch.moe.experts, norm_topk_prob=c.flag("norm_topk_prob", c.model_type == "deepseek_v3")))
     return dataclasses.replace(
-        arch, attention=att, moe=moe, decoder_sparse_step=c.integer("moe_layer_freq", 1),
+        arch, attention=att, decoder_sparse_step=c.integer("moe_layer_freq", 1),
         sparse_phase=0, mlp_only_layers=tuple(range(c.integer("first_k_dense_replace", 0))))
 
 
@@ -275,16 +278,18 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(LLAMA, bias_default=True, out_bias="never", windows="qwen2",
                     classes=("Qwen2ForCausalLM",)),
     "qwen3": Family(LLAMA, qk_norm_always=True, windows="qwen2", classes=("Qwen3ForCausalLM",)),
-    "qwen2_moe": Family(LLAMA, bias_default=True, out_bias="never", windows="qwen2",
+    "qwen2_moe": Family(LLAMA, bias_default=True, out_bias="never", windows="qwen2", norm_topk_prob=False,
                         classes=("Qwen2MoeForCausalLM",)),
-    "qwen3_moe": Family(LLAMA, qk_norm_always=True, windows="qwen2",
+    "qwen3_moe": Family(LLAMA, qk_norm_always=True, windows="qwen2", norm_topk_prob=False,
                         classes=("Qwen3MoeForCausalLM",)),
-    "mixtral": Family(LLAMA, out_bias="never", windows="every", classes=("MixtralForCausalLM",)),
+    "mixtral": Family(LLAMA, out_bias="never", windows="every", norm_topk_prob=True,
+                      classes=("MixtralForCausalLM",)),
     "olmo2": Family(QK_PROJECTION, placement=POST, qk_norm_always=True,
                     classes=("Olmo2ForCausalLM",)),
     "olmo3": Family(QK_PROJECTION, placement=POST, qk_norm_always=True,
                     classes=("Olmo3ForCausalLM",)),
-    "olmoe": Family(QK_PROJECTION, qk_norm_always=True, classes=("OlmoeForCausalLM",)),
+    "olmoe": Family(QK_PROJECTION, qk_norm_always=True, norm_topk_prob=False,
+                    classes=("OlmoeForCausalLM",)),
     "granite": Family(LLAMA, classes=("GraniteForCausalLM",)),
     "cohere": Family(LLAMA, placement=PARALLEL_ONE_NORM, norm="layernorm", norm_bias=False,
                      tie_default=True, classes=("CohereForCausalLM",)),
@@ -313,11 +318,11 @@ FAMILIES: dict[str, Family] = {
     "gpt_neox": Family(GPT_NEOX, parallel_switch=("use_parallel_residual", True, PARALLEL),
                        norm="layernorm", bias_default=True, mlp_bias="always",
                        gated=False, activation="gelu", classes=("GPTNeoXForCausalLM",)),
-    "deepseek_v2": Family(DEEPSEEK, required=_MLA_FIELDS, adjust=_deepseek,
+    "deepseek_v2": Family(DEEPSEEK, required=_MLA_FIELDS, adjust=_deepseek, norm_topk_prob=False,
                           classes=("DeepseekV2ForCausalLM",)),
-    "deepseek_v3": Family(DEEPSEEK, required=_MLA_FIELDS, adjust=_deepseek,
+    "deepseek_v3": Family(DEEPSEEK, required=_MLA_FIELDS, adjust=_deepseek, norm_topk_prob=True,
                           classes=("DeepseekV3ForCausalLM",)),
-    "gpt_oss": Family(GPT_OSS, bias_default=True, windows="even", adjust=_gpt_oss,
+    "gpt_oss": Family(GPT_OSS, bias_default=True, windows="even", adjust=_gpt_oss, norm_topk_prob=True,
                       classes=("GptOssForCausalLM",)),
 }
 # A model type no entry names: its fields read as a Llama-style layer, the norm guessed
