@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
-from trace_roofline.attribution import captures, graphs, passes, steps
+from trace_roofline.attribution import captures, graphs, kind, passes, steps, verify
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
 from trace_roofline.costs.shapes import attach_costs
@@ -201,7 +201,7 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
     common: dict[str, Any] = dict(trace=name, tp=tp, group_size=group)
-    extra = {"passes": att.passes.table, "graphs": replays,
+    extra = {"passes": att.passes.table, "graphs": replays, "kind": att.passes.kind,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
         a = analyze(attributed, model, hw, options, **common)
@@ -256,8 +256,12 @@ def attribute_trace(
                                               step_of_row=of_row)
     unused = graphs.unused_options(replays, options.graph_map, options.decode_shapes)
     replays = graphs.with_notes(replays, [*notes, *unused])
+    verdict = kind.judge(attributed)
+    attributed = verify.verify(attributed, model, decoder=verdict.decoder)
     attributed, found = passes.annotate(attributed)
     if not step_table.empty:
         attributed, table = steps.apply(attributed, found.table, step_table, of_row)
         found = dataclasses.replace(found, phase=attributed["phase"].array, table=table)
+    if not verdict.decoder:  # an encoder's passes neither prefill nor decode
+        attributed, found = passes.as_forward(attributed, found, verdict)
     return attributed, replays, found

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline import frames
-from trace_roofline.attribution import comms
+from trace_roofline.attribution import comms, verify
+from trace_roofline.attribution.kind import DECODER, Verdict
 from trace_roofline.costs import crosscheck, shapes
 from trace_roofline.costs.shapes import mlp_costs, model_level_costs
 from trace_roofline.errors import InputError
@@ -136,6 +137,8 @@ class Analysis:
     # embedding tables a model), each analysed on its own kernels; `trace` then ends
     # " [model i of n: label]" (`model_part`)
     models: tuple[Analysis, ...] = ()
+    # a decoder's trace, or an encoder's (attribution/kind.py): said on the first line
+    kind: Verdict = DECODER
 
     @property
     def whole(self) -> dict[str, object]:
@@ -209,7 +212,8 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": options.causal, "attention_bytes": options.attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
-        reconciliation=reconcile(hbm), coverage=coverage(costed),
+        reconciliation=reconcile(hbm),
+        coverage={**coverage(costed), **verify.demotions(attributed)},
         layers=layers if ext is not None else None, extrapolated=ext,
         extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
         communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),

@@ -233,7 +233,7 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
 
 
 def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Op-family flags per instance (boolean arrays; rank0 and last0 of `_dims_flags` ints), from
+    """Op-family flags per instance (boolean arrays; rank0 and last0 of `dims_flags` ints), from
     its own op, the outermost op around it (casts, cache writes and embeddings are recognised
     there), Triton name tokens and, for Triton kernels, their 4-D arguments: a store into a
     cache-shaped buffer or a cat growing one is a cache write (kvonly), a kernel on 4-D buffers
@@ -245,7 +245,7 @@ def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
 def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     op = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["op_name"], _op_flags).items()}
     top = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["top_name"], _op_flags).items()}
-    dims = _dims_flags(rows["input_dims"])
+    dims = dims_flags(rows["input_dims"])
     has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat", "tribmm")}
     for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
@@ -267,7 +267,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     return out
 
 
-def _dims_flags(dims: pd.Series) -> pd.DataFrame:
+def dims_flags(dims: pd.Series) -> pd.DataFrame:
     """Per distinct Input Dims text: has4d (some argument is 4-D), only4d (the others are 0-d
     or no tensor), grows (a 4-D argument equals another but for a longer dim 2: a cache
     [B, h, S, d] and the same cache with the new tokens appended), rank3 (the first argument

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trace_roofline.attribution.kind import DECODER, Verdict
 from trace_roofline.frames import distinct_codes
 from trace_roofline.model import layouts
 from trace_roofline.model.operators import BEFORE_WINDOW, STAGES
@@ -80,6 +81,7 @@ class Passes:
     pass_id: pd.arrays.IntegerArray
     phase: pd.api.extensions.ExtensionArray  # str
     table: pd.DataFrame
+    kind: Verdict = DECODER  # a decoder's passes, or an encoder's (all `forward`)
 
 
 def _base(op_name: str) -> str:
@@ -202,6 +204,20 @@ def annotate(attributed: pd.DataFrame) -> tuple[pd.DataFrame, Passes]:
     out = attributed.assign(profiler_step=attributed["step"].astype("Int64"),
                             step=p.pass_id, phase=p.phase)
     return out, p
+
+
+_INFERENCE_PHASES = ("prefill", "decode", "mixed")
+
+
+def as_forward(attributed: pd.DataFrame, found: Passes, verdict: Verdict
+               ) -> tuple[pd.DataFrame, Passes]:
+    """An encoder's table and passes: prefill, decode and mixed phases read `forward`."""
+    def forward(phase: pd.Series) -> pd.Series:
+        return phase.mask(phase.isin(_INFERENCE_PHASES), "forward")
+
+    out = attributed.assign(phase=forward(attributed["phase"].astype("str")))
+    table = found.table.assign(phase=forward(found.table["phase"]))
+    return out, Passes(found.pass_id, out["phase"].array, table, verdict)
 
 
 def _order_key(op: np.ndarray, op_cats: np.ndarray, layer: np.ndarray) -> np.ndarray:

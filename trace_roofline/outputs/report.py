@@ -168,7 +168,11 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     measured = "measured_intensity" in agg.columns  # ncu DRAM bytes joined
     width = max(20, *a.operators["operator"].astype(str).str.len()) if len(agg) else 20
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else "")
-             + (f"   tp {a.tp}" if a.tp is not None else ""),
+             + (f"   tp {a.tp}" if a.tp is not None else "")
+             + ("" if a.kind.decoder else f"   {a.kind.kind.upper()}, NOT A DECODER"),
+             *([] if a.kind.decoder else [f"! {a.kind.kind}: {a.kind.why}; no decoder-only "
+                                          "name (lm_head, kv_cache, sampling), no prefill or "
+                                          "decode phase"]),
              _hardware_line(a), f"conventions: {conventions_line(a)}"]
     shapes = shapes_line(a)
     lines += [shapes] if shapes else []
@@ -355,7 +359,18 @@ def _coverage_line(a: Analysis) -> str:
             f"with evidence ({parts(named) or 'none'}), {_pct(c['fallback_fraction'])} fallback"
             + (f" ({fallback})" if fallback else "")
             + f"; {_pct(c['costed_fraction'])} costed, {c['uncosted_instances']} uncosted op "
-            "instance(s)")
+            "instance(s)" + _demoted(c, total))
+
+
+def _demoted(c: dict[str, object], total: float) -> str:
+    """'; 2.1% demoted by the name contracts (residual 2.1%): named, then shown not to be so'."""
+    time = cast(float, c.get("demoted_time_us", 0.0))
+    if not time or total <= 0:
+        return ""
+    by = cast("dict[str, float]", c["demoted_by_name"])
+    names = ", ".join(f"{k} {_pct(v / total)}" for k, v in by.items())
+    return (f"; {_pct(time / total)} demoted to other by the name contracts ({names}: their "
+            "kernels' work breaks the name's contract, see the reason column)")
 
 
 def shapes_line(a: Analysis) -> str | None:
@@ -453,6 +468,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "conventions": dict(a.conventions),
         "coverage": dict(a.coverage),
         "warnings": list(a.warnings),
+        "model_kind": {"kind": a.kind.kind, "why": a.kind.why},
         "model_inferred": a.model_inferred,
         "operators": _records(ops[cols]),
         "whole_model": _shares(a.whole),
