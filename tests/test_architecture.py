@@ -25,7 +25,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-             num_hidden_layers=2, vocab_size=128)
+             num_hidden_layers=2, vocab_size=128, pad_token_id=None, bos_token_id=None,
+             eos_token_id=None)  # no special token ids beyond the tiny vocabulary
 MLA = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_routed_experts=4,
            n_shared_experts=1, moe_intermediate_size=24, first_k_dense_replace=1, num_experts_per_tok=2)
 CASES: dict[str, dict] = {
@@ -41,7 +42,7 @@ CASES: dict[str, dict] = {
     "mixtral": dict(SMALL, num_local_experts=4, num_experts_per_tok=2),
     "gemma2": dict(SMALL, head_dim=32),
     "gemma3_text": dict(SMALL, head_dim=32, num_hidden_layers=3),
-    "phi3": dict(SMALL, pad_token_id=None),
+    "phi3": dict(SMALL),
     "gpt2": dict(n_embd=64, n_head=4, n_layer=2, vocab_size=128, bos_token_id=0, eos_token_id=0),
     "gpt_neox": dict(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_hidden_layers=2,
                      vocab_size=128, bos_token_id=0, eos_token_id=0),
@@ -60,8 +61,6 @@ CASES: dict[str, dict] = {
     "cohere": dict(SMALL, attention_bias=True),
     "phi": dict(SMALL),
 }
-CASES = {k: dict(v, pad_token_id=None, bos_token_id=None, eos_token_id=None) if "n_embd" not in v
-         and "bos_token_id" not in v else v for k, v in CASES.items()}
 
 
 def _hf(model_type: str, **kw):

@@ -85,7 +85,7 @@ def test_a_family_with_a_new_norm_placement_is_one_registry_entry(monkeypatch):
     monkeypatch.setattr(F, "FAMILIES", dict(F.FAMILIES))  # the registration ends with the test
     peri = A.Placement("peri", ("input_norm", A.ATTENTION, "post_attention_norm", A.RESIDUAL,
                                 A.MLP, "post_feedforward_norm", A.RESIDUAL))
-    layout = A.Layout({**F.LLAMA.modules, "post_attention_norm": "attn_out_norm",
+    layout = A.Layout.of({**F.LLAMA.module, "post_attention_norm": "attn_out_norm",
                        "post_feedforward_norm": "mlp_out_norm"})
     F.register("toy_peri", F.Family(layout, placement=peri, classes=("ToyPeriForCausalLM",)))
     arch = F.from_hf_config({**BASE, "model_type": "toy_peri"}, "toy")

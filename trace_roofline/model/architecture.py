@@ -140,19 +140,30 @@ class Layer:
 
 
 # ----------------------------------------------------------------------------- layout data
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Layout:
-    """Where a family's sub-operations live in a HF layer (one per family, compared by identity).
+    """Where a family's sub-operations live in a HF layer (plain values: a cache stores it).
 
-    modules: role (an operator name; `experts`: the stacked experts' module) -> HF module path
-        inside a layer; a role the family lacks is absent;
-    transposed: the GEMMs HF stores [K, N] (GPT-2's Conv1D, gpt-oss experts);
+    modules: (role, HF module path inside a layer) pairs, sorted; a role is an operator name
+        (`experts`: the stacked experts' module), and one the family lacks is absent;
+    transposed: the GEMMs HF stores [K, N] (GPT-2's Conv1D, gpt-oss experts), sorted;
     qk_norm: the q/k norms' scope: `head` (Qwen3, Gemma 3: one norm of head_dim shared by the
         heads) or `projection` (OLMo2, OLMoE: over the whole q projection nq·d, k over nkv·d)."""
 
-    modules: Mapping[str, str]
-    transposed: frozenset[str] = frozenset()
+    modules: tuple[tuple[str, str], ...]
+    transposed: tuple[str, ...] = ()
     qk_norm: QkScope = "head"
+
+    @classmethod
+    def of(cls, modules: Mapping[str, str], transposed: tuple[str, ...] = (),
+           qk_norm: QkScope = "head") -> Layout:
+        """A layout from a role -> module table."""
+        return cls(tuple(sorted(modules.items())), tuple(sorted(transposed)), qk_norm)
+
+    @cached_property
+    def module(self) -> dict[str, str]:
+        """role -> HF module path."""
+        return dict(self.modules)
 
 
 # The blocks a placement orders besides norms (a norm is named by its operator)
@@ -436,7 +447,7 @@ def _gemm(a: Architecture, name: str, k: int, n: int, bias: bool, *,
           op: str = "", experts: int = 0, leaf: str = "weight") -> Gemm:
     """A GEMM at the family's module for `name` (stacked experts: the parameter `leaf`)."""
     fam = a.layout
-    module = fam.modules["experts" if experts else name]
+    module = fam.module["experts" if experts else name]
     p = a.precision
     bits = p.expert_bits if experts else (dtype_bits(p.activations) if (op or name) == "router"
                                           else p.weight_bits)
@@ -448,7 +459,7 @@ def _gemm(a: Architecture, name: str, k: int, n: int, bias: bool, *,
 
 def _norm(a: Architecture, op: str, size: int, kind: NormKind | None = None) -> Norm:
     kind = kind or a.norm
-    return Norm(op, a.layout.modules[op], kind, size, kind == "layernorm" and a.norm_bias)
+    return Norm(op, a.layout.module[op], kind, size, kind == "layernorm" and a.norm_bias)
 
 
 def _attention_ops(a: Architecture) -> tuple[SubOp, ...]:
@@ -458,7 +469,7 @@ def _attention_ops(a: Architecture) -> tuple[SubOp, ...]:
     ops: list[SubOp]
     if at.mla:
         ops = _mla_ops(a)
-    elif "qkv_proj" in fam.modules:
+    elif "qkv_proj" in fam.module:
         ops = [_gemm(a, "qkv_proj", h, (nq + 2 * nkv) * d, at.bias)]
     else:
         ops = [_gemm(a, "q_proj", h, nq * d, at.bias), _gemm(a, "k_proj", h, nkv * d, at.bias),
@@ -468,8 +479,8 @@ def _attention_ops(a: Architecture) -> tuple[SubOp, ...]:
         ops += [_norm(a, "q_norm", q), _norm(a, "k_norm", k)]
     if at.rope_dim:
         ops.append(Step("rope"))
-    sinks = ((f"{fam.modules['attention']}.sinks", (nq,)),) if at.sinks else ()
-    ops += [Step("attention", fam.modules["attention"], sinks),
+    sinks = ((f"{fam.module['attention']}.sinks", (nq,)),) if at.sinks else ()
+    ops += [Step("attention", fam.module["attention"], sinks),
             _gemm(a, "o_proj", nq * dv, h, at.out_bias)]
     return tuple(ops)
 
@@ -495,10 +506,10 @@ def _mlp_ops(a: Architecture) -> tuple[SubOp, ...]:
     m, h = a.mlp, a.hidden_size
     assert m is not None
     i, b = m.intermediate_size, m.bias
-    act, down = Step("act", a.layout.modules["act"]), _gemm(a, "down_proj", i, h, b)
+    act, down = Step("act", a.layout.module["act"]), _gemm(a, "down_proj", i, h, b)
     if not m.gated:
         return _gemm(a, "up_proj", h, i, b), act, down
-    if "gate_up_proj" in a.layout.modules:
+    if "gate_up_proj" in a.layout.module:
         return _gemm(a, "gate_up_proj", h, 2 * i, b), act, down
     return _gemm(a, "gate_proj", h, i, b), _gemm(a, "up_proj", h, i, b), act, down
 

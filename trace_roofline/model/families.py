@@ -231,32 +231,32 @@ _MOE = {"router": "mlp.gate", "experts": "mlp.experts",
         "shared_down_proj": "mlp.shared_expert.down_proj", "shared_expert_gate": "mlp.shared_expert_gate"}
 _FFN_NORMS = {"pre_feedforward_norm": "pre_feedforward_layernorm",
               "post_feedforward_norm": "post_feedforward_layernorm"}
-LLAMA = Layout({**_ATTN, **_MLP, **_MOE})
-QK_PROJECTION = Layout({**_ATTN, **_MLP, **_MOE, **_FFN_NORMS}, qk_norm="projection")
-PHI3 = Layout({**{k: v for k, v in _ATTN.items() if k not in ("q_proj", "k_proj", "v_proj")},
+LLAMA = Layout.of({**_ATTN, **_MLP, **_MOE})
+QK_PROJECTION = Layout.of({**_ATTN, **_MLP, **_MOE, **_FFN_NORMS}, qk_norm="projection")
+PHI3 = Layout.of({**{k: v for k, v in _ATTN.items() if k not in ("q_proj", "k_proj", "v_proj")},
                "qkv_proj": "self_attn.qkv_proj", "gate_up_proj": "mlp.gate_up_proj",
                "act": "mlp.activation_fn", "down_proj": "mlp.down_proj"})
-GEMMA = Layout({**_ATTN, **_MLP, **_FFN_NORMS})
+GEMMA = Layout.of({**_ATTN, **_MLP, **_FFN_NORMS})
 _GLM = {**_ATTN, "gate_up_proj": "mlp.gate_up_proj", "act": "mlp.activation_fn",
         "down_proj": "mlp.down_proj"}
-GLM = Layout(_GLM)
+GLM = Layout.of(_GLM)
 # GLM-4's sandwich: post_self_attn_layernorm after attention, post_attention_layernorm before the MLP
-GLM4 = Layout({**_GLM, "post_attention_norm": "post_self_attn_layernorm",
+GLM4 = Layout.of({**_GLM, "post_attention_norm": "post_self_attn_layernorm",
                "pre_feedforward_norm": "post_attention_layernorm",
                "post_feedforward_norm": "post_mlp_layernorm"})
 _C_FC = {"up_proj": "mlp.c_fc", "act": "mlp.act", "down_proj": "mlp.c_proj"}
-GPT2 = Layout({"input_norm": "ln_1", "qkv_proj": "attn.c_attn", "attention": "attn",
+GPT2 = Layout.of({"input_norm": "ln_1", "qkv_proj": "attn.c_attn", "attention": "attn",
                "o_proj": "attn.c_proj", "post_attention_norm": "ln_2", **_C_FC},
-              transposed=frozenset({"qkv_proj", "o_proj", "up_proj", "down_proj"}))
-STARCODER2 = Layout({**_ATTN, **_C_FC})
-PHI = Layout({**_ATTN, "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm",
+              transposed=("qkv_proj", "o_proj", "up_proj", "down_proj"))
+STARCODER2 = Layout.of({**_ATTN, **_C_FC})
+PHI = Layout.of({**_ATTN, "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm",
               "o_proj": "self_attn.dense", "up_proj": "mlp.fc1", "act": "mlp.activation_fn",
               "down_proj": "mlp.fc2"})
-GPT_NEOX = Layout({"input_norm": "input_layernorm", "qkv_proj": "attention.query_key_value",
+GPT_NEOX = Layout.of({"input_norm": "input_layernorm", "qkv_proj": "attention.query_key_value",
                    "attention": "attention", "o_proj": "attention.dense",
                    "post_attention_norm": "post_attention_layernorm", "up_proj": "mlp.dense_h_to_4h",
                    "act": "mlp.act", "down_proj": "mlp.dense_4h_to_h"})
-DEEPSEEK = Layout({
+DEEPSEEK = Layout.of({
     **_ATTN, **_MLP, **{k: v for k, v in _MOE.items() if k.startswith(("router", "experts"))},
     "q_a_proj": "self_attn.q_a_proj", "q_a_layernorm": "self_attn.q_a_layernorm",
     "q_b_proj": "self_attn.q_b_proj", "kv_a_proj_with_mqa": "self_attn.kv_a_proj_with_mqa",
@@ -264,8 +264,8 @@ DEEPSEEK = Layout({
     "shared_gate_proj": "mlp.shared_experts.gate_proj",
     "shared_up_proj": "mlp.shared_experts.up_proj",
     "shared_down_proj": "mlp.shared_experts.down_proj"})
-GPT_OSS = Layout({**_ATTN, "router": "mlp.router", "experts": "mlp.experts"},
-                 transposed=frozenset({"experts_gate_up", "experts_down"}))
+GPT_OSS = Layout.of({**_ATTN, "router": "mlp.router", "experts": "mlp.experts"},
+                 transposed=("experts_gate_up", "experts_down"))
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GEMMA = Family(GEMMA, activation="gelu_pytorch_tanh", sqrt_embedding_scale=True, tie_default=True)
 
@@ -291,6 +291,9 @@ FAMILIES: dict[str, Family] = {
     "olmoe": Family(QK_PROJECTION, qk_norm_always=True, norm_topk_prob=False,
                     classes=("OlmoeForCausalLM",)),
     "granite": Family(LLAMA, classes=("GraniteForCausalLM",)),
+    # Cohere's use_qk_norm LayerNorms ([heads, head_dim] weights) and StableLM's qk_layernorm
+    # (one LayerNorm per head) are laid out as one head_dim norm each: right in cost, not in
+    # their HF parameters
     "cohere": Family(LLAMA, placement=PARALLEL_ONE_NORM, norm="layernorm", norm_bias=False,
                      tie_default=True, classes=("CohereForCausalLM",)),
     "stablelm": Family(LLAMA, parallel_switch=("use_parallel_residual", False, PARALLEL_ONE_NORM),

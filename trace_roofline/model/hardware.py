@@ -223,8 +223,10 @@ def from_json(path: str | Path) -> Hardware:
 
 def _ceiling(where: str, name: str, v: object) -> float:
     """A ceiling (FLOP/s, bytes/s): a positive finite number, else an InputError naming it."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise InputError(f"{where}: {name} must be a positive finite number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(f"{where}: {name} must be a number, got {v!r}")
+    if not (math.isfinite(v) and v > 0):
+        raise InputError(f"{where}: non-positive or non-finite ceiling for {name}, got {v!r}")
     return float(v)
 
 
