@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from workloads import ecosystem as eco  # noqa: E402
 from workloads import ecosystem_truth as et  # noqa: E402
 
-# share of buildable causal-LM families with <= 2% contradicted time, measured 2026-12 minus a
-# margin (raise toward 0.95 as naming is fixed)
-MIN_CLEAN_SHARE = 0.0
+# share of buildable causal-LM families with <= 2% contradicted time: 0.698 (90 of 129) measured
+# on 2026-12-07 (transformers 5.17), minus a margin; raise toward 0.95 as naming is fixed
+MIN_CLEAN_SHARE = 0.65
 
 
 @pytest.fixture(scope="module")
