@@ -148,9 +148,7 @@ EXAMPLES: dict[str, list[str]] = {
     "triton_matmul": ["matmul_kernel", "_matmul_kernel_persistent"],  # (doc: Triton tutorials)
     "gemm_other": ["void gemm_kernel_bf16<128>"],  # (doc)
     "torch_loss": ["void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d"
-                   "<float, float, long>(float*, float*)",  # (doc)
-                   "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, "
-                   "float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>"],
+                   "<float, float, long>(float*, float*)"],  # (doc)
     "torch_optimizer": ["void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::"
                         "native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>"],  # (doc)
     "sampling": [  # (trace)
@@ -160,7 +158,10 @@ EXAMPLES: dict[str, list[str]] = {
         " 4>",  # (doc: multinomial's exponential draw)
         "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024>"],
     "torch_softmax": ["void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, "
-                      "false, false>(float*, float const*, int, int, int)"],  # (trace)
+                      "false, false>(float*, float const*, int, int, int)",  # (trace)
+                      # cross-entropy's and beam search's log-softmax (doc)
+                      "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, "
+                      "float, float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>"],
     "rocprim": ["void rocprim::ROCPRIM_400200_NS::detail::trampoline_kernel<rocprim::ROCPRIM_400200_"
                 "NS::detail::wrapped_scan_config<rocprim::ROCPRIM_400200_NS::default_config, long>"],
     "cub": ["void at_cuda_detail::cub::detail::scan::DeviceScanKernel<at_cuda_detail::cub::detail::"

@@ -30,25 +30,26 @@ class Verdict:
 
 
 DECODER = Verdict()
-_CALL = ("causal", "decode", "bidirectional", "unknown")
 _PATCH_CONVS = {"conv2d", "conv3d"}
 
 
 def judge(att: pd.DataFrame) -> Verdict:
     """The verdict on an attributed table (op_name, input_dims, concrete_inputs): a decoder
-    unless every attention call with recorded causality is bidirectional and none decodes
-    (an encoder), or, with no such call, a 2-D/3-D convolution embeds and no table does (a
-    vision encoder). Attention without recorded causality (eager, engines' ops) says decoder."""
+    when an attention call is causal or decodes; else an encoder when some call attends
+    bidirectionally or across to another sequence (more queries than keys: a diffusion
+    block's cross-attention); else a vision encoder when a 2-D/3-D convolution embeds and no
+    table does; else (eager attention, engines' ops: no causality recorded) a decoder."""
     base = operators.base_names(att["op_name"]).fillna("")
     attn = operators.recognise(operators.ATTENTION, base).to_numpy(dtype=bool)
     front = att.loc[attn, ["op_name", "input_dims", "concrete_inputs"]].astype("string")
     calls = (naming.per_value(front, _calls).to_numpy(dtype=object) if len(front)
              else np.zeros(0, dtype=object))
-    if np.isin(calls, ["causal", "decode", "unknown"]).any():
+    if np.isin(calls, ["causal", "decode"]).any():
         return DECODER
-    if (calls == "bidirectional").any():
-        return Verdict("encoder", "every attention call attends bidirectionally (is_causal "
-                       "False, no causal mask) and none decodes: an encoder, not a decoder")
+    if np.isin(calls, ["bidirectional", "cross"]).any():
+        return Verdict("encoder", "no attention call is causal or decodes, and some attend "
+                       "bidirectionally (is_causal False, no causal mask) or across to another "
+                       "sequence: an encoder, not a decoder")
     if base.isin(_PATCH_CONVS).any() and not base.eq("embedding").any():
         return Verdict("vision encoder", "a convolution embeds its input and no embedding "
                        "table does: a vision or video encoder, not a decoder")
@@ -57,8 +58,9 @@ def judge(att: pd.DataFrame) -> Verdict:
 
 def _calls(d: pd.DataFrame) -> pd.Series:
     """Per distinct attention op (op_name, input_dims, concrete_inputs): `causal`, `decode`
-    (one query token), `bidirectional` (T > 1, is_causal False and no mask over the queries)
-    or `unknown` (no layout, or its arguments not recorded)."""
+    (one query token), `cross` (more queries than keys, not causal), `bidirectional` (T > 1,
+    is_causal False and no mask over the queries) or `unknown` (no layout, its arguments not
+    recorded, or a per-head bias: ALiBi's or T5's, which may or may not mask causally)."""
     out = []
     for op, dims_raw, conc_raw in d.itertuples(index=False):  # (distinct ops: a few)
         out.append(_call(str(op), decode_args(dims_raw) or [], decode_args(conc_raw) or []))
@@ -73,13 +75,19 @@ def _call(op: str, dims: list, conc: list) -> str:
     q = dims[0]
     if not isinstance(q, list) or len(q) != 4:
         return "unknown"
+    k = dims[1]
     t = q[2] if order == "BHTD" else q[1]
+    s = k[2] if order == "BHTD" and isinstance(k, list) and len(k) == 4 else None
     flag = str(conc[causal_at])
     if t == 1:
         return "decode"
     if flag in ("True", "1", "2"):
         return "causal"
+    if flag not in ("False", "0"):
+        return "unknown"
+    if s is not None and t > s:
+        return "cross"
     mask = dims[3] if order == "BHTD" and len(dims) > 3 else []
-    if isinstance(mask, list) and len(mask) >= 2 and mask[-2] != 1:
-        return "causal"  # a mask over queries and keys: a causal one, as far as shapes tell
-    return "bidirectional" if flag in ("False", "0") else "unknown"
+    if isinstance(mask, list) and len(mask) == 4 and mask[-2] != 1:
+        return "causal" if mask[1] == 1 else "unknown"  # [B, 1, T, S]: a causal mask's shape
+    return "bidirectional"

@@ -202,9 +202,9 @@ FAMILIES: tuple[KernelFamily, ...] = (
        r"^_?(?:persistent_)?matmul_kernel|^_?matmul_|^_kernel_matmul|^mm_kernel|^_?bmm_kernel",
        "gemm"),
     _f("gemm_other", "other GEMM libraries", r"gemm|Gemm|GEMM|cublas", "gemm"),
-    # training: cross-entropy's log-softmax and NLL kernels, fused / foreach optimizer kernels
-    _f("torch_loss", "PyTorch ATen",
-       r"nll_loss|cross_entropy|LogSoftMax|log_softmax|cunn_ClassNLLCriterion", "loss"),
+    # training: cross-entropy's NLL kernels (its log-softmax is a softmax: beam search runs one
+    # too), fused / foreach optimizer kernels
+    _f("torch_loss", "PyTorch ATen", r"nll_loss|cross_entropy|cunn_ClassNLLCriterion", "loss"),
     _f("torch_optimizer", "PyTorch ATen",
        r"FusedAdam|fused_adam|[Aa]damW?Functor|_fused_adamw?|FusedSgd|fused_sgd|LambFunctor",
        "optimizer"),
