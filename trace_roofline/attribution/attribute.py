@@ -824,7 +824,8 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     # attention geometry every op of the trace may show)
     linears = _linears(inst[~backward], model, ops if whole else None)
     gemm = naming.name_gemms(inst, linears)
-    pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm)
+    placement = model.architecture.placement.order if model is not None else None
+    pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm, placement=placement)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))

@@ -82,6 +82,8 @@ EXPERT_IN = {"experts_gate_up", "experts_gate", "experts_up"}
 SHARED_IN = {"shared_gate_proj", "shared_up_proj", "shared_gate_up_proj"}
 
 _ACTIVATION = re.compile(r"\[\s*\d+\s*(?:,\s*\d+\s*){1,},\s*(?:[2-9]|\d{2,})\s*\]")  # >= 3-D, last > 1
+# the first two arguments are both tensors (a residual add, not a norm's add of its epsilon)
+_BINARY = re.compile(r"^\[\s*\[\s*\d[\d\s,]*\]\s*,\s*\[\s*\d[\d\s,]*\]")
 _DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, heads, S, d]
 _BATCHED = re.compile(r"^\[\s*\[\s*\d+\s*(?:,\s*\d+\s*){2,3}\]\s*,\s*\[\s*\d+\s*(?:,\s*\d+\s*){1,2}"
                       r",\s*(?:[2-9]|\d{2,})\s*\]")
@@ -258,6 +260,7 @@ def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
     out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
+    out["binary"] = dims["binary"].to_numpy(dtype=bool)
     # an eager attention's Q·Kᵀ or P·V: a batched matmul op, or an Inductor kernel that fused a
     # bmm over two activations of 3-D or more (Gemma-2's soft-capped, gpt-oss's sink attention)
     out["batched"] = (dims["batched"].to_numpy(dtype=bool) & (op["bgemm"] | op["matmul"])) | (
@@ -292,6 +295,7 @@ def dims_flags(dims: pd.Series) -> pd.DataFrame:
     return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(r"\d"),
                          "grows": pd.Series(grows, index=text.index, dtype=bool),
                          "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"),
+                         "binary": text.str.contains(_BINARY),
                          "rank0": first.str.len().astype("int64"),
                          "batched": text.str.contains(_BATCHED),
                          "activations": text.str.count(_ACTIVATION) >= 2,
@@ -659,9 +663,56 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
             start[p], size[p] = len(names), len(cycle)
             names.extend(cycle)
         codes[rows] = start[pair] + occ % size[pair]
+        _around_attention(inst, rows, codes, names, pair, start, size)
     unique, cats = pd.factorize(np.asarray(names, dtype=object))
     return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, unique[codes], -1), cats),
                      index=inst.index)
+
+
+def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
+                      names: list[str], pair: np.ndarray, start: np.ndarray,
+                      size: np.ndarray) -> None:
+    """Name the GEMMs of a (K, N) that o_proj shares with input projections (MHA's q, k, v
+    and o alike) by the layout's order around attention, not by how often the shape recurs:
+    after an attention call its first such GEMM is o_proj, the next ones q, k, v of the next
+    call; before the first call q, k, v. One that no attention call follows within its
+    sequence group (an LM head's transform, a pooler) is no projection: `linear[K×N]`.
+    `pair`: each GEMM row's distinct (K, N, W), whose cycle is names[start:start + size].
+    Updates `codes` (into `names`, extended); a group without attention keeps its cycle."""
+    mixed = [p for p in range(len(start)) if "o_proj" in names[start[p]:start[p] + size[p]]
+             and PROJ_IN & set(names[start[p]:start[p] + size[p]])]
+    if not mixed:
+        return
+    flags = classify(inst)
+    attn = flags["attn"] | (flags["batched"] & (flags["last0"] != 1))  # (not RoPE's table)
+    grp = inst["grp"].to_numpy()
+    marked = np.zeros(len(inst), dtype=bool)
+    marked[rows] = True
+    marked = np.flatnonzero(marked | attn)  # GEMMs and attention ops, in their group's order
+    same = np.r_[False, grp[marked][1:] == grp[marked][:-1]]
+    opens = np.zeros(len(inst), dtype=np.int64)
+    opens[marked] = attn[marked] & ~(np.r_[False, attn[marked][:-1]] & same)  # a call's 1st op
+    seen = pd.Series(opens).groupby(grp).cumsum().to_numpy()  # attention calls opened so far
+    calls = pd.Series(seen).groupby(grp).transform("max").to_numpy()
+    for p in mixed:
+        cycle = names[start[p]:start[p] + size[p]]
+        proj = np.array([cycle.index(x) for x in cycle if x in PROJ_IN])
+        at = rows[pair == p]
+        a = seen[at]
+        r = pd.Series(at).groupby(grp[at] * (int(a.max()) + 1) + a).cumcount().to_numpy()
+        k = r - (a > 0)  # after a call, its o_proj comes first
+        follows = a < calls[at]  # another attention call comes after it in its group
+        own = np.where((a > 0) & (r == 0), cycle.index("o_proj"),
+                       np.where(follows & (k >= 0) & (k < len(proj)),
+                                proj[np.clip(k, 0, len(proj) - 1)], -1))
+        names.append(_shape_of(inst, at[0]))
+        keep = calls[at] == 0  # no attention in the group: the cycle stays
+        codes[at] = np.where(keep, codes[at], np.where(own >= 0, start[p] + own, len(names) - 1))
+
+
+def _shape_of(inst: pd.DataFrame, row: int) -> str:
+    """`linear[K×N]` of a GEMM instance."""
+    return f"linear[{int(inst['K'].to_numpy()[row])}×{int(inst['N'].to_numpy()[row])}]"
 
 
 def _kernel_fusion(k: int, n: int, weights: int, linears: dict[str, tuple[int, int]]
@@ -828,8 +879,8 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
     return name, evidence
 
 
-def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
-            ) -> tuple[pd.Series, pd.Series, pd.Series]:
+def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
+            placement: tuple[str, ...] | None = None) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Name every instance from anchors and op names. Returns (operator, evidence, reason),
     categorical Series: `shape` for GEMMs matched to a linear (and an eager attention's batched
     Q·Kᵀ / P·V between the projections and o_proj: its geometry), `kernel_name` for ops or
@@ -957,6 +1008,8 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
          "attention"),
         (after_proj & (pos > last_rope) & N.isin(["o_proj", ""]) & ~has_attn, UNATTRIBUTED),
         (after_proj, "rope"),
+        # the norms and residual adds after o_proj and down_proj, in the layout's order
+        *_placed(R, F, P, N, n_start, placement),
         # up to o_proj: layout copies, masks
         (P.isin(["attention"]) & N.isin(["o_proj", "attention"]), "attention"),
         (P.isin(MLP_IN), "act"),  # between gate/up and down
@@ -990,6 +1043,49 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None
                    (pos >= rope0) & preamble, outer, attn_core)
     return tuple(pd.Series(v.categorical(), index=inst.index)  # type: ignore[return-value]
                  for v in _honest(ctx, name, evidence))
+
+
+def _gaps(order: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The norms and residual adds of a placement (architecture.Placement.order) after the
+    attention block (`o_proj`), after the MLP when the next layer follows (`down_proj`) and
+    when the model ends (`end`)."""
+    a, m = order.index("attention"), order.index("mlp")
+    return {"o_proj": order[a + 1:m], "down_proj": order[m + 1:] + order[:a],
+            "end": order[m + 1:] + ("final_norm",)}
+
+
+_PRE_GAPS = {"o_proj": ("residual", "post_attention_norm"),
+             "down_proj": ("residual", "input_norm"), "end": ("residual", "final_norm")}
+
+
+def _placed(R: _Regions, F: dict[str, np.ndarray], P: Names, N: Names, n_start: np.ndarray,
+            order: tuple[str, ...] | None) -> list[Rule]:
+    """Rules naming the gaps after o_proj and down_proj from the layout's placement, when it
+    differs from a pre-norm layer's (whose gaps the rules after these name, fused add+norm
+    kernels included): the k-th norm of the gap is the k-th norm the placement puts there
+    (a norm opens at its first op, or the cast right before it), the residual add is the last
+    add of two tensors before the norm the placement puts after it."""
+    if order is None or _gaps(order) == _PRE_GAPS:
+        return []
+    pos = R.pos
+    prev_cast = np.r_[False, F["cast"][:-1]] & (pos > 0)
+    next_open = np.r_[F["normopen"][1:], False] & np.r_[pos[1:] > 0, False]
+    opens = (F["cast"] & next_open) | (F["normopen"] & ~prev_cast)
+    nth = R.count(opens)  # the norms opened so far in the gap
+    after_o, after_down = P.isin(["o_proj"]), P.isin(["down_proj"])
+    rules: list[Rule] = []
+    for where, seq in ((after_o, _gaps(order)["o_proj"]),
+                       (after_down & n_start, _gaps(order)["down_proj"]),
+                       (after_down & N.isin(["", "lm_head"]), _gaps(order)["end"])):
+        norms = [x for x in seq if x != "residual"]
+        if not norms:
+            continue
+        res = seq.index("residual") if "residual" in seq else -1  # norms before the add
+        add_at = R.last(F["add"] & F["binary"] & (nth == res))  # the residual add
+        names = Names(np.clip(nth - 1, 0, len(norms) - 1), np.asarray(norms, dtype=object))
+        rules += [(where & (nth == res) & (pos >= add_at) & (add_at >= 0), "residual"),
+                  (where & (nth == 0) & (res == 0), "residual"), (where, names)]
+    return rules
 
 
 def _qk_norms(R: _Regions, F: dict[str, np.ndarray], P: Names, p_in: np.ndarray,
