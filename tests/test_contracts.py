@@ -159,3 +159,19 @@ def test_a_decoder_trace_keeps_its_phases_and_names():
     path = SAMPLES / "families_cpu" / "llama_decode_cpu.json.gz"
     att, _, found = attribute_trace(tr.load_trace(path), None)
     assert found.kind.decoder and "decode" in set(att["phase"])
+
+
+QK = ("attention", "aten::matmul", "[[1, 2, 32, 16], [1, 2, 16, 32]]", "gemm")
+
+
+@pytest.mark.parametrize(("extra", "verdict"), [
+    ((), "encoder"),  # an eager Q·Kᵀ over 32 queries, no mask: bidirectional
+    ((("attention", "aten::add", "[[1, 2, 32, 32], [1, 1, 1, 32], []]", "add"),), "encoder"),
+    ((("attention", "aten::add", "[[1, 2, 32, 32], [1, 1, 32, 32], []]", "add"),), "decoder"),
+    ((("attention", "aten::where", "[[1, 1, 32, 32], [1, 2, 32, 32], []]", "w"),), "decoder"),
+    ((("attention", "aten::matmul", "[[1, 2, 1, 16], [1, 2, 16, 33]]", "gemm"),), "decoder"),
+    # RoPE's table ([1, d/2, 1] x [1, 1, S]) is no attention
+    ((("rope", "aten::matmul", "[[1, 8, 1], [1, 1, 32]]", "gemm"),), "encoder"),
+])
+def test_the_verdict_reads_an_eager_attentions_mask(extra, verdict):
+    assert kind.judge(rows(QK, *extra)).kind == verdict

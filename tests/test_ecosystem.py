@@ -149,3 +149,20 @@ def test_the_whole_ecosystem(tmp_path: os.PathLike) -> None:
     assert s["built"] > 0
     assert s["clean_share"] >= MIN_CLEAN_SHARE, s
     assert not s["encoders_with_decoder_names"], s["encoders_with_decoder_names"]
+
+
+# the families each naming rule was mended for, built and named for real: MHA's q, k, v, o of
+# one shape by the layout's order around attention (llama@mha; BERT's LM head adds an [H, H]
+# transform no attention follows), the placement's gaps (olmo2: post, gemma2: sandwich)
+@pytest.mark.parametrize("family", ["llama@mha", "bert", "olmo2", "gemma2"])
+def test_the_layout_names_families_without_contradiction(family: str, tmp_path) -> None:
+    res, phases = eco.analyze_family("causal", family, tmp_path)
+    assert res["buildable"] and "crash" not in res, res
+    assert res["verdict"] == "decoder"
+    for phase in ("prefill", "decode"):
+        assert res[phase]["contradicted_pct"] <= eco.CLEAN_MAX * 100, (phase, res[phase]["top"])
+    names = set(pd.concat(phases.values())["operator"])
+    if family == "gemma2":
+        assert {"pre_feedforward_norm", "post_feedforward_norm", "final_norm"} <= names
+    if family == "olmo2":
+        assert {"post_feedforward_norm", "q_norm", "k_norm"} <= names

@@ -412,10 +412,11 @@ def analyze_family(kind: str, family: str, work: Path, keep: bool = False
     try:
         trace = tr.load_trace(raw.with_suffix(".json.gz"), workers=1)
         try:
-            att, _, _ = attribute_trace(trace, model)
+            att, _, found = attribute_trace(trace, model)
         except InputError as e:  # the config's layout contradicted by the shapes
             result["model_refused"] = str(e)[:300]
-            att, _, _ = attribute_trace(trace, None)
+            att, _, found = attribute_trace(trace, None)
+        result["verdict"] = found.kind.kind  # decoder, encoder, vision encoder
         ops = judge(att, events, lm, info["moe"], kind)
     except Exception as e:  # an analyzer crash is this family's result
         result["crash"] = f"{type(e).__name__}: {e}"[:600]
@@ -525,7 +526,12 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "clean": len(clean), "clean_share": round(len(clean) / max(1, len(built)), 3),
             "encoders": len([r for r in results if r["kind"] != "causal"]),
             "encoders_built": len(enc),
-            "encoders_with_decoder_names": {k: v for k, v in leaky.items() if v}}
+            "encoders_with_decoder_names": {k: v for k, v in leaky.items() if v},
+            # the verdict (attribution/kind.py) against what was built
+            "causal_judged_not_decoder": sorted(r["family"] for r in built
+                                                if r.get("verdict", "decoder") != "decoder"),
+            "encoders_judged_decoder": sorted(r["family"] for r in enc
+                                              if r.get("verdict") == "decoder")}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -539,7 +545,10 @@ def table(results: list[dict[str, Any]]) -> str:
              f"{s['built']} of {s['causal']} causal-LM families built; {s['clean']} hold "
              f"<= {CLEAN_MAX:.0%} of op time under a contradicted name "
              f"({s['clean_share']:.0%}). Encoders: {s['encoders_built']} of {s['encoders']} "
-             f"built, {len(s['encoders_with_decoder_names'])} carrying a decoder-only name.",
+             f"built, {len(s['encoders_with_decoder_names'])} carrying a decoder-only name, "
+             f"{len(s['encoders_judged_decoder'])} not said to be no decoder; causal-LM "
+             f"families said to be no decoder: {len(s['causal_judged_not_decoder'])} "
+             f"({', '.join(s['causal_judged_not_decoder']) or 'none'}).",
              "", "| family | attn | --model | contradicted % prefill / decode | named % "
              "prefill / decode | top contradiction (truth -> name, evidence) |",
              "|---|---|---|---|---|---|"]

@@ -825,7 +825,8 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     linears = _linears(inst[~backward], model, ops if whole else None)
     gemm = naming.name_gemms(inst, linears)
     placement = model.architecture.placement.order if model is not None else None
-    pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm, placement=placement)
+    qk_norm = model.qk_norm if model is not None else None  # (else the shapes say, per head)
+    pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm, qk_norm, placement)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])
     mod_layer = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
