@@ -550,7 +550,8 @@ def _read_table(path: Path) -> pd.DataFrame:
 # The modules whose dataclasses an Analysis is made of: only these are ever built from a cache.
 _CLASS_MODULES = ("trace_roofline.roofline", "trace_roofline.model.models",
                   "trace_roofline.model.moe", "trace_roofline.model.hardware",
-                  "trace_roofline.model.architecture", "trace_roofline.attribution.graphs")
+                  "trace_roofline.model.architecture", "trace_roofline.attribution.graphs",
+                  "trace_roofline.attribution.kind")
 # Attributes an instance may carry besides its fields: the architecture a ModelSpec was built
 # from (ModelSpec.from_architecture). Any other one (but a cached_property's) is refused.
 _EXTRA_STATE: dict[str, tuple[str, ...]] = {"trace_roofline.model.models.ModelSpec": ("_architecture",)}

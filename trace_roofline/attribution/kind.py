@@ -69,7 +69,7 @@ def _calls(d: pd.DataFrame) -> pd.Series:
     is_causal False and no mask over the queries) or `unknown` (no layout, its arguments not
     recorded, or a per-head bias: ALiBi's or T5's, which may or may not mask causally)."""
     out = []
-    for op, dims_raw, conc_raw in d.itertuples(index=False):  # (distinct ops: a few)
+    for op, dims_raw, conc_raw in d.fillna("").itertuples(index=False):  # (distinct: a few)
         out.append(_call(str(op), decode_args(dims_raw) or [], decode_args(conc_raw) or []))
     return pd.Series(out, index=d.index, dtype=object)
 
@@ -84,7 +84,7 @@ def _eager(d: pd.DataFrame) -> pd.Series:
     mask (an add, where or masked_fill of scores [B, H, T, S] with a [B, 1, T, S] mask:
     `causal`; with [B, 1, 1, S], a padding mask: `eager`); "" for anything else."""
     out = []
-    for op, dims in d.itertuples(index=False):  # (distinct ops: a few)
+    for op, dims in d.fillna("").itertuples(index=False):  # (distinct ops: a few)
         shapes = [tuple(int(v) for v in m.split(",")) for m in _SHAPE.findall(str(dims))]
         four = [x for x in shapes if len(x) == 4]
         base = str(op).rsplit("::", 1)[-1]

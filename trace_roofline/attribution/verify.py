@@ -146,12 +146,15 @@ def _padded(v: int) -> set[int]:
 
 def _layout(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
             f: Facts) -> tuple[np.ndarray, str]:
-    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms)."""
+    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms).
+    A name the trace itself gives (a record_function range, a module frame) is the user's
+    claim: its shapes against the model are crosscheck's contradiction, not a wrong name."""
     none = np.zeros(len(att), dtype=bool)
     if f.model is None:
         return none, ""
     want = _shapes(f.model).get(name)
-    rows = rows & f.own & np.isin(w, ["weight_gemm", "gemm_kernel", "grouped_gemm"])
+    rows = rows & f.own & np.isin(w, ["weight_gemm", "gemm_kernel", "grouped_gemm"]) & ~att[
+        "evidence"].isin(["annotation", "module"]).to_numpy(dtype=bool)
     if want is None or not rows.any():
         return none, ""
     sub = att[rows]
