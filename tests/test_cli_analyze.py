@@ -295,3 +295,17 @@ def test_a_builder_trace_analyses_like_its_op_table(tmp_path, kineto, trace_file
 
     assert rows(json.loads(path.read_text())) == rows(table)
     assert len(rows(table)) == 14
+
+
+def test_a_config_of_an_unlisted_family_is_read_and_its_assumptions_said(tmp_path, capsys):
+    cfg = {"model_type": "foobar", "hidden_size": 3584, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+           "intermediate_size": 18944, "attention_bias": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r"
+    assert main(["analyze", str(DECODE), "--model", str(tmp_path / "config.json"), "--no-cache",
+                 "--out", str(out)]) == 0
+    header = capsys.readouterr().out.splitlines()[:5]
+    said = [line for line in header if line.startswith("model foobar read with assumptions: ")]
+    assert said and "'foobar' is not a known family" in said[0]
+    assert any("foobar" in a for a in entry(out / "report.json")["model_assumed"])

@@ -176,6 +176,8 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
              _hardware_line(a), f"conventions: {conventions_line(a)}"]
     shapes = shapes_line(a)
     lines += [shapes] if shapes else []
+    if a.model is not None and a.model.assumed:
+        lines.append(f"model {a.model.name} read with assumptions: {'; '.join(a.model.assumed)}")
     lines += [models_line(a)] if a.models else []
     lines += [f"! WARNING: {w}" for w in a.warnings]
     lines += [_head(width, measured)]
@@ -469,6 +471,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "coverage": dict(a.coverage),
         "warnings": list(a.warnings),
         "model_kind": {"kind": a.kind.kind, "why": a.kind.why},
+        "model_assumed": list(a.model.assumed) if a.model is not None else [],
         "model_inferred": a.model_inferred,
         "operators": _records(ops[cols]),
         "whole_model": _shares(a.whole),
