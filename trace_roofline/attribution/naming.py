@@ -674,9 +674,10 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
                       size: np.ndarray) -> None:
     """Name the GEMMs of a (K, N) that o_proj shares with input projections (MHA's q, k, v
     and o alike) by the layout's order around attention, not by how often the shape recurs:
-    after an attention call its first such GEMM is o_proj, the next ones q, k, v of the next
-    call; before the first call q, k, v. One that no attention call follows within its
-    sequence group (an LM head's transform, a pooler) is no projection: `linear[K×N]`.
+    after an attention call its first such GEMM is o_proj; the next ones, after the pass's
+    end if one comes between (an embedding, the lm_head), are the next call's q, k, v in
+    order. One before that end (an LM head's transform, a pooler), one past the layout's
+    projections or one no call follows is no projection: `linear[K×N]`.
     `pair`: each GEMM row's distinct (K, N, W), whose cycle is names[start:start + size].
     Updates `codes` (into `names`, extended); a group without attention keeps its cycle."""
     mixed = [p for p in range(len(start)) if "o_proj" in names[start[p]:start[p] + size[p]]
@@ -686,6 +687,8 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
     flags = classify(inst)
     attn = flags["attn"] | (flags["batched"] & (flags["last0"] != 1))  # (not RoPE's table)
     grp = inst["grp"].to_numpy()
+    head = np.zeros(len(inst), dtype=bool)  # a pass's end: the lm_head GEMM, an embedding
+    head[rows] = np.asarray(names, dtype=object)[codes[rows]] == "lm_head"
     marked = np.zeros(len(inst), dtype=bool)
     marked[rows] = True
     marked = np.flatnonzero(marked | attn)  # GEMMs and attention ops, in their group's order
@@ -694,17 +697,23 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
     opens[marked] = attn[marked] & ~(np.r_[False, attn[marked][:-1]] & same)  # a call's 1st op
     seen = pd.Series(opens).groupby(grp).cumsum().to_numpy()  # attention calls opened so far
     calls = pd.Series(seen).groupby(grp).transform("max").to_numpy()
+    ends = pd.Series((head | flags["emb"]).astype(np.int64)).groupby(grp).cumsum().to_numpy()
+    # per row, the pass ends seen when the next attention call opens (-1: none comes)
+    at_open = pd.Series(ends[opens > 0], index=grp[opens > 0] * (len(inst) + 1) + seen[opens > 0])
+    nxt = grp * (len(inst) + 1) + seen + 1
+    ends_next = at_open.reindex(nxt).fillna(-1).to_numpy(dtype=np.int64)
     for p in mixed:
         cycle = names[start[p]:start[p] + size[p]]
         proj = np.array([cycle.index(x) for x in cycle if x in PROJ_IN])
         at = rows[pair == p]
-        a = seen[at]
-        r = pd.Series(at).groupby(grp[at] * (int(a.max()) + 1) + a).cumcount().to_numpy()
-        k = r - (a > 0)  # after a call, its o_proj comes first
-        follows = a < calls[at]  # another attention call comes after it in its group
-        own = np.where((a > 0) & (r == 0), cycle.index("o_proj"),
-                       np.where(follows & (k >= 0) & (k < len(proj)),
-                                proj[np.clip(k, 0, len(proj) - 1)], -1))
+        a, tail = seen[at], ends[at] != ends_next[at]  # tail: a pass ends before the call
+        key = grp[at] * (int(a.max()) + 1) + a
+        r = pd.Series(at).groupby(key).cumcount().to_numpy()  # from the call before
+        o = (a > 0) & (r == 0)  # its o_proj
+        lead = pd.Series(~o & ~tail).groupby(key).cumsum().to_numpy() - 1  # the next call's
+        own = np.where(o, cycle.index("o_proj"),
+                       np.where(~tail & (lead < len(proj)), proj[np.clip(lead, 0, len(proj) - 1)],
+                                -1))
         names.append(_shape_of(inst, at[0]))
         keep = calls[at] == 0  # no attention in the group: the cycle stays
         codes[at] = np.where(keep, codes[at], np.where(own >= 0, start[p] + own, len(names) - 1))
