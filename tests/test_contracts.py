@@ -55,12 +55,22 @@ def test_a_weight_gemm_breaks_every_name_but_a_linears(name):
 
 
 def test_a_linear_of_another_shape_than_the_layouts_breaks_its_name():
-    att = rows(("q_proj", *MM), ("k_proj", *MM), ("o_proj", *MM),
+    k = ("k_proj", "aten::mm", "[[8, 3584], [3584, 512]]", "sm90_gemm")
+    att = rows(("q_proj", *MM), ("k_proj", *MM), k, ("o_proj", *MM),
                ("down_proj", "aten::mm", "[[8, 18944], [18944, 3584]]", "sm90_gemm"))
-    assert demoted(att, QWEN) == [False, True, False, False]
-    assert demoted(att) == [False] * 4  # without a model, nothing to compare with
+    assert demoted(att, QWEN) == [False, True, False, False, False]
+    assert demoted(att) == [False] * 5  # without a model, nothing to compare with
     reason = verify.verify(att, QWEN)["reason"].iloc[1]
     assert "not qwen2.5-7b's k_proj [3584×512]" in reason
+
+
+def test_a_name_none_of_whose_gemms_fits_is_the_models_contradiction_not_a_wrong_name():
+    """(crosscheck's error names every disagreeing linear: the names stay for it)"""
+    att = rows(("k_proj", *MM), ("q_proj", *MM))
+    assert demoted(att, QWEN) == [False, False]
+    annotated = rows(("k_proj", *MM), ("k_proj", "aten::mm", "[[8, 3584], [3584, 512]]", "g"))
+    annotated["evidence"] = "annotation"
+    assert demoted(annotated, QWEN) == [False, False]
 
 
 def test_the_lm_heads_padded_vocabulary_fits_and_another_n_does_not():

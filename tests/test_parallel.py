@@ -235,4 +235,5 @@ def test_results_do_not_grow_with_the_trace(tmp_path):
     small, big = analyze_many([TRACES[0], tiled], QWEN, **OPTIONS)
     assert len(analyze_trace(tiled, QWEN).costed) >= 9 * len(analyze_trace(TRACES[0], QWEN).costed)
     assert len(big.analysis.costed) == len(small.analysis.costed)
-    assert len(pickle.dumps(big)) < 1.1 * len(pickle.dumps(small)) < 100_000
+    # (most of it: the H200's measured calibration, 47 kB, which the hardware carries)
+    assert len(pickle.dumps(big)) < 1.1 * len(pickle.dumps(small)) < 120_000

@@ -139,6 +139,8 @@ class Analysis:
     models: tuple[Analysis, ...] = ()
     # a decoder's trace, or an encoder's (attribution/kind.py): said on the first line
     kind: Verdict = DECODER
+    # the rows the name contracts demoted to other (verify.demotions): time, kernels, by name
+    demoted: dict[str, object] = field(default_factory=dict)
 
     @property
     def whole(self) -> dict[str, object]:
@@ -212,8 +214,8 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": options.causal, "attention_bytes": options.attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
-        reconciliation=reconcile(hbm),
-        coverage={**coverage(costed), **verify.demotions(attributed)},
+        reconciliation=reconcile(hbm), coverage=coverage(costed),
+        demoted=verify.demotions(attributed),
         layers=layers if ext is not None else None, extrapolated=ext,
         extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
         communication=comms.summary(calls, costed, hardware.link_bandwidth if hardware else None),

@@ -138,14 +138,16 @@ def shrink(fields: dict[str, Any], mha: bool = False) -> dict[str, Any]:
     return out
 
 
-def tiny_config(family: str) -> Any:
-    """The family's config made tiny (`name@mha`: every KV head kept, q/k/v/o all [H, H])."""
+def tiny_config(family: str, kind: str = "causal") -> Any:
+    """The family's config made tiny (`name@mha`: every KV head kept, q/k/v/o all [H, H]); a
+    causal LM's with `is_decoder` (BERT-style encoders then mask causally), an encoder's
+    without."""
     from transformers import CONFIG_MAPPING
 
     model_type, _, variant = family.partition("@")
     cls = CONFIG_MAPPING[model_type]
     changed = shrink(cls().to_dict(), mha=variant == "mha")
-    cfg = cls(**changed, is_decoder=True)
+    cfg = cls(**changed, is_decoder=kind == "causal")
     for key, value in changed.items():  # fields an __init__ derives or ignores
         if not isinstance(value, dict) and getattr(cfg, key, value) != value:
             setattr(cfg, key, value)
@@ -178,7 +180,7 @@ def _build(kind: str, family: str) -> tuple[Any, Any, str]:
 
     factory = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM,
                "image": AutoModelForImageClassification}[kind]
-    cfg = tiny_config(family)
+    cfg = tiny_config(family, kind)
     errors = []
     for attn in ("eager", "sdpa", None):
         torch.manual_seed(0)
@@ -252,7 +254,8 @@ def capture(kind: str, family: str, out: Path) -> tuple[dict[str, Any], Path, An
 
     torch.set_num_threads(1)
     model, cfg, attn = _build(kind, family)
-    info: dict[str, Any] = {"attn": attn, "moe": _is_moe(model)}
+    info: dict[str, Any] = {"attn": attn, "moe": _is_moe(model),
+                            "encoder_decoder": bool(getattr(cfg, "is_encoder_decoder", False))}
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), default=str))
     args = _inputs(kind, model)
     workload = {"family": family, "kind": kind, "tokens": TOKENS, "dtype": "float32",
@@ -519,7 +522,10 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     built = [r for r in causal if r.get("buildable")]
     scored = [r for r in built if worst(r) is not None]
     clean = [r for r in scored if worst(r) <= CLEAN_MAX * 100]
-    enc = [r for r in results if r["kind"] != "causal" and r.get("buildable")]
+    # encoders: masked-LM and image models, not the encoder-decoders the masked-LM mapping
+    # also holds (BART, mBART: their decoder is a decoder, its names are right)
+    enc = [r for r in results if r["kind"] != "causal" and r.get("buildable")
+           and not r.get("encoder_decoder")]
     leaky = {r["family"]: sorted(set(r["forward"]["names"]) & et.ENCODER_FORBIDDEN)
              for r in enc if "names" in r.get("forward", {})}
     return {"causal": len(causal), "built": len(built), "scored": len(scored),

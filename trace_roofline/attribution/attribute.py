@@ -825,7 +825,8 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     linears = _linears(inst[~backward], model, ops if whole else None)
     gemm = naming.name_gemms(inst, linears)
     placement = model.architecture.placement.order if model is not None else None
-    qk_norm = model.qk_norm if model is not None else None  # (else the shapes say, per head)
+    # the model's q/k norms (OLMo2's over the whole projection too), else the shapes say
+    qk_norm = True if model is not None and model.qk_norm else None
     pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm, qk_norm, placement)
     mod = _module_frames(frames)
     mod_name = pd.Categorical.from_codes(np.full(n, -1, np.int8), [])

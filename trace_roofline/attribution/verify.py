@@ -146,9 +146,10 @@ def _padded(v: int) -> set[int]:
 
 def _layout(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
             f: Facts) -> tuple[np.ndarray, str]:
-    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms).
-    A name the trace itself gives (a record_function range, a module frame) is the user's
-    claim: its shapes against the model are crosscheck's contradiction, not a wrong name."""
+    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms),
+    where others of that name do. A name the trace itself gives (a record_function range, a
+    module frame), or a name none of whose GEMMs fits, says the model is not the trace's:
+    crosscheck's contradiction error, not a wrong name."""
     none = np.zeros(len(att), dtype=bool)
     if f.model is None:
         return none, ""
@@ -164,6 +165,8 @@ def _layout(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
     fits = np.array([(a, b) in kn for a, b in zip(k, n, strict=True)], dtype=bool)
     several = (weights > 1) & (name not in {fused for fused, _ in operators.FUSIONS})
     bad = (k >= 0) & (~fits | several)
+    if not (fits & (k >= 0)).any():  # none fits: the model is contradicted (crosscheck says)
+        return none, ""
     out = none.copy()
     out[np.flatnonzero(rows)[bad]] = True
     shapes = " or ".join(f"[{a}×{b}]" for a, b in sorted(kn))

@@ -361,7 +361,7 @@ def _coverage_line(a: Analysis) -> str:
             f"with evidence ({parts(named) or 'none'}), {_pct(c['fallback_fraction'])} fallback"
             + (f" ({fallback})" if fallback else "")
             + f"; {_pct(c['costed_fraction'])} costed, {c['uncosted_instances']} uncosted op "
-            "instance(s)" + _demoted(c, total))
+            "instance(s)" + _demoted(a.demoted, total))
 
 
 def _demoted(c: dict[str, object], total: float) -> str:
@@ -471,6 +471,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "coverage": dict(a.coverage),
         "warnings": list(a.warnings),
         "model_kind": {"kind": a.kind.kind, "why": a.kind.why},
+        "demoted": a.demoted,
         "model_assumed": list(a.model.assumed) if a.model is not None else [],
         "model_inferred": a.model_inferred,
         "operators": _records(ops[cols]),
