@@ -64,10 +64,10 @@ def test_a_linear_of_another_shape_than_the_layouts_breaks_its_name():
     assert "not qwen2.5-7b's k_proj [3584×512]" in reason
 
 
-def test_a_name_none_of_whose_gemms_fits_is_the_models_contradiction_not_a_wrong_name():
+def test_a_model_most_gemms_contradict_is_crosschecks_error_not_wrong_names():
     """(crosscheck's error names every disagreeing linear: the names stay for it)"""
-    att = rows(("k_proj", *MM), ("q_proj", *MM))
-    assert demoted(att, QWEN) == [False, False]
+    att = rows(("k_proj", *MM), ("v_proj", *MM), ("q_proj", *MM))
+    assert demoted(att, QWEN) == [False, False, False]
     annotated = rows(("k_proj", *MM), ("k_proj", "aten::mm", "[[8, 3584], [3584, 512]]", "g"))
     annotated["evidence"] = "annotation"
     assert demoted(annotated, QWEN) == [False, False]

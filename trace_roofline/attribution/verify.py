@@ -7,6 +7,7 @@ demoted to `other`, evidence `fallback`, its reason saying which name it had and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,13 +71,14 @@ def _work(d: pd.DataFrame) -> pd.Series:
 class Facts:
     """What the preconditions read: the model (None: not given), the rows it names (a trace of
     several models: its own), the trace's vocabularies (embedding tables' rows), whether the
-    trace runs a loss op and whether it is a decoder's."""
+    trace runs a loss op, whether it is a decoder's and whether the model is not the trace's."""
 
     model: ModelSpec | None
     own: np.ndarray
     vocabularies: frozenset[int]
     loss_op: bool
     decoder: bool = True
+    contradicted: bool = False  # most linear-named GEMMs miss the model's (K, N)
 
 
 def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) -> pd.DataFrame:
@@ -130,8 +132,18 @@ def _facts(att: pd.DataFrame, w: np.ndarray, model: ModelSpec | None, decoder: b
         own = (att["model"].isna() | att["model"].eq(model.name)).to_numpy(dtype=bool)
     emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].dropna().unique()
     vocab = pd.Series(emb, dtype="string").str.extract(r"^\[\s*\[\s*(\d+)\s*,\s*\d+\s*\]")[0]
-    return Facts(model, own, frozenset(int(v) for v in vocab.dropna()), bool((w == "loss").any()),
-                 decoder)
+    facts = Facts(model, own, frozenset(int(v) for v in vocab.dropna()),
+                  bool((w == "loss").any()), decoder)
+    if model is None:
+        return facts
+    shapes = _shapes(model)
+    named = att["operator"].isin(list(shapes)).to_numpy(dtype=bool) & _checked(att, w, facts)
+    fits = np.concatenate([_fits(g, shapes[str(name)])[0]
+                           for name, g in att[named].groupby("operator", sort=False)]
+                           or [np.zeros(0, np.int64)])
+    known = fits >= 0
+    return dataclasses.replace(facts, contradicted=bool(known.any())
+                               and (fits[known] == 1).mean() < 0.5)
 
 
 # ----------------------------------------------------------------------------- preconditions
@@ -146,31 +158,40 @@ def _padded(v: int) -> set[int]:
 
 def _layout(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
             f: Facts) -> tuple[np.ndarray, str]:
-    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms),
-    where others of that name do. A name the trace itself gives (a record_function range, a
-    module frame), or a name none of whose GEMMs fits, says the model is not the trace's:
-    crosscheck's contradiction error, not a wrong name."""
+    """A linear's GEMM has the layout's (K, N) for that name (its fused and TP-sharded forms).
+    Not checked where the model is not the trace's (`Facts.contradicted`: crosscheck's error
+    names every disagreeing linear) nor on a name the trace itself gives (a record_function
+    range, a module frame: the user's claim, which crosscheck checks)."""
     none = np.zeros(len(att), dtype=bool)
-    if f.model is None:
+    if f.model is None or f.contradicted:
         return none, ""
     want = _shapes(f.model).get(name)
-    rows = rows & f.own & np.isin(w, ["weight_gemm", "gemm_kernel", "grouped_gemm"]) & ~att[
-        "evidence"].isin(["annotation", "module"]).to_numpy(dtype=bool)
+    rows = rows & _checked(att, w, f)
     if want is None or not rows.any():
         return none, ""
-    sub = att[rows]
-    k, n, weights = naming.gemm_kn(operators.base_names(sub["op_name"]).fillna(""),
-                                   sub["input_dims"])
-    kn = set(want)
-    fits = np.array([(a, b) in kn for a, b in zip(k, n, strict=True)], dtype=bool)
+    fits, weights = _fits(att[rows], want)
     several = (weights > 1) & (name not in {fused for fused, _ in operators.FUSIONS})
-    bad = (k >= 0) & (~fits | several)
-    if not (fits & (k >= 0)).any():  # none fits: the model is contradicted (crosscheck says)
-        return none, ""
     out = none.copy()
-    out[np.flatnonzero(rows)[bad]] = True
-    shapes = " or ".join(f"[{a}×{b}]" for a, b in sorted(kn))
+    out[np.flatnonzero(rows)[(fits == 0) | ((fits == 1) & several)]] = True
+    shapes = " or ".join(f"[{a}×{b}]" for a, b in sorted(want))
     return out, f"its GEMM's (K, N) is not {f.model.name}'s {name} {shapes}"
+
+
+def _checked(att: pd.DataFrame, w: np.ndarray, f: Facts) -> np.ndarray:
+    """The rows whose (K, N) the layout checks: the model's own weight GEMMs, named by the
+    analyzer (not by the trace's ranges or module frames)."""
+    return f.own & np.isin(w, ["weight_gemm", "gemm_kernel", "grouped_gemm"]) & ~att[
+        "evidence"].isin(["annotation", "module"]).to_numpy(dtype=bool)
+
+
+def _fits(rows: pd.DataFrame, want: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per GEMM row, 1 if its (K, N) is one of `want`, 0 if not, -1 if it has none; and the
+    weights an Inductor kernel multiplies at once."""
+    k, n, weights = naming.gemm_kn(operators.base_names(rows["op_name"]).fillna(""),
+                                   rows["input_dims"])
+    wide = max([*n, *(b for _, b in want)], default=0) + 1
+    hit = np.isin(k * wide + n, [a * wide + b for a, b in want]).astype(np.int64)
+    return np.where(k >= 0, hit, -1), weights
 
 
 def _shapes(model: ModelSpec) -> dict[str, set[tuple[int, int]]]:
