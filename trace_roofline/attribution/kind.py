@@ -42,8 +42,9 @@ def judge(att: pd.DataFrame) -> Verdict:
     block's cross-attention), or an eager Q·Kᵀ over several queries has no causal mask;
     else a vision encoder when a 2-D/3-D convolution embeds and no table does; else
     (engines' ops: no causality recorded) a decoder."""
-    base = operators.base_names(att["op_name"]).fillna("")
-    attn = operators.recognise(operators.ATTENTION, base).to_numpy(dtype=bool)
+    base = naming.base_name(att["op_name"]).fillna("")  # (once per distinct op name)
+    attn = naming.per_value(base, lambda b: operators.recognise(operators.ATTENTION, b)
+                            ).to_numpy(dtype=bool)
     front = att.loc[attn, ["op_name", "input_dims", "concrete_inputs"]].astype("string")
     calls = (naming.per_value(front, _calls).to_numpy(dtype=object) if len(front)
              else np.zeros(0, dtype=object))

@@ -30,11 +30,13 @@ _CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn
 _GROUPED_OPS = {"_grouped_mm"}
 
 
-def work(rows: pd.DataFrame) -> pd.Series:
-    """Per row, the kind of work it does (contracts.WORK), from its op (`op_name`, `input_dims`)
-    or, where the op says nothing, its kernel's role (`name`); worked out once per distinct
-    (op, kernel, Input Dims)."""
-    return naming.per_value(rows[["op_name", "name", "input_dims"]].astype("string"), _work)
+def work(rows: pd.DataFrame) -> np.ndarray:
+    """Per row, the kind of work it does as a code into contracts.WORK, from its op (`op_name`,
+    `input_dims`) or, where the op says nothing, its kernel's role (`name`); worked out once per
+    distinct (op, kernel, Input Dims)."""
+    return naming.per_value(rows[["op_name", "name", "input_dims"]],
+                            lambda d: pd.Series(_codes(_work(d)), index=d.index)
+                            ).to_numpy(dtype=np.int64)
 
 
 def _work(d: pd.DataFrame) -> pd.Series:
@@ -87,18 +89,20 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
     `decoder` False says the trace is no decoder's (an encoder): decoder-only names break."""
     if att.empty:
         return att
-    w = work(att).to_numpy(dtype=object)
-    op = att["operator"].astype("string").fillna("").to_numpy(dtype=object)
+    w = work(att)
+    codes, names = pd.factorize(att["operator"].astype("string").fillna(""))
+    op = np.asarray(names, dtype=object)[codes]
     facts = _facts(att, w, model, decoder)
     why = np.full(len(att), "", dtype=object)
-    for name in pd.unique(op):
+    for i, name in enumerate(names):
         c = contracts.contract(str(name))
         if c is None:
             continue
-        rows = op == name
-        bad = rows & ~np.isin(w, list(c.holds))
-        said = {k: f"{name} holds no {k.replace('_', ' ')} work" for k in contracts.WORK}
-        why[bad] = pd.Series(w[bad], dtype=object).map(said).to_numpy(dtype=object)
+        rows = codes == i
+        bad = rows & ~np.isin(w, _codes(c.holds))
+        said = np.array([f"{name} holds no {k.replace('_', ' ')} work" for k in contracts.WORK],
+                        dtype=object)
+        why[bad] = said[w[bad]]
         for need in sorted(c.needs):
             unmet, text = _PRECONDITIONS[need](att, rows & (why == ""), w, str(name), facts)
             why[unmet] = text
@@ -111,6 +115,11 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
     out.loc[broken, "evidence"] = operators.FALLBACK
     out.loc[broken, "reason"] = op[broken].astype(str) + " " + BROKEN + why[broken].astype(str)
     return out
+
+
+def _codes(kinds) -> np.ndarray:
+    """The codes of kinds of work (contracts.WORK's order)."""
+    return pd.Index(contracts.WORK).get_indexer(list(kinds))
 
 
 def demotions(att: pd.DataFrame) -> dict[str, object]:
@@ -126,14 +135,14 @@ def demotions(att: pd.DataFrame) -> dict[str, object]:
 
 
 def _facts(att: pd.DataFrame, w: np.ndarray, model: ModelSpec | None, decoder: bool) -> Facts:
-    base = operators.base_names(att["op_name"]).fillna("")
+    base = naming.base_name(att["op_name"]).fillna("")
     own = np.ones(len(att), dtype=bool)
     if model is not None and "model" in att and att["model"].notna().any():
         own = (att["model"].isna() | att["model"].eq(model.name)).to_numpy(dtype=bool)
     emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].dropna().unique()
     vocab = pd.Series(emb, dtype="string").str.extract(r"^\[\s*\[\s*(\d+)\s*,\s*\d+\s*\]")[0]
     facts = Facts(model, own, frozenset(int(v) for v in vocab.dropna()),
-                  bool((w == "loss").any()), decoder)
+                  bool((w == _codes(["loss"])[0]).any()), decoder)
     if model is None:
         return facts
     shapes = _shapes(model)
@@ -180,14 +189,14 @@ def _layout(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
 def _checked(att: pd.DataFrame, w: np.ndarray, f: Facts) -> np.ndarray:
     """The rows whose (K, N) the layout checks: the model's own weight GEMMs, named by the
     analyzer (not by the trace's ranges or module frames)."""
-    return f.own & np.isin(w, ["weight_gemm", "gemm_kernel", "grouped_gemm"]) & ~att[
+    return f.own & np.isin(w, _codes(["weight_gemm", "gemm_kernel", "grouped_gemm"])) & ~att[
         "evidence"].isin(["annotation", "module"]).to_numpy(dtype=bool)
 
 
 def _fits(rows: pd.DataFrame, want: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """Per GEMM row, 1 if its (K, N) is one of `want`, 0 if not, -1 if it has none; and the
     weights an Inductor kernel multiplies at once."""
-    k, n, weights = naming.gemm_kn(operators.base_names(rows["op_name"]).fillna(""),
+    k, n, weights = naming.gemm_kn(naming.base_name(rows["op_name"]).fillna(""),
                                    rows["input_dims"])
     wide = max([*n, *(b for _, b in want)], default=0) + 1
     hit = np.isin(k * wide + n, [a * wide + b for a, b in want]).astype(np.int64)
@@ -232,7 +241,7 @@ def _vocabulary(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
     if f.model is not None or not f.vocabularies or not rows.any():
         return none, ""
     sub = att[rows]
-    _, n, _ = naming.gemm_kn(operators.base_names(sub["op_name"]).fillna(""), sub["input_dims"])
+    _, n, _ = naming.gemm_kn(naming.base_name(sub["op_name"]).fillna(""), sub["input_dims"])
     known = set().union(*(_padded(v) for v in f.vocabularies))
     bad = (n >= 0) & ~np.isin(n, list(known))
     out = none.copy()
@@ -251,7 +260,7 @@ def _loss_op(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
 
 def _not_shared(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
                 f: Facts) -> tuple[np.ndarray, str]:
-    return rows & np.isin(w, ["grouped_gemm", "batched_gemm"]), (
+    return rows & np.isin(w, _codes(["grouped_gemm", "batched_gemm"])), (
         "a GEMM batched over experts is the routed experts', not the shared expert's")
 
 
