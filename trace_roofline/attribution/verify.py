@@ -113,7 +113,7 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
     demoted = np.where(broken, OTHER, op)
     out["operator"] = pd.Series(demoted, index=att.index, dtype=att["operator"].dtype)
     out.loc[broken, "evidence"] = operators.FALLBACK
-    out.loc[broken, "reason"] = op[broken].astype(str) + " " + BROKEN + why[broken].astype(str)
+    out.loc[broken, "reason"] = op[broken] + " " + BROKEN + why[broken]  # (object arrays)
     return out
 
 
