@@ -111,3 +111,32 @@ def test_in_headless_chromium(page, tmp_path):
     assert near((31, 119, 180))[:chart].sum() > 200 and near((214, 39, 40))[:chart].sum() > 200
     assert (img[table].std(axis=-1) < 0.02).mean() > 0.5  # mostly grey/white table rows ...
     assert (img[table].mean(axis=-1) < 0.3).sum() > 2000  # ... with dark text
+
+
+_EVIL = "</p><script>alert(1)</script><img src=x onerror=alert(2)>"
+
+
+def _qwen_config(name: str) -> dict:
+    """A Hugging Face config.json of Qwen2.5-7B (the sample traces' model) named `name`."""
+    return {"_name_or_path": name, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+            "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+            "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
+
+
+def test_config_and_trace_strings_are_escaped(tmp_path):
+    """Issue 35 row 8: a config's `_name_or_path` (and a trace's file name) holding markup is
+    shown as text, never run: no tag of theirs reaches the page unescaped."""
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_qwen_config(_EVIL)))
+    trace = tmp_path / "<img src=x onerror=alert(3)>.json.gz"
+    trace.write_bytes(DECODE.read_bytes())
+    model = tr.get_model(str(config))
+    assert model.name == _EVIL
+    page = report_html([tr.analyze_trace(trace, model)])
+    for tag in ("<script>alert", "<img src=x", "</p><script>"):
+        assert tag not in page
+    assert html.escape(_EVIL) in page  # shown, as text
+    assert html.escape("<img src=x onerror=alert(3)>") in page

@@ -287,10 +287,14 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
         c, cov = a.conventions, a.coverage
         warn = "".join(f'<li class="warn">{html.escape(w)}</li>' for w in warnings(a)) or \
             '<li class="muted">none</li>'
+        # Every string from a trace, a config or the analysis is escaped: a config's
+        # `_name_or_path` or a trace's file name may hold markup (issue 35).
+        model = html.escape(a.model.name) if a.model else "-"
+        causal, attention = html.escape(str(c["causal"])), html.escape(str(c["attention_bytes"]))
         sections.append(
             f"<h3>{html.escape(short_name(a.trace))}</h3>"
-            f'<p class="muted">{html.escape(a.trace)} · model {a.model.name if a.model else "-"}'
-            f" · --causal {c['causal']} · --attention-bytes {c['attention_bytes']} · coverage "
+            f'<p class="muted">{html.escape(a.trace)} · model {model}'
+            f" · --causal {causal} · --attention-bytes {attention} · coverage "
             f"{100 * cast(float, cov['fraction']):.1f}% attributed, "
             f"{100 * cast(float, cov['evidence_fraction']):.1f}% named with evidence, "
             f"{100 * cast(float, cov['costed_fraction']):.1f}% costed</p>"
