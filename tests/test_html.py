@@ -11,8 +11,7 @@ import pytest
 import trace_roofline as tr
 from tests.builders import SAMPLES
 
-pytest.importorskip("bokeh", reason="report.html needs the html extra: pip install '.[html]'")
-from trace_roofline.outputs.html_report import operator_rows, report_html, warnings  # noqa: E402
+from trace_roofline.outputs.html_report import operator_rows, report_html, warnings
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"

@@ -276,7 +276,7 @@ def test_diff_labels_avoid_the_a_markers(decode):
 
 
 # --------------------------------------------------------------------------- report.html
-bokeh = pytest.importorskip("bokeh", reason="report.html needs the html extra")
+import bokeh  # noqa: E402,F401  (a base dependency: report.html)
 
 
 def _figures(chart):

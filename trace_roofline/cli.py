@@ -290,7 +290,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _html_report(out: Path, analyses) -> dict[Path, bytes]:
-    """report.html when the optional `html` extra (Bokeh) is installed; a note otherwise."""
+    """report.html (Bokeh, a base dependency); a note instead when Bokeh was removed."""
     try:
         from trace_roofline.outputs.html_report import report_html
 
@@ -298,7 +298,7 @@ def _html_report(out: Path, analyses) -> dict[Path, bytes]:
     except ModuleNotFoundError as e:
         if e.name is None or not e.name.startswith("bokeh"):
             raise
-        print(f"{PROG}: report.html skipped: pip install 'trace-roofline[html]' (Bokeh) for it",
+        print(f"{PROG}: report.html skipped: Bokeh is not installed (pip install 'bokeh>=3.4')",
               file=sys.stderr)
         return {}
 
