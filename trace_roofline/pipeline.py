@@ -13,7 +13,7 @@ from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
 from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
-from trace_roofline.model.hardware import Hardware, for_device_name
+from trace_roofline.model.hardware import Hardware, trace_device
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import AnalysisOptions
 from trace_roofline.roofline import Analysis, model_part, place_costed
@@ -25,12 +25,9 @@ if TYPE_CHECKING:
 
 
 def trace_hardware(trace: Trace) -> Hardware | None:
-    """The device a trace ran on, from `deviceProperties` (a committed calibration wins)."""
-    for props in trace.meta.get("device_properties", []):
-        hw = for_device_name(str(props.get("name", "")))
-        if hw is not None:
-            return hw
-    return None
+    """The device a trace ran on, from `deviceProperties` (hardware.trace_device: by its name,
+    a committed calibration winning, else by its properties)."""
+    return trace_device(trace.meta.get("device_properties", []))[0]
 
 
 def analyze_trace(
@@ -197,6 +194,8 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     trace, attributed, model, tp, replays = (att.trace, att.kernels, att.model, att.tp,
                                              att.replays)
     hw = hardware or trace_hardware(trace)
+    props = trace.meta.get("device_properties", [])  # a device no preset knows: say so
+    unknown = (trace_device(props)[1],) if hw is None and props else ()
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
@@ -205,7 +204,7 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
         a = analyze(attributed, model, hw, options, **common)
-        return dataclasses.replace(a, warnings=_with_graph_flags(a, replays), **extra)
+        return dataclasses.replace(a, warnings=(*unknown, *_with_graph_flags(a, replays)), **extra)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(options.ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, options, measured=ncu_csv.measured_by_operator(matched),
@@ -215,7 +214,8 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     flops = sum(float(cast(float, w["flops"])) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(options.ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
-    return dataclasses.replace(a, ncu=summary, warnings=_with_graph_flags(a, replays), **extra)
+    return dataclasses.replace(a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays)),
+                               **extra)
 
 
 def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None) -> tuple[str, ...]:

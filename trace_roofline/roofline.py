@@ -406,15 +406,17 @@ def coverage(costed: pd.DataFrame) -> dict[str, object]:
     named = float(costed.loc[~fallback, "time_us"].sum())
     fb = costed.loc[fallback, ["operator", "time_us"]].groupby("operator")["time_us"].sum()
     fb = fb.sort_values(ascending=False, kind="stable")
-    scale = 1.0 / total if total > 0 else math.nan
+    def share(part: float) -> float:  # (a quotient: 1/total overflows for a subnormal total)
+        return part / total if total > 0 else math.nan
+
     return {
         "kernel_time_us": total, "attributed_time_us": attributed,
-        "fraction": attributed * scale,
-        "evidence_time_us": named, "evidence_fraction": named * scale,
-        "fallback_time_us": total - named, "fallback_fraction": (total - named) * scale,
+        "fraction": share(attributed),
+        "evidence_time_us": named, "evidence_fraction": share(named),
+        "fallback_time_us": total - named, "fallback_fraction": share(total - named),
         "by_evidence": {e: float(by[e]) for e in EVIDENCE if e in by.index},
         "fallback_by_operator": {str(k): float(v) for k, v in fb.items()},
-        "costed_time_us": priced, "costed_fraction": priced * scale,
+        "costed_time_us": priced, "costed_fraction": share(priced),
         "uncosted_instances": int(costed["flops"].isna().sum()),
         "preset_mismatches": int(costed["check"].notna().sum()),
     }
@@ -639,7 +641,8 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
     if "time_us" not in rows:
         return out
     timed = float(rows["costed_time_us"].sum())
-    secs = timed * 1e-6 if timed > 0 else math.nan
+    secs = timed * 1e-6
+    secs = secs if secs > 0 else math.nan  # (a subnormal time is 0 s: no rate)
     out.update({
         "time_us": float(rows["time_us"].sum()), "costed_time_us": timed,
         "kernels": int(rows["kernels"].sum()), "uncosted": int(rows["uncosted"].sum()),

@@ -71,6 +71,12 @@ class Hardware:
 _NVLINK4 = (450 * G, "NVLink 4, 900 GB/s bidirectional = 450 GB/s per direction (datasheet)")
 _NVLINK3 = (300 * G, "NVLink 3, 600 GB/s bidirectional = 300 GB/s per direction (A100 datasheet)")
 _PCIE4 = (31.5 * G, "no NVLink: PCIe 4.0 x16, 31.5 GB/s per direction (PCIe 4.0 spec)")
+_PCIE3 = (15.75 * G, "no NVLink: PCIe 3.0 x16, 15.75 GB/s per direction (PCIe 3.0 spec)")
+# NVLink 2 (V100 SXM2): 300 GB/s total = 150 GB/s each way (Tesla V100 datasheet); H800 SXM:
+# NVLink 400 GB/s total = 200 GB/s each way (H800 datasheet).
+_NVLINK2 = (150 * G, "NVLink 2, 300 GB/s bidirectional = 150 GB/s per direction (V100 datasheet)")
+_NVLINK_H800 = (200 * G, "NVLink 400 GB/s bidirectional = 200 GB/s per direction "
+                         "(H800 datasheet)")
 # NVLink 5 (B200, GB200): 1.8 TB/s total = 900 GB/s each way (NVIDIA DGX B200 / GB200 NVL72
 # datasheets); H20 keeps Hopper's NVLink 4 (900 GB/s total, NVIDIA H20 product brief).
 _NVLINK5 = (900 * G, "NVLink 5, 1.8 TB/s bidirectional = 900 GB/s per direction (datasheet)")
@@ -107,8 +113,35 @@ PRESETS: dict[str, Hardware] = {
         {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
         2039 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM, dense)",
-        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe"),
+        ("NVIDIA A100-SXM4-80GB",),
         link_bandwidth=_NVLINK3[0], link_source=_NVLINK3[1],
+    ),
+    # The A100 datasheet's other columns: the same dense tensor rates, less HBM bandwidth
+    # (40GB SXM and 40GB PCIe 1,555 GB/s; 80GB PCIe 1,935 GB/s). A PCIe card without an
+    # NVLink bridge reaches its peers over PCIe 4.0.
+    "a100-sxm-40gb": Hardware(
+        "a100-sxm-40gb",
+        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        1555 * G,
+        "NVIDIA A100 Tensor Core GPU datasheet (40GB SXM column, dense): 1,555 GB/s HBM2",
+        ("NVIDIA A100-SXM4-40GB",),
+        link_bandwidth=_NVLINK3[0], link_source=_NVLINK3[1],
+    ),
+    "a100-pcie": Hardware(
+        "a100-pcie",
+        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        1935 * G,
+        "NVIDIA A100 Tensor Core GPU datasheet (80GB PCIe column, dense): 1,935 GB/s HBM2e",
+        ("NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB"),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
+    ),
+    "a100-pcie-40gb": Hardware(
+        "a100-pcie-40gb",
+        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        1555 * G,
+        "NVIDIA A100 Tensor Core GPU datasheet (40GB PCIe column, dense): 1,555 GB/s HBM2",
+        ("NVIDIA A100-PCIE-40GB",),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
     ),
     "h100-sxm": Hardware(
         "h100-sxm",
@@ -125,6 +158,67 @@ PRESETS: dict[str, Hardware] = {
         "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)",
         ("NVIDIA H200",),
         link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+    ),
+    # H800: the H100 SXM's die and HBM3 with NVLink cut to 400 GB/s in all (NVIDIA H800
+    # Tensor Core GPU datasheet, SXM column: FP16/BF16 1,979 and FP8 3,958 TFLOPS with
+    # sparsity, i.e. 989.4 / 1,978.9 dense; 3.35 TB/s).
+    "h800-sxm": Hardware(
+        "h800-sxm",
+        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        3350 * G,
+        "NVIDIA H800 Tensor Core GPU datasheet (SXM, dense: half the sparse figures), 3.35 TB/s HBM3",
+        ("NVIDIA H800",),
+        link_bandwidth=_NVLINK_H800[0], link_source=_NVLINK_H800[1],
+    ),
+    # GH200's Hopper GPU: the H100 SXM's tensor rates (NVIDIA GH200 Grace Hopper Superchip
+    # datasheet: FP16/BF16 990 TFLOPS dense, FP8 1,979, TF32 494, FP32 67), HBM3 96 GB at
+    # 4 TB/s (the "480GB" part: 480 GB of LPDDR5X beside it) or HBM3e 144 GB at 4.9 TB/s;
+    # NVLink 4 to other superchips (900 GB/s in all).
+    "gh200": Hardware(
+        "gh200",
+        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        4000 * G,
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 at 4 TB/s, dense tensor rates)",
+        ("NVIDIA GH200 480GB", "NVIDIA GH200"),
+        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+    ),
+    "gh200-144g": Hardware(
+        "gh200-144g",
+        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        4900 * G,
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (144 GB HBM3e at 4.9 TB/s, dense tensor rates)",
+        ("NVIDIA GH200 144G HBM3e", "NVIDIA GH200 624GB"),
+        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+    ),
+    # Volta has no bf16 tensor cores: fp16 (FP32 accumulate) and fp32 only (NVIDIA Tesla V100
+    # GPU datasheet: SXM2 125 tensor TFLOPS, 15.7 FP32; PCIe 112 and 14; 900 GB/s HBM2 both;
+    # NVLink 2 300 GB/s in all on SXM2).
+    "v100-sxm2": Hardware(
+        "v100-sxm2",
+        {"fp16": 125 * T, "fp32": 15.7 * T},
+        900 * G,
+        "NVIDIA Tesla V100 GPU datasheet (SXM2 column): 125 TFLOPS fp16 tensor, 900 GB/s HBM2",
+        ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB-LS"),
+        link_bandwidth=_NVLINK2[0], link_source=_NVLINK2[1],
+    ),
+    "v100-pcie": Hardware(
+        "v100-pcie",
+        {"fp16": 112 * T, "fp32": 14 * T},
+        900 * G,
+        "NVIDIA Tesla V100 GPU datasheet (PCIe column): 112 TFLOPS fp16 tensor, 900 GB/s HBM2",
+        ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"),
+        link_bandwidth=_PCIE3[0], link_source=_PCIE3[1],
+    ),
+    # NVIDIA L4 datasheet: FP16/BF16 242, FP8 485, TF32 120 TFLOPS with sparsity (half dense),
+    # FP32 30.3 TFLOPS, 300 GB/s GDDR6, PCIe 4.0 x16.
+    "l4": Hardware(
+        "l4",
+        {"bf16": 121 * T, "fp16": 121 * T, "tf32": 60 * T, "fp32": 30.3 * T, "fp8": 242.5 * T},
+        300 * G,
+        "NVIDIA L4 Tensor Core GPU datasheet (dense: half the sheet's sparse figures), "
+        "300 GB/s GDDR6",
+        ("NVIDIA L4",),
+        link_bandwidth=_PCIE4[0], link_source=_PCIE4[1],
     ),
     # AMD Instinct (CDNA 3 / CDNA 4): peak theoretical dense matrix rates, no sparsity.
     "mi300x": Hardware(
@@ -157,6 +251,19 @@ PRESETS: dict[str, Hardware] = {
         f"{_AMD_DOCS}/mi350/mi355x.html): dense matrix peaks (MXFP4 as fp4), 8 TB/s HBM3E",
         ("AMD Instinct MI355X", "AMD Instinct MI355X VF", "AMD Instinct MI355X OAM"),
         link_bandwidth=_XGMI4[0], link_source=_XGMI4[1],
+    ),
+    # AMD Instinct MI250X data sheet: 383 TFLOPS FP16/BF16 and 95.7 FP32 matrix, 3.2 TB/s HBM2e
+    # for the OAM module of two graphics compute dies (GCDs); ROCm shows each GCD as a device
+    # of its own (64 GB), so a trace's device is half the module: 191.5 TFLOPS, 1.6 TB/s.
+    # The GCDs' links depend on the platform (no link ceiling here: give a hardware JSON).
+    "mi250x": Hardware(
+        "mi250x",
+        {"bf16": 191.5 * T, "fp16": 191.5 * T, "fp32": 47.85 * T},
+        1600 * G,
+        "AMD Instinct MI250X data sheet (amd-instinct-mi250x-data-sheet.pdf, "
+        f"{_AMD_DOCS}/mi200/mi250x.html): per GCD, half the module's 383 TFLOPS "
+        "FP16/BF16 and 3.2 TB/s HBM2e",
+        ("AMD Instinct MI250X", "AMD Instinct MI250X / MI250", "AMD Instinct MI250X/MI250"),
     ),
     # NVIDIA Blackwell, Hopper (China SKU), Ada: dense tensor rates (half the sparse figures)
     "b200": Hardware(
@@ -342,7 +449,7 @@ def for_device_properties(props: dict) -> tuple[Hardware | None, str]:
         hw = for_device_name(name)
         if hw is not None:
             return hw, f"the trace's device {name!r}"
-        return None, (f"the trace's device {name!r} has no preset: give --hardware (a preset: "
+        return None, (f"device {name!r} in the trace has no preset: pass --hardware (a preset: "
                       f"{', '.join(names())}; or a hardware JSON file)")
     sig = _signature(props)
     if sig is not None:
@@ -352,7 +459,7 @@ def for_device_properties(props: dict) -> tuple[Hardware | None, str]:
             f"{SIGNATURES[sig]}'s")
     desc = ", ".join(f"{k} {props[k]}" for k in ("computeMajor", "computeMinor", "numSms",
                                                   "totalGlobalMem") if k in props)
-    return None, (f"the trace names no device ({desc or 'no properties'}): give --hardware "
+    return None, (f"the trace names no device ({desc or 'no properties'}): pass --hardware "
                   f"(a preset: {', '.join(names())}; or a hardware JSON file)")
 
 

@@ -306,7 +306,7 @@ def _flagged(value: object) -> bool:
 def _hardware_line(a: Analysis) -> str:
     h = hardware_summary(a)
     if h is None:
-        return "hardware: none given (no device in the trace): intensities only, no placements"
+        return "hardware: none given or known from the trace: intensities only, no placements"
     link = h["link_bandwidth_bytes_per_s"]
     return (f"hardware {h['name']}: {si(h['peak_flops_per_s'], 'FLOP/s')} {h['dtype']}, "
             f"{si(h['bandwidth_bytes_per_s'], 'B/s')}, ridge {h['ridge']:.0f} FLOP/B"
