@@ -10,7 +10,6 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES
-
 from trace_roofline.outputs.html_report import operator_rows, report_html, warnings
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import gzip
 import io
 import json
 import os
 import re
+import stat
 import sys
 import threading
 from collections.abc import Sequence
@@ -80,7 +82,57 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {_suggested(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, with the chosen command's parser reporting what it did not recognise,
+        each misspelt flag with the one it most likely means."""
+        ns, extras = super().parse_known_args(args, namespace)
+        command = self._command_parser(ns)
+        if extras and command is not None and self is not command:
+            command.error("unrecognized arguments: " + " ".join(
+                _with_suggestion(x, command._option_string_actions) for x in extras))
+        return ns, extras
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: " + " ".join(
+                _with_suggestion(x, self._option_string_actions) for x in extras))
+        return ns
+
+    def _command_parser(self, ns: argparse.Namespace) -> argparse.ArgumentParser | None:
+        """The parser of the subcommand `ns` names (None without subcommands)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(ns, action.dest or "", None) or "")
+        return None
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str | None:
+    """The choice `word` most likely misspells (difflib's closest, cutoff 0.6), else None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _with_suggestion(token: str, options: Sequence[str]) -> str:
+    """An unrecognised argument, with the flag it likely misspells: "--modle (did you mean
+    --model?)"."""
+    flag = token.split("=", 1)[0]
+    guess = did_you_mean(flag, [o for o in options if o.startswith("--")]) if flag.startswith("-") else None
+    return f"{token} (did you mean {guess}?)" if guess else token
+
+
+def _suggested(message: str) -> str:
+    """argparse's message, an invalid choice followed by the choice it most likely misspells."""
+    m = _INVALID_CHOICE.search(message)
+    if m is None:
+        return message
+    guess = did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+    return f"{message}; did you mean {guess!r}?" if guess else message
 
 
 def int_list(text: str) -> list[int]:
@@ -159,15 +211,53 @@ def _cmd_intensity(args: argparse.Namespace) -> int:
     return 0
 
 
+# A Hugging Face config.json is a few kB: a JSON file this small without traceEvents is read
+# whole to tell a model config given as the trace (no trace is this small and config-like).
+_CONFIG_MAX_BYTES = 1 << 20
+# Keys every HF config has one of, and no Chrome trace has at its top level.
+_CONFIG_KEYS = frozenset({"model_type", "architectures", "hidden_size", "num_hidden_layers",
+                          "num_attention_heads", "text_config", "n_embd", "d_model"})
+
+
+def is_model_config(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a model's config.json: a small JSON object with a config's keys and no
+    traceEvents. Only a regular file is opened (never a FIFO or a device), and only a small one."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _CONFIG_MAX_BYTES:
+            return False
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):  # unreadable, or not JSON (gzip, binary, ...)
+        return False
+    return isinstance(doc, dict) and "traceEvents" not in doc and bool(_CONFIG_KEYS & doc.keys())
+
+
+def _not_a_model_config(path: str | os.PathLike[str]) -> None:
+    """Raise the one-line hint when a trace argument is a model config, or a folder without
+    traces whose config.json is one (a Hugging Face model directory)."""
+    p = Path(path)
+    if is_model_config(p):
+        raise InputError(f"{p}: this is a model config, not a trace: pass it as --model {p}")
+    if p.is_dir() and is_model_config(p / "config.json"):
+        raise InputError(f"{p}: holds no trace but a model config (config.json): pass it as "
+                         f"--model {p}")
+
+
 def _trace_paths(given: Sequence[str]) -> list[str]:
     """Each given path, a directory standing for the traces in it (notes on stderr name the
-    files skipped as not traces)."""
+    files skipped as not traces). A model config given as a trace is refused with a hint."""
     paths: list[str] = []
     for path in given:
         if not Path(path).is_dir():
+            _not_a_model_config(path)
             paths.append(path)
             continue
-        traces, skipped = find_traces(path)
+        try:
+            traces, skipped = find_traces(path)
+        except InputError:
+            _not_a_model_config(path)
+            raise
         paths += map(str, traces)
         if skipped:
             print(f"{PROG}: note: {path}: skipped {len(skipped)} file(s) that are not traces: "
@@ -317,13 +407,20 @@ def _write_perfetto(stack: contextlib.ExitStack, path: Path, kernels, analysis) 
 
 
 def _diff_side(path: str, args: argparse.Namespace, label: str):
-    """A report.json (a JSON object whose first key is "schema_version", "trace" or "traces") or a trace."""
+    """A report.json (a JSON object whose first key is "schema_version", "trace" or "traces"),
+    an `analyze --out` folder (its report.json) or a trace."""
     from trace_roofline.files import read_json
     from trace_roofline.outputs import diff
     from trace_roofline.pipeline import analyze_trace
     from trace_roofline.trace import progress_bar
 
     p = Path(path)
+    _not_a_model_config(p)
+    if p.is_dir():  # an `analyze --out` folder stands for its report.json
+        if not (p / "report.json").is_file():
+            raise InputError(f"{p}: a folder without report.json; diff takes two traces (.json, "
+                             ".json.gz), two report.json files or two `analyze --out` folders")
+        p = p / "report.json"
     try:
         with open(p, "rb") as f:
             head = f.read(256)
@@ -489,8 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  trace-roofline diff eager.json.gz compiled.json.gz --model qwen2.5-7b --out diff\n"
                "  trace-roofline diff before/report.json after/report.json")
-    p.add_argument("a", help="trace or report.json: before")
-    p.add_argument("b", help="trace or report.json: after")
+    p.add_argument("a", help="trace, report.json or an `analyze --out` folder: before")
+    p.add_argument("b", help="trace, report.json or an `analyze --out` folder: after")
     p.add_argument("--model", type=model_arg,
                    help="preset name, HF config.json or model directory, for traces (default: none)")
     p.add_argument("--hardware", help="preset name or JSON file (default: each trace's GPU)")
