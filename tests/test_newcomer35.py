@@ -4,11 +4,17 @@ the clone, informational lines, near-zero rows on the charts, the tables' -0.0 a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
+import pandas as pd
+import pytest
 import tomllib
 
-from tests.builders import ROOT, run_cli
+from tests.builders import ROOT, attributed, qwen_layer, run_cli
+from trace_roofline.model.hardware import get_hardware
+from trace_roofline.model.models import get_model
+from trace_roofline.pipeline import analyze
 
 
 def _declared() -> dict[str, list[str]]:
@@ -93,3 +99,92 @@ def test_diff_of_folders_takes_their_report_json_or_says_what_it_takes(tmp_path)
     r = run_cli("diff", str(a), str(b))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("A ")
+
+
+# --------------------------------------------------------------------------- report.html
+QWEN = get_model("qwen2.5-7b")
+H200 = get_hardware("h200-sxm")
+DEC = {"q_proj": (8.0,), "k_proj": (2.5,), "v_proj": (2.4,), "o_proj": (7.9,),
+       "gate_proj": (35.0,), "up_proj": (34.0,), "down_proj": (20.0, 15.0), "attention": (5.0,),
+       "rope": (1.8,), "input_norm": (1.6,), "post_attention_norm": (1.7,), "act": (2.5,),
+       "residual": (1.9,), "kv_cache": (1.7,)}
+
+
+@pytest.fixture(scope="module")
+def decode():
+    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, trace="decode.json.gz")
+
+
+def _figures(chart):
+    return list(getattr(chart, "children", [chart]))
+
+
+def _styles(fig) -> dict[str, tuple]:
+    """legend label -> (fill colour, line colour, marker) of its points."""
+    out = {}
+    for item in fig.legend[0].items:
+        glyph = item.renderers[0].glyph
+        if " · " in item.label.value:
+            out[item.label.value] = (glyph.fill_color, glyph.line_color, glyph.marker)
+    return out
+
+
+@pytest.mark.parametrize("n", [7, 12, 25])
+def test_html_traces_never_share_a_colour_and_marker(decode, n):
+    from trace_roofline.outputs.html_report import _charts, operator_rows
+
+    many = [dataclasses.replace(decode, trace=f"run{i}.json.gz") for i in range(n)]
+    (fig,) = _figures(_charts(many, operator_rows(many)))
+    styles = _styles(fig)
+    assert len(styles) == n and len(set(styles.values())) == n, styles
+
+
+def test_html_legend_outside_the_plot_area_and_units_on_the_axes(decode):
+    from bokeh.models import CustomJSTickFormatter, Legend
+
+    from trace_roofline.outputs.html_report import _charts, operator_rows
+
+    cpu = dataclasses.replace(decode, trace="cpu.json.gz", hardware=None)
+    for fig in _figures(_charts([decode, cpu], operator_rows([decode, cpu]))):
+        assert not [x for x in fig.center if isinstance(x, Legend)]  # not over the slope
+        assert [x for x in fig.right if isinstance(x, Legend)]
+        (y,) = fig.yaxis
+        assert isinstance(y.formatter, CustomJSTickFormatter) and "FLOP/s" in y.formatter.code
+
+
+def test_html_flop_per_byte_as_the_terminal_prints_it(decode):
+    from trace_roofline.outputs.html_report import _HOVER, report_html
+
+    ops = decode.operators.copy()
+    ops.loc[ops["operator"] == "attention", "intensity"] = 1219.3812
+    page = report_html([dataclasses.replace(decode, operators=ops)])
+    table = page.split("<h2>Operators</h2>")[1].split("</table>")[0]
+    cells = re.findall(r'data-v="([^"]*)">([^<]*)</td>', table)
+    flop_b = [text for v, text in cells if v in {str(x) for x in ops["intensity"]}]
+    assert "1219.38" in flop_b and "1.00" in flop_b
+    assert "1.22e+03" not in flop_b and "1" not in flop_b
+    assert ("intensity", "@intensity{0.00} FLOP/B") in _HOVER
+
+
+def _with_speck(a):
+    """`a` with one more operator row: 0.0% of the time at intensity 1e-5 (a fallback row)."""
+    ops = a.operators
+    row = ops[ops["operator"] == "residual"].iloc[[0]].copy()
+    row["operator"], row["evidence"], row["time_share"] = "other", "fallback", 1e-6
+    row["time_us"] = row["time_us"] * 1e-6
+    row["intensity"], row["achieved_flops_per_s"] = 1e-5, 1e3
+    return dataclasses.replace(a, operators=pd.concat([ops, row], ignore_index=True))
+
+
+def test_a_near_zero_row_does_not_stretch_the_axes(decode):
+    from trace_roofline.outputs.html_report import _charts, operator_rows
+    from trace_roofline.outputs.plot import roofline_figure
+
+    a = _with_speck(decode)
+    fig = roofline_figure([a])
+    x_lo, _ = fig.axes[0].get_xlim()
+    y_lo, _ = fig.axes[0].get_ylim()
+    assert x_lo > 1e-3 and y_lo > 1e6, (x_lo, y_lo)
+    assert any("outside the axes" in t.get_text() and "other" in t.get_text() for t in fig.texts)
+    (chart,) = _figures(_charts([a], operator_rows([a])))
+    assert chart.x_range.start > 1e-3 and chart.y_range.start > 1e6

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, SupportsInt, cast
 
 import pandas as pd
 
-from trace_roofline.outputs.plot import TRACE_COLOURS, panel_groups, short_name
+from trace_roofline.outputs.plot import TRACE_COLOURS, axis_points, panel_groups, short_name
 from trace_roofline.outputs.report import duration, evidence_text, si
 from trace_roofline.roofline import Analysis, hardware_summary
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 _MARKERS = {"decode": "circle", "prefill": "square", "unknown": "triangle"}
 _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),
           ("layer", "@layer"), ("shape", "@shape"), ("time", "@time_text"),
-          ("intensity", "@intensity{0.000} FLOP/B"), ("achieved", "@achieved_text"),
+          ("intensity", "@intensity{0.00} FLOP/B"), ("achieved", "@achieved_text"),
           ("% of roof", "@pct{0.0} %"), ("bound", "@bound"), ("evidence", "@evidence")]
 # (header, column, format) of the operator table: a format string, or a function of the value
 # (SI-scaled units, as the terminal's); the cell's data-v keeps the exact value for sorting.
@@ -32,7 +32,7 @@ _TABLE: list[tuple[str, str, _Format]] = [
     ("trace", "trace", "{}"), ("phase", "phase", "{}"), ("operator", "operator", "{}"),
     ("kernels", "kernels", "{:d}"), ("time", "time_us", duration),
     ("time %", "time_pct", "{:.1f}"), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
-    ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.3g}"),
+    ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.2f}"),
     ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
     ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", "{:.1f}"),
     ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
@@ -119,33 +119,64 @@ def _charts(analyses: Sequence[Analysis], rows: pd.DataFrame):
     """One chart per roof (`plot.panel_groups`), stacked: a Bokeh layout."""
     from bokeh.layouts import column
 
-    names = list(dict.fromkeys(rows["trace"]))  # a trace keeps its colour across the charts
-    charts = [_chart(hw_analyses, rows, names) for _, _, hw_analyses in panel_groups(analyses)]
+    # a trace keeps its colour across the charts
+    styles = trace_styles(list(dict.fromkeys(rows["trace"])))
+    charts = [_chart(hw_analyses, rows, styles) for _, _, hw_analyses in panel_groups(analyses)]
     return charts[0] if len(charts) == 1 else column(*charts)
 
 
-def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
+def trace_styles(names: Sequence[str]) -> dict[str, tuple[str, bool]]:
+    """name -> (colour, hollow) of each trace, no two alike (the marker says the phase): the
+    PNG chart's colours for up to six traces, else as many distinct colours (Category20, then
+    Turbo's), and past 256 the same colours hollow."""
+    from bokeh.palettes import Category20, turbo
+
+    n = len(names)
+    palette = (TRACE_COLOURS if n <= len(TRACE_COLOURS) else list(Category20[20]) if n <= 20
+               else list(turbo(min(n, 256))))
+    return {name: (palette[i % len(palette)], i >= len(palette)) for i, name in enumerate(names)}
+
+
+# Ticks of the FLOP/s axis with their unit, as the PNG chart's (plot.rate_formatter).
+_RATE_TICKS = """
+for (const [scale, unit] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]])
+  if (tick >= scale) return Number((tick / scale).toPrecision(3)) + " " + unit + "FLOP/s";
+return Number(tick.toPrecision(3)) + " FLOP/s";
+"""
+
+
+def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame,
+           styles: dict[str, tuple[str, bool]]):
     """The chart of the analyses under one roof (the first one's hardware and dtype)."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.models.annotations import Label, Span  # bokeh.models' stubs do not re-export them
+    from bokeh.models import ColumnDataSource, CustomJSTickFormatter, HoverTool
+    # bokeh.models' stubs do not re-export them
+    from bokeh.models.annotations import Label, Legend, Span
     from bokeh.plotting import figure
 
     hw = hardware_summary(analyses[0])
     mine = {short_name(a.trace) for a in analyses}
     rows = rows[rows["trace"].isin(mine)]
     plotted = rows[(rows["intensity"] > 0) & (rows["achieved_flops_per_s"] > 0)]
-    xs = plotted["intensity"].tolist() + ([hw["ridge"]] if hw else [])
-    ys = plotted["achieved_flops_per_s"].tolist() + ([hw["peak_flops_per_s"]] if hw else [])
+    # The axes span the points that hold time (a 0.0% row far off does not stretch them: it
+    # stays in the data, a pan or zoom away) and the ridge.
+    span = plotted[axis_points(plotted["time_pct"].fillna(0) / 100, plotted["whole"])]
+    xs = span["intensity"].tolist() + ([hw["ridge"]] if hw else [])
+    ys = span["achieved_flops_per_s"].tolist() + ([hw["peak_flops_per_s"]] if hw else [])
     x_lo, x_hi = min(xs, default=0.1) / 4, max(xs, default=1e3) * 10
     y_lo = min(ys, default=1e9) / 6
     # figure() takes (start, end) tuples for its ranges (FigureOptions: RangeLike); the stub's
     # constructor is Plot's, which types them as Range.
-    p = figure(x_axis_type="log", y_axis_type="log", width=1100, height=640,
+    p = figure(x_axis_type="log", y_axis_type="log", width=1240, height=640,
                x_range=(x_lo, x_hi), y_range=(y_lo, max(ys, default=1e15) * 4),  # type: ignore[arg-type]
                tools="pan,wheel_zoom,box_zoom,reset,save", active_scroll="wheel_zoom",
                x_axis_label="arithmetic intensity (FLOP / byte, analytical minimum bytes)",
                y_axis_label="achieved FLOP/s (analytical FLOPs / measured time)",
                title=_device_line(hw, len(mine)))
+    p.yaxis.formatter = CustomJSTickFormatter(code=_RATE_TICKS)
+    p.xaxis.formatter = CustomJSTickFormatter(code="return String(Number(tick.toPrecision(3)));")
+    # outside the plot area, right of it: it covers neither the memory slope nor a point
+    p.add_layout(Legend(location="top_left", click_policy="hide", label_text_font_size="11px"),
+                 "right")
     if hw:
         peak = cast(float, hw["peak_flops_per_s"])
         bw, ridge = cast(float, hw["bandwidth_bytes_per_s"]), cast(float, hw["ridge"])
@@ -161,14 +192,15 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
                            background_fill_color="white", background_fill_alpha=0.85))
     renderers: list[DataRenderer] = []
     for trace in dict.fromkeys(rows["trace"]):
-        colour = TRACE_COLOURS[names.index(trace) % len(TRACE_COLOURS)]
+        colour, hollow = styles[trace]
         for phase, g in plotted[plotted["trace"] == trace].groupby("phase", sort=False):
             label = f"{trace} · {phase}"
             ops, whole = g[~g["whole"]], g[g["whole"]]
             marker = _MARKERS.get(phase, "triangle")
             dots = p.scatter("intensity", "achieved_flops_per_s", source=ColumnDataSource(
-                _source(ops)), marker=marker, size="size", color=colour, alpha=0.85,
-                line_color="white", legend_label=label)
+                _source(ops)), marker=marker, size="size", fill_color=None if hollow else colour,
+                line_color=colour if hollow else "white", line_width=2 if hollow else 1,
+                alpha=0.85, legend_label=label)
             renderers.append(dots)
             if len(whole):  # the star follows its trace's legend entry, and has none of its own
                 star = p.scatter("intensity", "achieved_flops_per_s",
@@ -180,9 +212,6 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame, names: list[str]):
     p.scatter([math.nan], [math.nan], marker="star", size=14, color="#888", line_color="black",
               legend_label="whole model (ΣFLOPs/Σbytes)")
     p.add_tools(HoverTool(renderers=renderers, tooltips=_HOVER))
-    p.legend.click_policy = "hide"
-    p.legend.location = "top_left"
-    p.legend.label_text_font_size = "11px"
     return p
 
 
@@ -262,7 +291,7 @@ def _reconciliation(a: Analysis) -> str:
         parts.append(f"<p>{html.escape(phase)}: Σ contribution = {rec['contribution'].sum():.4f} "
                      f"FLOP/B = whole-model ΣFLOPs/Σbytes {w.get('intensity', float('nan')):.4f}</p>"
                      + _table(rows, [("operator", "operator", "{}"), ("byte %", "share", "{:.2f}"),
-                                     ("FLOP/B", "intensity", "{:.3f}"),
+                                     ("FLOP/B", "intensity", "{:.2f}"),
                                      ("bytes_i/Σbytes·I_i", "contribution", "{:.4f}")]))
     return "\n".join(parts)
 

@@ -35,6 +35,9 @@ PANEL_LABELS = 24
 # Two traces' points closer than this on both log axes (decades) would hide one another: the
 # later trace's is drawn hollow over the earlier's (the ranks of a TP run sit on top of each other).
 _COINCIDENT_DECADES = 0.04
+# A point holding less than this share of its trace's device time (a 0.0% fallback row) does
+# not set the axes' extent: one far-off speck would squeeze every other point into a corner.
+AXIS_MIN_SHARE = 0.001
 # Label offsets tried around a point, nearest first (points; angle 0 = right of the point).
 _RADII = (7, 16, 28, 42, 58, 76, 96, 120)
 _ANGLES = (0, 180, 35, -35, 145, -145, 90, -90, 60, -60, 120, -120)
@@ -55,13 +58,15 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     FigureCanvasAgg(fig)
     placed = []
     skipped: dict[str, list[str]] = {}  # operator -> the traces where it is not plottable
+    off_axes: dict[str, list[str]] = {}  # operator -> the traces where it is outside the axes
     declutter: set[int] = set()
     names = dict(zip(map(id, analyses), trace_labels(analyses), strict=True))
     for i, (hw, group, label_all) in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
         points, roof_texts = _draw_panel(ax, group, hw, skipped, label_all, many=len(panels) > 1,
                                          title=title, declutter=declutter,
-                                         names=[names[id(a)] for a in group], small=small)
+                                         names=[names[id(a)] for a in group], small=small,
+                                         off_axes=off_axes)
         placed.append((ax, points, roof_texts))
     fig.draw_without_rendering()
     fig.set_layout_engine("none")  # freeze the layout the labels are placed in
@@ -74,16 +79,28 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
                      + " / ".join(str(n) for n in sorted(declutter))
                      + " largest operators by device time and its whole model")
     many = len(analyses) > 1
-    tags = [op if not many else f"{op} ({len(t)} traces)" if len(t) > 1 else f"{op} ({t[0]})"
-            for op, t in skipped.items()]
-    if tags:
-        notes.append("not on the log axes (0 FLOPs or no time): " + ", ".join(tags))
+    def tags(found: dict[str, list[str]]) -> str:
+        return ", ".join(op if not many else f"{op} ({len(t)} traces)" if len(t) > 1
+                         else f"{op} ({t[0]})" for op, t in found.items())
+
+    if skipped:
+        notes.append("not on the log axes (0 FLOPs or no time): " + tags(skipped))
+    if off_axes:
+        notes.append(f"outside the axes (under {100 * AXIS_MIN_SHARE:g}% of the time each): "
+                     + tags(off_axes))
     c = analyses[0].conventions
     notes.append(f"conventions: --causal {c['causal']}, --attention-bytes {c['attention_bytes']};"
                  " marker area ∝ share of the trace's device time")
     text = "\n".join(textwrap.fill(n, 200) for n in notes)
     fig.text(0.01, 0.005, text, fontsize=7, color="0.3", ha="left", va="bottom")
     return fig
+
+
+def axis_points(share: Sequence[float] | ArrayLike, whole: Sequence[bool] | ArrayLike) -> np.ndarray:
+    """Which points set a chart's axes: the whole-model ones and those holding at least
+    AXIS_MIN_SHARE of their trace's time (every point when none does)."""
+    keep = np.asarray(whole, dtype=bool) | (np.asarray(share, dtype=float) >= AXIS_MIN_SHARE)
+    return keep if keep.any() else np.ones(len(keep), dtype=bool)
 
 
 def panel_groups(analyses: Sequence[Analysis], hardware: Hardware | None = None
@@ -119,16 +136,23 @@ def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
 
 def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict,
                 label_all: bool, many: bool, title: str | None, declutter: set[int],
-                names: list[str], small: bool = False) -> tuple[list[dict], list]:
-    """One panel: roof, points, axes and legend; returns the points to label and the roof texts."""
+                names: list[str], small: bool = False,
+                off_axes: dict | None = None) -> tuple[list[dict], list]:
+    """One panel: roof, points, axes and legend; returns the points to label and the roof texts.
+    The operators not plottable go to `skipped`, those outside the axes to `off_axes`
+    (operator -> trace names)."""
+    off_axes = {} if off_axes is None else off_axes
     ax.set_xscale("log")
     ax.set_yscale("log")
     points = _points(analyses, skipped)
     summary = hardware_summary(analyses[0], hw)
     peak = cast(float, summary["peak_flops_per_s"]) if summary else None
     dtype = cast(str, summary["dtype"]) if summary else ""  # used only under a roof (peak)
-    xs = [p["x"] for p in points] + [p.get("mx", p["x"]) for p in points]
-    ys = [p["y"] for p in points if p["y"] is not None]
+    core = [p for p, keep in zip(points, axis_points([p["rank"] for p in points],
+                                                     [p["whole"] for p in points]), strict=True)
+            if keep]
+    xs = [p["x"] for p in core] + [p.get("mx", p["x"]) for p in core]
+    ys = [p["y"] for p in core if p["y"] is not None]
     ridge = peak / hw.mem_bandwidth if hw and peak else None
     x_lo = min(xs + ([ridge] if ridge else [])) / 4 if xs else 0.01
     x_hi = max(xs + ([ridge] if ridge else [])) * 10 if xs else 1e4
@@ -136,6 +160,11 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
     y_lo = min(ys) / 6 if ys else 1e9
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
+    off = [p for p in points if not (x_lo <= p["x"] <= x_hi and x_lo <= p.get("mx", p["x"]) <= x_hi
+                                     and (p["y"] is None or y_lo <= p["y"] <= y_hi))]
+    for p in off:  # too little time to set the axes, and outside them: said in the notes
+        off_axes.setdefault(p["label"], []).append(names[p["trace"]])
+    points = [p for p in points if all(p is not q for q in off)]
     for p in points:  # intensity-only points sit just above the bottom edge
         if p["y"] is None:
             p["y"] = y_lo * (y_hi / y_lo) ** 0.025
