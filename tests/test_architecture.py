@@ -258,7 +258,8 @@ def test_unknown_model_type_without_the_fields_is_one_line_naming_them(tmp_path)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(
         "rwkv/config.json: model_type 'rwkv' is not a known family, and config.json lacks "
-        "num_attention_heads (or n_head, num_heads, n_heads), num_hidden_layers (or n_layer, ")
+        "num_attention_heads (or n_head, num_heads, n_heads, decoder_attention_heads), "
+        "num_hidden_layers (or n_layer, ")
     assert all(f in msg for f in F.FAMILIES) and "hidden_size" not in msg  # d_model is one
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "rwkv", "d_model": 512}))

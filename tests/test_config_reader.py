@@ -80,6 +80,39 @@ def test_moe_qk_norm_tie_and_bias_fields_under_their_spellings():
     assert F.from_hf_config({**BASE, "kv_channels": 8}, "c").attention.head_dim == 8
 
 
+# ----------------------------------------------------------------------------- the model's norms
+BERT_CFG = {"model_type": "roberta", "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "intermediate_size": 176, "vocab_size": 100,
+            "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+
+
+def test_a_bert_decoder_is_post_norm_with_an_embedding_norm_and_no_final_norm():
+    arch = F.from_hf_config({**BERT_CFG, "is_decoder": True}, "roberta")
+    assert arch.placement is A.POST_LN and arch.norm == "layernorm" and arch.assumed == ()
+    assert [o.op for o in arch.layer(0).ops] == [
+        "q_proj", "k_proj", "v_proj", "attention", "o_proj", "residual", "post_attention_norm",
+        "up_proj", "act", "down_proj", "residual", "post_feedforward_norm"]
+    assert arch.layer(0).hf_params()["output.LayerNorm.weight"] == (64,)
+    # the same model type as an encoder (masked LM) is refused; its causal LM's class is read
+    with pytest.raises(InputError, match="not a decoder-only language model"):
+        F.from_hf_config(BERT_CFG, "roberta")
+    assert F.from_hf_config({**BERT_CFG, "architectures": ["RobertaForCausalLM"]}, "r").placement \
+        is A.POST_LN
+
+
+def test_bart_decoders_read_their_decoder_fields_and_placement():
+    bart = {"model_type": "bart", "d_model": 64, "decoder_attention_heads": 4,
+            "encoder_attention_heads": 8, "decoder_layers": 2, "decoder_ffn_dim": 176,
+            "vocab_size": 100, "activation_function": "gelu", "is_decoder": True}
+    arch = F.from_hf_config(bart, "bart")
+    assert (arch.attention.num_heads, arch.num_layers, arch.mlp.intermediate_size) == (4, 2, 176)
+    assert arch.placement is A.POST_LN
+    mbart = F.from_hf_config({**bart, "model_type": "mbart"}, "mbart")
+    assert mbart.placement.embedding_norm and mbart.placement.final_norm
+    assert mbart.placement.order == A.PRE.order
+    assert not F.from_hf_config({**bart, "model_type": "pegasus"}, "p").placement.embedding_norm
+
+
 # ----------------------------------------------------------------------------- one entry
 def test_a_family_with_a_new_norm_placement_is_one_registry_entry(monkeypatch):
     monkeypatch.setattr(F, "FAMILIES", dict(F.FAMILIES))  # the registration ends with the test

@@ -183,7 +183,7 @@ ATTENTION_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "kv_proj"
                              "attention", "rope", "kv_cache", "q_norm", "k_norm", "q_a_proj",
                              "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_layernorm",
                              "kv_a_layernorm"})
-NON_GEMM_NAMES = frozenset({"input_norm", "post_attention_norm", "final_norm", "q_norm",
+NON_GEMM_NAMES = frozenset({"input_norm", "post_attention_norm", "final_norm", "embedding_norm", "q_norm",
                             "k_norm", "pre_feedforward_norm", "post_feedforward_norm",
                             "q_a_layernorm", "kv_a_layernorm", "residual", "rope", "loss", "act",
                             "experts_act", "sampling", "embedding"})
@@ -228,7 +228,7 @@ CONTRADICTIONS: tuple[Rule, ...] = (
          except_truths=frozenset({"rotary", "embedding"})),
     Rule("q/k norm name on another norm", frozenset({"q_norm", "k_norm"}),
          NORM_TRUTHS - {"qk_norm"}),
-    Rule("final norm vs layer norm", frozenset({"final_norm"}),
+    Rule("final norm vs layer norm", frozenset({"final_norm", "embedding_norm"}),
          frozenset({"input_norm", "post_attention_norm", "norm", "qk_norm"})),
     Rule("final norm vs layer norm", LAYER_NORMS, frozenset({"final_norm"})),
 )

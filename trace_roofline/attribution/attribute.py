@@ -824,7 +824,7 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     # attention geometry every op of the trace may show)
     linears = _linears(inst[~backward], model, ops if whole else None)
     gemm = naming.name_gemms(inst, linears)
-    placement = model.architecture.placement.order if model is not None else None
+    placement = model.architecture.placement if model is not None else None
     # the model's q/k norms (OLMo2's over the whole projection too), else the shapes say
     qk_norm = True if model is not None and model.qk_norm else None
     pos_name, pos_evidence, pos_reason = naming.explain(inst, gemm, qk_norm, placement)

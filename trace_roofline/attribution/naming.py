@@ -15,6 +15,7 @@ import pandas as pd
 from trace_roofline.attribution.nest import Nest
 from trace_roofline.frames import distinct_codes, factorized
 from trace_roofline.model import kernels, operators
+from trace_roofline.model.architecture import ATTENTION, MLP, PRE, RESIDUAL, Placement
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.model.operators import Stage
 from trace_roofline.trace.decode import decode_args
@@ -889,7 +890,7 @@ def position_names(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = N
 
 
 def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
-            placement: tuple[str, ...] | None = None) -> tuple[pd.Series, pd.Series, pd.Series]:
+            placement: Placement | None = None) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Name every instance from anchors and op names. Returns (operator, evidence, reason),
     categorical Series: `shape` for GEMMs matched to a linear (and an eager attention's batched
     Q·Kᵀ / P·V between the projections and o_proj: its geometry), `kernel_name` for ops or
@@ -998,6 +999,7 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
         (p_tail & F["sigmoid"], "router"),  # the shared expert's gate
         (p_tail & n_next & before_norm & (pos == last_add) & ~add_norm, "residual"),
         (p_tail & before_norm, "moe_combine"),
+        *_placed(R, F, P, n_start, placement, p_tail),
         (p_tail & n_start, "input_norm"),
         (p_tail, "final_norm"),
         # after a router whose experts run inside an engine's fused op: before that op, its
@@ -1018,7 +1020,7 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
         (after_proj & (pos > last_rope) & N.isin(["o_proj", ""]) & ~has_attn, UNATTRIBUTED),
         (after_proj, "rope"),
         # the norms and residual adds after o_proj and down_proj, in the layout's order
-        *_placed(R, F, P, N, n_start, placement),
+        *_placed(R, F, P, n_start, placement, after_down, preamble),
         # up to o_proj: layout copies, masks
         (P.isin(["attention"]) & N.isin(["o_proj", "attention"]), "attention"),
         (P.isin(MLP_IN), "act"),  # between gate/up and down
@@ -1054,46 +1056,60 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
                  for v in _honest(ctx, name, evidence))
 
 
-def _gaps(order: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """The norms and residual adds of a placement (architecture.Placement.order) after the
-    attention block (`o_proj`), after the MLP when the next layer follows (`down_proj`) and
-    when the model ends (`end`)."""
-    a, m = order.index("attention"), order.index("mlp")
-    return {"o_proj": order[a + 1:m], "down_proj": order[m + 1:] + order[:a],
-            "end": order[m + 1:] + ("final_norm",)}
+def _gaps(placement: Placement) -> dict[str, tuple[str, ...]]:
+    """The norms and residual adds of a placement before the first layer's attention (`start`:
+    the embedding norm, then the layer's own), after the attention block (`o_proj`), after the
+    MLP when the next layer follows (`down_proj`) and when the model ends (`end`)."""
+    order = placement.order
+    a, m = order.index(ATTENTION), order.index(MLP)
+    first = ("embedding_norm",) if placement.embedding_norm else ()
+    last = ("final_norm",) if placement.final_norm else ()
+    return {"start": first + tuple(x for x in order[:a] if x != RESIDUAL),
+            "o_proj": order[a + 1:m], "down_proj": order[m + 1:] + order[:a],
+            "end": order[m + 1:] + last}
 
 
-_PRE_GAPS = {"o_proj": ("residual", "post_attention_norm"),
-             "down_proj": ("residual", "input_norm"), "end": ("residual", "final_norm")}
+_PRE_GAPS = _gaps(PRE)
 
 
-def _placed(R: _Regions, F: dict[str, np.ndarray], P: Names, N: Names, n_start: np.ndarray,
-            order: tuple[str, ...] | None) -> list[Rule]:
-    """Rules naming the gaps after o_proj and down_proj from the layout's placement, when it
-    differs from a pre-norm layer's (whose gaps the rules after these name, fused add+norm
-    kernels included): the k-th norm of the gap is the k-th norm the placement puts there
-    (a norm opens at its first op, or the cast right before it), the residual add is the last
-    add of two tensors before the norm the placement puts after it."""
-    if order is None or _gaps(order) == _PRE_GAPS:
+def _placed(R: _Regions, F: dict[str, np.ndarray], P: Names, n_start: np.ndarray,
+            placement: Placement | None, mlp_end: np.ndarray,
+            preamble: np.ndarray | None = None) -> list[Rule]:
+    """Rules naming the gaps after o_proj and after the MLP (`mlp_end`: regions its last GEMM
+    opens) and, given the `preamble`, before the first layer, from the layout's placement,
+    when it differs from a pre-norm layer's (whose gaps the rules after these name, fused
+    add+norm kernels included): the k-th norm of the gap is the k-th norm the placement puts
+    there (a norm opens at its first op, or the cast right before it), the residual add is the
+    last add of two tensors before the norm the placement puts after it. A norm beyond the
+    placement's (an LM head's own) is left to the rules after these."""
+    if placement is None:
+        return []
+    gaps = _gaps(placement)
+    if gaps == _PRE_GAPS:
         return []
     pos = R.pos
     prev_cast = np.r_[False, F["cast"][:-1]] & (pos > 0)
     next_open = np.r_[F["normopen"][1:], False] & np.r_[pos[1:] > 0, False]
     opens = (F["cast"] & next_open) | (F["normopen"] & ~prev_cast)
     nth = R.count(opens)  # the norms opened so far in the gap
-    after_o, after_down = P.isin(["o_proj"]), P.isin(["down_proj"])
     rules: list[Rule] = []
-    for where, seq in ((after_o, _gaps(order)["o_proj"]),
-                       (after_down & n_start, _gaps(order)["down_proj"]),
-                       (after_down & N.isin(["", "lm_head"]), _gaps(order)["end"])):
-        norms = [x for x in seq if x != "residual"]
+    if preamble is not None and gaps["start"]:  # ops before its first norm: the embedding's
+        start = np.asarray(gaps["start"], dtype=object)
+        rules.append((preamble & (nth >= 1) & (nth <= len(start)),
+                       Names(np.clip(nth - 1, 0, len(start) - 1), start)))
+    gap_of = [(mlp_end & n_start, gaps["down_proj"]), (mlp_end & ~n_start, gaps["end"])]
+    if preamble is not None:
+        gap_of.append((P.isin(["o_proj"]), gaps["o_proj"]))
+    for where, seq in gap_of:
+        norms = [x for x in seq if x != RESIDUAL]
         if not norms:
             continue
-        res = seq.index("residual") if "residual" in seq else -1  # norms before the add
+        res = seq.index(RESIDUAL) if RESIDUAL in seq else -1  # norms before the add
         add_at = R.last(F["add"] & F["binary"] & (nth == res))  # the residual add
         names = Names(np.clip(nth - 1, 0, len(norms) - 1), np.asarray(norms, dtype=object))
-        rules += [(where & (nth == res) & (pos >= add_at) & (add_at >= 0), "residual"),
-                  (where & (nth == 0) & (res == 0), "residual"), (where, names)]
+        rules += [(where & (nth == res) & (pos >= add_at) & (add_at >= 0), RESIDUAL),
+                  (where & (nth == 0) & (res == 0), RESIDUAL),
+                  (where & (nth <= len(norms)), names)]
     return rules
 
 

@@ -39,7 +39,7 @@ PHASES = ("prefill", "decode", "mixed", "forward", "backward", "optimizer", "bef
           "unknown")
 _TRAINING_PARTS = ("backward", "optimizer")
 
-_MODEL_KEY = {"embedding": -1.0, "final_norm": 1e12, "lm_head": 1e12 + 1}
+_MODEL_KEY = {"embedding": -1.0, "embedding_norm": -0.5, "final_norm": 1e12, "lm_head": 1e12 + 1}
 ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
 _EAGER_ATTENTION_OPS = {*(g.removeprefix("aten::") for g in layouts.EAGER_ATTENTION_GEMMS),
                         "softmax", "_softmax", "_safe_softmax"}

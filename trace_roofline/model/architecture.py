@@ -174,10 +174,13 @@ ATTENTION, MLP, RESIDUAL = "attention", "mlp", "residual"
 class Placement:
     """A layer's blocks in the order HF runs them: `attention` (projections to o_proj), `mlp`
     (dense or sparse), `residual` (an add) and norms, each named by its operator (its module:
-    Layout.modules)."""
+    Layout.modules); and the model's own norms: one over the embeddings before the first layer
+    (BERT's `embeddings.LayerNorm`, BLOOM's `word_embeddings_layernorm`), one after the last."""
 
     name: str
     order: tuple[str, ...]
+    embedding_norm: bool = False
+    final_norm: bool = True
 
     def __post_init__(self) -> None:
         for block in self.order:
@@ -194,6 +197,12 @@ POST = Placement("post", (ATTENTION, "post_attention_norm", RESIDUAL, MLP,
 # Gemma 2 / 3, GLM-4: norms before and after attention and MLP
 SANDWICH = Placement("sandwich", ("input_norm", ATTENTION, "post_attention_norm", RESIDUAL,
                                   "pre_feedforward_norm", MLP, "post_feedforward_norm", RESIDUAL))
+# BERT and the encoder-decoders' decoders (BART): each block's residual sum normalised, the
+# embeddings normalised, no final norm
+POST_LN = Placement("post_ln", (ATTENTION, RESIDUAL, "post_attention_norm", MLP, RESIDUAL,
+                                "post_feedforward_norm"), embedding_norm=True, final_norm=False)
+# BLOOM, mBART, nanochat: a pre-norm layer, the embeddings normalised too
+PRE_EMBEDDING_NORM = Placement("pre_embedding_norm", PRE.order, embedding_norm=True)
 # GPT-NeoX: attention and MLP both read the layer input, each through its own norm
 PARALLEL = Placement("parallel", ("input_norm", ATTENTION, "post_attention_norm", MLP, RESIDUAL))
 # Cohere, Phi-2, StableLM's parallel form: one norm feeds attention and MLP

@@ -24,10 +24,13 @@ _SCALE_BITS = 32  # fp8 checkpoints keep one float32 scale per weight block
 # canonical field -> its spellings in transformers' configs, the first present wins
 SPELLINGS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads",
+                            "decoder_attention_heads"),
     "num_key_value_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query"),
-    "intermediate_size": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff"),
-    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "intermediate_size": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff",
+                          "decoder_ffn_dim"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                          "decoder_layers"),
     "head_dim": ("head_dim", "kv_channels"),
     "num_experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "top_k", "moe_top_k", "experts_per_token"),

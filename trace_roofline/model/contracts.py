@@ -64,7 +64,7 @@ _TABLE: tuple[tuple[tuple[str, ...], Contract], ...] = (
     (("moe_dispatch", "moe_combine", "experts_act"), _MOE_GLUE),
     (("attention",), _c("attention batched_gemm gemm_kernel softmax generic")),
     (("input_norm", "post_attention_norm", "pre_feedforward_norm", "post_feedforward_norm",
-      "final_norm", "q_a_layernorm", "kv_a_layernorm"), _NORM),
+      "embedding_norm", "final_norm", "q_a_layernorm", "kv_a_layernorm"), _NORM),
     (("q_norm", "k_norm"), _c("norm generic", "qk_norm")),
     (("residual",), _NORM),  # (an engine's norm adds the residual itself)
     # (RoPE's table is an outer product: a GEMM kernel, in a graph replay with no op to say so)

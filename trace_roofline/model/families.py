@@ -20,7 +20,9 @@ from trace_roofline.model.architecture import (
     PARALLEL,
     PARALLEL_ONE_NORM,
     POST,
+    POST_LN,
     PRE,
+    PRE_EMBEDDING_NORM,
     SANDWICH,
     Architecture,
     Attention,
@@ -266,8 +268,41 @@ DEEPSEEK = Layout.of({
     "shared_down_proj": "mlp.shared_experts.down_proj"})
 GPT_OSS = Layout.of({**_ATTN, "router": "mlp.router", "experts": "mlp.experts"},
                  transposed=("experts_gate_up", "experts_down"))
+# BERT's layer (its causal LM: BertLMHeadModel, RobertaForCausalLM, ... with is_decoder)
+BERT = Layout.of({"q_proj": "attention.self.query", "k_proj": "attention.self.key",
+                  "v_proj": "attention.self.value", "attention": "attention.self",
+                  "o_proj": "attention.output.dense",
+                  "post_attention_norm": "attention.output.LayerNorm",
+                  "up_proj": "intermediate.dense", "act": "intermediate.intermediate_act_fn",
+                  "down_proj": "output.dense", "post_feedforward_norm": "output.LayerNorm"})
+# RoBERTa-PreLayerNorm: BERT's modules, each block's norm before it
+BERT_PRE = Layout.of({**{k: v for k, v in BERT.module.items() if not k.endswith("_norm")},
+                      "input_norm": "attention.LayerNorm", "post_attention_norm": "intermediate.LayerNorm"})
+# the decoder layer of BART and its kin (their ForCausalLM: the decoder alone)
+_BART_ATTN = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
+              "v_proj": "self_attn.v_proj", "attention": "self_attn", "o_proj": "self_attn.out_proj",
+              "up_proj": "fc1", "act": "activation_fn", "down_proj": "fc2"}
+BART = Layout.of({**_BART_ATTN, "post_attention_norm": "self_attn_layer_norm",
+                  "post_feedforward_norm": "final_layer_norm"})
+BART_PRE = Layout.of({**_BART_ATTN, "input_norm": "self_attn_layer_norm",
+                      "post_attention_norm": "final_layer_norm"})
+BLOOM = Layout.of({"input_norm": "input_layernorm", "qkv_proj": "self_attention.query_key_value",
+                   "attention": "self_attention", "o_proj": "self_attention.dense",
+                   "post_attention_norm": "post_attention_layernorm",
+                   "up_proj": "mlp.dense_h_to_4h", "act": "mlp.gelu_impl",
+                   "down_proj": "mlp.dense_4h_to_h"})
+HYPERCLOVAX = Layout.of({**_ATTN, **_MLP, "post_attention_norm": "post_norm1",
+                         "pre_feedforward_norm": "post_attention_layernorm",
+                         "post_feedforward_norm": "post_norm2"})
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GEMMA = Family(GEMMA, activation="gelu_pytorch_tanh", sqrt_embedding_scale=True, tie_default=True)
+_LAYERNORM_GELU = {"norm": "layernorm", "bias_default": True, "out_bias": "always",
+                   "mlp_bias": "always", "gated": False, "activation": "gelu", "tie_default": True}
+_BERT = Family(BERT, placement=POST_LN, position="learned", **_LAYERNORM_GELU)  # type: ignore[arg-type]
+_BART = Family(BART, placement=POST_LN, position="learned", **_LAYERNORM_GELU)  # type: ignore[arg-type]
+# BERT-derived encoders and encoder-decoders whose config with `is_decoder` builds a causal LM
+BERT_LIKE = ("bert", "bert-generation", "roberta", "xlm-roberta", "camembert", "data2vec-text",
+             "ernie", "electra", "big_bird", "roc_bert", "rembert", "xmod")
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -327,6 +362,20 @@ FAMILIES: dict[str, Family] = {
                           classes=("DeepseekV3ForCausalLM",)),
     "gpt_oss": Family(GPT_OSS, bias_default=True, windows="even", adjust=_gpt_oss, norm_topk_prob=True,
                       classes=("GptOssForCausalLM",)),
+    **dict.fromkeys(BERT_LIKE, _BERT),
+    "roformer": dataclasses.replace(_BERT, position="rope"),
+    "roberta-prelayernorm": dataclasses.replace(_BERT, layout=BERT_PRE, placement=PRE_EMBEDDING_NORM),
+    **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian"), _BART),
+    "mbart": dataclasses.replace(_BART, layout=BART_PRE, placement=PRE_EMBEDDING_NORM),
+    **dict.fromkeys(("pegasus", "blenderbot"), dataclasses.replace(_BART, layout=BART_PRE,
+                                                                   placement=PRE)),
+    "bloom": Family(BLOOM, placement=PRE_EMBEDDING_NORM, position="learned",
+                    **_LAYERNORM_GELU),  # type: ignore[arg-type]
+    "nanochat": Family(QK_PROJECTION, placement=PRE_EMBEDDING_NORM, qk_norm_always=True),
+    "exaone4": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, windows="every"),
+    "flex_olmo": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, norm_topk_prob=False),
+    # Peri-LN: a norm after each block too (use_post_norm), its pre-MLP norm HF's post_attention
+    "hyperclovax": Family(HYPERCLOVAX, parallel_switch=("use_post_norm", True, SANDWICH)),
 }
 # A model type no entry names: its fields read as a Llama-style layer, the norm guessed
 GENERIC = Family(LLAMA, norm=None)
@@ -336,12 +385,21 @@ NOT_DECODERS = frozenset({
     "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
     "mpnet", "modernbert", "camembert", "ernie", "t5", "mt5", "umt5", "bart", "mbart", "pegasus",
     "marian", "whisper", "wav2vec2", "hubert", "vit", "clip", "siglip", "dinov2", "swin", "convnext",
-    "resnet"})
+    "resnet"})  # (those with a family: unless the config is a causal LM's, `_causal`)
 
 
 def register(model_type: str, family: Family) -> None:
     """Add (or replace) a family: one entry, nothing else to edit."""
     FAMILIES[model_type] = family
+
+
+def _causal(cfg: dict) -> bool:
+    """A config that builds a causal LM: `is_decoder`, or a `*ForCausalLM` / `*LMHeadModel` class
+    (an encoder's or encoder-decoder's model type, such as BERT's or BART's, then names its
+    decoder)."""
+    classes = cfg.get("architectures")
+    return cfg.get("is_decoder") is True or isinstance(classes, list) and any(
+        isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in classes)
 
 
 def _supported() -> str:
@@ -371,7 +429,7 @@ def from_hf_config(cfg: dict, source: str) -> Architecture:
     if not isinstance(cfg, dict):
         raise InputError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
     mt = model_type(cfg, source)
-    if mt in NOT_DECODERS:
+    if mt in NOT_DECODERS and not (mt in FAMILIES and _causal(cfg)):
         raise InputError(f"{source}: model_type {mt!r} is not a decoder-only language model "
                          "(an encoder, encoder-decoder or vision/speech model): there is no "
                          f"decoder layer layout to name its kernels by ({_supported()})")

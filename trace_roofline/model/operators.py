@@ -107,6 +107,9 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("moe_combine", "memory", ops=re.compile(r"^moe_sum$"), cost="moe_sum"),
     Operator("embedding", "memory", per_layer=False, aliases=("embed_tokens",),
              ops=re.compile(r"^(?:embedding|embedding_bag|_embedding_bag)$")),
+    # a norm over the embeddings before the first layer (BERT, BART, BLOOM)
+    Operator("embedding_norm", "memory", per_layer=False,
+             aliases=("layernorm_embedding", "word_embeddings_layernorm")),
     Operator("final_norm", "memory", per_layer=False),
     _linear("lm_head", None, per_layer=False),
     # DeepSeek's multi-head latent attention (architecture.py): q through a LoRA (q_a_proj,
