@@ -188,3 +188,39 @@ def test_a_near_zero_row_does_not_stretch_the_axes(decode):
     assert any("outside the axes" in t.get_text() and "other" in t.get_text() for t in fig.texts)
     (chart,) = _figures(_charts([a], operator_rows([a])))
     assert chart.x_range.start > 1e-3 and chart.y_range.start > 1e6
+
+
+# ------------------------------------------------------------------------ run and sweep
+def test_sweep_prints_readable_times_and_progress():
+    torch = pytest.importorskip("torch")
+    import tempfile
+
+    from workloads.sweep import run_sweep
+
+    lines: list[str] = []
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as out:
+        run_sweep("qwen-tiny", "q_proj", (1, 4), None, "cpu", 1, 2, None, out, True,
+                  progress=lines.append)
+    starts = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+ \(\d of 2\)", x)]
+    assert len(starts) == 2 and "1 warm-up + 2 timed calls" in starts[0]
+    rows = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+: ", x)]
+    assert len(rows) == 2
+    assert all(re.search(r": +\d+(\.\d+)? (µs|ms|s) ", x) for x in rows), rows
+    assert not any(re.search(r"\d\.\d\d us", x) for x in rows), rows  # not 980633.67 us
+    assert any(x.startswith("[sweep] profiling 5 calls per M") for x in lines)
+
+
+def test_run_and_sweep_default_out_is_ignored_by_git():
+    import subprocess
+
+    from trace_roofline.cli import build_parser
+
+    parser = build_parser()
+    for command in ("run", "sweep"):
+        args = parser.parse_args([command])
+        assert args.out == "traces"
+    help_text = run_cli("sweep", "--help").stdout
+    assert "traces/ in the current folder" in " ".join(help_text.split())
+    ignored = subprocess.run(["git", "check-ignore", "-q", "traces/x.json.gz"], cwd=ROOT)
+    assert ignored.returncode == 0  # a capture in the clone is not committed by accident

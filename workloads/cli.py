@@ -19,6 +19,9 @@ from trace_roofline.errors import InputError
 from trace_roofline.files import check_targets, write_files
 
 DEVICE_HELP = "cuda, cuda:N or cpu (default: cuda if torch sees one, else cpu)"
+# traces/ of the current folder (ignored by the repository's .gitignore: a capture in the clone
+# is never committed by accident).
+OUT_HELP = "output directory (default: traces/ in the current folder)"
 
 
 # The one line printed where torch is missing (README command 1 installs the analyzer only).
@@ -81,7 +84,7 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                    help="skip the float32 reference check")
     p.add_argument("--seed", type=int, default=0, help="weights and inputs seed")
     p.add_argument("--name", default=None, help="file stem (default: generated from the run)")
-    p.add_argument("--out", "-o", default="traces", help="output directory")
+    p.add_argument("--out", "-o", default="traces", help=OUT_HELP)
     p.add_argument("--summary", default=None,
                    help="also write the run summary JSON here (default: none)")
     p.add_argument("--no-analyze", dest="analyze", action="store_false",
@@ -160,7 +163,7 @@ def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         "(default: the preset matching the GPU, if any)")
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="time only, write no profiled trace")
-    p.add_argument("--out", "-o", default="traces", help="output directory")
+    p.add_argument("--out", "-o", default="traces", help=OUT_HELP)
     p.set_defaults(func=sweep_command)
     return p
 
@@ -239,7 +242,7 @@ def add_hf_capture_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
                         "step i writes slot T + i by index_copy_)")
     p.add_argument("--max-cache-len", type=int, default=None,
                    help="StaticCache slots (default: 2 x --tokens)")
-    p.add_argument("--out", "-o", default="traces", help="output directory")
+    p.add_argument("--out", "-o", default="traces", help=OUT_HELP)
     p.set_defaults(func=hf_capture_command)
     return p
 

@@ -26,6 +26,7 @@ from trace_roofline.costs.calculator import si
 from trace_roofline.errors import InputError
 from trace_roofline.files import read_json, write_files
 from trace_roofline.model.models import get_model
+from trace_roofline.outputs.report import duration
 from workloads.runner import DTYPES, device_tag, resolve_device, sync
 
 PEAK_KEY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -110,7 +111,10 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
     if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and device.type == "cuda":
         key = "tf32"
     rows = []
-    for m in ms:
+    for i_m, m in enumerate(ms):
+        # said before the work: one M of a big CPU GEMM takes minutes
+        progress(f"[sweep] M={m:>5} ({i_m + 1} of {len(ms)}): {warmup} warm-up + {iters} timed "
+                 "calls ...")
         xs = [torch.randn(m, k, generator=gen, device=device, dtype=torch.float32).to(dtype)
               for _ in range(4)]  # [M, K]
         y = xs[0] @ ws[0]  # [M, N]
@@ -133,7 +137,7 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
             row.update(attainable_tflops=att / 1e12, roof_fraction=flops / med / att,
                        bound="memory" if row["intensity"] < p / bw else "compute")
         rows.append(row)
-        progress(f"[sweep] M={m:>5}: {med * 1e6:9.2f} us  {si(flops / med, 'FLOP/s'):>13}"
+        progress(f"[sweep] M={m:>5}: {duration(med * 1e6):>9}  {si(flops / med, 'FLOP/s'):>13}"
                  + (f"  attainable {si(row['attainable_tflops'] * 1e12, 'FLOP/s'):>13} "
                     f"({100 * row['roof_fraction']:5.1f}% "
                     f"of roof, {row['bound']}-bound)" if hardware else ""))
@@ -151,6 +155,7 @@ def m_sweep(ms: list[int], k: int, n: int, dtype: torch.dtype, device: torch.dev
         "rows": rows,
     }
     if trace_path is not None:
+        progress(f"[sweep] profiling {profiled_calls} calls per M into {trace_path} ...")
         _profile_sweep(ms, k, ws, dtype, device, gen, profiled_calls, trace_path)
         progress(f"[sweep] wrote {trace_path}")
     return result
