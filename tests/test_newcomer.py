@@ -166,7 +166,7 @@ def test_sweep_on_cpu_prints_si_rates():
     with tempfile.TemporaryDirectory() as out:
         run_sweep("qwen-tiny", "q_proj", (1, 4), None, "cpu", 1, 2, None, out, False,
                   progress=lines.append)
-    rows = [x for x in lines if x.startswith("[sweep] M=")]
+    rows = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+: ", x)]  # not the progress lines
     assert len(rows) == 2
     assert all(re.search(r"\d (|k|M|G|T)FLOP/s", x) for x in rows), rows
     assert not any("0.00 TFLOP/s" in x for x in rows)
