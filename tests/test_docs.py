@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -272,6 +273,42 @@ def test_python_page_names_only_public_api():
     listed = re.search(r"besides those above: (.*?)\.", text, re.S).group(1)
     names = set(re.findall(r"`(\w+)`", listed)) | set(re.findall(r"\btr\.(\w+)", text))
     assert names and names <= set(tr.__all__), names - set(tr.__all__)
+    assert set(tr.__all__) <= names, f"docs/python.md does not name {set(tr.__all__) - names}"
+
+
+def test_a_script_beside_a_clone_named_trace_roofline(tmp_path):
+    """docs/python.md's "Where to save a script": the clone folder beside a script is imported as
+    an empty namespace package (the AttributeError a newcomer met), and `python3 -P` avoids it."""
+    clone = tmp_path / "trace_roofline"
+    clone.mkdir()
+    (clone / "README.md").write_text("a clone: no __init__.py at its top\n")
+    script = tmp_path / "script.py"
+    script.write_text("import trace_roofline as tr\nprint(tr.__file__)\nprint(tr.load_trace)\n")
+    # The package as `pip install -e .` puts it: a finder after Python's own path search (a
+    # folder on sys.path that holds a regular package would win over the namespace one).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import importlib.machinery, sys\n"
+        "class Editable:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        "        if name == 'trace_roofline':\n"
+        f"            return importlib.machinery.PathFinder.find_spec(name, [{str(ROOT)!r}])\n"
+        "sys.meta_path.append(Editable)\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    beside = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)
+    assert beside.returncode == 1 and beside.stdout.splitlines() == ["None"]
+    assert "has no attribute 'load_trace'" in beside.stderr
+    fixed = subprocess.run([sys.executable, "-P", str(script)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.startswith(str(ROOT / "trace_roofline" / "__init__.py"))
+    page = " ".join((DOCS / "python.md").read_text().split())
+    for said in ("## Where to save a script", "has no attribute 'load_trace'", "python3 -P script.py",
+                 "git clone URL trace-roofline"):
+        assert said in page, said
 
 
 def test_analyzer_modules_never_import_torch():
