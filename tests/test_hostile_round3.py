@@ -3,7 +3,10 @@ of the issue's table and fails on the code before its fix."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -95,3 +98,171 @@ def test_a_device_without_a_preset_is_named(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "device 'NVIDIA RTX A6000' in the trace has no preset: pass --hardware" in r.stdout
     assert "no device in the trace" not in r.stdout
+
+
+# ----------------------------------------------------------------- row 1: outputs over odd files
+def _special(kind: str, path: Path) -> Path:
+    """A FIFO, a character device node (/dev/full's numbers, made here: never a system node)
+    or a socket at `path`; skip where this system cannot make one."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+        except (PermissionError, OSError) as e:
+            pytest.skip(f"cannot make a device node here ({e})")
+    else:
+        import socket
+
+        if len(str(path)) > 100:
+            pytest.skip("temporary path too long for a unix socket")
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    return path
+
+
+def _same_kind(path: Path, kind: str) -> bool:
+    mode = os.lstat(path).st_mode
+    return {"fifo": stat.S_ISFIFO, "device": stat.S_ISCHR, "socket": stat.S_ISSOCK}[kind](mode)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "socket"])
+@pytest.mark.parametrize("flag", ["--json", "--perfetto"])
+def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, kind, flag):
+    """`--json /dev/full` (as root) renamed the report over the device node. A node, FIFO or
+    socket given as an output is now refused before the work: one line, exit 2, untouched."""
+    trace = write(gpu_trace(1), tmp_path / "t.json")
+    target = _special(kind, tmp_path / "out.json")
+    r = run_cli("analyze", str(trace), "--no-cache", flag, str(target), timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert str(target) in r.stderr and "not a regular file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert _same_kind(target, kind)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary
+
+
+def test_a_fifo_inside_out_is_never_replaced(tmp_path):
+    trace = write(gpu_trace(1), tmp_path / "t.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    fifo = _special("fifo", out / "report.json")
+    r = run_cli("analyze", str(trace), "--no-cache", "--out", str(out), timeout=120)
+    assert r.returncode == 2 and str(fifo) in r.stderr and "not a regular file" in r.stderr
+    assert _same_kind(fifo, "fifo") and sorted(p.name for p in out.iterdir()) == ["report.json"]
+
+
+def test_write_files_and_its_last_rename_refuse_a_node(tmp_path):
+    """Checked before the work and again at the rename (the path may have changed between)."""
+    from trace_roofline import files
+    from trace_roofline.errors import InputError
+
+    fifo = _special("fifo", tmp_path / "r.json")
+    with pytest.raises(InputError, match="not a regular file"):
+        files.write_files({fifo: b"{}"})
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"{}")
+    with pytest.raises(InputError, match="not a regular file"):
+        files._move(staged, fifo)
+    assert _same_kind(fifo, "fifo") and staged.exists()
+    with pytest.raises(InputError, match="not a regular file"), files.staged_file(fifo):
+        pass
+
+
+# ----------------------------------------------------------------- row 2: a FIFO as an input
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_fifo_given_as_the_trace_is_refused_without_blocking(tmp_path, cache):
+    """A FIFO as the trace blocked forever in open() (nobody writes it): now 'not a regular
+    file', exit 2, at once (the timeout turns a hang into a failure)."""
+    fifo = _special("fifo", tmp_path / "t.json")
+    r = run_cli("analyze", str(fifo), *(() if cache else ("--no-cache",)), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"{fifo}: is a FIFO (named pipe), not a regular file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("flag", "name"), [("--hardware", "hw.json"), ("--ncu", "k.ncu.csv")])
+def test_a_fifo_given_as_another_input_is_refused(tmp_path, flag, name):
+    trace = write(gpu_trace(1), tmp_path / "t.json")
+    fifo = _special("fifo", tmp_path / name)
+    r = run_cli("analyze", str(trace), "--no-cache", flag, str(fifo), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert str(fifo) in r.stderr and "not a regular file" in r.stderr
+
+
+def test_a_fifo_named_like_a_trace_in_a_directory_is_never_opened(tmp_path):
+    """tensorboard_trace_handler's glob matched a FIFO named *.pt.trace.json, and sniffing it
+    blocked; it is left out (not a file)."""
+    write(gpu_trace(1), tmp_path / "a.pt.trace.json")
+    _special("fifo", tmp_path / "b.pt.trace.json")
+    r = run_cli("analyze", str(tmp_path), "--no-cache", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "whole model" in r.stdout
+
+
+def test_open_regular_refuses_a_fifo_in_process(tmp_path):
+    from trace_roofline.errors import InputError
+    from trace_roofline.files import open_regular, read_json
+
+    fifo = _special("fifo", tmp_path / "c.json")
+    with pytest.raises(InputError, match="not a regular file"):
+        open_regular(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_json(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_json(tmp_path)
+
+
+# ----------------------------------------------------------------- row 7: a gzip bomb
+def _bomb(path: Path, mb: int) -> Path:
+    """A .json.gz whose traceEvents array holds `mb` MB of spaces (~1 KB compressed per MB)."""
+    import zlib
+
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    spaces = b" " * (1 << 20)
+    with open(path, "wb") as f:
+        f.write(c.compress(b'{"traceEvents": ['))
+        for _ in range(mb):
+            f.write(c.compress(spaces))
+        f.write(c.compress(b"]}") + c.flush())
+    return path
+
+
+def test_a_gzip_bomb_is_refused_in_bounded_memory(tmp_path, monkeypatch):
+    """200 MB of whitespace in ~200 KB of gzip was inflated whole (a 2 MB bomb: 3.3 GB RSS). Now
+    inflating stops at the limit (here a floor of 8 MB instead of 256, to be quick), a clear
+    one-line InputError, having held little more than the limit."""
+    import tracemalloc
+
+    from trace_roofline.errors import InputError
+    from trace_roofline.trace import load_trace, read
+
+    monkeypatch.setattr(read, "INFLATION_FLOOR", 8 << 20)
+    bomb = _bomb(tmp_path / "bomb.json.gz", 200)
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="refused as a gzip bomb") as e:
+            load_trace(bomb, workers=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(bomb) in str(e.value) and "\n" not in str(e.value)
+    assert peak < 64 << 20, peak  # the limit and a chunk, not 200 MB
+
+
+def test_gzip_under_the_limit_inflates_as_before(tmp_path, monkeypatch):
+    """A trace within the ratio (and concatenated members) loads unchanged; the limit is the
+    larger of MAX_INFLATION x the file and INFLATION_FLOOR."""
+    from trace_roofline.trace import load_trace, read
+
+    doc = json.dumps(gpu_trace(1)).encode()
+    one = tmp_path / "one.json.gz"
+    one.write_bytes(gzip.compress(doc[:100]) + gzip.compress(doc[100:]))
+    monkeypatch.setattr(read, "INFLATION_FLOOR", 0)
+    assert len(doc) < read.MAX_INFLATION * one.stat().st_size
+    plain = write(gpu_trace(1), tmp_path / "p.json")
+    assert len(load_trace(one, workers=1).device) == len(load_trace(plain).device)
+    assert read.inflation_limit(10) == 1000
+    monkeypatch.setattr(read, "INFLATION_FLOOR", 1 << 28)
+    assert read.inflation_limit(10) == 1 << 28

@@ -9,6 +9,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -28,16 +29,64 @@ from trace_roofline.errors import InputError
 
 
 def read_json(path: str | Path) -> object:
-    """Decode a JSON file; any failure is an InputError naming the file."""
+    """Decode a JSON file (a regular file: `open_regular`); any failure is an InputError naming
+    the file."""
     p = Path(path)
     try:
-        return json.loads(p.read_bytes())
+        with open_regular(p) as f:
+            return json.loads(f.read())
     except FileNotFoundError:
         raise InputError(f"{p}: no such file") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise InputError(f"{p}: not valid JSON ({e})") from None
+
+
+def kind_of(mode: int) -> str:
+    """What a file of `mode` is, in words ('a FIFO', 'a directory', ...)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | Path) -> io.BufferedReader:
+    """`path` opened for binary reading, or an InputError naming it when it is not a regular
+    file: a FIFO would block `open` until some writer came (forever), a device or a socket is
+    no file to analyse. Checked before the open (nothing but a regular file is opened) and
+    again on the descriptor, opened without blocking, in case the path changed in between.
+    OSError (a missing file, no permission) as `open` raises it."""
+    p = Path(path)
+    st = os.stat(p)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{p}: is {kind_of(st.st_mode)}, not a regular file: give a file")
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    f = open(p, "rb", opener=lambda name, flags: os.open(name, flags | nonblock))  # noqa: SIM115
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{p}: is {kind_of(st.st_mode)}, not a regular file: give a file")
+        if nonblock:  # (no effect on a regular file's reads; cleared all the same)
+            fd = f.fileno()
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~nonblock)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def check_replaceable(path: str | Path, label: str = "output") -> None:
+    """Raise InputError when `path` exists (its final target, through symlinks) and is not a
+    regular file: a device node, a FIFO, a socket or a directory is never replaced by an
+    output (renaming a report over `/dev/full` replaced the device node)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # a new path (or a dangling link): created
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: {label} exists and is {kind_of(st.st_mode)}, not a regular "
+                         "file: refusing to replace it (give a new path or a regular file)")
 
 
 # How much of a file is read to tell a trace from another JSON file: Kineto writes
@@ -111,6 +160,7 @@ def find_traces(directory: str | Path) -> tuple[list[Path], list[Path]]:
     tensorboard = sorted({*d.glob("*.pt.trace.json"), *d.glob("*.pt.trace.json.gz"),
                           *d.glob("plugins/profile/*/*.pt.trace.json"),
                           *d.glob("plugins/profile/*/*.pt.trace.json.gz")})
+    tensorboard = [f for f in tensorboard if f.is_file()]  # (a FIFO named *.json: never opened)
     candidates = tensorboard or [f for f in files if f.name.endswith((".json", ".json.gz"))]
     traces = [f for f in candidates if _looks_like_trace(f)]
     skipped = sorted(set(files) - set(traces))
@@ -124,22 +174,24 @@ def _looks_like_trace(path: Path) -> bool:
     """A Chrome trace: "traceEvents" in its first MiB, or a top-level event array. A file that
     cannot be read or decompressed counts as a trace, so that loading it names the problem."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(SNIFF_BYTES)
         if head[:2] == b"\x1f\x8b":
             head = zlib.decompressobj(wbits=31).decompress(head, SNIFF_BYTES)
-    except (OSError, zlib.error):
+    except (OSError, zlib.error, InputError):
         return True
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     return b'"traceEvents"' in head or text.startswith(b"[")
 
 
 def check_targets(paths: Iterable[str | Path]) -> None:
-    """Raise InputError unless every path can become a file: not a directory, and its nearest
-    existing ancestor a directory. Call it before long work whose results go there."""
+    """Raise InputError unless every path can become a file: not a directory nor any other
+    file but a regular one (`check_replaceable`), and its nearest existing ancestor a
+    directory. Call it before long work whose results go there."""
     for path in map(Path, paths):
         if path.is_dir():
             raise InputError(f"{path}: is a directory, expected a file path")
+        check_replaceable(path)
         for parent in path.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -149,15 +201,16 @@ def check_targets(paths: Iterable[str | Path]) -> None:
 
 def check_outputs(outputs: Iterable[tuple[str, str | Path]],
                   inputs: Iterable[str | Path | None] = ()) -> None:
-    """Raise InputError when an output (label, path) is one of the input files, or two
-    outputs are one file: paths compared resolved, and by device and inode where both exist
-    (a hard link or a symlink to the same file). Call it before the work, with every output
-    the command may write."""
+    """Raise InputError when an output (label, path) exists and is not a regular file
+    (`check_replaceable`), is one of the input files, or two outputs are one file: paths
+    compared resolved, and by device and inode where both exist (a hard link or a symlink to
+    the same file). Call it before the work, with every output the command may write."""
     given = [Path(p) for p in inputs if p is not None and str(p)]
     known = [(p, _where(p)) for p in given]
     seen: list[tuple[str, Path, tuple]] = []
     for label, out in outputs:
         o = Path(out)
+        check_replaceable(o, label)
         where = _where(o)
         for i, iw in known:
             if _same(where, iw):
@@ -308,7 +361,14 @@ class _Stage:
 
 
 def _move(src: Path, dst: Path) -> None:
-    """One staged file into place (a rename: `dst` is old or new, never partial)."""
+    """One staged file into place (a rename: `dst` is old or new, never partial); never over
+    anything but a regular file or a symlink (checked again here: the path may have become a
+    device node or a FIFO since the checks before the work)."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(dst).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise InputError(f"{dst}: output exists and is {kind_of(mode)}, not a regular file: "
+                             "refusing to replace it (give a new path or a regular file)")
     os.replace(src, dst)
 
 
@@ -441,6 +501,7 @@ def staged_file(path: str | Path) -> Iterator[BinaryIO]:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a file path")
+    check_replaceable(path)
     stage = _Stage(path.parent, [path.name], swap=False)
     try:
         _sweep(path.parent, {path.name})

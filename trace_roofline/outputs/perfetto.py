@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trace_roofline.errors import InputError
+from trace_roofline.files import open_regular
 from trace_roofline.roofline import Analysis, main_dtype, place_rows
 from trace_roofline.trace import Trace
 
@@ -247,7 +248,7 @@ def _open(path: str) -> Iterator[io.BufferedIOBase]:
     """The file for reading, gunzipped on the fly when it starts with the gzip magic number."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
             gz = f.read(2) == b"\x1f\x8b"
             f.seek(0)
             yield gzip.GzipFile(fileobj=f, mode="rb") if gz else f

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline.errors import InputError
+from trace_roofline.files import open_regular
 
 # One row per profiled kernel launch, in ncu's launch order.
 NCU_COLUMNS = {
@@ -88,16 +89,18 @@ def read_ncu_csv(path: str | os.PathLike) -> pd.DataFrame:
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{p}: is a directory, expected an ncu CSV file")
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.suffix == ".ncu-rep":
         raise InputError(f"{p}: an Nsight Compute report, not a CSV; export it with "
                          f"ncu --import {p.name} --csv --page raw > {p.stem}.ncu.csv")
     try:
-        with p.open("rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                raise InputError(f"{p}: gzip-compressed, not an Nsight Compute CSV")
-        text = p.read_text(encoding="utf-8", errors="replace")
+        with open_regular(p) as f:  # (a FIFO: an InputError, not a read that never ends)
+            data = f.read()
+        if data[:2] == b"\x1f\x8b":
+            raise InputError(f"{p}: gzip-compressed, not an Nsight Compute CSV")
+        # (as read_text would: universal newlines)
+        text = data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
     table = _table_text(p, text)

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import BinaryIO
 
 from trace_roofline.errors import InputError
+from trace_roofline.files import open_regular
 from trace_roofline.trace.schema import Progress
 
 inflating: ModuleType  # zlib's interface: decompressobj, error
@@ -25,6 +26,12 @@ except ImportError:  # not installed: the standard library's, which it mirrors
     import zlib as inflating
 
 CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
+# A gzip trace is inflated in memory: at most MAX_INFLATION bytes per compressed byte (the
+# committed traces inflate 5-21x; gzip's own limit is ~1032x, reached by a "bomb" of one
+# repeated byte), and never less than INFLATION_FLOOR bytes in all, whatever the ratio. More is
+# refused as soon as it is reached, so inflating holds at most the limit plus one chunk.
+MAX_INFLATION = 100
+INFLATION_FLOOR = 256 << 20
 Buffer = bytearray  # a document's bytes, writable (decoding patches them)
 Stamp = tuple[int, int, int, int]  # a file's identity: (st_dev, st_ino, st_size, st_mtime_ns)
 
@@ -160,7 +167,7 @@ def open_document(p: Path, progress: Progress | None) -> Document:
     a gzip file (by its magic number) is inflated now."""
     with ExitStack() as closing:
         with reading(p):
-            f = closing.enter_context(open(p, "rb"))
+            f = closing.enter_context(open_regular(p))  # (a FIFO: refused, never waited on)
             opened = stamp(f)
             size = opened[2]
             if progress:
@@ -213,18 +220,33 @@ class Window:
                 return None
 
 
+def inflation_limit(size: int) -> int:
+    """The most bytes a gzip file of `size` bytes may inflate to (MAX_INFLATION, INFLATION_FLOOR)."""
+    return max(INFLATION_FLOOR, MAX_INFLATION * size)
+
+
 def gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> bytearray:
     """Inflate gzip file `f` (`size` bytes, read `chunk` at a time), concatenated members too
     (zero padding between them ignored, across chunks too), with `inflating` (ISA-L where
     installed, else zlib: the same bytes; a corrupt or truncated file is an InputError with
-    either, though ISA-L accepts a header whose reserved flag bits are set)."""
+    either, though ISA-L accepts a header whose reserved flag bits are set). At most `chunk`
+    bytes are inflated per call, and a file inflating past `inflation_limit(size)` is an
+    InputError (a gzip bomb: memory stays bounded by the limit, not by the inflated size)."""
     out = bytearray()
+    limit = inflation_limit(size)
     d, fed, done, between = inflating.decompressobj(wbits=31), False, 0, False
     try:
         while data := f.read(chunk):
             done += len(data)
             while data := (data.lstrip(b"\x00") if between else data):
-                out += d.decompress(data)
+                while True:  # (output buffered inside the stream comes with an empty tail too)
+                    piece = d.decompress(data, chunk)
+                    out += piece
+                    if len(out) > limit:
+                        raise InputError(_bomb(p, size, limit))
+                    data = d.unconsumed_tail
+                    if d.eof or (not data and len(piece) < chunk):
+                        break
                 data, fed, between = b"", True, False
                 if d.eof:  # next member of a concatenated gzip
                     data, d, fed = d.unused_data, inflating.decompressobj(wbits=31), False
@@ -236,3 +258,9 @@ def gunzip(p: Path, f, size: int, chunk: int, progress: Progress | None) -> byte
     if fed and not d.eof:
         raise InputError(f"{p}: truncated gzip file (the compressed stream ends early)")
     return out
+
+
+def _bomb(p: Path, size: int, limit: int) -> str:
+    return (f"{p}: inflates to more than {limit / 1e6:.0f} MB, {limit / max(size, 1):.0f}x its "
+            f"{size / 1e6:.3g} MB (real traces compress 5-30x): refused as a gzip bomb; if it is "
+            "a real trace, gunzip it and pass the .json (a plain file is read in chunks)")
