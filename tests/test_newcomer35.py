@@ -5,6 +5,7 @@ the clone, informational lines, near-zero rows on the charts, the tables' -0.0 a
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 
 import pandas as pd
@@ -224,3 +225,28 @@ def test_run_and_sweep_default_out_is_ignored_by_git():
     assert "traces/ in the current folder" in " ".join(help_text.split())
     ignored = subprocess.run(["git", "check-ignore", "-q", "traces/x.json.gz"], cwd=ROOT)
     assert ignored.returncode == 0  # a capture in the clone is not committed by accident
+
+
+# ------------------------------------------------------------------------ -0.0 and 0.0%
+def test_diff_prints_no_signed_zero_and_no_zero_for_a_figure_that_is_not():
+    from trace_roofline.outputs import diff
+
+    sample = ROOT / "sample_traces"
+    r = run_cli("diff", str(sample / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"),
+                str(sample / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz"),
+                "--model", "qwen2.5-7b")
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"(?<![\w.])[+-]0\.0+(?![\d])", r.stdout), r.stdout
+    assert diff._fmt(-0.01, "+.1f") == "0.0" and diff._fmt(-0.0, "+.2f") == "0.00"
+    assert diff._fmt(0.001, ".1f") == "<0.1" and diff._fmt(0.0, ".1f") == "0.0"
+    assert diff._fmt(1.26, "+.1f") == "+1.3"
+
+
+def test_html_time_share_of_a_near_zero_row_is_not_zero(decode):
+    from trace_roofline.outputs.html_report import report_html
+
+    page = report_html([_with_speck(decode)])
+    table = page.split("<h2>Operators</h2>")[1].split("</table>")[0]
+    other = next(r for r in table.split("<tr>") if ">other<" in r)
+    cells = re.findall(r">([^<]*)</td>", other)
+    assert "<0.1" in [html.unescape(c) for c in cells] and "0.0" not in cells

@@ -225,9 +225,18 @@ def _operator_notes(table: pd.DataFrame) -> list[str]:
 
 
 def _fmt(v: object, spec: str, scale: float = 1.0) -> str:
+    """`v / scale` formatted; '-' when missing. Zero is never `-0.0` or `+0.0`: zero or a change
+    ('+' in `spec`) that rounds to zero prints `0.0`, a figure that is not zero `<0.1`."""
     if v is None or v is pd.NA or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
-    return format(float(cast(SupportsFloat, v)) / scale, spec)
+    x = float(cast(SupportsFloat, v)) / scale
+    text = format(x, spec)
+    if float(text) != 0:
+        return text
+    if x == 0 or "+" in spec:  # no change, or none that shows: no sign
+        return format(0.0, spec.replace("+", ""))
+    least = format(10.0 ** -int(spec.split(".")[1].rstrip("f")), spec)  # ".1f" -> "0.1"
+    return f"<{least}" if x > 0 else f">-{least}"
 
 
 def _flops_flag(v: object) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, SupportsInt, cast
+from typing import TYPE_CHECKING, SupportsFloat, SupportsInt, cast
 
 import pandas as pd
 
@@ -31,11 +31,21 @@ _Format = str | Callable[[object], str]
 _TABLE: list[tuple[str, str, _Format]] = [
     ("trace", "trace", "{}"), ("phase", "phase", "{}"), ("operator", "operator", "{}"),
     ("kernels", "kernels", "{:d}"), ("time", "time_us", duration),
-    ("time %", "time_pct", "{:.1f}"), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
+    ("time %", "time_pct", lambda v: _one_decimal(v)), ("FLOPs", "flops", lambda v: si(v, "FLOP")),
     ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.2f}"),
     ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
-    ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", "{:.1f}"),
+    ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", lambda v: _one_decimal(v)),
     ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
+
+
+def _one_decimal(v: object) -> str:
+    """A percentage to one decimal; one that is not zero but rounds to it is `<0.1`, never
+    `0.0` or `-0.0`."""
+    x = float(cast(SupportsFloat, v))
+    text = f"{x:.1f}"
+    return text if float(text) != 0 else "0.0" if x == 0 else "<0.1" if x > 0 else ">-0.1"
+
+
 _SORT_JS = """
 document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventListener("click", () => {
   const body = th.closest("table").tBodies[0], up = th.dataset.dir !== "asc";
@@ -149,8 +159,7 @@ def _chart(analyses: Sequence[Analysis], rows: pd.DataFrame,
            styles: dict[str, tuple[str, bool]]):
     """The chart of the analyses under one roof (the first one's hardware and dtype)."""
     from bokeh.models import ColumnDataSource, CustomJSTickFormatter, HoverTool
-    # bokeh.models' stubs do not re-export them
-    from bokeh.models.annotations import Label, Legend, Span
+    from bokeh.models.annotations import Label, Legend, Span  # not re-exported by bokeh.models' stubs
     from bokeh.plotting import figure
 
     hw = hardware_summary(analyses[0])
