@@ -266,3 +266,38 @@ def test_gzip_under_the_limit_inflates_as_before(tmp_path, monkeypatch):
     assert read.inflation_limit(10) == 1000
     monkeypatch.setattr(read, "INFLATION_FLOOR", 1 << 28)
     assert read.inflation_limit(10) == 1 << 28
+
+
+# ----------------------------------------------------------------- row 12: --perfetto, several models
+@pytest.mark.parametrize("name", ["misleading/t5_dit_cpu.json.gz",
+                                  "families_h200/llama_assisted_h200.json.gz"])
+def test_perfetto_of_a_trace_of_several_models_is_written(tmp_path, name):
+    """A trace holding several models (T5 text encoder + DiT; an assisted generate's target and
+    draft): --perfetto raised ValueError ('analysis was not computed from attributed'), since
+    only the first model's instances were looked for. Each kernel is now placed with its own
+    model's analysis, every analysed kernel enriched."""
+    trace = ROOT / "sample_traces" / name
+    out = tmp_path / "p.json"
+    r = run_cli("analyze", str(trace), "--no-cache", "--perfetto", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    doc = json.loads(out.read_bytes())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    enriched = [e for e in events if isinstance(e.get("args"), dict) and "roofline" in e["args"]]
+    slices = [e for e in events if e.get("cat") == "trace_roofline" and e.get("ph") == "X"]
+    assert enriched and slices
+    assert sum(s["args"]["kernels"] for s in slices) == len(enriched)
+
+
+def test_kernel_figures_place_each_model_on_its_own_analysis():
+    from trace_roofline.outputs.perfetto import bands, kernel_figures
+    from trace_roofline.pipeline import analyze_trace_kernels
+
+    analysis, att = analyze_trace_kernels(ROOT / "sample_traces/misleading/t5_dit_cpu.json.gz")
+    assert analysis.models  # (two models in the trace)
+    k = kernel_figures(att.trace, att.kernels, analysis)
+    assert len(k) == len(att.kernels) and set(k["part"]) == {0, 1}
+    for i, part in enumerate([analysis, *analysis.models]):
+        assert (k["part"] == i).sum() == part.costed["kernels"].sum()
+    b = bands(k, analysis)
+    assert b["kernels"].sum() == len(k) and b.groupby("band")["part"].nunique().max() == 1

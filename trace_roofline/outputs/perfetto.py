@@ -100,8 +100,33 @@ class _Meta(msgspec.Struct):
 def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     """One row per analysed kernel, in (lane, start) order: its lane, its op instance's row
     of `analysis.costed` (names, phase, evidence, cpu op, shape), its cost shares and its
-    instance's intensity, % of roof and bound, and `band`, the operator instance (slice) it
-    belongs to. ValueError when `analysis` was not computed from `attributed`."""
+    instance's intensity, % of roof and bound, `part` (0: `analysis`, i: `analysis.models[i -
+    1]`, the model whose analysis holds its instance, in a trace of several models) and `band`,
+    the operator instance (slice) it belongs to. ValueError when `analysis` was not computed
+    from `attributed`."""
+    parts = [analysis, *analysis.models]
+    owner = np.zeros(len(attributed), dtype=np.int64)
+    if len(parts) > 1:  # each kernel on its own model's analysis (its instances are its own)
+        instance = attributed["instance"].to_numpy()
+        owner[:] = -1
+        for i, part in enumerate(parts):
+            owner[np.isin(instance, part.costed["instance"].to_numpy(np.int64))] = i
+        if (owner < 0).any():
+            raise ValueError("`analysis` was not computed from `attributed`: their op "
+                             "instances differ")
+    out = pd.concat([_part_figures(trace, attributed[owner == i], part).assign(part=i)
+                     for i, part in enumerate(parts)], ignore_index=True)
+    out = out.sort_values(["lane", "ts_us"], kind="stable").reset_index(drop=True)
+    same = (out[["lane", "operator", "part"]].eq(out[["lane", "operator", "part"]].shift())
+            ).all(axis=1)
+    for col in ("layer", "step"):
+        same &= out[col].eq(out[col].shift()).fillna(out[col].isna() & out[col].shift().isna())
+    out["band"] = np.cumsum(~same.to_numpy()) - 1
+    return out
+
+
+def _part_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
+    """kernel_figures' columns but `part` and `band`, of one model's kernels and analysis."""
     c = analysis.costed.reset_index(drop=True)
     row = _costed_rows(attributed, c)
     roofs = _placed(c.assign(costed_time_us=c["time_us"].where(c["flops"].notna(), 0.0)),
@@ -120,11 +145,6 @@ def kernel_figures(trace: Trace, attributed: pd.DataFrame, analysis: Analysis) -
         "bytes": c["bytes"].to_numpy(np.float64)[row] * share,
         **{col: roofs[col].array.take(row) for col in ("intensity", "pct_of_roof", "bound")},
     })
-    out = out.sort_values(["lane", "ts_us"], kind="stable").reset_index(drop=True)
-    same = (out[["lane", "operator"]].eq(out[["lane", "operator"]].shift())).all(axis=1)
-    for col in ("layer", "step"):
-        same &= out[col].eq(out[col].shift()).fillna(out[col].isna() & out[col].shift().isna())
-    out["band"] = np.cumsum(~same.to_numpy()) - 1
     return out
 
 
@@ -160,7 +180,7 @@ def bands(kernels: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     k = kernels
     first = np.flatnonzero(k["band"].diff().ne(0).to_numpy())  # each band's first kernel
     out = k.iloc[first][["band", "lane", "ts_us", "operator", "layer", "step", "phase",
-                         "evidence"]].reset_index(drop=True)
+                         "evidence", "part"]].reset_index(drop=True)
     out["kernels"] = np.diff(np.append(first, len(k)))
     out["kernel_time_us"] = np.add.reduceat(k["dur_us"].to_numpy(), first)
     end = np.maximum.reduceat((k["ts_us"] + k["dur_us"]).to_numpy(), first)
@@ -176,9 +196,12 @@ def bands(kernels: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     lead = k[costed].sort_values(["band", "flops", "bytes"], ascending=[True, False, False],
                                  kind="stable").drop_duplicates("band")  # most FLOPs: its dtype
     out["dtype"] = out["band"].map(lead.set_index("band")["dtype"])
-    roofs = _placed(out, analysis)
-    for col in ("intensity", "achieved_flops_per_s", "achieved_bytes_per_s", "pct_of_roof",
-                "bound"):
+    cols = ["intensity", "achieved_flops_per_s", "achieved_bytes_per_s", "pct_of_roof", "bound"]
+    parts = [analysis, *analysis.models]
+    placed = [_placed(out[out["part"] == i], part) for i, part in enumerate(parts)]
+    roofs = placed[0][cols] if len(placed) == 1 else pd.concat([p[cols] for p in placed])
+    roofs = roofs.sort_index()  # (each band under its own model's roof and main dtype)
+    for col in cols:
         out[col] = roofs[col].to_numpy()
     return out
 
