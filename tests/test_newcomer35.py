@@ -250,3 +250,11 @@ def test_html_time_share_of_a_near_zero_row_is_not_zero(decode):
     other = next(r for r in table.split("<tr>") if ">other<" in r)
     cells = re.findall(r">([^<]*)</td>", other)
     assert "<0.1" in [html.unescape(c) for c in cells] and "0.0" not in cells
+
+
+def test_evidence_page_says_what_its_withheld_example_shows():
+    page = (ROOT / "docs" / "evidence.md").read_text()
+    assert re.search(r"^whole model +unknown withheld: ", page, re.M)  # the example's table line
+    prose = " ".join(page.split())
+    assert "no line in the table" not in prose
+    assert "a `withheld` line instead of its figures in the table" in prose
