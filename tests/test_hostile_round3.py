@@ -301,3 +301,49 @@ def test_kernel_figures_place_each_model_on_its_own_analysis():
         assert (k["part"] == i).sum() == part.costed["kernels"].sum()
     b = bands(k, analysis)
     assert b["kernels"].sum() == len(k) and b.groupby("band")["part"].nunique().max() == 1
+
+
+# ----------------------------------------------------------------- row 9: CSV injection
+def test_formula_like_cells_are_neutralised_and_numbers_kept():
+    """A text cell starting with = + - @, a tab or a CR is what a spreadsheet runs as a formula:
+    it gets a leading `'`; numbers (-0.5), missing values and other text are unchanged."""
+    import pandas as pd
+
+    from trace_roofline.outputs.report import csv_bytes, neutralised
+
+    frame = pd.DataFrame({
+        "name": ["=cmd|' /C calc'!A0", "+1", "-x", "@SUM(A1)", "\tz", "\rz", "ok", None],
+        "value": [-0.5, 1.0, -2.0, 3.0, 4.0, 5.0, 6.0, float("nan")],
+        "cat": pd.Categorical(["=1", "a", "a", "a", "a", "a", "a", "a"]),
+        "s": pd.array(["-1", None, "a", "b", "c", "d", "e", "f"], dtype="string"),
+    })
+    out = neutralised(frame)
+    assert out["name"].tolist()[:7] == ["'=cmd|' /C calc'!A0", "'+1", "'-x", "'@SUM(A1)", "'\tz",
+                                        "'\rz", "ok"]
+    assert pd.isna(out["name"].iloc[7]) and out["cat"].iloc[0] == "'=1" and out["s"].iloc[0] == "'-1"
+    assert out["value"].equals(frame["value"])  # numbers stay numbers
+    import io
+
+    back = pd.read_csv(io.StringIO(csv_bytes(frame).decode()))
+    assert back["value"].iloc[0] == -0.5 and back["name"].iloc[0] == "'=cmd|' /C calc'!A0"
+    assert frame["name"].iloc[0] == "=cmd|' /C calc'!A0"  # the caller's frame untouched
+
+
+def test_operators_csv_of_a_trace_named_like_a_formula(tmp_path):
+    """The trace column holds the path as given: a trace saved as `=cmd|' -C calc'!A0.json`
+    put a formula at the start of an operators.csv cell."""
+    import subprocess
+    import sys
+
+    name = "=cmd|' -C calc'!A0.json"
+    write(gpu_trace(1), tmp_path / name)
+    r = subprocess.run([sys.executable, "-m", "trace_roofline.cli", "analyze", name, "--no-cache",
+                        "--out", "out"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for csv in ("operators.csv", "operators_by_layer.csv"):
+        import pandas as pd
+
+        table = pd.read_csv(tmp_path / "out" / csv)
+        assert (table["trace"] == "'" + name).all()
+        assert not table.map(lambda v: isinstance(v, str) and v[:1] in "=+-@\t\r").any().any()

@@ -364,7 +364,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if out is not None:
         files = report.output_files(analyses, ranks=across)
         if cross is not None:
-            files["ranks.csv"] = cross.summary.to_csv(index=False).encode()
+            files["ranks.csv"] = report.csv_bytes(cross.summary)
         outputs |= {out / name: data for name, data in files.items()}
         outputs |= _html_report(out, analyses)
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
@@ -440,7 +440,7 @@ _REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from trace_roofline.outputs import diff
+    from trace_roofline.outputs import diff, report
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
@@ -456,7 +456,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         png = io.BytesIO()
         diff_figure(table, a, b).savefig(png, format="png")
         written = write_files({
-            out / "diff.csv": table.to_csv(index=False).encode(),
+            out / "diff.csv": report.csv_bytes(table),
             out / "diff.json": json.dumps(diff.to_json(table, a, b), indent=2).encode() + b"\n",
             out / "diff.md": diff.markdown(table, a, b).encode(),
             out / "diff.png": png.getvalue(),

@@ -554,6 +554,38 @@ def operators_tables(analyses: Sequence[Analysis]) -> dict[str, pd.DataFrame]:
             "all": table}
 
 
+# A text cell a spreadsheet would read as a formula (CSV injection): it starts with = + - @, a
+# tab or a carriage return (OWASP's list). Such cells get a leading `'`, which spreadsheets
+# take as "text" and do not show.
+_FORMULA = r"[=+\-@\t\r]"
+
+
+def neutralised(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with each text cell that starts like a formula (`_FORMULA`) prefixed with `'`;
+    numbers (-0.5 included), missing values and other cells unchanged."""
+    out = frame.copy(deep=False)
+    for col in out.columns:
+        values = out[col]
+        if not (values.dtype == object or isinstance(values.dtype, (pd.StringDtype,
+                                                                     pd.CategoricalDtype))):
+            continue
+        text = values.astype(object)
+        if pd.api.types.infer_dtype(text, skipna=True) not in ("string", "mixed"):
+            continue  # (no text cell)
+        risky = text.str.match(_FORMULA, na=False).astype(bool)  # (non-text cells: NaN)
+        if risky.any():
+            text = text.copy()
+            text[risky] = "'" + text[risky].astype(str)
+            out[col] = text
+    return out
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """A table as the CSV bytes every CSV output is written as: no index, formula-like text
+    cells neutralised (`neutralised`)."""
+    return neutralised(frame).to_csv(index=False).encode()
+
+
 def output_files(analyses: Sequence[Analysis], chart: bool = True,
                  ranks: dict | None = None) -> dict[str, bytes]:
     """Every output file's name and bytes, rendered in memory: operators.csv (aggregates),
@@ -563,8 +595,8 @@ def output_files(analyses: Sequence[Analysis], chart: bool = True,
     parquet = io.BytesIO()
     tables["all"].to_parquet(parquet, index=False)
     files = {
-        "operators.csv": tables["aggregate"].to_csv(index=False).encode(),
-        "operators_by_layer.csv": tables["by_layer"].to_csv(index=False).encode(),
+        "operators.csv": csv_bytes(tables["aggregate"]),
+        "operators_by_layer.csv": csv_bytes(tables["by_layer"]),
         "operators.parquet": parquet.getvalue(),
         "report.json": report_json(analyses, ranks),
         "report.md": markdown(analyses, chart="roofline.png" if chart else None).encode(),
