@@ -258,3 +258,44 @@ def test_evidence_page_says_what_its_withheld_example_shows():
     prose = " ".join(page.split())
     assert "no line in the table" not in prose
     assert "a `withheld` line instead of its figures in the table" in prose
+
+
+# ------------------------------------------------------------------------------ diff.png
+def _crossings(fig) -> list[tuple[str, str, str]]:
+    """(what, label, other) for each label box over another label, over a marker, or crossed by
+    another label's leader line."""
+    import math
+
+    import numpy as np
+    from matplotlib.text import Text
+
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None and t.get_text()]
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in labels]
+    out = [("box", n1, n2) for i, (n1, b1) in enumerate(boxes) for n2, b2 in boxes[i + 1:]
+           if b1.overlaps(b2)]
+    for t in labels:
+        verts = t.arrow_patch.get_path().vertices
+        line = np.linspace(verts[0], verts[-1], 40)
+        out += [("leader", t.get_text(), n) for n, b in boxes if n != t.get_text() and np.any(
+            (line[:, 0] >= b.x0) & (line[:, 0] <= b.x1) & (line[:, 1] >= b.y0) & (line[:, 1] <= b.y1))]
+    for c in ax.collections:
+        r = math.sqrt(c.get_sizes()[0]) * fig.dpi / 72 / 2
+        for x, y in ax.transData.transform(c.get_offsets()):
+            out += [("marker", n, f"{x:.0f},{y:.0f}") for n, b in boxes
+                    if b.x0 - r < x < b.x1 + r and b.y0 - r < y < b.y1 + r]
+    return out
+
+
+def test_diff_chart_labels_overlap_nothing():
+    import trace_roofline as tr
+    from trace_roofline.outputs import diff
+    from trace_roofline.outputs.plot_diff import diff_figure
+
+    sample = ROOT / "sample_traces"
+    a = diff.side(tr.analyze_trace(sample / "qwen2.5-7b_decode_b1_s2048_h200.json.gz", QWEN))
+    b = diff.side(tr.analyze_trace(
+        sample / "qwen2.5-7b_decode_b1_s2048_compiled_noannot_h200.json.gz", QWEN))
+    fig = diff_figure(diff.diff(a, b), a, b)
+    fig.draw_without_rendering()
+    assert _crossings(fig) == []

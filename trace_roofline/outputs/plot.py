@@ -474,7 +474,6 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
                          if not t.get_rotation()]
     if legend:
         taken.append(legend.get_window_extent(renderer))
-    n_fixed = len(taken)  # leader lines must not cross these (roof texts, legend)
     # Every line (roof, ridge, measured links), sampled densely in display space; a rotated
     # text (the slope label) is a band along its box's diagonal, not its whole bounding box.
     segs = [_densify(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()]
@@ -495,6 +494,7 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
               for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
               for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
     order = sorted(range(len(points)), key=lambda i: -points[i]["rank"])
+    leaders = np.empty((0, 2))  # the placed labels' leader lines: no later label covers one
     for i in order:
         p, (cx, cy) = points[i], centres[i]
         size = 8.5 if p["whole"] else 7.5
@@ -520,8 +520,8 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
                 clashes = (sum(box.overlaps(b) for b in taken)
                            + sum(box.overlaps(m) for j, m in enumerate(marks) if j != i)
                            + sum(box.overlaps(m) for m in others)
-                           + _crosses(box, lines)
-                           + sum(_crosses(b, leader) for b in taken[:n_fixed]))
+                           + _crosses(box, lines) + _crosses(box, leaders)
+                           + sum(_crosses(b, leader) for b in taken))
                 if not clashes:
                     best = (dx, dy, ha, box)
                     break
@@ -536,6 +536,8 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
             x0 = cx + dx * px_per_pt
             best = (dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2))
         dx, dy, ha, box = best
+        leaders = np.concatenate([leaders, np.linspace(
+            (cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)[2:-2]])
         # Every label has a leader line to its point: a label between two points is never read
         # as the nearer one's.
         ax.annotate(p["label"], (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points",
