@@ -347,3 +347,66 @@ def test_operators_csv_of_a_trace_named_like_a_formula(tmp_path):
         table = pd.read_csv(tmp_path / "out" / csv)
         assert (table["trace"] == "'" + name).all()
         assert not table.map(lambda v: isinstance(v, str) and v[:1] in "=+-@\t\r").any().any()
+
+
+# ----------------------------------------------------------------- row 10: the cache's root
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a directory to another user")
+
+
+def test_a_shared_or_root_cache_dir_gets_a_per_user_subdirectory(tmp_path):
+    """TRACE_ROOFLINE_CACHE_DIR=/ created /v4; a world-writable directory (/tmp) took the
+    version directories too. Only the user's own directory that others cannot write is used as
+    it is; anything else holds the user's private `trace-roofline-<uid>`."""
+    from trace_roofline.cache import TraceCache, cache_base
+
+    uid = os.getuid()
+    assert cache_base(Path("/")) == Path(f"/trace-roofline-{uid}")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert cache_base(shared) == shared / f"trace-roofline-{uid}"
+    own = tmp_path / "own"
+    assert cache_base(own) == own  # (new: created 0700 at the first write)
+    own.mkdir(mode=0o700)
+    assert cache_base(own) == own and TraceCache(own).root == own / "v4"
+
+
+@needs_root
+def test_another_users_v4_in_a_shared_cache_dir_does_not_turn_caching_off(tmp_path):
+    """With the cache in a shared directory, another user's pre-created `v4` turned this user's
+    caching off. Now this user's entries go to its own subdirectory: the second run is a hit."""
+    from trace_roofline.cache import TraceCache
+    from trace_roofline.pipeline import analyze_trace
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "v4").mkdir()
+    os.chown(shared / "v4", NOBODY, NOBODY)
+    trace = write(gpu_trace(1), tmp_path / "t.json")
+    first = TraceCache(shared)
+    analyze_trace(trace, cache=first)
+    assert not first.log[-1].write_error, first.log[-1].write_error
+    second = TraceCache(shared)
+    analyze_trace(trace, cache=second)
+    assert second.log[-1].analysis_hit
+    private = shared / f"trace-roofline-{os.getuid()}"
+    assert private.stat().st_mode & 0o777 == 0o700 and (private / "v4" / "CACHEDIR.TAG").exists()
+    assert list((shared / "v4").iterdir()) == []  # nothing of this user's in the other's
+
+
+@needs_root
+def test_a_per_user_subdirectory_made_by_another_user_is_refused_with_a_note(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / f"trace-roofline-{os.getuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, NOBODY, NOBODY)
+    trace = write(gpu_trace(1), tmp_path / "t.json")
+    r = run_cli("analyze", str(trace), env={**os.environ, "TRACE_ROOFLINE_CACHE_DIR": str(shared)},
+                timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "not cached" in r.stderr and f"{planted} is not a private directory" in r.stderr
+    assert list(planted.iterdir()) == []

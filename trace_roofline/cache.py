@@ -181,12 +181,33 @@ def _ensure_private(path: Path) -> None:
                             "user, or a symlink): not used")
 
 
+def cache_base(directory: Path) -> Path:
+    """Where the cache's version directories go: `directory` itself when it is this user's own
+    directory that others cannot write (or does not exist yet: it is then created, 0700), else
+    this user's own subdirectory `trace-roofline-<uid>` of it. So a shared directory (`/tmp`:
+    world-writable), one of another user, or a file system's root (`/`) is never filled with
+    `v<N>` directories, and another user's `v<N>` there cannot turn this user's cache off; the
+    subdirectory must be private in turn (`_ensure_private`: one that another user made first
+    is refused with a note, never used). (A group-writable directory of the user's own, as
+    user-private groups make them, is used: its version directory is private all the same.)"""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return directory  # (missing: created by this user; unreadable: the write says so)
+    own = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+           and not st.st_mode & stat.S_IWOTH)
+    resolved = directory.resolve()
+    return directory if own and resolved.parent != resolved else directory / f"trace-roofline-{os.getuid()}"
+
+
 class TraceCache:
-    """The cache at `directory` (default `cache_dir()`); `load` is the one entry point."""
+    """The cache at `directory` (default `cache_dir()`; its version directories in
+    `cache_base(directory)`); `load` is the one entry point."""
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self.directory = Path(directory) if directory is not None else cache_dir()
-        self.root = self.directory / f"v{SCHEMA_VERSION}"
+        self.base = cache_base(self.directory)
+        self.root = self.base / f"v{SCHEMA_VERSION}"
         self.log: list[CacheStatus] = []  # one status per load(), in call order
         # While `analysis` computes: parts are written by a background thread (the disk writes
         # and checksums release the GIL, so they overlap attribution and costing on another
@@ -301,7 +322,7 @@ class TraceCache:
                 entries += bool(found)
                 kinds += (m.parent.name.partition("-")[0] for m in found)
             size += sum(f.stat().st_size for f in version.rglob("*") if f.is_file())
-        return CacheInfo(self.directory, entries, kinds.count(_TRACE_PART),
+        return CacheInfo(self.base, entries, kinds.count(_TRACE_PART),
                          kinds.count(_ATTRIBUTED), kinds.count(_ANALYSIS), size)
 
     def clear(self) -> int:
@@ -322,7 +343,7 @@ class TraceCache:
         (a file of this user), or (before version 4, which wrote none) nothing but its layout of
         entries and temporaries."""
         try:
-            found = sorted(self.directory.iterdir())
+            found = sorted(self.base.iterdir())
         except OSError:
             return []
         out = []
@@ -343,7 +364,7 @@ class TraceCache:
         """name -> file of the part, when the version directory, the entry and the part are
         `_private`, the manifest is well formed and was built for `key`, and every file it
         lists is a regular file of this user with its recorded length and CRC-32; else None."""
-        if not all(_private(d) for d in (self.root, part.parent, part)):
+        if not all(_private(d) for d in (*self._subdir(), self.root, part.parent, part)):
             return None
         try:
             manifest = json.loads((part / _MANIFEST).read_bytes())
@@ -407,7 +428,7 @@ class TraceCache:
         try:
             rendered = _render(content)
         except (ValueError, TypeError, pa.ArrowException) as e:
-            errors.append(f"cannot write {name} to {self.directory}: {e}")
+            errors.append(f"cannot write {name} to {self.base}: {e}")
             return
         if self._writes is None:
             self._write(entry, name, key, rendered, errors)
@@ -442,13 +463,21 @@ class TraceCache:
             shutil.rmtree(entry / name, ignore_errors=True)  # a stale or corrupt part
             os.rename(tmp, entry / name)
         except (OSError, ValueError, pa.ArrowException) as e:
-            errors.append(f"cannot write {name} to {self.directory}: "
+            errors.append(f"cannot write {name} to {self.base}: "
                           f"{getattr(e, 'strerror', None) or e}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def _subdir(self) -> tuple[Path, ...]:
+        """The per-user subdirectory holding the version directories (`cache_base`), if any."""
+        return (self.base,) if self.base != self.directory else ()
+
     def _ensure_root(self) -> None:
-        """The version directory, private (mode 0700) and tagged as this cache's."""
+        """The version directory (and the per-user subdirectory above it), private (mode
+        0700), tagged as this cache's."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # (a new one: private)
+        for d in self._subdir():
+            _ensure_private(d)
         _ensure_private(self.root)
         if not _tagged(self.root):
             tmp = self.root / f".tag-{secrets.token_hex(8)}"
