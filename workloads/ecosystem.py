@@ -47,7 +47,8 @@ MHA_FAMILIES = ("llama", "qwen2", "qwen3", "olmo2", "granite")  # also built wit
 TABLE_BEGIN, TABLE_END = "<!-- ecosystem:begin -->", "<!-- ecosystem:end -->"
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 16
 INTERMEDIATE, MOE_INTERMEDIATE, SHARED_INTERMEDIATE = 176, 48, 80
-EXPERTS, TOP_K, VOCAB, LAYERS, POSITIONS = 4, 2, 1000, 2, 256
+# (8 experts: a router's N apart from the 4 heads of a per-head attention gate)
+EXPERTS, TOP_K, VOCAB, LAYERS, POSITIONS = 8, 2, 1000, 2, 256
 
 # config field -> its tiny value (every family's spelling of each size)
 SIZES: dict[str, int] = {

@@ -107,7 +107,8 @@ TRUTH_TABLE: tuple[tuple[Callable[[Site], bool], str], ...] = (
     (lambda s: s.path == "", "model"),
     (_cls(r"Rotary|RoPE|Rope") , "rotary"),
     (lambda s: not s.in_layer and bool(re.fullmatch(
-        r"(\w+_)?lm_head|embed_out|output_layer|output|decoder", s.leaf))
+        r"(\w+_)?lm_head|embed_out|output_layer|output|decoder|output_projection|proj_out",
+        s.leaf))
         and "Norm" not in s.cls and "Embedding" not in s.cls
         and not s.path.startswith(("model.", "transformer.", "gpt_neox.")), "lm_head"),
     (lambda s: s.path.endswith(("predictions.decoder", "lm_head.decoder")), "lm_head"),

@@ -746,12 +746,17 @@ def _linears(inst: pd.DataFrame, model: ModelSpec | None,
     weights = inst.loc[inst["WK"] >= 0, ["WK", "WN"]].set_axis(["K", "N"], axis=1)
     seen = set(map(tuple, pd.concat([gemms[["K", "N"]], weights]).drop_duplicates()
                    .to_numpy().tolist()))
+    # (K, N) of plain GEMMs: a shared expert's fused gate_up is told by those, not by the
+    # routed experts' stacked GEMM of the same (K, N)
+    plain = set(map(tuple, gemms.loc[inst.loc[gemms.index, "WE"] < 0, ["K", "N"]]
+                    .drop_duplicates().to_numpy().tolist())) if "WE" in inst else seen
     if model is not None:
         lin = naming.with_moe_linears(models.expected_linears(model), model)
         if seen & set(lin.values()):
             for fused, parts in operators.FUSIONS:  # a trace holds one form
                 if fused in lin:
-                    drop = parts if lin[fused] in seen else (fused,)
+                    drop = parts if lin[fused] in (
+                        seen if fused.startswith("experts") else plain) else (fused,)
                     lin = {k: v for k, v in lin.items() if k not in drop}
             return lin
     # an Inductor kernel of W weights counts as its W parts (gate and up, k and v): the

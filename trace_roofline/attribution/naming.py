@@ -665,9 +665,43 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
             names.extend(cycle)
         codes[rows] = start[pair] + occ % size[pair]
         _around_attention(inst, rows, codes, names, pair, start, size)
+        _routed_or_shared(inst, rows, codes, names, pair, start, size)
     unique, cats = pd.factorize(np.asarray(names, dtype=object))
     return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, unique[codes], -1), cats),
                      index=inst.index)
+
+
+def _routed_or_shared(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
+                      names: list[str], pair: np.ndarray, start: np.ndarray,
+                      size: np.ndarray) -> None:
+    """Name the GEMMs of a (K, N) that routed experts share with another linear (a shared
+    expert as wide as a routed one, DeepSeek's and GLM-4-MoE's) by how they run, not by how
+    often the shape recurs: a GEMM over stacked expert weights (`_grouped_mm`, a batched
+    expert GEMM: column WE) is a routed expert's; where the trace runs its routed experts so,
+    a plain GEMM of that (K, N) is the other linear's (the shared expert's), or `linear[K×N]`
+    where the layout has none. A trace that runs its experts as plain GEMMs (a loop over
+    experts) keeps its cycle. Updates `codes` (into `names`, extended)."""
+    if "WE" not in inst:
+        return
+    stacked = inst["WE"].to_numpy()[rows] >= 0
+    if not stacked.any():
+        return
+    grp = inst["grp"].to_numpy()[rows]
+    for p in range(len(start)):
+        cycle = names[start[p]:start[p] + size[p]]
+        routed = [start[p] + i for i, x in enumerate(cycle) if x in _EXPERT_LINEARS]
+        other = [start[p] + i for i, x in enumerate(cycle) if x not in _EXPERT_LINEARS]
+        if not routed:
+            continue
+        plain = np.flatnonzero((pair == p) & ~stacked)
+        if not other and len(plain):  # a plain GEMM that is no routed expert, and no other linear
+            k, n = inst["K"].to_numpy()[rows[plain[0]]], inst["N"].to_numpy()[rows[plain[0]]]
+            names.append(f"linear[{k}×{n}]")
+            other = [len(names) - 1]
+        for mask, choice in ((stacked, routed), (~stacked, other)):
+            at = np.flatnonzero((pair == p) & mask)
+            occ = pd.Series(grp[at]).groupby(grp[at], sort=False).cumcount().to_numpy()
+            codes[rows[at]] = np.asarray(choice)[occ % len(choice)]
 
 
 def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
@@ -1005,7 +1039,12 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
         # after a router whose experts run inside an engine's fused op: before that op, its
         # input's preparation (vLLM pads gpt-oss's hidden states), as a bare replay names it;
         # after it, adding the shared expert's output, then the next layer's norm
-        (p_router & (pos < R.first(F["fused_op"])), "router"),
+        (p_router & R.any(F["fused_op"]) & (pos < R.first(F["fused_op"])), "router"),
+        # experts whose GEMMs match no linear of the layout: the routing up to their dispatch,
+        # nothing from their first GEMM on
+        (p_router & ~n_expert & R.any(unmatched) & (pos < dispatch_start), "router"),
+        (p_router & ~n_expert & R.any(unmatched) & (pos >= R.first(unmatched)), UNATTRIBUTED),
+        (p_router & ~n_expert & R.any(unmatched), "moe_dispatch"),
         (p_router & before_norm, "moe_combine"),
         (p_router & n_start, "input_norm"),
         (p_router, "final_norm"),
