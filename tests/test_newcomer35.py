@@ -299,3 +299,25 @@ def test_diff_chart_labels_overlap_nothing():
     fig = diff_figure(diff.diff(a, b), a, b)
     fig.draw_without_rendering()
     assert _crossings(fig) == []
+
+
+# --------------------------------------------------------------------- the suite's memory
+def test_a_cpu_continuous_batching_capture_stays_small(tmp_path):
+    """The suite's 6.6 GB process: transformers' paged cache sized itself from the machine's
+    free memory in tests/test_capture_families.py's llama-batch capture of a toy model."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    code = ("import resource, sys\n"
+            "from pathlib import Path\n"
+            "from workloads.capture_families import capture\n"
+            "capture('llama', 'batch', Path(sys.argv[1]), tokens=16, device='cpu', dtype='float32',"
+            " steps=1, scale=0.03, progress=lambda _: None)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    peak_kb = int(r.stdout.split()[-1])
+    assert peak_kb < 1_500_000, f"{peak_kb / 1e6:.1f} GB"
