@@ -166,7 +166,7 @@ def test_every_option_is_described_with_its_default():
 def test_help_states_the_defaults_users_asked_about():
     subs = subparsers(build_parser())
     run, intensity = subs["run"].format_help(), subs["intensity"].format_help()
-    assert "output directory (default: traces)" in " ".join(run.split())
+    assert "output directory (default: traces/ in the current folder)" in " ".join(run.split())
     assert "(default: 2048)" in run and "(default: 512)" in run
     assert "(default: qwen2.5-7b)" in intensity and "(default: rtx4090)" in intensity
 
