@@ -410,3 +410,27 @@ def test_a_per_user_subdirectory_made_by_another_user_is_refused_with_a_note(tmp
     assert r.returncode == 0, r.stderr
     assert "not cached" in r.stderr and f"{planted} is not a private directory" in r.stderr
     assert list(planted.iterdir()) == []
+
+
+# ----------------------------------------------------------------- found by tests/test_property_stages.py
+def test_a_hardware_ceiling_beyond_any_float_is_an_input_error(tmp_path):
+    """`"bf16": 1e400` written as an integer (10**400) raised OverflowError in math.isfinite."""
+    from trace_roofline.errors import InputError
+
+    path = tmp_path / "hw.json"
+    path.write_text('{"name": "x", "mem_bandwidth": 1e12, "peak_flops": {"bf16": 1' + "0" * 400 + "}}")
+    with pytest.raises(InputError, match="peak_flops.*an integer of 401 digits"):
+        hardware.from_json(path)
+
+
+@pytest.mark.parametrize("value", ["3", 2.5, float("inf"), True, 10**400, 0, -1])
+@pytest.mark.parametrize("field", ["layers", "tp"])
+def test_options_layers_and_tp_must_be_integers_in_range(field, value):
+    """`layers="3"` raised TypeError ('<' between str and int), `layers=inf` a TypeError deep in
+    the extrapolation, `layers=10**400` an OverflowError: each is now refused up front."""
+    from trace_roofline.errors import InputError
+    from trace_roofline.options import AnalysisOptions
+
+    with pytest.raises(InputError, match=f"`{field}` must be an integer from 1 to"):
+        AnalysisOptions(**{field: value})
+    assert AnalysisOptions(**{field: 2}).layers in (2, None)

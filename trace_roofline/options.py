@@ -7,9 +7,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from trace_roofline import files
 from trace_roofline.errors import InputError
 from trace_roofline.model import formulas
+
+MAX_LAYERS = 100_000  # as the config reader's: deeper is a mistake, not a model
+MAX_TP = 1 << 16  # ranks of one tensor-parallel group
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,12 @@ class AnalysisOptions:
             raise InputError("`attention_bytes` must be one of "
                              f"{', '.join(formulas.ATTENTION_BYTES_CONVENTIONS)}, "
                              f"got {self.attention_bytes!r}", "attention_bytes")
-        for name in ("layers", "tp"):
+        for name, most in (("layers", MAX_LAYERS), ("tp", MAX_TP)):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InputError(f"`{name}` must be >= 1, got {value}", name)
+            if value is not None and not (isinstance(value, (int, np.integer))
+                                          and not isinstance(value, bool) and 1 <= value <= most):
+                raise InputError(f"`{name}` must be an integer from 1 to {most}, got {value!r}",
+                                 name)
 
     def replace(self, **changes: object) -> AnalysisOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

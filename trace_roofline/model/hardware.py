@@ -332,9 +332,14 @@ def _ceiling(where: str, name: str, v: object) -> float:
     """A ceiling (FLOP/s, bytes/s): a positive finite number, else an InputError naming it."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise InputError(f"{where}: {name} must be a number, got {v!r}")
-    if not (math.isfinite(v) and v > 0):
-        raise InputError(f"{where}: non-positive or non-finite ceiling for {name}, got {v!r}")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # (an integer beyond any float: 10**400)
+        x = math.inf
+    if not (math.isfinite(x) and x > 0):
+        text = repr(v) if len(repr(v)) <= 40 else f"an integer of {len(repr(v))} digits"
+        raise InputError(f"{where}: non-positive or non-finite ceiling for {name}, got {text}")
+    return x
 
 
 def _from_dict(raw: object, where: str) -> Hardware:
