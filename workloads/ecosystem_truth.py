@@ -50,17 +50,19 @@ class Site:
 def site_of(path: str, cls: str, children: dict[str, frozenset[str]], moe: bool) -> Site:
     """The Site of module `path` (`children`: each module path's child leaf names)."""
     parent = path.rsplit(".", 1)[0] if "." in path else ""
+    if path.endswith(".linear") and parent.endswith("_proj"):  # Moshi's q_proj.linear: the wrapper's
+        return site_of(parent, cls, children, moe)
     return Site(path, cls, children.get(parent, frozenset()), moe)
 
 
 _ATTN = r"(self_)?attn|(self_)?attention|attn_layer|self|selfattention|mixer_attn|linear_attn"
 _MLP = (r"mlp|feed_forward|ffn|ff|moe|block_sparse_moe|intermediate|output|mlp_block|"
         r"feedforward|sparse_moe_block")
-_Q = r"q_proj|query|q|wq|q_lin|to_q|query_proj"
-_K = r"k_proj|key|k|wk|k_lin|to_k|key_proj"
-_V = r"v_proj|value|v|wv|v_lin|to_v|value_proj"
+_Q = r"q_proj|query|q|wq|q_lin|to_q|query_proj|project_q"
+_K = r"k_proj|key|k|wk|k_lin|to_k|key_proj|project_k"
+_V = r"v_proj|value|v|wv|v_lin|to_v|value_proj|project_v"
 _QKV = r"qkv_proj|c_attn|query_key_value|wqkv|w_pack|qkv|in_proj|qkv_lin|query_key_value_proj"
-_O = r"o_proj|out_proj|dense|c_proj|wo|o|out|proj|output|out_lin|o_lin|linear|dense_proj"
+_O = r"o_proj|out_proj|dense|c_proj|wo|o|out|proj|output|out_lin|o_lin|linear|dense_proj|attention_out"
 _GATE = r"gate_proj|wi_0|w1"  # w1 only where a w3 sibling makes the MLP gated
 _UP = r"up_proj|wi_1|w3"
 _GATE_UP = r"gate_up_proj|w13|w1_w3|gate_up|dense_h_to_4h_gated"
@@ -114,6 +116,9 @@ TRUTH_TABLE: tuple[tuple[Callable[[Site], bool], str], ...] = (
     (lambda s: s.path.endswith(("predictions.decoder", "lm_head.decoder")), "lm_head"),
     (_cls(r"Embedding"), "embedding"),
     (lambda s: _norm(s) and not s.in_layer, "final_norm"),
+    # the shared expert's sigmoid gate: the layout counts its GEMM in `router`
+    # (architecture.py, op="router")
+    (lambda s: s.moe and s.leaf == "shared_expert_gate", "shared_gate"),
     (lambda s: s.moe and s.under(r"shared_experts?|shared_mlp|shared_expert_gate") or
      s.leaf in ("shared_expert_gate", "shared_experts", "shared_expert"), "shared"),
     (lambda s: s.moe and (s.under("experts") or s.leaf == "experts"), "experts"),
@@ -165,6 +170,7 @@ PROJECTION_NAMES = {  # truth -> the analyzer's linear names that fit it
     "kv_b": {"kv_b_proj"}, "gate": {"gate_proj"}, "up": {"up_proj"},
     "gate_up": {"gate_up_proj"}, "mlp_in": {"gate_proj", "up_proj", "gate_up_proj"},
     "mlp_out": {"down_proj"}, "lm_head": {"lm_head"}, "router": {"router"},
+    "shared_gate": {"router"},
     "embedding": set(), "attention": set(), "rotary": set(), "qk_norm": set(),
     "input_norm": set(), "post_attention_norm": set(), "final_norm": set(), "norm": set(),
     "experts": {"experts_gate_up", "experts_down"},
@@ -178,7 +184,7 @@ LINEAR_NAMES = frozenset(
 ATTENTION_TRUTHS = frozenset({"q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b",
                               "attention", "qk_norm"})
 MLP_TRUTHS = frozenset({"gate", "up", "gate_up", "mlp_in", "mlp_out", "mlp", "experts",
-                        "shared", "router"})
+                        "shared", "shared_gate", "router"})
 MLP_NAMES = frozenset({"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act"})
 ATTENTION_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "kv_proj", "o_proj",
                              "attention", "rope", "kv_cache", "q_norm", "k_norm", "q_a_proj",

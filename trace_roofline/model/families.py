@@ -294,6 +294,8 @@ BLOOM = Layout.of({"input_norm": "input_layernorm", "qkv_proj": "self_attention.
 HYPERCLOVAX = Layout.of({**_ATTN, **_MLP, "post_attention_norm": "post_norm1",
                          "pre_feedforward_norm": "post_attention_layernorm",
                          "post_feedforward_norm": "post_norm2"})
+AFMOE = Layout.of({**_ATTN, **_MLP, **_MOE, "pre_feedforward_norm": "pre_mlp_layernorm",
+                   "post_feedforward_norm": "post_mlp_layernorm"})
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GEMMA = Family(GEMMA, activation="gelu_pytorch_tanh", sqrt_embedding_scale=True, tie_default=True)
 _LAYERNORM_GELU = {"norm": "layernorm", "bias_default": True, "out_bias": "always",
@@ -365,7 +367,8 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(BERT_LIKE, _BERT),
     "roformer": dataclasses.replace(_BERT, position="rope"),
     "roberta-prelayernorm": dataclasses.replace(_BERT, layout=BERT_PRE, placement=PRE_EMBEDDING_NORM),
-    **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian"), _BART),
+    **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian", "trocr"), _BART),
+    "git": _BERT,  # GIT's text decoder: BERT's layers and embedding norm
     "mbart": dataclasses.replace(_BART, layout=BART_PRE, placement=PRE_EMBEDDING_NORM),
     **dict.fromkeys(("pegasus", "blenderbot"), dataclasses.replace(_BART, layout=BART_PRE,
                                                                    placement=PRE)),
@@ -375,6 +378,7 @@ FAMILIES: dict[str, Family] = {
     "exaone4": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, windows="every"),
     "flex_olmo": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, norm_topk_prob=False),
     # Peri-LN: a norm after each block too (use_post_norm), its pre-MLP norm HF's post_attention
+    "afmoe": Family(AFMOE, placement=SANDWICH, qk_norm_always=True),
     "hyperclovax": Family(HYPERCLOVAX, parallel_switch=("use_post_norm", True, SANDWICH)),
 }
 # A model type no entry names: its fields read as a Llama-style layer, the norm guessed
