@@ -137,13 +137,13 @@ def _charts(analyses: Sequence[Analysis], rows: pd.DataFrame):
 
 def trace_styles(names: Sequence[str]) -> dict[str, tuple[str, bool]]:
     """name -> (colour, hollow) of each trace, no two alike (the marker says the phase): the
-    PNG chart's colours for up to six traces, else as many distinct colours (Category20, then
-    Turbo's), and past 256 the same colours hollow."""
-    from bokeh.palettes import Category20, turbo
+    PNG chart's six colours first, then the rest of Category10's, then Category20's light
+    shades; past 20 traces Turbo's, and past 256 the same colours hollow."""
+    from bokeh.palettes import Category10, Category20, turbo
 
     n = len(names)
-    palette = (TRACE_COLOURS if n <= len(TRACE_COLOURS) else list(Category20[20]) if n <= 20
-               else list(turbo(min(n, 256))))
+    ten = [*TRACE_COLOURS, *(c for c in Category10[10] if c not in TRACE_COLOURS)]
+    palette = ([*ten, *Category20[20][1::2]] if n <= 20 else list(turbo(min(n, 256))))
     return {name: (palette[i % len(palette)], i >= len(palette)) for i, name in enumerate(names)}
 
 
