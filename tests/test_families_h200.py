@@ -259,7 +259,9 @@ def test_the_layout_is_inferred_and_said_without_a_model(capture, layout, names)
     assert report.shapes_line(a).endswith(f": custom ({layout})")
     ops = set(a.operators["operator"])
     assert names <= ops and not any(o.startswith("linear[") for o in names & ops)
-    assert a.coverage["evidence_fraction"] > 0.9
+    # (DeepSeek's shared expert, 2 x 1408 wide, has the routed experts' fused gate_up shape:
+    # without a config its plain GEMMs are linear[2048×2816], no routed expert's, 1.6%)
+    assert a.coverage["evidence_fraction"] > (0.88 if capture.startswith("deepseek") else 0.9)
 
 
 @pytest.mark.parametrize("family, top_k", [("mixtral", 2), ("gpt_oss", 4)])

@@ -324,9 +324,13 @@ _GEMM_TEXT = {  # op -> (regex on the raw Input Dims text, group of the activati
 }
 _TRIPLE = r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"
 # Expert weights outside a weight GEMM: (regex, group of the leading count, of N, of K)
+_WEIGHT_FIRST = re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\d+\s*,\s*\d+\s*,\s*1\s*\]")
+# every expert over its slice of tokens: [E, M, K] x [E, K, N] (Llama 4's experts)
+_TOKEN_MAJOR = re.compile(r"^\[\s*\[\s*(\d+)\s*,\s*\d+\s*,\s*\d+\s*\]" + _SEP
+                          + r"\[\s*\1\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 _EXPERT_WEIGHT_TEXT = {
     # weight-first batched GEMV over gathered weights: [S, N, K] x [S, K, 1] (HF batched_mm)
-    "bmm": (re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\d+\s*,\s*\d+\s*,\s*1\s*\]"), 1, 2, 3),
+    "bmm": (_WEIGHT_FIRST, 1, 2, 3),
     # the gather of those weights from all experts': [E, N, K][ids] (indices are not recorded)
     "index": (re.compile(r"^\[\s*" + _TRIPLE + _SEP + r"\[\s*\]"), 1, 2, 3),
     # the experts' weights [E, K, N] of a grouped GEMM (count E)
@@ -420,7 +424,8 @@ def _template_kn(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarray, ...]:
-    """(count, K, N) of expert weights: a weight-first `bmm` [S, N, K] x [S, K, 1] (count S), an
+    """(count, K, N) of expert weights: a weight-first `bmm` [S, N, K] x [S, K, 1] (count S), a
+    token-major one [E, M, K] x [E, K, N] (count E: an expert GEMM only where E is the router's), an
     `index` gather of the [E, N, K] weights (count E), a `_grouped_mm`'s [E, K, N] (or its
     Inductor template's, kernels.grouped_gemm) and an
     engine's fused MoE op's w13 [E, 2I, H] (count E); -1 elsewhere. The first two are expert
@@ -432,8 +437,8 @@ def expert_weight_kn(op_base: pd.Series, dims_text: pd.Series) -> tuple[np.ndarr
     if grouped.any():  # Inductor's grouped-GEMM template: its weights [E, N, K] or [E, K, N]
         for arr, got in zip(out, _grouped_ekn(text[grouped]), strict=True):
             arr[grouped] = got
-    for op, (rx, gc, gn, gk) in _EXPERT_WEIGHT_TEXT.items():
-        rows = (op_base == op).to_numpy()
+    for op, (rx, gc, gn, gk) in (*_EXPERT_WEIGHT_TEXT.items(), ("bmm", (_TOKEN_MAJOR, 1, 3, 2))):
+        rows = (op_base == op).to_numpy() & (out[0] < 0)  # (the first form that fits)
         if not rows.any():
             continue
         uniq = pd.Series(text[rows].unique(), dtype="string")
@@ -681,11 +686,9 @@ def _routed_or_shared(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
     a plain GEMM of that (K, N) is the other linear's (the shared expert's), or `linear[K×N]`
     where the layout has none. A trace that runs its experts as plain GEMMs (a loop over
     experts) keeps its cycle. Updates `codes` (into `names`, extended)."""
-    if "WE" not in inst:
-        return
+    if "WE" not in inst or not ((inst["WE"].to_numpy() >= 0) & (codes >= 0)).any():
+        return  # no expert runs over stacked weights
     stacked = inst["WE"].to_numpy()[rows] >= 0
-    if not stacked.any():
-        return
     grp = inst["grp"].to_numpy()[rows]
     for p in range(len(start)):
         cycle = names[start[p]:start[p] + size[p]]
@@ -721,6 +724,8 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
         return
     flags = classify(inst)
     attn = flags["attn"] | (flags["batched"] & (flags["last0"] != 1))  # (not RoPE's table)
+    if "WE" in inst:  # (nor an expert GEMM over stacked weights: Llama 4's batched experts)
+        attn &= ~((inst["WE"].to_numpy() >= 0) & (codes >= 0))
     grp = inst["grp"].to_numpy()
     head = np.zeros(len(inst), dtype=bool)  # a pass's end: the lm_head GEMM, an embedding
     head[rows] = np.asarray(names, dtype=object)[codes[rows]] == "lm_head"
@@ -861,10 +866,12 @@ def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> 
     count = linears.get("router", (0, -1))[1]
     base = Names.of(inst["op_name"]).mapped(operators.base_names)
     is_index, is_bmm = base.isin(["index"]), base.isin(["bmm"])
+    weight_first = is_bmm & inst["input_dims"].astype("string").fillna("").str.match(
+        _WEIGHT_FIRST).to_numpy(dtype=bool)
     for i, name in enumerate(_EXPERT_LINEARS):
         if name in linears:
             k, n = linears[name]
-            hit = (wk == k) & (wn == n) & (is_bmm | (is_index & (experts == count)))
+            hit = (wk == k) & (wn == n) & (weight_first | ((is_bmm | is_index) & (experts == count)))
             out[hit & (out < 0)] = i
     return out
 

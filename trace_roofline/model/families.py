@@ -221,6 +221,23 @@ def _gpt_oss(c: Config, arch: Architecture) -> Architecture:
                                mlp=None, moe=moe)
 
 
+# transformers/models/llama4/modeling_llama4.py
+def _llama4(c: Config, arch: Architecture) -> Architecture:
+    """Llama 4: a shared expert as wide as a routed one in every MoE layer (`moe_layers`, else
+    every interleave_moe_layer_step-th), the dense layers' MLP of intermediate_size_mlp."""
+    assert arch.moe is not None and arch.mlp is not None
+    experts = arch.moe.experts
+    moe = dataclasses.replace(arch.moe, experts=dataclasses.replace(
+        experts, shared_intermediate_size=experts.intermediate_size))
+    mlp = dataclasses.replace(arch.mlp, intermediate_size=c.integer(
+        "intermediate_size_mlp", arch.mlp.intermediate_size))
+    sparse = set(c.ints("moe_layers")) or {
+        i for i in range(arch.num_layers)
+        if (i + 1) % max(c.integer("interleave_moe_layer_step", 1), 1) == 0}
+    dense = tuple(i for i in range(arch.num_layers) if i not in sparse)
+    return dataclasses.replace(arch, moe=moe, mlp=mlp, mlp_only_layers=dense)
+
+
 # ----------------------------------------------------------------------------- module tables
 _ATTN = {"input_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
          "v_proj": "self_attn.v_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
@@ -296,6 +313,16 @@ HYPERCLOVAX = Layout.of({**_ATTN, **_MLP, "post_attention_norm": "post_norm1",
                          "post_feedforward_norm": "post_norm2"})
 AFMOE = Layout.of({**_ATTN, **_MLP, **_MOE, "pre_feedforward_norm": "pre_mlp_layernorm",
                    "post_feedforward_norm": "post_mlp_layernorm"})
+_FEED_FORWARD = {"gate_proj": "feed_forward.gate_proj", "up_proj": "feed_forward.up_proj",
+                 "act": "feed_forward.activation_fn",
+                 "down_proj": "feed_forward.down_proj", "router": "feed_forward.router",
+                 "experts": "feed_forward.experts",
+                 "shared_gate_proj": "feed_forward.shared_expert.gate_proj",
+                 "shared_up_proj": "feed_forward.shared_expert.up_proj",
+                 "shared_down_proj": "feed_forward.shared_expert.down_proj"}
+# (its q/k norm: one parameterless L2 norm module applied to both)
+LLAMA4 = Layout.of({**_ATTN, "q_norm": "self_attn.qk_norm", "k_norm": "self_attn.qk_norm",
+                    **_FEED_FORWARD}, transposed=("experts_gate_up", "experts_down"))
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GEMMA = Family(GEMMA, activation="gelu_pytorch_tanh", sqrt_embedding_scale=True, tie_default=True)
 _LAYERNORM_GELU = {"norm": "layernorm", "bias_default": True, "out_bias": "always",
@@ -378,6 +405,10 @@ FAMILIES: dict[str, Family] = {
     "exaone4": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, windows="every"),
     "flex_olmo": Family(QK_PROJECTION, placement=POST, qk_norm_always=True, norm_topk_prob=False),
     # Peri-LN: a norm after each block too (use_post_norm), its pre-MLP norm HF's post_attention
+    "llama4_text": Family(LLAMA4, adjust=_llama4, norm_topk_prob=False,
+                          classes=("Llama4ForCausalLM",)),
+    "llama4": Family(LLAMA4, adjust=_llama4, norm_topk_prob=False, text_config=True,
+                     classes=("Llama4ForConditionalGeneration",)),
     "afmoe": Family(AFMOE, placement=SANDWICH, qk_norm_always=True),
     "hyperclovax": Family(HYPERCLOVAX, parallel_switch=("use_post_norm", True, SANDWICH)),
 }
