@@ -372,6 +372,10 @@ FAMILIES: dict[str, Family] = {
                      classes=("Gemma3ForConditionalGeneration",), text_config=True),
     "gemma3_text": dataclasses.replace(_GEMMA, placement=SANDWICH, qk_norm_always=True, windows="gemma",
                           classes=("Gemma3ForCausalLM",)),
+    # (q/k/v norms: which are q's and k's the shapes tell, per projection)
+    "gemma4_unified_text": dataclasses.replace(_GEMMA, placement=SANDWICH, windows="gemma"),
+    "gemma4_unified": dataclasses.replace(_GEMMA, placement=SANDWICH, windows="gemma",
+                                          text_config=True),
     "glm": Family(GLM, bias_default=True, out_bias="never", classes=("GlmForCausalLM",)),
     "glm4": Family(GLM4, placement=SANDWICH, bias_default=True, out_bias="never",
                    classes=("Glm4ForCausalLM",)),
@@ -394,7 +398,7 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(BERT_LIKE, _BERT),
     "roformer": dataclasses.replace(_BERT, position="rope"),
     "roberta-prelayernorm": dataclasses.replace(_BERT, layout=BERT_PRE, placement=PRE_EMBEDDING_NORM),
-    **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian", "trocr"), _BART),
+    **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian", "trocr", "mvp"), _BART),
     "git": _BERT,  # GIT's text decoder: BERT's layers and embedding norm
     "mbart": dataclasses.replace(_BART, layout=BART_PRE, placement=PRE_EMBEDDING_NORM),
     **dict.fromkeys(("pegasus", "blenderbot"), dataclasses.replace(_BART, layout=BART_PRE,
@@ -409,6 +413,9 @@ FAMILIES: dict[str, Family] = {
                           classes=("Llama4ForCausalLM",)),
     "llama4": Family(LLAMA4, adjust=_llama4, norm_topk_prob=False, text_config=True,
                      classes=("Llama4ForConditionalGeneration",)),
+    # (its attention layers' placement: its linear-attention layers' pre-norms then carry the
+    # post-norm names of the same place, a layer's norms either way)
+    "olmo_hybrid": Family(QK_PROJECTION, placement=POST, qk_norm_always=True),
     "afmoe": Family(AFMOE, placement=SANDWICH, qk_norm_always=True),
     "hyperclovax": Family(HYPERCLOVAX, parallel_switch=("use_post_norm", True, SANDWICH)),
 }
