@@ -20,6 +20,7 @@ from tests.builders import BF, SAMPLES, Kineto
 from trace_roofline import cli
 from trace_roofline.attribution import captures, graphs, steps
 from trace_roofline.model import dtypes, hardware
+from trace_roofline.outputs import report
 
 SERVING = SAMPLES / "serving"
 SGLANG_DECODE = SERVING / "sglang_qwen3-8b_decode_mi300x" / "sglang_Qwen3-8B_decode.json.gz"
@@ -120,8 +121,12 @@ def test_hip_graph_launch_replays():
 
 def test_capture_found_beside_the_trace_and_said(sglang_decode, vllm_decode):
     for a in (sglang_decode, vllm_decode):
-        said = [w for w in a.warnings if w.startswith("graph captures: found")]
+        # said as a note, not a warning: nothing went wrong
+        said = [n for n in a.notes if n.startswith("graph captures: found")]
         assert len(said) == 1 and "capture_traces" in said[0]
+        assert not any("graph captures: found" in w for w in a.warnings)
+        text = report.terminal_table([a])
+        assert f"note: {said[0]}" in text and f"WARNING: {said[0]}" not in text
         g = a.graphs.graphs.iloc[0]
         assert g["method"] == "graph_map" and "(batch 32, FULL)" in g["template"]
         # the alignment's quality: every replayed kernel matched by name, in order (LCS)

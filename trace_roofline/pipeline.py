@@ -204,7 +204,8 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
         a = analyze(attributed, model, hw, options, **common)
-        return dataclasses.replace(a, warnings=(*unknown, *_with_graph_flags(a, replays)), **extra)
+        return dataclasses.replace(a, warnings=(*unknown, *_with_graph_flags(a, replays)),
+                                   notes=replays.notes if replays is not None else (), **extra)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(options.ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, options, measured=ncu_csv.measured_by_operator(matched),
@@ -215,7 +216,7 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     summary = {**summary, "file": str(options.ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
     return dataclasses.replace(a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays)),
-                               **extra)
+                               notes=replays.notes if replays is not None else (), **extra)
 
 
 def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None) -> tuple[str, ...]:
@@ -255,7 +256,7 @@ def attribute_trace(
                                               captures=found_captures, steps=step_table,
                                               step_of_row=of_row)
     unused = graphs.unused_options(replays, options.graph_map, options.decode_shapes)
-    replays = graphs.with_notes(replays, [*notes, *unused])
+    replays = graphs.with_notes(replays, notes, unused)
     verdict = kind.judge(attributed)
     attributed = verify.verify(attributed, model, decoder=verdict.decoder)
     attributed, found = passes.annotate(attributed)

@@ -122,6 +122,7 @@ class Analysis:
     graphs: GraphReport | None = None  # CUDA-graph replays and how they were named
     # what the numbers cannot be trusted for (`analyze`), said before any table
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # how the analysis was made, not a warning
     tp: int | None = None  # tensor-parallel degree of the rank's shards (None: no model to tell)
     # per phase with collectives: comms.summary (time, exposed time, bus bytes, share, ...)
     communication: dict[str, dict[str, float]] = field(default_factory=dict)

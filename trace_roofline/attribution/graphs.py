@@ -90,8 +90,9 @@ class GraphReport:
     named_time_us: float
     matched_time_us: float  # named by an aligned eager twin of the same name
     costed_time_us: float  # in instances that carry shapes
-    flags: tuple[str, ...]
+    flags: tuple[str, ...]  # what the reader must not miss: refused or unused mappings
     graphs: pd.DataFrame
+    notes: tuple[str, ...] = ()  # how the replays were named (a capture folder found and used)
 
     @property
     def named_fraction(self) -> float:
@@ -120,15 +121,17 @@ def has_replays(trace: Trace) -> bool:
     return not replay_rows(trace).empty
 
 
-def with_notes(report: GraphReport | None, notes: Sequence[str]) -> GraphReport | None:
-    """The report with `notes` first among its flags; a report of no replays holding only
-    them when there is something to say but no replay."""
-    if not notes:
+def with_notes(report: GraphReport | None, notes: Sequence[str],
+               flags: Sequence[str] = ()) -> GraphReport | None:
+    """The report with `notes` (informational) and `flags` (warnings) first among its own; a
+    report of no replays holding only them when there is something to say but no replay."""
+    if not notes and not flags:
         return report
     if report is None:
         empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in GRAPH_COLUMNS.items()})
-        return GraphReport(0, 0, 0.0, 0, 0.0, 0.0, 0.0, tuple(notes), empty)
-    return dataclasses.replace(report, flags=(*notes, *report.flags))
+        return GraphReport(0, 0, 0.0, 0, 0.0, 0.0, 0.0, tuple(flags), empty, tuple(notes))
+    return dataclasses.replace(report, flags=(*flags, *report.flags),
+                               notes=(*notes, *report.notes))
 
 
 def unused_options(report: GraphReport | None, graph_map: object,

@@ -67,9 +67,16 @@ def duration(us: object) -> str:
     return f"{v:.4g} µs"
 
 
+def tenths(v: float) -> str:
+    """`v` to one decimal: '<0.1' for a figure that is not zero but rounds to it, never '-0.0'."""
+    if v != 0 and abs(v) < 0.05:
+        return "<0.1" if v > 0 else ">-0.1"
+    return f"{v:.1f}".replace("-0.0", "0.0")
+
+
 def _pct(x: object) -> str:
     """A fraction (0-1) as a percentage; 'n/a' when missing."""
-    return "n/a" if _missing(x) else f"{100 * float(cast(SupportsFloat, x)):.1f}%"
+    return "n/a" if _missing(x) else f"{tenths(100 * float(cast(SupportsFloat, x)))}%"
 
 
 def _fmt(x: object, fmt: str, scale: float = 1.0) -> str:
@@ -138,9 +145,10 @@ def evidence_cell(evidence: object, mix: object) -> str:
 
 
 def _cells(kernels, time_us, share, flops, nbytes, intensity, fps, bps, roof) -> list[str]:
-    return [str(kernels), duration(time_us), _fmt(share, ".1f", 0.01), si(flops, "FLOP"),
+    return [str(kernels), duration(time_us), "-" if _missing(share) else tenths(
+                100 * float(cast(SupportsFloat, share))), si(flops, "FLOP"),
             si(nbytes, "B"), _fmt(intensity, ".2f"), si(fps, "FLOP/s"), si(bps, "B/s"),
-            _fmt(roof, ".1f")]
+            "-" if _missing(roof) else tenths(float(cast(SupportsFloat, roof)))]
 
 
 def _row(name: str, phase: str, cells: list[str], bound: object, width: int) -> str:
@@ -180,6 +188,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
         lines.append(f"model {a.model.name} read with assumptions: {'; '.join(a.model.assumed)}")
     lines += [models_line(a)] if a.models else []
     lines += [f"! WARNING: {w}" for w in a.warnings]
+    lines += [f"note: {n}" for n in a.notes]
     lines += [_head(width, measured)]
     lines += [_op_row(r, width, measured) for r in agg.itertuples()]
     for phase, w in a.whole_by_phase.items():
@@ -469,7 +478,7 @@ def _entry(a: Analysis) -> dict[str, object]:
         "tp": a.tp,
         "conventions": dict(a.conventions),
         "coverage": dict(a.coverage),
-        "warnings": list(a.warnings),
+        "warnings": list(a.warnings), "notes": list(a.notes),
         "model_kind": {"kind": a.kind.kind, "why": a.kind.why},
         "demoted": a.demoted,
         "model_assumed": list(a.model.assumed) if a.model is not None else [],
@@ -494,7 +503,7 @@ def _entry(a: Analysis) -> dict[str, object]:
             "replays": g.replays, "kernels": g.kernels, "time_us": g.time_us,
             "named_time_us": g.named_time_us, "named_fraction": g.named_fraction,
             "matched_time_us": g.matched_time_us, "costed_time_us": g.costed_time_us,
-            "flags": list(g.flags), "graphs": _records(g.graphs),
+            "flags": list(g.flags), "notes": list(g.notes), "graphs": _records(g.graphs),
         }
     if a.moe:
         entry["moe"] = {p: {**d, "explanation": " ".join(_moe_phase(p, d))}
