@@ -475,3 +475,26 @@ def test_capture_of_an_unannotated_replay_is_said_ambiguous(tmp_path):
     a = tr.analyze_trace(trace, QWEN3)
     assert a.graphs.graphs["template"].iloc[0].startswith("bs_32_rank0.json.gz")
     assert any("its batch is unknown" in f for f in a.graphs.flags)
+
+
+def test_a_capture_trace_is_read_as_a_regular_file_within_the_inflation_limit(tmp_path, monkeypatch):
+    """A FIFO among the captures is refused without blocking; a truncated gzip and a gzip bomb
+    (here past a lowered limit) are one-line errors naming the file."""
+    import os
+
+    from trace_roofline.errors import InputError
+    from trace_roofline.trace import read
+
+    fifo = tmp_path / "bs_1_rank0.json"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        captures._read_bytes(fifo)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gzip.compress(b'{"traceEvents": []}' * 100)[:40])
+    with pytest.raises(InputError, match="cut.json.gz"):
+        captures._read_bytes(cut)
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * (8 << 20)))
+    monkeypatch.setattr(read, "inflation_limit", lambda size: 1 << 20)
+    with pytest.raises(InputError, match="bomb.json.gz"):
+        captures._read_bytes(bomb)

@@ -6,7 +6,6 @@ Design notes: docs/architecture.md ("trace_roofline/attribution/captures.py").
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 from pathlib import Path
@@ -18,9 +17,9 @@ import pandas as pd
 from trace_roofline.attribution import graphs
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.errors import InputError
-from trace_roofline.files import find_traces, read_json
+from trace_roofline.files import find_traces, open_regular, read_json
 from trace_roofline.model.models import ModelSpec
-from trace_roofline.trace import Progress, Trace, load_trace
+from trace_roofline.trace import Progress, Trace, load_trace, read
 
 FOLDER = "capture_traces"  # TraceLens's (and this tool's) capture folder beside a trace
 DETAILS = "execution_details.json"
@@ -62,12 +61,16 @@ def capture_launches(path: Path) -> pd.DataFrame:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """A capture trace's bytes, inflated within the bomb limit (trace.read.gunzip); only a
+    regular file is opened."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(2)
             f.seek(0)
-            return gzip.decompress(f.read()) if head == b"\x1f\x8b" else f.read()
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+            if head != b"\x1f\x8b":
+                return f.read()
+            return bytes(read.gunzip(path, f, os.fstat(f.fileno()).st_size, read.CHUNK_BYTES, None))
+    except OSError as e:
         raise InputError(f"{path}: cannot read ({e})") from None
 
 
