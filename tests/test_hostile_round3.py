@@ -434,3 +434,30 @@ def test_options_layers_and_tp_must_be_integers_in_range(field, value):
     with pytest.raises(InputError, match=f"`{field}` must be an integer from 1 to"):
         AnalysisOptions(**{field: value})
     assert AnalysisOptions(**{field: 2}).layers in (2, None)
+
+
+# ------------------------------------- row 11: a training step whose strides do not parse
+def test_backward_gemms_whose_strides_are_missing_or_unparsed_are_analysed(tmp_path):
+    """HolisticTraceAnalysis's MTIA training trace records its mm operands' strides in a form
+    the GEMM reader does not parse: `_mm_operands` compared pd.NA (TypeError: boolean value of
+    NA is ambiguous). The training step keeps its backward names, read as untransposed."""
+    import pandas as pd
+
+    import trace_roofline as tr
+    from trace_roofline.attribution.naming import _mm_operands
+
+    ops = pd.DataFrame({"op_name": ["aten::mm", "aten::mm", "aten::addmm"],
+                        "input_dims": ["[[4, 8], [8, 16]]"] * 2 + ["[[16], [4, 8], [8, 16]]"],
+                        "input_strides": pd.array(["", None, "[[1], [8, 1]]"], dtype="string")})
+    got = _mm_operands(ops)
+    assert got[["a0", "a1", "b1"]].to_numpy().tolist() == [[4, 8, 16]] * 3
+    assert not got["a_t"].any()
+    doc = json.loads(gzip.decompress(
+        (ROOT / "sample_traces/training/qwen-tiny_train_b2_t32_l2_adamw_cpu.json.gz").read_bytes()))
+    for i, e in enumerate(doc["traceEvents"]):
+        if "Input Strides" in e.get("args", {}):
+            e["args"]["Input Strides"] = "<unknown>" if i % 2 else [[]]
+    path = tmp_path / "odd_strides.json"
+    path.write_text(json.dumps(doc))
+    a = tr.analyze_trace(path, tr.get_model("qwen-tiny"))
+    assert any(str(o).endswith(".grad") for o in a.operators["operator"])

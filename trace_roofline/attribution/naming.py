@@ -851,7 +851,9 @@ def _mm_operands(distinct: pd.DataFrame) -> pd.DataFrame:
         ok = v[:, 1] == v[:, 2]
         out.loc[rows, ["a0", "a1", "b1"]] = np.where(ok[:, None], v[:, [0, 1, 3]], -1)
         st = strides[rows].str.extract(rx)
-        s_a = st[st.columns[-4:-2]].apply(pd.to_numeric, errors="coerce").to_numpy()
+        # (strides that are missing or do not parse, as MTIA traces record them: not transposed)
+        s_a = st[st.columns[-4:-2]].apply(pd.to_numeric, errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan)
         out.loc[rows, "a_t"] = (s_a[:, 0] == 1) & (v[:, 1] > 1)
     return out
 
