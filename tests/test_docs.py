@@ -157,6 +157,17 @@ def test_every_page_has_examples():
     assert len(COMMANDS) >= 30, [c.id for c in COMMANDS]
 
 
+def _make_inputs(cmd: Command, workdir: Path) -> None:
+    """Run the page's earlier commands that write a /tmp/ file this one reads, where it is not
+    there yet (under xdist the example that wrote it may have run on another worker)."""
+    for path in (a for a in cmd.argv[1:] if a.startswith("/tmp/")):
+        if Path(str(workdir) + path).exists():
+            continue
+        for prev in COMMANDS[:COMMANDS.index(cmd)]:
+            if prev.page == cmd.page and path in prev.argv and not prev.skip:
+                _run([str(workdir) + a if a.startswith("/tmp/") else a for a in prev.argv])
+
+
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.id)
 def test_example_command(cmd: Command, workdir: Path, monkeypatch):
     if cmd.argv[0] in TORCH_COMMANDS:
@@ -170,6 +181,7 @@ def test_example_command(cmd: Command, workdir: Path, monkeypatch):
     for a in argv:
         if a.startswith(str(workdir) + "/tmp/"):
             Path(a).parent.mkdir(parents=True, exist_ok=True)
+    _make_inputs(cmd, workdir)
     key = tuple(argv)
     if key not in _RESULTS or argv[0] == "cache":  # a command shown on two pages runs once
         _RESULTS[key] = _run(argv)
