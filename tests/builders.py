@@ -609,3 +609,21 @@ def wrong_names(att: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     if not model.architecture.attention.qk_norm:
         wrong |= np.isin(op, ["q_norm", "k_norm"])
     return wrong
+
+
+def sweep_lines(verbose: bool) -> list[str]:
+    """The progress lines of a tiny CPU sweep of qwen-tiny's q_proj at M = 1, 4 (one warm-up,
+    two timed calls); skipped without torch."""
+    import tempfile
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from workloads.sweep import run_sweep
+
+    lines: list[str] = []
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as out:
+        run_sweep("qwen-tiny", "q_proj", (1, 4), None, "cpu", 1, 2, None, out, verbose,
+                  progress=lines.append)
+    return lines

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.builders import ROOT, SAMPLES, attributed, qwen_layer, run_cli
+from tests.builders import ROOT, SAMPLES, attributed, qwen_layer, run_cli, sweep_lines
 from trace_roofline.costs.calculator import format_intensity, intensity_table, si
 from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import get_model
@@ -156,16 +156,7 @@ def test_intensity_names_the_hardware_it_used():
 
 
 def test_sweep_on_cpu_prints_si_rates():
-    torch = pytest.importorskip("torch")
-    import tempfile
-
-    from workloads.sweep import run_sweep
-
-    lines: list[str] = []
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as out:
-        run_sweep("qwen-tiny", "q_proj", (1, 4), None, "cpu", 1, 2, None, out, False,
-                  progress=lines.append)
+    lines = sweep_lines(verbose=False)
     rows = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+: ", x)]  # not the progress lines
     assert len(rows) == 2
     assert all(re.search(r"\d (|k|M|G|T)FLOP/s", x) for x in rows), rows

@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 import tomllib
 
-from tests.builders import ROOT, attributed, qwen_layer, run_cli
-from trace_roofline.model.hardware import get_hardware
-from trace_roofline.model.models import get_model
+from tests.builders import ROOT, attributed, qwen_layer, run_cli, sweep_lines
+from tests.test_plot import DEC, H200, QWEN
 from trace_roofline.pipeline import analyze
 
 
@@ -103,12 +102,6 @@ def test_diff_of_folders_takes_their_report_json_or_says_what_it_takes(tmp_path)
 
 
 # --------------------------------------------------------------------------- report.html
-QWEN = get_model("qwen2.5-7b")
-H200 = get_hardware("h200-sxm")
-DEC = {"q_proj": (8.0,), "k_proj": (2.5,), "v_proj": (2.4,), "o_proj": (7.9,),
-       "gate_proj": (35.0,), "up_proj": (34.0,), "down_proj": (20.0, 15.0), "attention": (5.0,),
-       "rope": (1.8,), "input_norm": (1.6,), "post_attention_norm": (1.7,), "act": (2.5,),
-       "residual": (1.9,), "kv_cache": (1.7,)}
 
 
 @pytest.fixture(scope="module")
@@ -193,16 +186,7 @@ def test_a_near_zero_row_does_not_stretch_the_axes(decode):
 
 # ------------------------------------------------------------------------ run and sweep
 def test_sweep_prints_readable_times_and_progress():
-    torch = pytest.importorskip("torch")
-    import tempfile
-
-    from workloads.sweep import run_sweep
-
-    lines: list[str] = []
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as out:
-        run_sweep("qwen-tiny", "q_proj", (1, 4), None, "cpu", 1, 2, None, out, True,
-                  progress=lines.append)
+    lines = sweep_lines(verbose=True)
     starts = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+ \(\d of 2\)", x)]
     assert len(starts) == 2 and "1 warm-up + 2 timed calls" in starts[0]
     rows = [x for x in lines if re.match(r"\[sweep\] M=\s*\d+: ", x)]

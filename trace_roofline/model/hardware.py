@@ -90,6 +90,12 @@ _XGMI4 = (537.6 * G, "Infinity Fabric: 7 links x 76.8 GB/s per direction = 537.6
                      "(AMD Instinct MI355X data sheet)")
 _AMD_DOCS = "https://www.amd.com/en/products/accelerators/instinct"
 
+# A100's dense tensor rates (A100 datasheet: every column alike)
+_AMPERE = {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T}
+# Hopper's dense tensor rates (H100 SXM datasheet; the H200, H800 and GH200 share its die)
+_HOPPER = {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T,
+           "fp8": 1978.9 * T}
+
 PRESETS: dict[str, Hardware] = {
     "rtx4090": Hardware(
         "rtx4090",
@@ -110,7 +116,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "a100-sxm": Hardware(
         "a100-sxm",
-        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        dict(_AMPERE),
         2039 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM, dense)",
         ("NVIDIA A100-SXM4-80GB",),
@@ -121,7 +127,7 @@ PRESETS: dict[str, Hardware] = {
     # NVLink bridge reaches its peers over PCIe 4.0.
     "a100-sxm-40gb": Hardware(
         "a100-sxm-40gb",
-        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        dict(_AMPERE),
         1555 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (40GB SXM column, dense): 1,555 GB/s HBM2",
         ("NVIDIA A100-SXM4-40GB",),
@@ -129,7 +135,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "a100-pcie": Hardware(
         "a100-pcie",
-        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        dict(_AMPERE),
         1935 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (80GB PCIe column, dense): 1,935 GB/s HBM2e",
         ("NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB"),
@@ -137,7 +143,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "a100-pcie-40gb": Hardware(
         "a100-pcie-40gb",
-        {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
+        dict(_AMPERE),
         1555 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (40GB PCIe column, dense): 1,555 GB/s HBM2",
         ("NVIDIA A100-PCIE-40GB",),
@@ -145,7 +151,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "h100-sxm": Hardware(
         "h100-sxm",
-        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        dict(_HOPPER),
         3350 * G,
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense)",
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
@@ -153,7 +159,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "h200-sxm": Hardware(
         "h200-sxm",
-        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        dict(_HOPPER),
         4800 * G,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)",
         ("NVIDIA H200",),
@@ -164,7 +170,7 @@ PRESETS: dict[str, Hardware] = {
     # sparsity, i.e. 989.4 / 1,978.9 dense; 3.35 TB/s).
     "h800-sxm": Hardware(
         "h800-sxm",
-        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        dict(_HOPPER),
         3350 * G,
         "NVIDIA H800 Tensor Core GPU datasheet (SXM, dense: half the sparse figures), 3.35 TB/s HBM3",
         ("NVIDIA H800",),
@@ -176,7 +182,7 @@ PRESETS: dict[str, Hardware] = {
     # NVLink 4 to other superchips (900 GB/s in all).
     "gh200": Hardware(
         "gh200",
-        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        dict(_HOPPER),
         4000 * G,
         "NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 at 4 TB/s, dense tensor rates)",
         ("NVIDIA GH200 480GB", "NVIDIA GH200"),
@@ -184,7 +190,7 @@ PRESETS: dict[str, Hardware] = {
     ),
     "gh200-144g": Hardware(
         "gh200-144g",
-        {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T, "fp8": 1978.9 * T},
+        dict(_HOPPER),
         4900 * G,
         "NVIDIA GH200 Grace Hopper Superchip datasheet (144 GB HBM3e at 4.9 TB/s, dense tensor rates)",
         ("NVIDIA GH200 144G HBM3e", "NVIDIA GH200 624GB"),
