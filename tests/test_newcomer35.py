@@ -207,8 +207,11 @@ def test_run_and_sweep_default_out_is_ignored_by_git():
         assert args.out == "traces"
     help_text = run_cli("sweep", "--help").stdout
     assert "traces/ in the current folder" in " ".join(help_text.split())
+    # a capture in the clone is not committed by accident (the rule; and git's reading of it
+    # where the tree is a git work tree: CI's minimum-versions leg runs on a copy that is not)
+    assert "/traces/" in (ROOT / ".gitignore").read_text().split()
     ignored = subprocess.run(["git", "check-ignore", "-q", "traces/x.json.gz"], cwd=ROOT)
-    assert ignored.returncode == 0  # a capture in the clone is not committed by accident
+    assert ignored.returncode in ((0,) if (ROOT / ".git").exists() else (0, 128))
 
 
 # ------------------------------------------------------------------------ -0.0 and 0.0%
