@@ -868,8 +868,10 @@ def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> 
     count = linears.get("router", (0, -1))[1]
     base = Names.of(inst["op_name"]).mapped(operators.base_names)
     is_index, is_bmm = base.isin(["index"]), base.isin(["bmm"])
-    weight_first = is_bmm & inst["input_dims"].astype("string").fillna("").str.match(
-        _WEIGHT_FIRST).to_numpy(dtype=bool)
+    weight_first = is_bmm.copy()  # (the regex once per distinct bmm's dims, not per row)
+    if is_bmm.any():
+        weight_first[is_bmm] = per_value(inst.loc[is_bmm, "input_dims"], lambda d: d.astype(
+            "string").fillna("").str.match(_WEIGHT_FIRST)).to_numpy(dtype=bool)
     for i, name in enumerate(_EXPERT_LINEARS):
         if name in linears:
             k, n = linears[name]
