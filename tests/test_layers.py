@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace",),
     ("attribution",),
     ("costs",),
-    ("roofline",),
+    ("roofline", "steptime"),
     ("outputs",),
     ("pipeline", "cache", "parallel"),
     ("cli",),

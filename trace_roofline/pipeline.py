@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
+from trace_roofline import steptime
 from trace_roofline.attribution import captures, graphs, kind, passes, steps, verify
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
@@ -204,8 +205,9 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
         a = analyze(attributed, model, hw, options, **common)
-        return dataclasses.replace(a, warnings=(*unknown, *_with_graph_flags(a, replays)),
-                                   notes=replays.notes if replays is not None else (), **extra)
+        return _with_steps(dataclasses.replace(
+            a, warnings=(*unknown, *_with_graph_flags(a, replays)),
+            notes=replays.notes if replays is not None else (), **extra), trace)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(options.ncu),
                                              device=trace.device)
     a = analyze(attributed, model, hw, options, measured=ncu_csv.measured_by_operator(matched),
@@ -215,8 +217,20 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     flops = sum(float(cast(float, w["flops"])) for w in a.whole_by_phase.values())
     summary = {**summary, "file": str(options.ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
-    return dataclasses.replace(a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays)),
-                               notes=replays.notes if replays is not None else (), **extra)
+    return _with_steps(dataclasses.replace(
+        a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays)),
+        notes=replays.notes if replays is not None else (), **extra), trace)
+
+
+def _with_steps(a: Analysis, trace: Trace) -> Analysis:
+    """The analysis with its step table (steptime.step_table; none for a trace without device
+    activity) and, with hardware, its headroom (steptime.headroom)."""
+    if trace.cpu_only:
+        return a
+    table = steptime.step_table(trace, a.costed)
+    room = (steptime.headroom(a.operators, table, a.costed, trace) if a.hardware is not None
+            else None)
+    return dataclasses.replace(a, steps=table, headroom=room)
 
 
 def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None) -> tuple[str, ...]:

@@ -142,6 +142,8 @@ class Analysis:
     kind: Verdict = DECODER
     # the rows the name contracts demoted to other (verify.demotions): time, kernels, by name
     demoted: dict[str, object] = field(default_factory=dict)
+    steps: pd.DataFrame | None = None  # steptime.STEP_COLUMNS: one row per step (device traces)
+    headroom: pd.DataFrame | None = None  # steptime.HEADROOM_COLUMNS (with hardware)
 
     @property
     def whole(self) -> dict[str, object]:
