@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, SupportsFloat, SupportsInt, cast
 import pandas as pd
 
 from trace_roofline.outputs.plot import TRACE_COLOURS, axis_points, panel_groups, short_name
-from trace_roofline.outputs.report import duration, evidence_text, si
+from trace_roofline.outputs.report import (
+    duration,
+    evidence_text,
+    headroom_lines,
+    roofline_step_line,
+    si,
+)
 from trace_roofline.roofline import Analysis, hardware_summary
 
 if TYPE_CHECKING:
@@ -305,6 +311,25 @@ def _reconciliation(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+_STEP_TABLE: list[tuple[str, str, _Format]] = [
+    ("step", "step", "{}"), ("wall µs", "wall_us", "{:,.1f}"), ("busy µs", "busy_us", "{:,.1f}"),
+    ("kernel µs", "kernel_us", "{:,.1f}"), ("memcpy µs", "memcpy_us", "{:,.1f}"),
+    ("comm µs", "comm_us", "{:,.1f}"), ("idle µs", "idle_us", "{:,.1f}"),
+    ("before µs", "idle_before_us", "{:,.1f}"), ("between µs", "idle_between_us", "{:,.1f}"),
+    ("at syncs µs", "idle_sync_us", "{:,.1f}"), ("host µs", "host_us", "{:,.1f}"),
+    ("launches", "launches", "{:d}"), ("verdict", "verdict", "{}"), ("evidence", "evidence", "{}")]
+
+
+def _steps(a: Analysis) -> str:
+    """The step table (steptime.step_table), the roofline read against the step and the
+    operators losing most to their roof; "" without a step table."""
+    if a.steps is None:
+        return ""
+    lines = [x for x in (roofline_step_line(a), *headroom_lines(a)) if x]
+    return ("<h4>Steps</h4>" + _table(a.steps, _STEP_TABLE)
+            + "".join(f"<p>{html.escape(x)}</p>" for x in lines))
+
+
 def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline report") -> str:
     """The whole page as one string (Bokeh's JS inlined: no network needed to view it)."""
     if not analyses:
@@ -336,7 +361,8 @@ def report_html(analyses: Sequence[Analysis], title: str = "trace_roofline repor
             f"{100 * cast(float, cov['fraction']):.1f}% attributed, "
             f"{100 * cast(float, cov['evidence_fraction']):.1f}% named with evidence, "
             f"{100 * cast(float, cov['costed_fraction']):.1f}% costed</p>"
-            f"<h4>Warnings</h4><ul>{warn}</ul><h4>Reconciliation</h4>{_reconciliation(a)}")
+            f"<h4>Warnings</h4><ul>{warn}</ul>{_steps(a)}"
+            f"<h4>Reconciliation</h4>{_reconciliation(a)}")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 {resources}

@@ -18,6 +18,7 @@ import pandas as pd
 from trace_roofline.costs.calculator import si  # noqa: F401 (report.si: the units of every text output)
 from trace_roofline.costs.crosscheck import describe
 from trace_roofline.roofline import Analysis, hardware_summary, operators_frame, split_part
+from trace_roofline.steptime import step_summary
 
 SCHEMA_VERSION = 2
 # Analysis column -> output name where the output's scale differs (percent -> fraction).
@@ -189,6 +190,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     lines += [models_line(a)] if a.models else []
     lines += [f"! WARNING: {w}" for w in a.warnings]
     lines += [f"note: {n}" for n in a.notes]
+    lines += steps_lines(a)
     lines += [_head(width, measured)]
     lines += [_op_row(r, width, measured) for r in agg.itertuples()]
     for phase, w in a.whole_by_phase.items():
@@ -408,6 +410,89 @@ def models_line(a: Analysis) -> str:
             + ", ".join(split_part(m.trace)[1] for m in a.models))
 
 
+# Steps shown in the terminal's step table (the first ones; the spread line covers them all).
+SHOWN_STEPS = 8
+_STEP_CELLS = (("wall", "wall_us"), ("busy", "busy_us"), ("idle", "idle_us"),
+               ("before", "idle_before_us"), ("between", "idle_between_us"),
+               ("at syncs", "idle_sync_us"), ("host", "host_us"))
+
+
+def steps_lines(a: Analysis) -> list[str]:
+    """The step table (steptime.step_table: the first SHOWN_STEPS steps), the spread over
+    steps, each verdict with its evidence, the roofline read against the step and the
+    operators losing most to their roof; nothing without a step table."""
+    t = a.steps
+    if t is None or t.empty:
+        return []
+    width = max(12, min(40, int(t["step"].str.len().max())))
+    lines = [f"{'step':<{width}} " + " ".join(f"{h:>9}" for h, _ in _STEP_CELLS)
+             + f" {'launches':>8}  verdict"]
+    for r in t.head(SHOWN_STEPS).itertuples():
+        lines.append(f"{r.step:<{width}.{width}} "
+                     + " ".join(f"{duration(getattr(r, c)):>9}" for _, c in _STEP_CELLS)
+                     + f" {r.launches:>8}  {r.verdict}")
+    if len(t) > SHOWN_STEPS:
+        lines.append(f"... {len(t) - SHOWN_STEPS} more step(s) in report.json")
+    if len(t) > 1:
+        s = step_summary(t)
+        spread = "; ".join(f"{k.removesuffix('_us')} {duration(cast(dict, s[k])['min'])} / "
+                           f"{duration(cast(dict, s[k])['median'])} / "
+                           f"{duration(cast(dict, s[k])['max'])}"
+                           for k in ("wall_us", "busy_us", "idle_us"))
+        lines.append(f"over {len(t)} steps (min / median / max): {spread}")
+    shown = t.drop_duplicates("verdict") if len(t) > 1 else t
+    lines += [f"verdict: {r.verdict}" + (f" ({r.step})" if len(t) > 1 else "")
+              + f": {r.evidence}" for r in shown.itertuples()]
+    if (line := roofline_step_line(a)) is not None:
+        lines.append(line)
+    lines += headroom_lines(a)
+    return lines
+
+
+def step_roof(a: Analysis) -> dict[str, float] | None:
+    """The whole-model % of roof read against the step with the most wall time: its kernels'
+    busy time, their time at their roof, its wall time, and the step at its roof; None
+    without headroom."""
+    h = a.headroom
+    if h is None or a.steps is None or a.steps.empty:
+        return None
+    steps = h[h["scope"] == "step"]
+    r = steps.loc[steps["measured_us"].idxmax()]
+    busy, wall = float(r["no_idle_us"]), float(r["measured_us"])
+    return {"step": r["name"], "wall_us": wall, "busy_us": busy,
+            "kernels_at_roof_us": busy - float(r["lost_us"]), "at_roof_us": float(r["at_roof_us"]),
+            "pct_of_roof": cast(float, a.whole.get("pct_of_roof", math.nan))}
+
+
+def roofline_step_line(a: Analysis) -> str | None:
+    """'kernels at 54% of roof; the step at 14% of what its kernels at their roof would
+    allow ...' (step_roof); None without it."""
+    d = step_roof(a)
+    if d is None:
+        return None
+    wall = d["wall_us"]
+    share = (lambda us: us / wall) if wall > 0 else (lambda us: math.nan)
+    return (f"roofline against the step ({d['step']}): kernels at {_pct(d['pct_of_roof'] / 100)} "
+            f"of roof; the step at {_pct(share(d['kernels_at_roof_us']))} of what its kernels "
+            f"at their roof would allow ({duration(d['kernels_at_roof_us'])} of "
+            f"{duration(wall)}), its kernels busy {_pct(share(d['busy_us']))} of it; every "
+            f"kernel at its roof: {duration(d['at_roof_us'])}, no idle time: "
+            f"{duration(d['busy_us'])}")
+
+
+def headroom_lines(a: Analysis, n: int = 3) -> list[str]:
+    """The `n` operators losing most time to their roof (steptime.headroom)."""
+    h = a.headroom
+    if h is None:
+        return []
+    ops = h[(h["scope"] == "operator") & (h["lost_us"] > 0)].head(n)
+    if ops.empty:
+        return []
+    return ["headroom (time lost to the roof, most first): " + ", ".join(
+        f"{r.name} ({r.phase}) {duration(r.lost_us)} of {duration(r.measured_us)}"
+        for r in ops.itertuples())]
+
+
 def withheld_text(w: dict) -> str:
     return (f"withheld: only {_pct(w['costed_fraction'])} of its device time is costed "
             "(see the warning above)")
@@ -505,6 +590,10 @@ def _entry(a: Analysis) -> dict[str, object]:
             "matched_time_us": g.matched_time_us, "costed_time_us": g.costed_time_us,
             "flags": list(g.flags), "notes": list(g.notes), "graphs": _records(g.graphs),
         }
+    if a.steps is not None:
+        entry["steps"] = {"summary": step_summary(a.steps), "steps": _records(a.steps),
+                          "roofline_vs_step": step_roof(a),
+                          "headroom": _records(a.headroom) if a.headroom is not None else None}
     if a.moe:
         entry["moe"] = {p: {**d, "explanation": " ".join(_moe_phase(p, d))}
                         for p, d in a.moe.items()}
@@ -639,6 +728,8 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         if a.warnings:
             out += ["", "### ⚠ Warnings", "", *[f"- **{w}**" for w in a.warnings]]
         out += [f"- {line.strip()}" for line in moe_lines(a)]
+        if a.steps is not None:
+            out += ["", "### Steps", "", "```text", *steps_lines(a), "```"]
         out += ["", "### Operators (aggregated over layers and steps, by device time)", "",
                 "| operator | phase | kernels | time | time % | FLOPs | bytes | FLOP/B | FLOP/s "
                 "| B/s | % of roof | bound | evidence |", "|" + "---|" * 13]
