@@ -12,6 +12,7 @@ from trace_roofline import steptime
 from trace_roofline.attribution import captures, graphs, kind, passes, steps, verify
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
+from trace_roofline.costs import crosscheck
 from trace_roofline.costs.shapes import attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware, trace_device
@@ -142,13 +143,15 @@ def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None,
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None = None,
             hardware: Hardware | None = None, options: AnalysisOptions | None = None, *,
             trace: str = "", measured: pd.DataFrame | None = None, tp: int | None = None,
-            group_size: int | None = None, **changes: Any) -> Analysis:
+            group_size: int | None = None, decoder: bool = True, **changes: Any) -> Analysis:
     """Cost (costs.shapes.attach_costs) and place (roofline.place_costed) one attributed trace.
     `model` is the rank's shard, `tp` is reported, `group_size` is the ranks of collectives that
-    do not record theirs, `measured` is ncu's bytes per operator."""
+    do not record theirs, `measured` is ncu's bytes per operator, `decoder` the trace's verdict
+    (kind.Verdict.decoder: an encoder's unrecorded masks count every pair)."""
     options = _options(options, changes)
     costed = attach_costs(attributed, model, causal=options.causal,
-                          attention_bytes=options.attention_bytes, group_size=group_size)
+                          attention_bytes=options.attention_bytes, group_size=group_size,
+                          decoder=decoder)
     return place_costed(costed, attributed, model, hardware, options, trace=trace,
                         measured=measured, tp=tp)
 
@@ -200,13 +203,14 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
-    common: dict[str, Any] = dict(trace=name, tp=tp, group_size=group)
+    common: dict[str, Any] = dict(trace=name, tp=tp, group_size=group,
+                                  decoder=att.passes.kind.decoder)
     extra = {"passes": att.passes.table, "graphs": replays, "kind": att.passes.kind,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
         a = analyze(attributed, model, hw, options, **common)
         return _with_steps(dataclasses.replace(
-            a, warnings=(*unknown, *_with_graph_flags(a, replays)),
+            a, warnings=(*unknown, *_with_graph_flags(a, replays, att, options)),
             notes=replays.notes if replays is not None else (), **extra), trace)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(options.ncu),
                                              device=trace.device)
@@ -218,7 +222,7 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     summary = {**summary, "file": str(options.ncu), "whole_model_measured_bytes": whole_bytes,
                "whole_model_measured_intensity": flops / whole_bytes}
     return _with_steps(dataclasses.replace(
-        a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays)),
+        a, ncu=summary, warnings=(*unknown, *_with_graph_flags(a, replays, att, options)),
         notes=replays.notes if replays is not None else (), **extra), trace)
 
 
@@ -233,9 +237,15 @@ def _with_steps(a: Analysis, trace: Trace) -> Analysis:
     return dataclasses.replace(a, steps=table, headroom=room)
 
 
-def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None) -> tuple[str, ...]:
-    """The analysis's warnings plus each refused or unused graph mapping."""
-    return (*a.warnings, *(replays.flags if replays is not None else ()))
+def _with_graph_flags(a: Analysis, replays: graphs.GraphReport | None, att: Attributed,
+                      options: AnalysisOptions) -> tuple[str, ...]:
+    """The analysis's warnings plus each refused or unused graph mapping, then the named
+    operators costed generically and the figures that disagree with the layout
+    (crosscheck.generic_named, against_layout)."""
+    return (*a.warnings, *(replays.flags if replays is not None else ()),
+            *filter(None, [crosscheck.generic_named(a.costed)]),
+            *crosscheck.against_layout(a.costed, att.model, att.passes.table, options.causal,
+                                       att.passes.kind.decoder))
 
 
 def attribute_trace(

@@ -56,6 +56,9 @@ OPERATOR_COLUMNS = {
     # every evidence with its fraction of the row's time, largest first: "annotation 0.97,
     # position 0.03" ("shape 1" when one evidence named it all)
     "evidence_mix": "str",
+    # where the row's figures came from (shapes.DERIVATIONS: shape, step, layout, kernel,
+    # unknown): the derivation of most of its time
+    "derivation": "str",
     # routed expert GEMMs: active experts per layer (mean over the layers and steps of the row),
     # counted or expected under uniform routing, and its range (shapes.COSTED_COLUMNS)
     "experts_active": "float64",
@@ -168,6 +171,8 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
     """
     if attributed.empty:
         raise InputError(f"{trace or 'trace'}: no kernels or timed ops to analyse")
+    host = _host_only(attributed, hardware)
+    hardware = None if host else hardware
     layers, by_shape, force = options.layers, options.by_shape, options.force
     inferred = crosscheck.inferred(costed)
     contradiction = _contradiction(costed, model, inferred)
@@ -193,7 +198,7 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
         raise InputError(f"{trace or 'trace'}: {e}", *e.parameters) from None
     calls = comms.calls(attributed, costed)
     decoder = _has_decoder(costed)
-    warnings = [*([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
+    warnings = [*host, *([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
                 *([] if decoder else [NO_DECODER]),
                 *filter(None, [crosscheck.irregular_order(costed)]),
                 *_uncosted(costed), *_withheld_notes(whole),
@@ -314,6 +319,15 @@ def _contradiction(costed: pd.DataFrame, model: ModelSpec | None,
     return (f"the trace's shapes contradict model {model.name}, and no tensor-parallel shard "
             f"(TP={'/'.join(map(str, crosscheck.TP_DEGREES))}) explains them: {by_time.index[0]}"
             f"{more}; {fit}")
+
+
+def _host_only(attributed: pd.DataFrame, hardware: Hardware | None) -> list[str]:
+    """The warning of a trace of CPU ops and no kernel events analysed with a GPU's hardware:
+    its times are the host's, so nothing is placed under the GPU's roof; else none."""
+    if hardware is None or "kind" not in attributed or not attributed["kind"].eq("cpu_op").all():
+        return []
+    return [f"no roofline placement under {hardware.name}: the trace has CPU ops and no kernel "
+            "events, so its times are host times, not device times (intensities only)"]
 
 
 def _has_decoder(costed: pd.DataFrame) -> bool:
@@ -454,7 +468,8 @@ class _Instances:
     """What `_aggregate` reads of a costed table, with its text as integer codes, so that
     grouping moves integers and floats, never strings."""
 
-    codes: dict[str, np.ndarray]  # phase, operator, layer, dtype, evidence: codes, -1 missing
+    # phase, operator, layer, dtype, evidence, derivation: codes, -1 missing
+    codes: dict[str, np.ndarray]
     values: dict[str, object]  # the value of each code (`pd.factorize`'s uniques)
     numbers: pd.DataFrame  # kernels, _costed, time_us, _costed_time, flops, bytes, _ACTIVE
     # the costed instances with a dtype in the order that picks a group's dtype (most FLOPs,
@@ -468,8 +483,9 @@ class _Instances:
         """Instances without a recorded evidence count as fallback; a table without the
         experts_active columns has none."""
         codes, values = {}, {}
-        for col in ("phase", "operator", "layer", "dtype", "evidence"):
-            col_values = costed[col] if col in costed else pd.Series(FALLBACK, index=costed.index)
+        for col in ("phase", "operator", "layer", "dtype", "evidence", "derivation"):
+            col_values = costed[col] if col in costed else pd.Series(
+                "unknown" if col == "derivation" else FALLBACK, index=costed.index)
             codes[col], values[col] = pd.factorize(col_values.array)
         flops, nbytes, time_us = (_floats(costed[c]) for c in ("flops", "bytes", "time_us"))
         priced = ~np.isnan(flops)
@@ -517,7 +533,9 @@ def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
     out["achieved_bytes_per_s"] = out["bytes"] / secs
     evidence, mix = _evidence(ids, inst.codes["evidence"], inst.numbers["time_us"],
                               inst.values["evidence"])
-    return out.assign(evidence=evidence, evidence_mix=mix)
+    derivation = _evidence(ids, inst.codes["derivation"], inst.numbers["time_us"],
+                           inst.values["derivation"])[0]
+    return out.assign(evidence=evidence, evidence_mix=mix, derivation=derivation)
 
 
 def _decode(codes: np.ndarray, values: object) -> object:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline import frames
-from trace_roofline.model import models, operators
+from trace_roofline.model import formulas, models, operators
 from trace_roofline.model.models import PRESETS, ModelSpec
 
 TP_DEGREES = tuple(t for t in models.TP_DEGREES if t > 1)
@@ -228,3 +228,112 @@ def describe(dims: dict[str, object]) -> str:
         if dims[key]:
             parts.append(f"{label} {dims[key]}")
     return ", ".join(p for p in parts if p)
+
+
+# ------------------------------------------------------------------ figures against the layout
+_NAMED = frozenset({*operators.LINEARS, operators.ATTENTION.name})
+TOLERANCE = 0.01  # a disagreement above this fraction of the layout's figure is said
+
+
+def generic_named(costed: pd.DataFrame) -> str | None:
+    """A warning when operators named as a linear or attention are costed by a generic
+    per-kernel estimate (derivation `kernel`: the kernel's buffers, not the name's rule), with
+    their share of device time, else None."""
+    rows = costed["operator"].isin(_NAMED) & costed["derivation"].eq("kernel")
+    if not rows.any():
+        return None
+    time = costed.loc[rows].groupby("operator", observed=True)["time_us"].sum()
+    total = float(costed["time_us"].sum()) or 1.0
+    parts = ", ".join(f"{op} {100 * t / total:.1f}%" for op, t in
+                      time.sort_values(ascending=False, kind="stable").items())
+    return ("named operators costed by a generic kernel estimate (derivation `kernel`: the "
+            "kernel's buffers, not 2·M·K·N or the attention's geometry), so their FLOPs and "
+            f"bytes are not the operators' cost: {parts} of device time")
+
+
+def against_layout(costed: pd.DataFrame, model: ModelSpec | None, passes: pd.DataFrame | None,
+                   causal: str = "causal", decoder: bool = True) -> list[str]:
+    """The cross-check of each pass's figures against the model's layout and the pass's tokens
+    (passes.PASS_COLUMNS: B sequences of T tokens, S keys), one warning per operator whose
+    figure and the layout's differ by more than TOLERANCE, both figures given: a named linear's
+    ΣFLOPs against layers x 2·M·K·N (+ M·N bias), M = B·T; attention's (outside sliding
+    windows; not those costed from a serving step's annotation) against layers x
+    2·B·n_q·pairs·(d + d_v), pairs causal in a decoder under `causal` causal. Passes whose
+    B, T (one length) or S are not known are not checked; nothing without a model."""
+    if model is None or passes is None or passes.empty or costed.empty:
+        return []
+    known = (passes["B"].notna() & passes["T_min"].notna()
+             & passes["T_min"].eq(passes["T_max"])).to_numpy(bool, na_value=False)
+    p = passes.loc[known].set_index("pass")
+    if p.empty:
+        return []
+    rows = costed[costed["step"].isin(p.index) & costed["flops"].notna()]
+    return [*_linears_against(rows, model, p), *_attention_against(rows, model, p, causal,
+                                                                   decoder)]
+
+
+def _per_pass(rows: pd.DataFrame) -> pd.DataFrame:
+    """ΣFLOPs and layers (distinct; instances where no layer is known) per (step, operator)."""
+    g = rows.groupby(["step", "operator"], observed=True).agg(
+        flops=("flops", "sum"), layers=("layer", "nunique"), n=("flops", "size")).reset_index()
+    g["layers"] = g["layers"].where(g["layers"] > 0, g["n"])
+    return g
+
+
+def _said(g: pd.DataFrame, what: pd.Series) -> list[str]:
+    """One line per operator of `g` (step, operator, flops, expected) whose figures disagree:
+    its first such pass, and how many more."""
+    off = (g["flops"] - g["expected"]).abs() > TOLERANCE * g["expected"]
+    bad = g[off.to_numpy(bool)]
+    out = []
+    for op, first in bad.groupby("operator", observed=True, sort=False):  # (operators: a few)
+        r = first.iloc[0]
+        more = f" (and {len(first) - 1} more pass(es))" if len(first) > 1 else ""
+        out.append(f"cross-check: {op} in pass {int(r['step'])}: {r['flops']:.4g} FLOP costed, "
+                   f"{r['expected']:.4g} FLOP from the layout ({what[r.name]}): "
+                   f"{100 * (r['flops'] / r['expected'] - 1):+.1f}%{more}")
+    return out
+
+
+def _linears_against(rows: pd.DataFrame, model: ModelSpec, p: pd.DataFrame) -> list[str]:
+    lin = {**model.linears(), **model.fused_linears()}
+    g = _per_pass(rows[rows["operator"].isin(list(lin))])
+    if g.empty:
+        return []
+    m = (p["B"] * p["T_min"]).astype("int64").reindex(g["step"]).to_numpy(np.int64)
+    k, n, bias = (np.array([lin[o][i] for o in g["operator"]], dtype=np.int64)
+                  for i in range(3))
+    g["expected"] = g["layers"] * (2.0 * m * k * n + np.where(bias == 1, m * n, 0))
+    what = pd.Series([f"{int(lay)} layer(s) x 2·{mm}·{kk}·{nn}" + (" + bias" if b else "")
+                      for lay, mm, kk, nn, b in zip(g["layers"], m, k, n, bias, strict=True)],
+                     index=g.index)  # (per pass and operator: a few dozen)
+    return _said(g, what)
+
+
+def _attention_against(rows: pd.DataFrame, model: ModelSpec, p: pd.DataFrame, causal: str,
+                       decoder: bool) -> list[str]:
+    at = model.architecture.attention
+    layer = rows["layer"].astype("Int64").to_numpy(np.int64, na_value=-1)
+    wins = np.array([at.window(i) is not None for i in range(len(at.windows))] + [False])
+    windowed = wins[np.where((layer >= 0) & (layer < len(at.windows)), layer, -1)]
+    attn = rows[rows["operator"].eq(operators.ATTENTION.name).to_numpy(bool)
+                & rows["cost_kind"].isin(["attention", "gemm"]).to_numpy(bool)
+                & ~rows["derivation"].eq("step").to_numpy(bool) & ~windowed]
+    g = _per_pass(attn)
+    s_known = p["S"].notna()
+    g = g[g["step"].isin(p.index[s_known.to_numpy(bool)])].reset_index(drop=True)
+    if g.empty:
+        return []
+    b, t, s = (p[c].astype("int64").reindex(g["step"]).to_numpy(np.int64)
+               for c in ("B", "T_min", "S"))
+    counted: formulas.Causal = "causal" if causal == "causal" and decoder else "full"
+    nq, d, dv = model.num_heads, model.head_dim, at.v_head_dim
+    g["expected"] = g["layers"] * np.array(
+        [formulas.attention_flops(int(bb), nq, int(tt), int(ss), d,
+                                  counted if tt > 1 else "full", dv)
+         for bb, tt, ss in zip(b, t, s, strict=True)])  # (per pass: a few)
+    what = pd.Series([f"{int(lay)} layer(s) x 2·{bb}·{nq}·pairs(T={tt}, S={ss}"
+                      f"{', causal' if counted == 'causal' and tt > 1 else ''})·({d} + {dv})"
+                      for lay, bb, tt, ss in zip(g["layers"], b, t, s, strict=True)],
+                     index=g.index)
+    return _said(g, what)

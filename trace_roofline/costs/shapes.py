@@ -46,6 +46,10 @@ COSTED_COLUMNS = {
     "shape": "str",  # short human-readable shape summary
     "uncosted": "str",  # why the instance has no cost; missing when costed
     "check": "str",  # contradiction with the model; missing when consistent or not checked
+    # where the figures came from (`DERIVATIONS`): the op's recorded shapes, a serving step's
+    # annotation, the layout (the model or the trace's verdict supplied what the op does not
+    # record: flex attention's causality), a generic per-kernel estimate, or unknown (uncosted)
+    "derivation": "str",
     # routed expert GEMMs (and batched_mm's weight gathers): active experts of the instance's
     # layer, exact (a loop) or the uniform-routing expectation, and the range it lies in
     "experts_active": "float64",
@@ -81,6 +85,9 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "slice
           "resolve_conj", "resolve_neg", "result_type"}
 
 _INT64_MAX = 2**63 - 1
+# `derivation` values, strongest first (COSTED_COLUMNS)
+SHAPE, STEP, LAYOUT, KERNEL, UNKNOWN = "shape", "step", "layout", "kernel", "unknown"
+DERIVATIONS = (SHAPE, STEP, LAYOUT, KERNEL, UNKNOWN)
 
 
 class Malformed(ValueError):
@@ -110,6 +117,7 @@ class Cost:
     heads: tuple[int, int, int] | None = None  # attention (n_q, n_kv, d)
     experts: int | None = None  # E of an op over all experts' weights (not yet in `bytes`)
     expert_bytes: float | None = None  # one expert's weights read by the op, bytes
+    derivation: str = SHAPE  # DERIVATIONS (an uncosted one: UNKNOWN, set by attach_costs)
 
 
 _COMMUNICATION = "communication"  # Cost.kind of a collective
@@ -172,6 +180,9 @@ class _Call:
     experts: moe.Experts | None = None  # the model's, for MoE ops that do not record them
     hidden: int | None = None  # the model's hidden size: an op padding it is costed at it
     expert_bits: float | None = None  # bits per routed-expert weight element (MXFP4: 4.25)
+    # the trace's verdict (attribution/kind.py): an attention whose causality is not recorded
+    # is causal in a decoder, bidirectional in an encoder
+    decoder: bool = True
 
     @property
     def base(self) -> str:
@@ -192,7 +203,8 @@ Rule = Callable[[_Call], Cost]
 
 
 def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str = "causal",
-                 attention_bytes: str = "all", group_size: int | None = None) -> pd.DataFrame:
+                 attention_bytes: str = "all", group_size: int | None = None,
+                 decoder: bool = True) -> pd.DataFrame:
     """One row per op instance (`COSTED_COLUMNS`) with FLOPs and minimum bytes from its shapes.
 
     `attributed` is attribute.attribute()'s table (one row per device row, its `instance`
@@ -200,7 +212,10 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     JSON) supply is_causal, dtype and Triton size arguments, and broadcast (stride-0) dims.
     `causal` is "causal" (count unmasked query-key pairs) or "full"; `attention_bytes` is "all"
     (Q, K, V read and O written) or "kv" (K and V only). `group_size` is the ranks of a
-    collective that does not record its own (`_collective`). Time is conserved:
+    collective that does not record its own (`_collective`). `decoder` is the trace's verdict
+    (attribution/kind.py, Verdict.decoder): an encoder's attention whose causality is not
+    recorded (flex attention's mask, an eager attention's matmuls) counts every query-key
+    pair. Each row's `derivation` says where its figures came from. Time is conserved:
     Σ time_us == Σ dur_us.
     """
     if causal not in formulas.CAUSAL_CONVENTIONS:
@@ -232,7 +247,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
         _cost(name, dims, types, conc, counted, convention, fallback, strides,
               _Collective(op, kernel if isinstance(kernel, str) else None, group_size)
               if isinstance(op, str) else None, part if isinstance(part, str) else None,
-              facts)
+              facts, decoder)
         for name, dims, types, conc, strides, op, kernel, part in zip(
             *(_python(combos[c]) for c in text), strict=True)
     ]
@@ -242,7 +257,8 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     fields = {"cost_kind": "kind", "dtype": "dtype", "flops": "flops", "bytes": "bytes",
               "M": "m", "K": "k", "N": "n", "B": "batch", "T": "t", "S": "s",
               "causal": "causal", "shape": "shape", "uncosted": "uncosted",
-              "experts": "experts", "expert_bytes": "expert_bytes"}
+              "experts": "experts", "expert_bytes": "expert_bytes",
+              "derivation": "derivation"}
     for col, attr in fields.items():
         values = pd.Series([getattr(c, attr) for c in table],
                            dtype=COSTED_COLUMNS.get(col, "float64"))
@@ -262,10 +278,11 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     if "serving_step" in inst:
         _step_attention(out, inst["serving_step"], model, causal, attention_bytes)
-    if causal == "causal":
+    if causal == "causal" and decoder:
         _eager_attention_causal(out)
     out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
+    out["derivation"] = out["derivation"].where(out["flops"].notna(), UNKNOWN)
     return out[list(COSTED_COLUMNS)].astype(COSTED_COLUMNS)
 
 
@@ -371,10 +388,12 @@ class _Collective:
 def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concrete_raw: str | None,
           causal: formulas.Causal, attention_bytes: formulas.AttentionBytes, fallback: str | None,
           strides_raw: str | None = None, collective: _Collective | None = None,
-          part: str | None = None, facts: _ModelFacts | None = None) -> Cost:
+          part: str | None = None, facts: _ModelFacts | None = None,
+          decoder: bool = True) -> Cost:
     """Cost one unique combination (decodes its JSON once) by its rule (`rule_for`; a
     collective's by `_collective`; `part`: the half of a fused MoE op attribute() named;
-    `facts`: the model's, for MoE ops that do not record their shapes)."""
+    `facts`: the model's, for MoE ops that do not record their shapes; `decoder`: the
+    trace's verdict)."""
     if name is None:
         return Cost(uncosted="no linked cpu op")
     dims, types = decode_args(dims_raw), decode_args(types_raw)
@@ -393,7 +412,7 @@ def _cost(name: str | None, dims_raw: str | None, types_raw: str | None, concret
         facts = facts or _ModelFacts()
         cost = rule(_Call(name, args, causal, attention_bytes, fallback, **extra,
                           experts=facts.experts, hidden=facts.hidden,
-                          expert_bits=facts.expert_bits))
+                          expert_bits=facts.expert_bits, decoder=decoder))
     except Malformed as e:
         return Cost("malformed", uncosted=f"{name}: malformed shape data ({e}) in {dims_raw}")
     return cost
@@ -847,8 +866,9 @@ _ATTENTION_WITHOUT_LENGTHS = {
 
 
 def _attention(c: _Call) -> Cost:
-    """Q [B,n_q,T,d], K [B,n_kv,S,d] (or BTHD; or a flash-attention forward over packed or
-    paged sequences, `_varlen_attention`): formulas.attention_flops / attention_bytes."""
+    """Q [B,n_q,T,d], K [B,n_kv,S,d], V [B,n_kv,S,d_v] (or BTHD; or a flash-attention forward
+    over packed or paged sequences, `_varlen_attention`): formulas.attention_flops /
+    attention_bytes, d and d_v apart (MLA: 192 and 128)."""
     if c.name in layouts.VARLEN_LAYOUTS:
         return _varlen_attention(c, layouts.VARLEN_LAYOUTS[c.name])
     if c.name in layouts.ATTENTION_BACKWARD_CAUSAL_AT:
@@ -869,23 +889,39 @@ def _attention(c: _Call) -> Cost:
     flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
     if c.name == "aten::_efficient_attention_forward" and flag:
         flag = "False" if flag == "0" else "True"
-    return _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag)
+    return _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag, _head_dim(c.args, 2))
+
+
+def _head_dim(args: list[_Arg], i: int) -> int | None:
+    """V's head size: the last dim of argument i when it is a tensor with dims, else None
+    (taken as d)."""
+    v = args[i] if i < len(args) else None
+    return v.dims[-1] if v is not None and v.is_tensor and v.dims else None
 
 
 def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int],
-                    flag: str) -> Cost:
-    """B sequences of T queries (n_q heads) against S keys (n_kv heads) of head_dim d; `flag`
-    the recorded is_causal ("True"/"False", else unknown)."""
+                    flag: str, d_v: int | None = None) -> Cost:
+    """B sequences of T queries (n_q heads) against S keys (n_kv heads) of head_dim d, values of
+    d_v (None: d); `flag` the recorded is_causal ("True"/"False", else unknown: causal in a
+    decoder, bidirectional in an encoder (`_Call.decoder`), and the derivation `layout`)."""
     batch, n_q, n_kv, t, s, d = shape
     # A single query token attends to every cached key; otherwise trust is_causal when recorded.
-    is_causal = t > 1 and (flag == "True" if flag in ("True", "False") else True)
+    recorded = flag in ("True", "False")
+    is_causal = t > 1 and (flag == "True" if recorded else c.decoder)
     counted = c.causal if is_causal else "full"
-    flops = formulas.attention_flops(batch, n_q, t, s, d, causal=counted)
-    nbytes = formulas.attention_bytes(batch, n_q, n_kv, t, s, d, q.b, convention=c.attention_bytes)
+    dv = d if d_v is None else d_v
+    flops = formulas.attention_flops(batch, n_q, t, s, d, causal=counted, d_v=dv)
+    nbytes = formulas.attention_bytes(batch, n_q, n_kv, t, s, d, q.b,
+                                      convention=c.attention_bytes, d_v=dv)
     text = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
-            + (" causal" if is_causal else ""))
+            + (f" d_v={dv}" if dv != d else "") + (" causal" if is_causal else ""))
+    assumed = t > 1 and not recorded
+    if assumed:
+        text += (" (the mask is not recorded: causal, as a decoder's)" if is_causal else
+                 " (the mask is not recorded: every pair, as an encoder's)")
     return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
-                causal=is_causal, heads=(n_q, n_kv, d))
+                causal=is_causal, heads=(n_q, n_kv, d),
+                derivation=LAYOUT if assumed else SHAPE)
 
 
 def _attention_backward(c: _Call) -> Cost:
@@ -898,12 +934,13 @@ def _attention_backward(c: _Call) -> Cost:
         raise Malformed(f"query {q.dims} and key {k.dims} are not [B, heads, T, d]")
     (batch, n_q, t, d), (_, n_kv, s, _) = q.dims, k.dims
     flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
-    fwd = _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag)
+    dv = _head_dim(c.args, 3)
+    fwd = _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag, dv)
     counted = c.causal if fwd.causal else "full"
-    return Cost("attention", formulas.attention_backward_flops(batch, n_q, t, s, d, counted),
-                formulas.attention_backward_bytes(batch, n_q, n_kv, t, s, d, q.b), q.dtype,
+    return Cost("attention", formulas.attention_backward_flops(batch, n_q, t, s, d, counted, dv),
+                formulas.attention_backward_bytes(batch, n_q, n_kv, t, s, d, q.b, dv), q.dtype,
                 f"backward of {fwd.shape}", batch=batch, t=t, s=s, causal=fwd.causal,
-                heads=(n_q, n_kv, d))
+                heads=(n_q, n_kv, d), derivation=fwd.derivation)
 
 
 def _eager_attention_causal(out: pd.DataFrame) -> None:
@@ -963,7 +1000,8 @@ def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
                              f"and key lengths are tensor values the trace does not record{bound}")
     flag = next((a.concrete for a in c.args[at.causal_from:] if a.concrete in ("True", "False")),
                 "")
-    return _attention_cost(c, q, (batch, q.dims[-2], k.dims[-2], t, s, q.dims[-1]), flag)
+    return _attention_cost(c, q, (batch, q.dims[-2], k.dims[-2], t, s, q.dims[-1]), flag,
+                           _head_dim(c.args, 2))
 
 
 def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | None,
@@ -1008,12 +1046,14 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     out.loc[idx, "shape"] = [f"{lb}: {q:.0f} queries; {n}{sinks}" for lb, q, n in
                              zip(label, t["queries"], t["note"], strict=True)]
     out.loc[idx, "uncosted"] = None
+    out.loc[idx, "derivation"] = STEP
     out.loc[idx, "B"] = t["requests"].to_numpy()
     out.loc[idx, "T"] = t["queries"].to_numpy()
     out.loc[idx, ["n_q", "n_kv", "head_dim"]] = [nq, nkv, d]
     out.loc[idx, "causal"] = (t["chunks"].to_numpy() > 0) & (causal == "causal")
     ridx = out.index[rest]
-    out.loc[ridx, ["cost_kind", "flops", "bytes", "uncosted"]] = ["attention", 0.0, 0.0, None]
+    out.loc[ridx, ["cost_kind", "flops", "bytes", "uncosted", "derivation"]] = [
+        "attention", 0.0, 0.0, None, STEP]
     out.loc[ridx, "shape"] = "counted in this layer's first attention instance of the step"
 
 
@@ -1193,12 +1233,12 @@ def _arange(c: _Call) -> Cost:
 
 def _fused(c: _Call) -> Cost:
     """A Triton kernel's cpu op lists every buffer it touches (inputs and outputs), whole (an
-    Inductor grouped-GEMM template is costed as the `_grouped_mm` it runs).
+    Inductor grouped-GEMM template is costed as the `_grouped_mm` it runs, a flex attention
+    template as the attention it runs: `_flex_attention`).
 
-    Each buffer counts its distinct elements, at most the kernel's work size W (`_work`). With
-    `embedding` among the fused ops, the largest 2-D buffer is the table it gathers from: only
-    the indexed rows are read (index elements x row width), not the whole table, which Inductor
-    passes to every kernel that recomputes the lookup.
+    Each buffer counts its distinct elements, at most the kernel's work size W (`_work`). A
+    table it gathers from (`_gathered`) reads only the indexed rows. A generic estimate
+    (derivation `kernel`) except a fused weight GEMM's 2·M·K·N.
     """
     name, ts = c.base, _tensors(c.args)
     grouped = kernels.grouped_gemm([t.dims for t in ts]) if kernels.INDUCTOR_GROUPED_MM.match(
@@ -1207,15 +1247,11 @@ def _fused(c: _Call) -> Cost:
         s, k, n, e = grouped
         return _experts_gemm(s, k, n, e, ts[0], next(t for t in ts if len(t.dims) == 3),
                              " (Inductor template)")
+    if _FLEX.search(name) and "backward" not in name:
+        return _flex_attention(c, ts)
     if not ts:
         return Cost(uncosted="triton kernel without tensor arguments")
-    index = [t for t in ts if t.dtype in ("int64", "int32")]
-    if "embedding" in name.split("_") and index:
-        table = max(ts, key=lambda t: t.numel)
-        if len(table.dims) == 2:
-            rows = sum(t.numel for t in index)
-            gathered = _Arg([min(rows, table.dims[0]), table.dims[1]], table.type, table.concrete)
-            ts = [gathered if t is table else t for t in ts]
+    ts = _gathered(name, ts)
     main = max(ts, key=lambda t: t.numel)
     work = _work(name, c.args, ts)
     moved = [t.distinct if work is None else min(t.distinct, work) for t in ts]
@@ -1225,10 +1261,51 @@ def _fused(c: _Call) -> Cost:
     flops = float(work if work is not None else main.numel)
     gemm = kernels.fused_gemm(name, [t.dims for t in ts])
     if gemm is None:
-        return Cost("fused", flops, float(nbytes), main.dtype, shape)
+        return Cost("fused", flops, float(nbytes), main.dtype, shape, derivation=KERNEL)
     # a fused weight GEMM: its 2·M·K·N (the fused pointwise work is less), and its M, K, N
     return Cost("fused", formulas.gemm_flops(gemm.m, gemm.k, gemm.n), float(nbytes), main.dtype,
                 f"GEMM {gemm.m}x{gemm.k}x{gemm.n} fused: {shape}", m=gemm.m, k=gemm.k, n=gemm.n)
+
+
+_FLEX = kernels.BY_FAMILY["inductor_flex_attention"].pattern
+_INDEX_DTYPES = ("int64", "int32")
+
+
+def _flex_attention(c: _Call, ts: list[_Arg]) -> Cost:
+    """Inductor's flex attention template (triton_tem_fused_flex_attention_0: Q [B,n_q,T,d],
+    K [B,n_kv,S,d], V [B,n_kv,S,d_v], then the logsumexp, the block mask and the output) as
+    the attention it runs (`_attention_cost`). Its mask is a Python function and its block
+    mask's values are not recorded: causal in a decoder, every pair in an encoder
+    (`_Call.decoder`), derivation `layout`, said in the shape. Block-sparse skipping is not
+    modelled: a sliding window's or a document mask's FLOPs are the upper bound."""
+    four = [t for t in ts if len(t.dims) == 4]
+    if len(four) < 3:
+        return Cost(uncosted=f"{c.name}: flex attention without Q, K, V [B, heads, T, d]")
+    q, k, v = four[:3]
+    (batch, n_q, t, d), (_, n_kv, s, _) = q.dims, k.dims
+    return _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), "", v.dims[-1])
+
+
+def _gathered(name: str, ts: list[_Arg]) -> list[_Arg]:
+    """The buffers of a Triton kernel with the table it gathers from cut to the gathered rows:
+    a 2-D table [R, W] read at index elements n < R, when `embedding` is among the fused ops
+    (Inductor passes the whole table to every kernel that recomputes the lookup) or another
+    buffer is the gathered rows [n, W] (vLLM's compiled embedding: ids [n], the table, the
+    output [n, H])."""
+    index = [t for t in ts if t.dtype in _INDEX_DTYPES]
+    if not index:
+        return ts
+    rows = sum(t.numel for t in index)
+    table = max(ts, key=lambda t: t.numel)
+    if len(table.dims) != 2 or rows >= table.dims[0]:
+        return ts
+    width = table.dims[1]
+    out = any(t is not table and t.dtype not in _INDEX_DTYPES and t.dims[-1:] == [width]
+              and t.numel == rows * width for t in ts)
+    if not (out or "embedding" in name.split("_")):
+        return ts
+    gathered = _Arg([rows, width], table.type, table.concrete)
+    return [gathered if t is table else t for t in ts]
 
 
 def _work(name: str, args: list[_Arg], tensors: list[_Arg]) -> int | None:

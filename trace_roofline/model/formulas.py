@@ -44,29 +44,35 @@ def attention_pairs(t: int, s: int, causal: Causal = "causal") -> float:
 
 
 def attention_flops(
-    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal"
+    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal",
+    d_v: int | None = None,
 ) -> float:
-    """QKᵀ (2·d per pair) plus P·V (2·d per pair) for every query head: 4·B·n_q·d·pairs.
+    """QKᵀ (2·d per pair) plus P·V (2·d_v per pair) for every query head:
+    2·B·n_q·pairs·(d + d_v), 4·B·n_q·d·pairs when d_v = d (None). MLA (DeepSeek-V2/V3) has
+    d = 192 (nope + rope) and d_v = 128.
 
     GQA does not change FLOPs: each query head still scores its own keys. Softmax is ignored.
     """
-    return 4.0 * batch * n_q * d * attention_pairs(t, s, causal)
+    dv = d if d_v is None else d_v
+    return 2.0 * batch * n_q * (d + dv) * attention_pairs(t, s, causal)
 
 
 def attention_bytes(
     batch: int, n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
-    convention: AttentionBytes = "all",
+    convention: AttentionBytes = "all", d_v: int | None = None,
 ) -> float:
-    """Minimum DRAM bytes of a fused (flash-style) attention with GQA.
+    """Minimum DRAM bytes of a fused (flash-style) attention with GQA; K of d and V of d_v
+    (None: d) per head.
 
-    `kv`: only K and V are read, 2·B·n_kv·S·d·b (the lesson's count);
-    `all`: Q read and O written as well, + 2·B·n_q·T·d·b. Scores stay on chip in both.
+    `kv`: only K and V are read, B·n_kv·S·(d + d_v)·b (the lesson's count);
+    `all`: Q read and O written as well, + B·n_q·T·(d + d_v)·b. Scores stay on chip in both.
     """
-    kv = 2.0 * batch * n_kv * s * d * b
+    dv = d if d_v is None else d_v
+    kv = 1.0 * batch * n_kv * s * (d + dv) * b
     if convention == "kv":
         return kv
     if convention == "all":
-        return kv + 2.0 * batch * n_q * t * d * b
+        return kv + 1.0 * batch * n_q * t * (d + dv) * b
     raise ValueError(f"convention must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
 
 
@@ -76,17 +82,20 @@ ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 
 
 def attention_backward_flops(
-    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal"
+    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal",
+    d_v: int | None = None,
 ) -> float:
     """The backward of `attention_flops`: 2.5x the forward (ATTENTION_BACKWARD_FLOPS_RATIO)."""
-    return ATTENTION_BACKWARD_FLOPS_RATIO * attention_flops(batch, n_q, t, s, d, causal)
+    return ATTENTION_BACKWARD_FLOPS_RATIO * attention_flops(batch, n_q, t, s, d, causal, d_v)
 
 
 def attention_backward_bytes(batch: int, n_q: int, n_kv: int, t: int, s: int, d: int,
-                             b: float) -> float:
+                             b: float, d_v: int | None = None) -> float:
     """Minimum DRAM bytes of a fused attention backward: Q, O, dO read and dQ written
-    (4·B·n_q·T·d), K and V read and dK, dV written (4·B·n_kv·S·d), b bytes each."""
-    return b * (4.0 * batch * n_q * t * d + 4.0 * batch * n_kv * s * d)
+    (2·B·n_q·T·(d + d_v)), K and V read and dK, dV written (2·B·n_kv·S·(d + d_v)), b bytes
+    each; d_v None: d."""
+    dv = d if d_v is None else d_v
+    return b * (2.0 * batch * n_q * t * (d + dv) + 2.0 * batch * n_kv * s * (d + dv))
 
 
 def attention_intensity(
