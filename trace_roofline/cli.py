@@ -57,7 +57,7 @@ FLAGS = {
     "layers": "--layers", "layout": "--layout", "model": "--model", "ncu": "--ncu",
     "out": "--out", "phase": "--phase", "projection": "--projection", "steps": "--steps",
     "tokens": "--tokens", "warmup": "--warmup", "batch": "--batch", "tp": "--tp",
-    "graph_map": "--graph-map", "jobs": "--jobs", "dask": "--dask",
+    "graph_map": "--graph-map", "jobs": "--jobs", "dask": "--dask", "host_ms": "--host-ms",
 }
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the description's and epilog's lines; appends each option's default to its help
@@ -143,6 +143,25 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _count_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 0, e.g. '0,1024'."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> list[str]:
+    """argparse type: comma-separated names, e.g. 'h100-sxm,h200'."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
     return values
 
 
@@ -466,6 +485,48 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+PROJECT_OUT = ("projection.json", "projection.png")
+
+
+def _cmd_project(args: argparse.Namespace) -> int:
+    from trace_roofline import project
+    from trace_roofline.outputs.plot import projection_figure
+    from trace_roofline.pipeline import analyze_trace
+    from trace_roofline.trace import load_trace, progress_bar
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
+    _not_a_model_config(args.trace)
+    if Path(args.trace).is_dir():
+        raise InputError(f"{args.trace}: project takes one trace file, not a directory")
+    inputs = [args.trace, *_option_files(args.model, *(args.hardware or []))]
+    check_outputs(_outputs(args, out, PROJECT_OUT), inputs)
+    model = get_model(args.model)
+    hardware = [get_hardware(h) for h in args.hardware] if args.hardware else None
+    trace = load_trace(args.trace, progress=progress_bar())
+    analysis = analyze_trace(trace, model, causal=args.causal,
+                             attention_bytes=args.attention_bytes, force=args.force)
+    result = project.project(analysis, trace=trace, batch=args.batch, context=args.context,
+                             tokens=args.tokens, layers=args.layers, hardware=hardware,
+                             host_us=args.host_ms * 1e3 if args.host_ms is not None else None)
+    text = project.format_projection(result)
+    data = json.dumps(project.to_json(result), indent=2).encode() + b"\n"
+    outputs: dict[Path, bytes] = {Path(args.json): data} if args.json else {}
+    if out is not None:
+        png = io.BytesIO()
+        projection_figure(result.points, result.operators, project.swept(result.points),
+                          title=f"{Path(args.trace).name}: projected {result.phase} step"
+                          ).savefig(png, format="png")
+        outputs |= {out / "projection.json": data, out / "projection.png": png.getvalue()}
+    if outputs:
+        written = write_files(outputs, inputs=inputs,
+                              sets={out: PROJECT_OUT} if out is not None else None)
+        text += "\n\nwrote " + ", ".join(str(p) for p in written)
+    print(text)
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -595,6 +656,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_force_arg(p, layers=False)
     add_convention_args(p)
     p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser(
+        "project", help="what-if: a traced step at other batch sizes, contexts, lengths, GPUs",
+        description="Project one trace's step (its phase with most device time, per forward "
+                    "pass) to other shapes: each operator's FLOPs and bytes from the model's "
+                    "formulas at the new batch, context and tokens, its time from what it "
+                    "achieved in the trace (its fraction of its roof, past a per-kernel "
+                    "latency), the host time the trace showed, and the step as the larger of "
+                    "host and device time. Prints step ms, device ms, tokens/s, whole-model "
+                    "intensity, the dominant operator and the operators that cross the ridge "
+                    "per point, the M* and S* crossings, and the assumptions; --json and --out "
+                    "write projection.json (and projection.png).",
+        epilog="examples:\n"
+               "  trace-roofline project decode.json.gz --model qwen2.5-7b --batch 1,8,64,256\n"
+               "  trace-roofline project prefill.json.gz --model qwen2.5-7b --tokens "
+               "512,1024,4096 --hardware h100-sxm,h200 --out proj")
+    p.add_argument("trace", help="one torch.profiler trace (.json, .json.gz)")
+    p.add_argument("--model", type=model_arg, required=True,
+                   help="preset name, HF config.json or HF model directory (the layout FLOPs and "
+                        "bytes are recomputed from)")
+    p.add_argument("--batch", type=int_list,
+                   help="sequences per step, e.g. 1,8,64,256 (default: the trace's)")
+    p.add_argument("--context", type=_count_list,
+                   help="cached keys per sequence before the step, e.g. 1024,4096 (default: the "
+                        "trace's)")
+    p.add_argument("--tokens", type=int_list,
+                   help="new tokens per sequence: 1 in decode, the prompt length in prefill "
+                        "(default: the trace's)")
+    p.add_argument("--layers", type=positive_int,
+                   help="decoder layers (default: the trace's)")
+    p.add_argument("--hardware", type=_name_list,
+                   help="preset names or JSON files, comma-separated (default: the trace's GPU)")
+    p.add_argument("--host-ms", type=float, metavar="MS",
+                   help="host time per step without the profiler (default: the trace's profiled "
+                        "host time less the profiler's cost per recorded event)")
+    p.add_argument("--json", help="write projection.json to this path (default: none)")
+    p.add_argument("--out", help="directory for projection.json and projection.png "
+                                 "(default: print only)")
+    add_force_arg(p, layers=False)
+    add_convention_args(p)
+    p.set_defaults(func=_cmd_project)
 
     p = sub.add_parser("cache", help="the cache of parsed trace tables, attributions and finished "
                                      "analyses: where it is, what it holds, or clear it",

@@ -73,7 +73,7 @@ class Point:
 
 @dataclass(frozen=True)
 class Projection:
-    """Projected steps (`points`, POINT_COLUMNS, the measured one marked), their operators
+    """Projected steps (`points`, POINT_COLUMNS, sorted, the measured one marked), their operators
     (`operators`, OPERATOR_COLUMNS), where each linear and attention crosses the ridge
     (`crossings`) and the rules the numbers follow (`assumptions`)."""
 
@@ -103,7 +103,7 @@ def grid(analysis: Analysis, batch: Sequence[int] | None = None,
     """Every combination of the given values, the measured point's where one is not given."""
     m = measured_point(analysis)
     return [Point(b, c, t, layers or m.layers, h) for h, b, c, t in product(
-        hardware or [m.hardware], batch or [m.batch], context or [m.context],
+        hardware or [cast(Hardware, m.hardware)], batch or [m.batch], context or [m.context],
         tokens or [m.tokens])]
 
 
@@ -113,8 +113,8 @@ def project(analysis: Analysis, points: Sequence[Point] | None = None, *,
             tokens: Sequence[int] | None = None, layers: int | None = None,
             hardware: Sequence[Hardware] | None = None) -> Projection:
     """The step of `analysis` (its phase with most device time, per forward pass) at each of
-    `points` (default: `grid` of batch, context, tokens, layers, hardware), the measured point
-    first and marked. The host time per step is `host_us`, else the profiled step's in `trace`
+    `points` (default: `grid` of batch, context, tokens, layers, hardware) and at the measured
+    point, marked. The host time per step is `host_us`, else the profiled step's in `trace`
     less the profiler's cost (`host_time_us`), else none (the step is its device time)."""
     model = analysis.model
     if model is None:
@@ -134,7 +134,9 @@ def project(analysis: Analysis, points: Sequence[Point] | None = None, *,
     costed = rows[rows["flops"].notna()]
     classes, default_eff = _classes(costed, cast(Hardware, m.hardware), passes)
     fixed = rows[rows["flops"].isna()].groupby("operator")["time_us"].sum() / passes
-    done, ops, seen = [], [], set()
+    done: list[dict] = []
+    ops: list[pd.DataFrame] = []
+    seen: set[tuple] = set()
     for p in [m, *wanted]:
         p = dataclasses.replace(p, layers=p.layers or m.layers, hardware=p.hardware or m.hardware)
         key = (p.batch, p.context, p.tokens, p.layers, cast(Hardware, p.hardware).name)
@@ -146,7 +148,11 @@ def project(analysis: Analysis, points: Sequence[Point] | None = None, *,
         ops.append(per_op.assign(point=len(done) - 1))
     table = pd.DataFrame(done)
     table["crossed"] = _crossed(ops)
+    order = table.sort_values(["hardware", "layers", "batch", "context", "tokens"],
+                              kind="stable").index
     operators = pd.concat(ops, ignore_index=True)[list(OPERATOR_COLUMNS)]
+    operators["point"] = operators["point"].map(pd.Series(np.arange(len(order)), index=order))
+    table = table.loc[order].reset_index(drop=True)
     return Projection(
         trace=analysis.trace, phase=phase,
         points=table[list(POINT_COLUMNS)].astype(POINT_COLUMNS),
@@ -436,3 +442,55 @@ def _assumptions(host_note: str, default_eff: float, uncosted_us: float, phase: 
         "slower, else the host sets the pace; on another GPU the achieved fractions, latency "
         "and host are the trace's",
     )
+
+
+# ------------------------------------------------------------------------------ outputs
+def swept(points: pd.DataFrame) -> str:
+    """The column the points vary over (batch, context, tokens, layers, hardware), the first
+    that varies; batch when none does."""
+    return next((c for c in ("batch", "context", "tokens", "layers", "hardware")
+                 if points[c].nunique() > 1), "batch")
+
+
+def to_json(projection: Projection) -> dict[str, object]:
+    """The projection as JSON-ready data: points (their operators' times under `operators`),
+    crossings and assumptions."""
+    ops = projection.operators
+    points = []
+    for i, row in projection.points.iterrows():
+        own = ops[ops["point"] == i]
+        point = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+        point["operators"] = {str(o): round(float(t), 3) for o, t in
+                              zip(own["operator"], own["time_us"], strict=True)}
+        points.append(point)
+    crossings = projection.crossings.astype(object).where(projection.crossings.notna(), None)
+    return {"trace": projection.trace, "phase": projection.phase, "points": points,
+            "crossings": crossings.to_dict("records"),
+            "assumptions": list(projection.assumptions)}
+
+
+def format_projection(projection: Projection) -> str:
+    """The points as a terminal table, the ridge crossings, then the assumptions."""
+    p = projection.points
+    lines = [f"trace {projection.trace}   phase {projection.phase} (per forward pass)",
+             f"{'batch':>6} {'context':>8} {'tokens':>7} {'layers':>6} {'hardware':<14}"
+             f"{'step ms':>9} {'device ms':>10} {'host ms':>8} {'bound':<7}{'tokens/s':>10} "
+             f"{'FLOP/B':>7}  dominant"]
+    for r in p.itertuples(index=False):
+        mark = "  (measured)" if r.measured else ""
+        crossed = f"; crossed: {r.crossed}" if r.crossed else ""
+        lines.append(f"{r.batch:>6} {r.context:>8} {r.tokens:>7} {r.layers:>6} "
+                     f"{r.hardware:<14}{r.step_ms:>9.2f} {r.device_ms:>10.2f} {r.host_ms:>8.2f} "
+                     f"{r.bound:<7}{r.tokens_per_s:>10.4g} {r.intensity:>7.1f}  {r.dominant} "
+                     f"{100 * r.dominant_share:.0f}%{crossed}{mark}")
+    c = projection.crossings
+    if len(c):
+        lines.append("ridge crossings (compute-bound from):")
+        for hw, g in c.groupby("hardware", sort=False):
+            parts = [f"{r.operator} M*={r.m_star} (batch {r.batch_star})" if pd.notna(r.m_star)
+                     else f"{r.operator} (prefill) S*={r.s_star}" if pd.notna(r.s_star)
+                     else f"{r.operator} never" for r in g.itertuples(index=False)]
+            lines.append(f"  {hw}: " + ", ".join(parts))
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in projection.assumptions]
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import SupportsFloat, cast
 
 import numpy as np
+import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -560,3 +561,61 @@ def _densify(pts: np.ndarray, step: float = 3.0) -> np.ndarray:
 def _crosses(box: Bbox, pts: np.ndarray) -> bool:
     return bool(np.any((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1)
                        & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)))
+
+
+# Operators drawn in their own colour in the projection's stacked bars; the rest are "other".
+PROJECTION_OPERATORS = 8
+
+
+def projection_figure(points: pd.DataFrame, operators: pd.DataFrame, swept: str, *,
+                      title: str | None = None) -> Figure:
+    """`trace-roofline project`'s chart from its tables (project.POINT_COLUMNS, OPERATOR_COLUMNS):
+    step, device and host ms and tokens/s against the `swept` column, the measured point ringed;
+    beside it each point's device time stacked by operator (the largest PROJECTION_OPERATORS)."""
+    order = points.sort_values(swept, kind="stable").index.to_numpy()
+    pts = points.loc[order]
+    numeric = swept != "hardware"
+    x = pts[swept].to_numpy(float) if numeric else np.arange(len(pts), dtype=float)
+    fig = Figure(figsize=(13.0, 5.0), dpi=150)
+    fig.set_layout_engine("constrained")
+    FigureCanvasAgg(fig)
+    ax, bars = fig.subplots(1, 2)
+    ax.plot(x, pts["step_ms"], "-o", color="#1f77b4", label="step (max of host, device)")
+    ax.plot(x, pts["device_ms"], "--", color="#2ca02c", label="device (kernels)")
+    ax.plot(x, pts["host_ms"], ":", color="#7f7f7f", label="host (issue)")
+    own = pts["measured"].to_numpy(bool)
+    ax.scatter(x[own], pts.loc[own, "step_ms"], s=160, facecolors="none", edgecolors="#d62728",
+               linewidths=2, zorder=5, label="measured point")
+    rate = ax.twinx()
+    rate.plot(x, pts["tokens_per_s"], "-s", color="#ff7f0e", label="tokens/s")
+    rate.set_ylabel("tokens/s")
+    ax.set_ylabel("ms per step")
+    if numeric and pts[swept].min() > 0 and len(pts) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [str(v) for v in pts[swept]])
+    ax.set_xlabel(swept)
+    handles = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.set_title("step time and throughput", fontsize=10)
+    ops = operators.assign(ms=operators["time_us"] / 1e3)
+    top = ops.groupby("operator")["ms"].sum().sort_values(ascending=False, kind="stable")
+    named = list(top.index[:PROJECTION_OPERATORS])
+    ops["name"] = ops["operator"].where(ops["operator"].isin(named), "other")
+    table = ops.pivot_table(index="point", columns="name", values="ms", aggfunc="sum",
+                            fill_value=0.0).reindex(order)
+    pos = np.arange(len(order))
+    bottom = np.zeros(len(order))
+    colours = [*TRACE_COLOURS, "#17becf", "#bcbd22", "#e377c2", "#7f7f7f"]
+    for i, name in enumerate([*named, *(["other"] if "other" in table else [])]):
+        share = table[name].to_numpy(float) / np.maximum(table.sum(axis=1).to_numpy(float), 1e-12)
+        bars.bar(pos, share * 100.0, bottom=bottom, color=colours[i % len(colours)], label=name)
+        bottom += share * 100.0
+    bars.set_xticks(pos, [f"{v}{' *' if m else ''}" for v, m in
+                          zip(pts[swept], pts["measured"], strict=True)])
+    bars.set_xlabel(f"{swept} (* measured)")
+    bars.set_ylabel("% of device time")
+    bars.set_title("device time by operator", fontsize=10)
+    bars.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
