@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _STEP = "ProfilerStep#"
@@ -70,5 +71,63 @@ def as_replays(doc: dict, *, drop_memsets: bool = False, shuffle_seed: int | Non
             if grid_scale != 1 and grid and "elementwise" in e["name"]:
                 e["args"]["grid"] = [grid[0] * grid_scale, *grid[1:]]
             keep.append(e)
+    doc["traceEvents"] = keep
+    return doc
+
+
+def as_piecewise(doc: dict, eager: str, op: str = "vllm::unified_attention_with_output") -> dict:
+    """A FULL-graph replay re-cut as vLLM's piecewise graphs replay it: every run of kernels
+    whose names match `eager` (an attention layer's cache write and attention) runs eagerly,
+    one cpu op `op` launching them (a runtime launch each, External id and flow); every run
+    between them is its own graph launch. Host times divide the graph launch's time in order;
+    the kernels keep their names, grids and device times."""
+    doc = copy.deepcopy(doc)
+    ev = doc["traceEvents"]
+    graph = next(e for e in ev if e.get("cat") == "cuda_runtime"
+                 and e["name"] in ("cudaGraphLaunch", "hipGraphLaunch"))
+    corr = graph["args"]["correlation"]
+    kernels = sorted((e for e in ev if e.get("cat") in DEVICE_CATS
+                      and e["args"].get("correlation") == corr), key=lambda e: e["ts"])
+    pattern = re.compile(eager)
+    runs: list[tuple[bool, list[dict]]] = []
+    for k in kernels:
+        hit = bool(pattern.search(k["name"]))
+        if runs and runs[-1][0] == hit:
+            runs[-1][1].append(k)
+        else:
+            runs.append((hit, [k]))
+    ids = [int(e.get("args", {}).get(key, 0) or 0) for e in ev
+           for key in ("correlation", "External id")]
+    top = max(ids) + 1000
+    keep = [e for e in ev if e is not graph and not (e.get("cat") == "ac2g" and e.get("id") == corr)]
+    slot = graph["dur"] / len(runs)
+    pid, tid = graph["pid"], graph["tid"]
+    for i, (hit, run) in enumerate(runs):
+        t0 = graph["ts"] + i * slot
+        if not hit:
+            top += 1
+            keep.append({**graph, "ts": t0, "dur": slot * 0.8,
+                         "args": {**graph["args"], "correlation": top}})
+            keep.append({"ph": "s", "id": top, "pid": pid, "tid": tid, "ts": t0,
+                         "cat": "ac2g", "name": "ac2g"})
+            for k in run:
+                k["args"]["correlation"] = top
+            continue
+        top += 1
+        ext = top
+        keep.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": pid, "tid": tid, "ts": t0,
+                     "dur": slot * 0.9, "args": {"External id": ext, "Record function id": 0}})
+        step = slot * 0.8 / len(run)
+        for j, k in enumerate(run):
+            top += 1
+            ts = t0 + 0.05 * slot + j * step
+            launch = "hipLaunchKernel" if graph["name"].startswith("hip") else "cudaLaunchKernel"
+            keep.append({"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": pid,
+                         "tid": tid, "ts": ts, "dur": step * 0.5,
+                         "args": {"External id": ext, "correlation": top, "kernel": k["name"]}})
+            keep.append({"ph": "s", "id": top, "pid": pid, "tid": tid, "ts": ts,
+                         "cat": "ac2g", "name": "ac2g"})
+            k["args"]["correlation"] = top
+            k["args"]["External id"] = ext
     doc["traceEvents"] = keep
     return doc

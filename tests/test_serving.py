@@ -17,10 +17,12 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import BF, SAMPLES, Kineto
+from tests.replay_factory import as_piecewise
 from trace_roofline import cli
 from trace_roofline.attribution import captures, graphs, steps
 from trace_roofline.model import dtypes, hardware
 from trace_roofline.outputs import report
+from trace_roofline.pipeline import analyze_trace_kernels
 
 SERVING = SAMPLES / "serving"
 SGLANG_DECODE = SERVING / "sglang_qwen3-8b_decode_mi300x" / "sglang_Qwen3-8B_decode.json.gz"
@@ -107,6 +109,36 @@ def test_named_and_costed_without_captures(request, name):
     assert set(a.graphs.graphs["method"]) == {"kernel_name"}
     assert set(a.graphs.graphs["shapes"]) == {"step"}
     assert "step annotation" in a.graphs.graphs["note"].iloc[0]
+
+
+def _piecewise_kernels(tmp: Path) -> tuple[tr.Analysis, pd.DataFrame]:
+    """The vLLM decode re-cut as piecewise graphs (issue 32's row: 3.9% named): attention and
+    its cache write run eagerly under `vllm::unified_attention_with_output` between 25 graph
+    pieces, with no capture folder beside it; its analysis and named kernels."""
+    doc = json.loads(gzip.decompress(VLLM_DECODE.read_bytes()))
+    pw = as_piecewise(doc, r"reshape_and_cache|unified_attention|reduce_segments")
+    path = tmp / "piecewise" / "piecewise.json.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(pw).encode()))
+    a, att = analyze_trace_kernels(path, GPT_OSS)
+    return a, att.kernels
+
+
+def test_piecewise_graphs_named_as_one_step(tmp_path, bare_dir):
+    """The pieces and the eager attention between them are one replay, named from the kernel
+    families and costed from the step annotation like the FULL graph: every kernel's name the
+    FULL replay's (the same kernels at the same times)."""
+    a, pieces = _piecewise_kernels(tmp_path)
+    assert a.coverage["evidence_fraction"] >= 0.95, a.coverage
+    assert a.coverage["costed_fraction"] >= 0.95, a.coverage
+    assert a.graphs.replays == 1 and a.graphs.graphs["replays"].tolist() == [1]
+    full, att = analyze_trace_kernels(_bare(bare_dir, VLLM_DECODE), GPT_OSS)
+    key = ["ts_us", "dur_us"]
+    both = pieces.merge(att.kernels, on=key, suffixes=("", "_full"))
+    assert len(both) == len(pieces) == len(att.kernels)
+    wrong = both["operator"] != both["operator_full"]
+    assert both.loc[wrong, "dur_us"].sum() <= 0.01 * both["dur_us"].sum(), both[wrong]
+    assert _flops(a)["attention"] == pytest.approx(_flops(full)["attention"])
 
 
 # ---------------------------------------------------------------------- HIP graph replays

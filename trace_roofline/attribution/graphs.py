@@ -156,7 +156,8 @@ def replay_rows(trace: Trace) -> pd.DataFrame:
     # torch.compile's cudagraph trees stamp the replayed kernels with the External id of the op
     # around the launch: the correlation alone says they were replayed
     rows = np.flatnonzero(np.isin(dc, corr))
-    c, ts = dc[rows], dev["ts_us"].to_numpy(np.float64)[rows]
+    rows, c = _piecewise(dev, rows, dc[rows])
+    ts = dev["ts_us"].to_numpy(np.float64)[rows]
     first = pd.Series(ts).groupby(c).transform("min").to_numpy()
     order = np.lexsort((ts, c, first))  # by the replay's first start, then within it by start
     rows, c = rows[order], c[order]
@@ -164,6 +165,45 @@ def replay_rows(trace: Trace) -> pd.DataFrame:
     replay = np.cumsum(new) - 1
     pos = np.arange(len(rows)) - np.maximum.accumulate(np.where(new, np.arange(len(rows)), 0))
     return pd.DataFrame({"row": rows, "replay": replay, "pos": pos})
+
+
+def _piecewise(dev: pd.DataFrame, rows: np.ndarray, corr: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Piecewise graphs (vLLM's: the step captured in pieces split at each attention op, which
+    runs eagerly) joined into one replay per step: two graph launches in a row whose kernels
+    are separated on the device by attention and KV-cache-write kernels only (at least one
+    attention) are one replay, those eager kernels included. (rows, their launch correlation,
+    a piece's taking its run's first)."""
+    if len(rows) == 0 or len(np.unique(corr)) < 2:
+        return rows, corr
+    ts = dev["ts_us"].to_numpy(np.float64)
+    order = np.argsort(ts, kind="stable")
+    rank = np.empty(len(ts), dtype=np.int64)
+    rank[order] = np.arange(len(ts))
+    names = dev["name"].astype("category")
+    role = kernels.roles(pd.Series(names.cat.categories.astype(object))).astype(object)
+    role = np.append(role.to_numpy(), "")[names.cat.codes.to_numpy()][order]
+    attn = np.isin(role, list(kernels.ATTENTION_ROLES))
+    eager_ok = attn | (role == "kv_cache_write")
+    replayed = np.zeros(len(ts), dtype=bool)
+    replayed[rank[rows]] = True
+    cum = {k: np.r_[0, np.cumsum(v)] for k, v in
+           (("attn", attn), ("ok", eager_ok & ~replayed), ("rep", replayed))}
+    span = pd.DataFrame({"c": corr, "r": rank[rows]}).groupby("c")["r"].agg(["min", "max"])
+    span = span.sort_values("min")
+    lo, hi = span["max"].to_numpy()[:-1] + 1, span["min"].to_numpy()[1:]
+    n = hi - lo
+    joined = ((n > 0) & (cum["ok"][hi] - cum["ok"][lo] == n)
+              & (cum["rep"][hi] - cum["rep"][lo] == 0) & (cum["attn"][hi] - cum["attn"][lo] > 0))
+    if not joined.any():
+        return rows, corr
+    run_of = np.r_[0, np.cumsum(~joined)]
+    head = span.index.to_numpy()[np.r_[0, np.flatnonzero(~joined) + 1]][run_of]
+    new_corr = pd.Series(head, index=span.index).reindex(corr).to_numpy()
+    gaps = [order[a:b] for a, b in zip(lo[joined], hi[joined], strict=True)]
+    extra = np.concatenate(gaps)
+    extra_corr = np.repeat(head[:-1][joined], [len(g) for g in gaps])
+    return np.r_[rows, extra], np.r_[new_corr, extra_corr]
 
 
 def _matches(names: pd.Series, rx: re.Pattern) -> np.ndarray:

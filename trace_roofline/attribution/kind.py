@@ -39,9 +39,11 @@ def judge(att: pd.DataFrame) -> Verdict:
     when an attention call is causal or decodes (an SDPA op's is_causal or T = 1, an eager
     attention's causal mask or one-query Q·Kᵀ); else an encoder when some call attends
     bidirectionally or across to another sequence (more queries than keys: a diffusion
-    block's cross-attention), or an eager Q·Kᵀ over several queries has no causal mask;
-    else a vision encoder when a 2-D/3-D convolution embeds and no table does; else
-    (engines' ops: no causality recorded) a decoder."""
+    block's cross-attention), an eager Q·Kᵀ or softmax over several queries has no causal
+    mask, its square mask is a padding mask's outer product (DeBERTa) or Fourier transforms mix
+    the tokens (FNet); a vision encoder when a 2-D/3-D convolution embeds, no table does and
+    no call is causal (a patch grid of one token reads as one query); else (engines' ops: no
+    causality recorded) a decoder."""
     base = naming.base_name(att["op_name"]).fillna("")  # (once per distinct op name)
     attn = naming.per_value(base, lambda b: operators.recognise(operators.ATTENTION, b)
                             ).to_numpy(dtype=bool)
@@ -52,13 +54,18 @@ def judge(att: pd.DataFrame) -> Verdict:
     if len(eager):
         calls = np.append(calls, naming.per_value(eager.astype("string"), _eager).to_numpy(
             dtype=object))
-    if np.isin(calls, ["causal", "decode"]).any():
+    if "padding" in calls:  # a square mask built as a padding mask's outer product
+        calls = calls[calls != "masked"]
+    patches = bool(base.isin(_PATCH_CONVS).any() and not base.eq("embedding").any())
+    if np.isin(calls, ["causal", "masked"]).any() or (
+            not patches and np.isin(calls, ["decode"]).any()):
         return DECODER
-    if np.isin(calls, ["bidirectional", "cross", "eager"]).any():
+    if np.isin(calls, ["bidirectional", "cross", "eager"]).any() or base.isin(_MIXING).any():
         return Verdict("encoder", "no attention call is causal or decodes, and some attend "
                        "bidirectionally (is_causal False, no causal mask) or across to another "
-                       "sequence: an encoder, not a decoder")
-    if base.isin(_PATCH_CONVS).any() and not base.eq("embedding").any():
+                       "sequence, or Fourier transforms mix the tokens: an encoder, not a "
+                       "decoder")
+    if patches:
         return Verdict("vision encoder", "a convolution embeds its input and no embedding "
                        "table does: a vision or video encoder, not a decoder")
     return DECODER
@@ -75,29 +82,40 @@ def _calls(d: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=d.index, dtype=object)
 
 
-_EAGER_OPS = {"matmul", "bmm", "baddbmm", "add", "add_", "where", "masked_fill", "masked_fill_"}
+_EAGER_OPS = {"matmul", "bmm", "baddbmm", "add", "add_", "where", "masked_fill", "masked_fill_",
+              "mul", "softmax", "_softmax"}
+_MIXING = {"fft_fftn", "fft_fft2"}  # FNet: a 2-D Fourier transform over tokens and features
+_GEMMS = ("matmul", "bmm", "baddbmm")
 _SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
 
 
 def _eager(d: pd.DataFrame) -> pd.Series:
     """Per distinct (op_name, input_dims) of an eager attention's ops: its Q·Kᵀ (a matmul of
-    two 4-D activations, [B, H, T, d] x [B, H, d, S]: `decode` at T = 1, else `eager`) or its
-    mask (an add, where or masked_fill of scores [B, H, T, S] with a [B, 1, T, S] mask:
-    `causal`; with [B, 1, 1, S], a padding mask: `eager`); "" for anything else."""
+    two 4-D activations, [B, H, T, d] x [B, H, d, S]: `decode` at T = 1, else `eager`), its
+    softmax over 4-D scores [B, H, T, S] (the same by T), its mask (an add, where or masked_fill of
+    scores [B, H, T, S] with a [B, 1, T, S] mask: `masked`; with [B, 1, 1, S], a padding
+    mask: `eager`) or a padding mask's outer product ([B, 1, 1, S] x [B, 1, S, 1]:
+    `padding`); "" for anything else."""
     out = []
     for op, dims in d.fillna("").itertuples(index=False):  # (distinct ops: a few)
         shapes = [tuple(int(v) for v in m.split(",")) for m in _SHAPE.findall(str(dims))]
         four = [x for x in shapes if len(x) == 4]
         base = str(op).rsplit("::", 1)[-1]
         kind = ""
-        if base in ("matmul", "bmm", "baddbmm") and len(four) >= 2 and four[0][3] == four[1][2]:
+        if base in _GEMMS and len(four) >= 2 and four[0][3] == four[1][2]:
             kind = "decode" if four[0][2] == 1 else "eager"  # (not RoPE's [.., d/2, 1] table)
-        elif base not in ("matmul", "bmm", "baddbmm") and len(four) >= 2:
+        elif base in ("softmax", "_softmax"):
+            t, s_ = (four[0][2], four[0][3]) if four else (0, 0)
+            kind = "" if s_ < 2 or t < 1 else "decode" if t == 1 else "eager"
+        elif base == "mul":
+            pad = len(four) == 2 and four[0][1:3] == (1, 1) and four[1][1] == 1
+            kind = "padding" if pad and four[1][3] == 1 and four[1][2] == four[0][3] > 1 else ""
+        elif base not in _GEMMS and len(four) >= 2:
             scores, mask = four[0], four[1]
             if base == "where":
                 mask, scores = four[0], four[1]
             if mask[1] == 1 and mask[3] == scores[3] and scores[2] > 1:
-                kind = "causal" if mask[2] == scores[2] else "eager" if mask[2] == 1 else ""
+                kind = "masked" if mask[2] == scores[2] else "eager" if mask[2] == 1 else ""
         out.append(kind)
     return pd.Series(out, index=d.index, dtype=object)
 
