@@ -236,19 +236,28 @@ TOLERANCE = 0.01  # a disagreement above this fraction of the layout's figure is
 
 
 def generic_named(costed: pd.DataFrame) -> str | None:
-    """A warning when operators named as a linear or attention are costed by a generic
-    per-kernel estimate (derivation `kernel`: the kernel's buffers, not the name's rule), with
-    their share of device time, else None."""
-    rows = costed["operator"].isin(_NAMED) & costed["derivation"].eq("kernel")
-    if not rows.any():
+    """A warning when a named linear or attention (one layer's, in one pass) is costed by
+    generic per-kernel estimates alone (derivation `kernel`: the kernel's buffers), with no
+    row of its name's cost signature (a GEMM, an attention costed from its geometry), so its
+    FLOPs and bytes are not the operator's cost; its share of device time is given. Else None."""
+    named = costed["operator"].isin(_NAMED).to_numpy(bool)
+    if not named.any():
         return None
-    time = costed.loc[rows].groupby("operator", observed=True)["time_us"].sum()
+    rows = costed.loc[named, ["step", "layer", "operator", "derivation", "cost_kind", "time_us"]]
+    generic = rows["derivation"].eq("kernel")
+    signed = ~generic & rows["cost_kind"].isin(["gemm", "attention", "fused"])
+    keys = [rows["step"].fillna(-1), rows["layer"].fillna(-1), rows["operator"]]
+    unsigned = (generic.groupby(keys).transform("any")
+                & ~signed.groupby(keys).transform("any")).to_numpy(bool)
+    if not unsigned.any():
+        return None
+    time = rows[unsigned].groupby("operator", observed=True)["time_us"].sum()
     total = float(costed["time_us"].sum()) or 1.0
     parts = ", ".join(f"{op} {100 * t / total:.1f}%" for op, t in
                       time.sort_values(ascending=False, kind="stable").items())
-    return ("named operators costed by a generic kernel estimate (derivation `kernel`: the "
-            "kernel's buffers, not 2·M·K·N or the attention's geometry), so their FLOPs and "
-            f"bytes are not the operators' cost: {parts} of device time")
+    return ("named operators costed by a generic kernel estimate alone (derivation `kernel`: "
+            "the kernel's buffers, not 2·M·K·N or the attention's geometry), so their FLOPs "
+            f"and bytes are not the operators' cost: {parts} of device time")
 
 
 def against_layout(costed: pd.DataFrame, model: ModelSpec | None, passes: pd.DataFrame | None,

@@ -889,7 +889,24 @@ def _attention(c: _Call) -> Cost:
     flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
     if c.name == "aten::_efficient_attention_forward" and flag:
         flag = "False" if flag == "0" else "True"
+    if flag in ("False", "0") and _query_mask(c.args, t, s):
+        flag = ""  # a mask over the queries, its values not recorded: the verdict decides
     return _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag, _head_dim(c.args, 2))
+
+
+# SDPA's backward ops: the index of their attn_bias (the forward's mask), where they take one
+_BACKWARD_MASK_AT = {"aten::_scaled_dot_product_efficient_attention_backward": 4,
+                     "aten::_scaled_dot_product_cudnn_attention_backward": 8,
+                     "aten::_cudnn_attention_backward": 8}
+
+
+def _query_mask(args: list[_Arg], t: int, s: int, at: int = 3) -> bool:
+    """Whether argument `at` (SDPA's attn_mask, the efficient and cuDNN kernels' bias) is a mask
+    over T > 1 queries shared by the heads, [B|1, 1, T, S]: a decoder's causal mask's shape
+    (attribution/kind.py reads it so), though its values are not recorded."""
+    m = args[at] if len(args) > at else None
+    return (t > 1 and m is not None and m.is_tensor and len(m.dims) == 4 and m.dims[1] == 1
+            and m.dims[2:] == [t, s])
 
 
 def _head_dim(args: list[_Arg], i: int) -> int | None:
@@ -917,8 +934,8 @@ def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int
             + (f" d_v={dv}" if dv != d else "") + (" causal" if is_causal else ""))
     assumed = t > 1 and not recorded
     if assumed:
-        text += (" (the mask is not recorded: causal, as a decoder's)" if is_causal else
-                 " (the mask is not recorded: every pair, as an encoder's)")
+        text += (" (mask values not recorded: causal, as a decoder's)" if is_causal else
+                 " (mask values not recorded: every pair, as an encoder's)")
     return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
                 causal=is_causal, heads=(n_q, n_kv, d),
                 derivation=LAYOUT if assumed else SHAPE)
@@ -934,6 +951,9 @@ def _attention_backward(c: _Call) -> Cost:
         raise Malformed(f"query {q.dims} and key {k.dims} are not [B, heads, T, d]")
     (batch, n_q, t, d), (_, n_kv, s, _) = q.dims, k.dims
     flag = c.args[causal_at].concrete if causal_at < len(c.args) else ""
+    mask_at = _BACKWARD_MASK_AT.get(c.name)
+    if flag == "False" and mask_at is not None and _query_mask(c.args, t, s, mask_at):
+        flag = ""  # (as the forward's mask: `_query_mask`)
     dv = _head_dim(c.args, 3)
     fwd = _attention_cost(c, q, (batch, n_q, n_kv, t, s, d), flag, dv)
     counted = c.causal if fwd.causal else "full"
@@ -1004,6 +1024,11 @@ def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
                            _head_dim(c.args, 2))
 
 
+_STEP_NEEDS_MODEL = (": its sequence lengths are not among its arguments, but its serving "
+                     "step's annotation holds the batch's query and key sums: give --model (the "
+                     "model's config.json) and they cost it")
+
+
 def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | None,
                     causal: str, attention_bytes: str) -> None:
     """Cost, in place, the attention instances their ops left uncosted (paged, packed or
@@ -1012,12 +1037,16 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     model's heads, 2·n_q·(d + d_v) FLOPs per pair; bytes Q read and O written for Σq tokens,
     K and V of the keys read (`attention_bytes` kv: those only); the evidence in `shape`. A
     layer's further attention instances in the same step (a split kernel named apart) cost
-    nothing more. Vectorised: each distinct (step, window) is worked out once."""
+    nothing more. Without a model they stay uncosted, their reason saying that --model costs
+    them. Vectorised: each distinct (step, window) is worked out once."""
     text = pd.Series(step_text, index=out.index, dtype=object)
     todo = (out["operator"].eq("attention") & out["flops"].isna()).to_numpy(bool, copy=True)
     todo &= _each_distinct(text, lambda t: isinstance(t, str) and steps.parse_text(t) is not None
                            ).astype(bool)
-    if not todo.any() or model is None:
+    if not todo.any():
+        return
+    if model is None:  # the step's sums are there; the heads are the model's
+        out.loc[todo, "uncosted"] = (out.loc[todo, "op_name"].astype(str) + _STEP_NEEDS_MODEL)
         return
     arch = model.architecture
     att = arch.attention
