@@ -258,10 +258,12 @@ def _roof_us(flops: pd.Series, nbytes: pd.Series, dtype: pd.Series, hw: Hardware
 
 def _classes(costed: pd.DataFrame, hw: Hardware, passes: int
              ) -> tuple[pd.DataFrame, float]:
-    """Per operator, per pass: kernels, latency µs per kernel (KERNEL_LATENCY_US, at most its
-    time per kernel) and its efficiency: time at the roof over the time beyond that latency,
-    at most 1. An operator with under THROUGHPUT_SHARE of its time beyond latency takes the
-    default: the same ratio over the others (1 where there are none)."""
+    """Per operator, per pass: kernels, efficiency and latency µs per kernel. The efficiency is
+    its time at the roof over its time beyond KERNEL_LATENCY_US per kernel (at most its time
+    per kernel), at most 1; an operator with under THROUGHPUT_SHARE of its time beyond that
+    takes the default: the same ratio over the others (1 where there are none). The latency is
+    then what its measured time leaves beyond the roof at that efficiency, so the measured
+    point is reproduced."""
     roof = _roof_us(costed["flops"], costed["bytes"], costed["dtype"], hw, main_dtype(costed))
     g = costed.assign(roof=roof).groupby("operator")
     c = pd.DataFrame({"time": g["time_us"].sum(), "kernels": g["kernels"].sum(),
@@ -273,6 +275,9 @@ def _classes(costed: pd.DataFrame, hw: Hardware, passes: int
     default = float(min(c.loc[own, "roof"].sum() / rest[own].sum(), 1.0)) if own.any() else 1.0
     c["efficiency"] = np.where(own & (c["roof"] > 0), np.minimum(c["roof"] / rest.where(own), 1.0),
                                default)
+    # the latency is what the measured time leaves beyond the roof at that efficiency
+    c["latency"] = (np.maximum(c["time"] - c["roof"] / c["efficiency"], 0.0)
+                    / c["kernels"].where(c["kernels"] > 0)).fillna(0.0)
     return c, default
 
 
@@ -429,11 +434,12 @@ def _assumptions(host_note: str, default_eff: float, uncosted_us: float, phase: 
         "cat) with batch x keys; every other operator (norms, RoPE, activation, residual, "
         "embedding, ...) in proportion to batch x tokens; per-layer operators with layers",
         f"time per operator = kernels x latency + max(FLOPs / (e·peak), bytes / (e·bandwidth)): "
-        f"latency {KERNEL_LATENCY_US:g} µs per kernel (or its measured time per kernel, if "
-        "less), e its achieved fraction of its roof in the trace once that latency is taken "
-        "out, the same on either roof, so an operator changes regime where it crosses the "
-        f"ridge; an operator with under {THROUGHPUT_SHARE:.0%} of its time beyond latency "
-        f"takes the others' fraction ({default_eff:.0%})",
+        f"e its achieved fraction of its roof in the trace once {KERNEL_LATENCY_US:g} µs per "
+        "kernel (or its measured time per kernel, if less) is taken out, the same on either "
+        "roof, so an operator changes regime where it crosses the ridge; an operator with "
+        f"under {THROUGHPUT_SHARE:.0%} of its time beyond that takes the others' fraction "
+        f"({default_eff:.0%}); the latency is what its measured time leaves at that fraction "
+        "(the measured point is reproduced)",
         "the traced kernels at every shape: a library choosing other kernels (split-K, tiles, "
         "another attention backend) is not modelled",
         *([f"uncosted time ({uncosted_us:.1f} µs per pass) as traced"] if uncosted_us else []),
