@@ -131,3 +131,64 @@ def as_piecewise(doc: dict, eager: str, op: str = "vllm::unified_attention_with_
             k["args"]["External id"] = ext
     doc["traceEvents"] = keep
     return doc
+
+
+# MI300X kernel names of the vLLM gpt-oss replay -> the names the same work takes on a B200
+# (cuBLASLt nvjet GEMMs, TensorRT-LLM/FlashInfer MoE: bf16 x MXFP4 `bmm_*`, its routing and
+# finalize, TRT-LLM FMHA, FlashInfer norm and RoPE): the first pattern that matches renames
+B200_NAMES = (
+    (r"^Cijk_", "nvjet_sm100_tst_128x256_64x4_2x1_v_bz_coopA_TNT"),
+    (r"_matmul_ogs_\w*_swiglu$", "bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x512u2_s4_et128x8_"
+     "m128x8x64_cga1x1x1_16dp256b_TN_transOut_schedS_swiGlu_sm100f"),
+    (r"^_matmul_ogs_", "bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x512u2_s4_et128x8_m128x8x64_"
+     "cga1x1x1_16dp256b_TN_transOut_schedS_sm100f"),
+    (r"^_topk_forward|^_sum_bitmatrix|^_combined_routing",
+     "void moe::dev::routing::routingRenormalize::routingIndicesClusterKernel<KernelParams>"),
+    (r"^_finalize_matmul_scatter", "void moe::dev::finalize::finalizeKernelVecLoad<KernelParams>"),
+    (r"kernel_unified_attention|^reduce_segments",
+     "fmhaSm100fKernel_QkvBfloat16OBfloat16H64PagedKvCausalP64VarSeqQ128Kv128PersistentContext"),
+    (r"Rmsnorm2dFwd", "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>"),
+    (r"rotary_embedding_kernel",
+     "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCache<true, 64u, 8u, 16u, __nv_bfloat16>"),
+    (r"reshape_and_cache_flash", "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, "
+     "__nv_bfloat16, (vllm::Fp8KVCacheDataType)0>"),
+)
+B200_ALL_REDUCE = "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>"
+
+
+def as_b200_tp8_prefill(doc: dict, requests: int = 4, tokens: int = 2048,
+                        all_reduce_us: float = 6.0) -> dict:
+    """The vLLM gpt-oss FULL-graph replay as one TP=8 rank of a B200 runs a prefill: kernels
+    renamed (B200_NAMES), a custom all-reduce after each o_proj and each MoE finalize (the
+    kernels after it shifted), CUDA runtime names, a B200 in deviceProperties, and the step
+    annotation of `requests` prompts of `tokens` each. Durations and grids stay the MI300X
+    decode's: a trace of the kind, for names, phases and the annotation's costs."""
+    doc = copy.deepcopy(doc)
+    ev = doc["traceEvents"]
+    rules = [(re.compile(rx), new) for rx, new in B200_NAMES]
+    kernels = sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    added, shift, after_attention = [], 0.0, False
+    for k in kernels:
+        old = k["name"]
+        k["ts"] += shift
+        k["name"] = next((new for rx, new in rules if rx.search(old)), old)
+        o_proj = after_attention and old.startswith("Cijk_")
+        after_attention = (bool(re.search(r"unified_attention|reduce_segments", old))
+                           or (after_attention and not old.startswith("Cijk_")))
+        if o_proj or old.startswith("_finalize_matmul_scatter"):
+            shift += all_reduce_us
+            added.append({**k, "name": B200_ALL_REDUCE, "ts": k["ts"] + k["dur"],
+                          "dur": all_reduce_us, "args": {**k["args"], "grid": [8, 1, 1]}})
+    ev.extend(added)
+    for e in ev:
+        if e.get("cat") == "cuda_runtime":
+            e["name"] = re.sub(r"^hip", "cuda", e["name"])
+        if e.get("cat") == "user_annotation" and str(e["name"]).startswith("execute_"):
+            t, q2 = requests * tokens, requests * tokens * tokens
+            e["name"] = (f"execute_{t}_context_{requests}(sq{t}sk{t}sqsq{q2}sqsk{q2})"
+                         "_generation_0(sq0sk0sqsq0sqsk0)")
+    doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA B200", "totalGlobalMem": 191_500_000_000,
+                                "computeMajor": 10, "computeMinor": 0,
+                                "numSms": 148, "maxThreadsPerBlock": 1024}]
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 8}
+    return doc

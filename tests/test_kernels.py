@@ -57,6 +57,8 @@ EXAMPLES: dict[str, list[str]] = {
     "ck_fmha": ["_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40Block"
                 "FmhaBatchPrefillPipelineQRKSVSAsyncINS_36BlockFmhaBatchPrefillPipelineProblem",  # (trace)
                 "aiter::mha_batch_prefill"],  # (trace: the op that launches it)
+    "trtllm_fmha": [  # (doc: FlashInfer's trtllm-gen cubins)
+        "fmhaSm100fKernel_QkvBfloat16OBfloat16H64PagedKvCausalP64VarSeqQ128Kv128PersistentContext"],
     "flashinfer_merge": ["void flashinfer::MergeStatesKernel<8, 16, 4, __nv_bfloat16>"],  # (doc)
     "flashinfer_attention": [  # (doc)
         "void flashinfer::BatchDecodeWithPagedKVCacheKernel<PosEncodingMode::kNone, 2, 4, 8>",

@@ -17,7 +17,7 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import BF, SAMPLES, Kineto
-from tests.replay_factory import as_piecewise
+from tests.replay_factory import B200_ALL_REDUCE, as_b200_tp8_prefill, as_piecewise
 from trace_roofline import cli
 from trace_roofline.attribution import captures, graphs, steps
 from trace_roofline.model import dtypes, hardware
@@ -139,6 +139,34 @@ def test_piecewise_graphs_named_as_one_step(tmp_path, bare_dir):
     wrong = both["operator"] != both["operator_full"]
     assert both.loc[wrong, "dur_us"].sum() <= 0.01 * both["dur_us"].sum(), both[wrong]
     assert _flops(a)["attention"] == pytest.approx(_flops(full)["attention"])
+
+
+def test_b200_tp8_prefill_of_bmm_experts_named(tmp_path, bare_dir):
+    """Issue 32's row (gpt-oss on a B200, TP=8, bf16 x MXFP4 expert `bmm_*`: 38% `residual`,
+    no prefill phase, qkv FLOPs 0): the vLLM replay as a B200 TP=8 rank runs a prefill of
+    4 x 2048 tokens (its kernels renamed, an all-reduce after each o_proj and MoE). Every kernel
+    the MI300X replay names from its capture gets the same name (the eager lm_head may stay an
+    unnamed aten::mm: its recorded shape is the unsharded vocabulary), the all-reduces are
+    all_reduce, every kernel is in the prefill phase and qkv_proj's FLOPs are the hand value."""
+    doc = json.loads(gzip.decompress(VLLM_DECODE.read_bytes()))
+    path = tmp_path / "b200" / "gpt-oss_prefill_tp8_b200.json.gz"
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(json.dumps(as_b200_tp8_prefill(doc)).encode()))
+    a, att = analyze_trace_kernels(path, GPT_OSS, tp=8)
+    _, truth = analyze_trace_kernels(VLLM_DECODE, GPT_OSS)
+    k = att.kernels.sort_values("ts_us")
+    reduce_ = k["name"] == B200_ALL_REDUCE
+    assert set(k.loc[reduce_, "operator"]) == {"all_reduce"} and reduce_.sum() == 2 * OL
+    k, t = k[~reduce_], truth.kernels.sort_values("ts_us")
+    got, want = k["operator"].to_numpy(), t["operator"].to_numpy()
+    unnamed = k["evidence"].eq("fallback").to_numpy()
+    wrong = (got != want) & ~unnamed
+    assert t["dur_us"].to_numpy()[wrong].sum() <= 0.02 * t["dur_us"].sum()
+    assert (got == "residual").sum() == 0
+    assert set(k["phase"]) == {"prefill"}
+    tokens, shard = 4 * 2048, OQKV // 8
+    qkv = OL * (_gemm(tokens, OH, shard) + tokens * shard)
+    assert _flops(a)["qkv_proj"] == pytest.approx(qkv)  # 724,901,560,320
 
 
 # ---------------------------------------------------------------------- HIP graph replays

@@ -957,6 +957,10 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     prev, nxt = _ffill(src, True), _ffill(src, False)
     take = np.where(reduce_, prev, np.where(copy_, nxt, src))
     name = np.where(take >= 0, name[np.maximum(take, 0)], None)
+    # a collective kernel (a TP rank's all-reduce) is its collective wherever it sits
+    coll = operators.collective_of(pd.Series(names, dtype=object), kernel=True)
+    name = np.where(coll.notna().to_numpy() & core, coll.to_numpy(dtype=object, na_value=None),
+                    name)
     cats = pd.Index(pd.unique(name[pd.notna(name)]))
     codes = cats.get_indexer(name)
     lay = _layers(name, first_q)

@@ -78,6 +78,9 @@ FAMILIES: tuple[KernelFamily, ...] = (
        r"flash_fwd_splitkv_combine|FlashAttnFwdCombine|flash::.*[Cc]ombine", "attention_reduce"),
     _f("flash_attention", "FlashAttention",
        r"flash_fwd_|flash_bwd_|FlashAttnFwd|FlashAttnBwd|flash::", "attention"),
+    # TensorRT-LLM's FMHA as FlashInfer and vLLM run it on Blackwell/Hopper:
+    # fmhaSm100fKernel_QkvBfloat16OBfloat16H64PagedKvCausalP64VarSeqQ128Kv128PersistentContext
+    _f("trtllm_fmha", "TensorRT-LLM / FlashInfer", r"^fmhaSm\d+\w*Kernel|^fmha_v2_", "attention"),
     # cuDNN's SDPA: cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_..., its
     # decode split reduction cudnn::fusion::lean_reduction_kernel<false, false, false>
     _f("cudnn_sdpa_reduce", "NVIDIA cuDNN", r"cudnn::fusion::lean_reduction", "attention_reduce"),
