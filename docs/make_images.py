@@ -73,12 +73,19 @@ def sweep_chart(tmp: Path) -> Path:
     return tmp / "sweep" / "roofline.png"
 
 
+def projection_chart(tmp: Path) -> Path:
+    cli("project", S + "step_sweep/hf-qwen2-qwen2.5-7b-28l_decode_b4_s1024_h100.json.gz",
+        "--model", "qwen2.5-7b", "--batch", "1,4,16,64,256", "--out", str(tmp / "proj"))
+    return tmp / "proj" / "projection.png"
+
+
 # docs/<name>: how it is made. README.md and docs/*.md reference exactly these (tests/test_docs.py).
 IMAGES: dict[str, Callable[[Path], Path | None]] = {
     "roofline_decode_prefill_h200.png": readme_chart,
     "report_html.png": report_html,
     "diff_eager_vs_compile.png": diff_chart,
     "msweep_q_proj_h200.png": sweep_chart,
+    "project_decode_h100.png": projection_chart,
 }
 
 

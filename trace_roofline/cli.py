@@ -675,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="one torch.profiler trace (.json, .json.gz)")
     p.add_argument("--model", type=model_arg, required=True,
                    help="preset name, HF config.json or HF model directory (the layout FLOPs and "
-                        "bytes are recomputed from)")
+                        "bytes are recomputed from) (default: none; required)")
     p.add_argument("--batch", type=int_list,
                    help="sequences per step, e.g. 1,8,64,256 (default: the trace's)")
     p.add_argument("--context", type=_count_list,
