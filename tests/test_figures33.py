@@ -16,7 +16,7 @@ import trace_roofline as tr
 from tests.builders import SAMPLES
 from trace_roofline.costs import crosscheck, shapes
 from trace_roofline.outputs import report
-from trace_roofline.pipeline import attribute_trace
+from trace_roofline.pipeline import analyze_trace_kernels, attribute_trace
 from trace_roofline.roofline import OPERATOR_COLUMNS
 
 H100 = SAMPLES / "training_h100"
@@ -233,3 +233,31 @@ def test_cross_check_attention_against_its_geometry():
                                              2 * a.costed["flops"], a.costed["flops"]))
     lines = crosscheck.against_layout(doubled, a.model, passes)
     assert [w for w in lines if w.startswith("cross-check: attention in pass 0")]
+
+
+# ------------------------------------------------------- serving steps: the step's own sums
+def test_replayed_attention_with_a_captures_shapes_costed_from_the_step():
+    """A replayed attention named from a graph capture carries the capture's shapes (its batch),
+    not this step's (issue 33: a vLLM mixed step's attention read 17 GFLOP from them, its
+    annotation's Σq·k terms 773-997 GFLOP). The gpt-oss FULL decode with its attention ops
+    given a capture's costable shapes (one causal sequence of 32 tokens) is still costed from
+    the step annotation: the same FLOPs as the unshaped ops, derivation `step`."""
+    gpt_oss = tr.get_model(str(SAMPLES / "serving" / "configs" / "gpt-oss-20b" / "config.json"))
+    a, att = analyze_trace_kernels(GPT_OSS, gpt_oss)
+    k = att.kernels
+    rows = (k["operator"].eq("attention") & k["evidence"].eq("graph_map")).to_numpy(bool)
+    assert rows.any()
+    fa = {"op_name": "flash_attn::_flash_attn_forward",
+          "input_dims": "[[1, 32, 64, 64], [1, 32, 8, 64], [1, 32, 8, 64], [], [], []]",
+          "input_types": '["c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "Scalar", '
+                         '"Scalar", "Scalar"]',
+          "concrete_inputs": '["", "", "", "0.", "0.125", "True"]'}
+    shaped = k.copy()
+    for col, value in fa.items():
+        shaped[col] = shaped[col].astype(object)
+        shaped.loc[rows, col] = value
+    costed = shapes.attach_costs(shaped, att.model)
+    step = costed[costed["operator"].eq("attention")]
+    before = a.costed[a.costed["operator"].eq("attention")]
+    assert set(step["derivation"]) == {"step"}
+    assert step["flops"].sum() == before["flops"].sum() > 0

@@ -1024,6 +1024,7 @@ def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
                            _head_dim(c.args, 2))
 
 
+_BORROWED = "graph_map"  # evidence of a replayed kernel named (and shaped) from a capture
 _STEP_NEEDS_MODEL = (": its sequence lengths are not among its arguments, but its serving "
                      "step's annotation holds the batch's query and key sums: give --model (the "
                      "model's config.json) and they cost it")
@@ -1032,7 +1033,9 @@ _STEP_NEEDS_MODEL = (": its sequence lengths are not among its arguments, but it
 def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | None,
                     causal: str, attention_bytes: str) -> None:
     """Cost, in place, the attention instances their ops left uncosted (paged, packed or
-    new-token-only arguments) inside a serving step whose annotation holds the batch sums
+    new-token-only arguments), and those whose shapes a graph replay borrowed from a capture
+    of another batch (evidence graph_map), inside a serving step whose annotation holds the
+    batch sums
     (attribution/steps.py): per layer the step's query-key pairs (its window, if any) of the
     model's heads, 2·n_q·(d + d_v) FLOPs per pair; bytes Q read and O written for Σq tokens,
     K and V of the keys read (`attention_bytes` kv: those only); the evidence in `shape`. A
@@ -1040,13 +1043,19 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
     nothing more. Without a model they stay uncosted, their reason saying that --model costs
     them. Vectorised: each distinct (step, window) is worked out once."""
     text = pd.Series(step_text, index=out.index, dtype=object)
-    todo = (out["operator"].eq("attention") & out["flops"].isna()).to_numpy(bool, copy=True)
-    todo &= _each_distinct(text, lambda t: isinstance(t, str) and steps.parse_text(t) is not None
-                           ).astype(bool)
+    attention = out["operator"].eq("attention").to_numpy(bool)
+    uncosted = attention & out["flops"].isna().to_numpy(bool)
+    # a replay named from a capture carries the capture's shapes (its batch), not this step's
+    borrowed = attention & (out["evidence"].eq(_BORROWED) & out["cost_kind"].eq("attention")
+                            ).to_numpy(bool, na_value=False)
+    annotated = _each_distinct(text, lambda t: isinstance(t, str)
+                               and steps.parse_text(t) is not None).astype(bool)
+    todo = (uncosted | borrowed) & annotated
     if not todo.any():
         return
     if model is None:  # the step's sums are there; the heads are the model's
-        out.loc[todo, "uncosted"] = (out.loc[todo, "op_name"].astype(str) + _STEP_NEEDS_MODEL)
+        ask = uncosted & annotated
+        out.loc[ask, "uncosted"] = (out.loc[ask, "op_name"].astype(str) + _STEP_NEEDS_MODEL)
         return
     arch = model.architecture
     att = arch.attention
