@@ -901,12 +901,13 @@ _BACKWARD_MASK_AT = {"aten::_scaled_dot_product_efficient_attention_backward": 4
 
 
 def _query_mask(args: list[_Arg], t: int, s: int, at: int = 3) -> bool:
-    """Whether argument `at` (SDPA's attn_mask, the efficient and cuDNN kernels' bias) is a mask
-    over T > 1 queries shared by the heads, [B|1, 1, T, S]: a decoder's causal mask's shape
-    (attribution/kind.py reads it so), though its values are not recorded."""
+    """Whether argument `at` (SDPA's attn_mask, the efficient and cuDNN kernels' bias) is a
+    square mask over T = S > 1 queries shared by the heads, [B|1, 1, T, T]: a decoder's causal
+    mask's shape (attribution/kind.py reads it so), though its values are not recorded. (Not
+    T < S: a cross-attention's padding mask has that shape too.)"""
     m = args[at] if len(args) > at else None
-    return (t > 1 and m is not None and m.is_tensor and len(m.dims) == 4 and m.dims[1] == 1
-            and m.dims[2:] == [t, s])
+    return (1 < t == s and m is not None and m.is_tensor and len(m.dims) == 4
+            and m.dims[1] == 1 and m.dims[2:] == [t, s])
 
 
 def _head_dim(args: list[_Arg], i: int) -> int | None:
