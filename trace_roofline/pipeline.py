@@ -169,15 +169,17 @@ def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOption
 
 def _model_parts(att: Attributed) -> list[tuple[str, Attributed]]:
     """Each model's kernels (attribute's `model` column) as an Attributed of its own: the
-    --model's first (with the units no op launched), then the others by device time, without a
+    --model's first (with the units no op launched), then the others by device time, an
+    encoder-decoder's encoder last (its passes one `forward`, no decoder-only name), without a
     model (their linears inferred) and without graph replays. One part for a one-model trace."""
     label = att.kernels["model"]
     if label.nunique() < 2:
         return [("", att)]
     time = att.kernels["dur_us"].groupby(label).sum()
     first = [att.model.name] if att.model is not None and att.model.name in time.index else []
-    order = first + [m for m in time.sort_values(ascending=False, kind="stable").index
-                     if m not in first]
+    order = first + sorted((m for m in time.sort_values(ascending=False, kind="stable").index
+                            if m not in first),
+                           key=lambda m: str(m).startswith(kind.ENCODER_LABEL))
     out = []
     for i, m in enumerate(order):
         rows = (label == m).to_numpy(bool) | (i == 0) & label.isna().to_numpy(bool)
@@ -186,6 +188,9 @@ def _model_parts(att: Attributed) -> list[tuple[str, Attributed]]:
         found = dataclasses.replace(att.passes, pass_id=kernels["step"].array,
                                     phase=kernels["phase"].array, table=table)
         own = i == 0
+        if str(m).startswith(kind.ENCODER_LABEL):
+            kernels = verify.verify(kernels, None, decoder=False)
+            kernels, found = passes.as_forward(kernels, found, kind.ENCODER_PART)
         out.append((str(m), Attributed(att.trace, kernels, att.model if own else None,
                                        att.tp if own else None, att.replays if own else None,
                                        found)))

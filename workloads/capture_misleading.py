@@ -266,6 +266,18 @@ def assisted() -> tuple[dict[str, nn.Module], Step, dict[str, dict]]:
         pad_token_id=0), {"": cfg, "draft": dcfg}
 
 
+def bart_generate() -> tuple[dict[str, nn.Module], Step, dict[str, dict]]:
+    """BART (H 64, 2 + 2 layers): the encoder over an 8-token prompt once, then the decoder
+    (self- and cross-attention) generating 4 tokens."""
+    m, cfg = _hf("bart", dict(d_model=64, encoder_layers=2, decoder_layers=2,
+                              encoder_attention_heads=4, decoder_attention_heads=4,
+                              encoder_ffn_dim=176, decoder_ffn_dim=176, vocab_size=VOCAB,
+                              max_position_embeddings=64), "BartForConditionalGeneration")
+    ids = _ids(8)
+    return {"": m}, lambda: m.generate(ids, max_new_tokens=4, min_new_tokens=4, num_beams=1,
+                                       do_sample=False), {"": cfg}
+
+
 # name -> (builder, profiled steps, what it is)
 CAPTURES: dict[str, tuple[Callable[[], tuple[dict[str, nn.Module], Step, dict[str, dict]]],
                           int, str]] = {
@@ -286,6 +298,8 @@ CAPTURES: dict[str, tuple[Callable[[], tuple[dict[str, nn.Module], Step, dict[st
     "videomae_encoder": (videomae, 2, f"VideoMAEForVideoClassification B={BATCH} 4x32x32"),
     "llama_train": (train, 1, f"tiny Llama train step B={BATCH} T={PROMPT}: loss, backward, "
                     "AdamW"),
+    "bart_generate": (bart_generate, 1, "BART encoder over 8 tokens, then its decoder "
+                      "generating 4 tokens"),
     "llama_assisted": (assisted, 1, "tiny Llama generate with a tinier Llama draft, prompt 8, "
                        "6 new tokens"),
 }

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline.attribution import inference, naming
+from trace_roofline.attribution import inference, kind, naming
 from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.model import kernels, models, operators
@@ -126,24 +126,28 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
 _NAMED = ("operator", "evidence", "layer", "reason")  # what _name_instances returns, in order
 
 
-def _models(inst: pd.DataFrame, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
-    """Several models in one trace (assisted or speculative decoding): each hidden size H of the
-    embedding weights (V, H) is a model (one model's tables, of tokens, positions and token
-    types, share its H), as (largest V, H), widest first. An instance belongs to the model of
-    the last embedding before it in its group (the group's first one before any; model 0 in a
-    group without one), and each model's instances are groups of their own. With one H or
-    none, `inst` unchanged and no models."""
+def _models(inst: pd.DataFrame, ops: pd.DataFrame
+            ) -> tuple[pd.DataFrame, list[tuple[int, int, bool]]]:
+    """Several models in one trace (assisted or speculative decoding, an encoder-decoder): each
+    hidden size H of the embedding weights (V, H) is a model (one model's tables, of tokens,
+    positions and token types, share its H), and an encoder's forward (`_encoder_forwards`)
+    a model apart from the decoder of its H, as (largest V, H, encoder), widest first, the
+    decoder before the encoder. An instance belongs to the model of the last embedding before
+    it in its group (the group's first one before any; model 0 in a group without one), and
+    each model's instances are groups of their own. With one model or none, `inst` unchanged
+    and no models."""
     emb = np.flatnonzero(naming.Names.of(ops["name"]).mapped(operators.base_names)
                          .isin(["embedding"]))
     vh = naming.per_value(ops["input_dims"].iloc[emb].astype("string"), _embedding_weight)
     v, h = vh["V"].to_numpy(np.int64), vh["H"].to_numpy(np.int64)
     emb, v, h = emb[h > 0], v[h > 0], h[h > 0]
-    ascending, at = np.unique(h, return_inverse=True)
-    if len(ascending) < 2:
+    enc = _encoder_forwards(ops, emb)
+    keys = pd.MultiIndex.from_arrays([-h, enc]).unique().sort_values()  # widest, decoder first
+    if len(keys) < 2:
         return inst, []
-    hidden, code = ascending[::-1], len(ascending) - 1 - at  # widest first
+    code = keys.get_indexer(pd.MultiIndex.from_arrays([-h, enc]))
     vocab = pd.Series(v).groupby(code).max()
-    found = [(int(vocab[i]), int(size)) for i, size in enumerate(hidden)]
+    found = [(int(vocab[i]), -int(nh), bool(e)) for i, (nh, e) in enumerate(keys)]
     inside = Nest(ops["s"].to_numpy()[emb], ops["e"].to_numpy()[emb],
                   ops["key"].to_numpy()[emb]).innermost(inst["t"].to_numpy(),
                                                         inst["key"].to_numpy())
@@ -152,6 +156,31 @@ def _models(inst: pd.DataFrame, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[t
     model = per.ffill().fillna(per.bfill()).fillna(0).to_numpy(np.int64)
     inst = inst.assign(model=model, grp=pd.factorize(grp * len(found) + model)[0])
     return inst.sort_values(["grp", "t"], kind="stable"), found
+
+
+def _encoder_forwards(ops: pd.DataFrame, emb: np.ndarray) -> np.ndarray:
+    """Per embedding call (`emb`, indices into ops): whether its forward (the calls up to the
+    next embedding after some attention) is an encoder's: some attention call attends
+    bidirectionally and none is causal, decodes or attends across (kind's reading)."""
+    attn = np.flatnonzero(ops["attn"].to_numpy(dtype=bool))
+    out = np.zeros(len(emb), dtype=bool)
+    if not len(attn) or not len(emb):
+        return out
+    front = ops.iloc[attn][["name", "input_dims", "concrete_inputs"]].astype("string")
+    calls = naming.per_value(front, kind.attention_calls).to_numpy(dtype=object)
+    start = ops["s"].to_numpy()
+    order = np.argsort(start[emb], kind="stable")
+    at = np.searchsorted(start[emb][order], start[attn], side="right") - 1
+    seen = np.zeros(len(emb) + 1, dtype=np.int64)
+    np.add.at(seen, at + 1, 1)  # attention calls after each embedding, before the next
+    fwd = np.cumsum(np.r_[True, seen[1:-1] > 0])  # a forward: embeddings with no call between
+    ok = at >= 0
+    per = pd.DataFrame({"f": fwd[at[ok]], "bi": calls[ok] == "bidirectional",
+                        "dec": np.isin(calls[ok], ["causal", "decode", "cross"])})
+    g = per.groupby("f")[["bi", "dec"]].any()
+    encoder = g["bi"] & ~g["dec"]
+    out[order] = encoder.reindex(fwd, fill_value=False).to_numpy(dtype=bool)
+    return out
 
 
 def _embedding_weight(dims: pd.Series) -> pd.DataFrame:
@@ -165,12 +194,13 @@ def _embedding_weight(dims: pd.Series) -> pd.DataFrame:
     return pd.DataFrame([one(d) for d in parse_dims(dims)], index=dims.index, columns=["V", "H"])
 
 
-def _model_shards(inst: pd.DataFrame, found: list[tuple[int, int]], model: ModelSpec | None
+def _model_shards(inst: pd.DataFrame, found: list[tuple[int, int, bool]],
+                  model: ModelSpec | None
                   ) -> tuple[pd.DataFrame, list[str], list[ModelSpec | None]]:
     """The models `_models` found, labelled, each with the spec its GEMMs are named by: `model`
     (as the shard its shapes show) for the one whose GEMMs it explains best, placed first; the
     others none (their linears inferred from their own GEMMs)."""
-    labels = [f"hidden {h}, vocab {v}" for v, h in found]
+    labels = [f"{kind.ENCODER_LABEL * e}hidden {h}, vocab {v}" for v, h, e in found]
     shards: list[ModelSpec | None] = [None] * len(found)
     if model is not None:
         best, hits = 0, -1

@@ -31,6 +31,10 @@ class Verdict:
 
 
 DECODER = Verdict()
+# an encoder-decoder's encoder, a model of its own in the trace (attribute._encoder_forwards)
+ENCODER_PART = Verdict("encoder", "an encoder-decoder's encoder: its forward attends "
+                       "bidirectionally and never decodes; the decoder is the trace's model")
+ENCODER_LABEL = "encoder, "  # the label of such a part starts so
 _PATCH_CONVS = {"conv2d", "conv3d"}
 
 
@@ -48,7 +52,7 @@ def judge(att: pd.DataFrame) -> Verdict:
     attn = naming.per_value(base, lambda b: operators.recognise(operators.ATTENTION, b)
                             ).to_numpy(dtype=bool)
     front = att.loc[attn, ["op_name", "input_dims", "concrete_inputs"]].astype("string")
-    calls = (naming.per_value(front, _calls).to_numpy(dtype=object) if len(front)
+    calls = (naming.per_value(front, attention_calls).to_numpy(dtype=object) if len(front)
              else np.zeros(0, dtype=object))
     eager = att.loc[base.isin(_EAGER_OPS).to_numpy(dtype=bool), ["op_name", "input_dims"]]
     if len(eager):
@@ -71,7 +75,7 @@ def judge(att: pd.DataFrame) -> Verdict:
     return DECODER
 
 
-def _calls(d: pd.DataFrame) -> pd.Series:
+def attention_calls(d: pd.DataFrame) -> pd.Series:
     """Per distinct attention op (op_name, input_dims, concrete_inputs): `causal`, `decode`
     (one query token), `cross` (more queries than keys, not causal), `bidirectional` (T > 1,
     is_causal False and no mask over the queries) or `unknown` (no layout, its arguments not
