@@ -1,4 +1,4 @@
-"""What a newcomer hits (issue 28): the CLI without a command or without torch, diff's notes,
+"""What a newcomer hits: the CLI without a command or without torch, diff's notes,
 evidence as percentages, SI units everywhere, one roof per (hardware, dtype) in report.html,
 the --ncu note, and the charts' legibility (slope label, small multiples, crowded panels, ranks,
 the diff chart's colours)."""

@@ -1,4 +1,4 @@
-"""Issue 11 on the real H200 traces of sample_traces/hf_generate and sample_traces/cuda_graphs:
+"""The real H200 traces of sample_traces/hf_generate and sample_traces/cuda_graphs:
 forward passes and their phases, CUDA-graph replays named and costed (see sample_traces/README.md
 for how each trace was captured)."""
 

@@ -1,5 +1,6 @@
-"""Hostile, odd and unlucky input, round three (issue 35): each test reproduces one numbered row
-of the issue's table and fails on the code before its fix."""
+"""Hostile, odd and unlucky files: output paths that are no regular file, FIFOs, subnormal
+durations, gzip bombs, markup and formulas in names, shared cache roots, unparsed strides;
+each test fails on the code before its fix."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------- row 3: a subnormal duration
 def _three_events(dur: float) -> dict:
-    """A cpu op, its launch and its kernel (the issue's 3-event trace), the kernel `dur` µs."""
+    """A cpu op, its launch and its kernel (a 3-event trace), the kernel `dur` µs."""
     h200 = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150754820096, "computeMajor": 9,
             "computeMinor": 0, "numSms": 132}
     dims, types = [[64, 64], [64, 64]], ["c10::BFloat16"] * 2

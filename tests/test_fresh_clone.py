@@ -1,4 +1,4 @@
-"""What a newcomer on a fresh clone still tripped on (issue 35): report.html without Bokeh, a
+"""What a newcomer on a fresh clone trips on: report.html without Bokeh, a
 config.json given as the trace, misspelt commands and flags, diff of folders, a script beside
 the clone, informational lines, near-zero rows on the charts, the tables' -0.0 and 0.0%."""
 
