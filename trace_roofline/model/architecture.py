@@ -21,8 +21,9 @@ NormKind = Literal["rmsnorm", "layernorm"]
 Position = Literal["rope", "learned"]
 Parallel = Literal["column", "row", "replicated"]
 QkScope = Literal["head", "projection"]
-# Tensor parallelism (vLLM / Megatron): row-parallel GEMMs split K, replicated ones are whole
-_ROW = frozenset({"o_proj", "down_proj", "experts_down", "shared_down_proj"})
+# Tensor parallelism (vLLM / Megatron): row-parallel GEMMs split K (operators.row_parallel),
+# replicated ones are whole
+_ROW = frozenset(o.name for o in operators.OPERATORS if o.row_parallel)
 _REPLICATED = frozenset({"router", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa"})
 
 

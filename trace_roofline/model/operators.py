@@ -92,7 +92,7 @@ OPERATORS: tuple[Operator, ...] = (
     _linear("shared_gate_proj", None),
     _linear("shared_up_proj", None),
     _linear("shared_gate_up_proj", None),
-    _linear("shared_down_proj", None),
+    _linear("shared_down_proj", None, row_parallel=True),
     Operator("router", "compute", linear=True, aliases=("gate",),
              ops=re.compile(r"^(?:topk_softmax|topk_sigmoid|fused_topk|grouped_topk)$"),
              cost="topk_softmax"),
@@ -103,7 +103,7 @@ OPERATORS: tuple[Operator, ...] = (
              ops=re.compile(r"^(?:inplace_fused_experts|outplace_fused_experts|fused_experts|"
                             r"fused_moe|moe_forward)$"), cost="fused_experts"),
     Operator("experts_act", "memory"),
-    Operator("experts_down", "compute", linear=True),
+    Operator("experts_down", "compute", linear=True, row_parallel=True),
     Operator("moe_combine", "memory", ops=re.compile(r"^moe_sum$"), cost="moe_sum"),
     Operator("embedding", "memory", per_layer=False, aliases=("embed_tokens",),
              ops=re.compile(r"^(?:embedding|embedding_bag|_embedding_bag)$")),
