@@ -44,8 +44,8 @@ ATTRIBUTED_COLUMNS = {
     # why a row is `unattributed`, `other` or `linear[K×N]` (NA where its name has evidence):
     # no op launched it, a gap no layout explains, a GEMM no linear has the shape of, ...
     "reason": "str",
-    # the part of a training step (forward | backward | optimizer); NA in a trace without
-    # backward work
+    # the part of a training step (forward | backward | optimizer | recompute: a checkpointed
+    # layer's forward run again inside backward); NA in a trace without backward work
     "training": "str",
     # which model ran it, in a trace of several (assisted decoding: `_models`): the --model's
     # name or "hidden H, vocab V"; NA in a trace of one model (and on units no op launched)
@@ -81,6 +81,12 @@ _TAKE_CHUNK = 1 << 14  # rows per arrow take when decoding a string column
 _BACKWARD_FRAME = "autograd::engine::evaluate_function: "
 _OPTIMIZER_RE = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
 _OPTIMIZER_OPS = re.compile(r"^(?:_foreach_|_fused_adam|_fused_sgd|_fused_adagrad)")
+# ops only a forward calls (autograd's backward formulas call mm, silu_backward, ...): inside a
+# backward node they are an activation-checkpointed layer's forward, run again
+_FORWARD_ONLY = re.compile(r"^(?:linear|scaled_dot_product_attention|_scaled_dot_product_\w+"
+                           r"_attention|_flash_attention_forward|_efficient_attention_forward|"
+                           r"embedding|silu|gelu|rms_norm|_fused_rms_norm|layer_norm)$")
+TRAINING_PARTS = ("forward", "backward", "optimizer", "recompute")
 _UNLINKED = "no cpu op launched it (no External id, runtime launch or flow links it)"
 _BEFORE_WINDOW = ("launched before the profiled window: no launch in the file, its correlation "
                   "id below the first launch's, done before the first linked kernel")
@@ -685,7 +691,11 @@ def _instances(units: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     inst["node"] = _take_cat(units["node"].array, first)
     inst["frame"] = units["frame"].to_numpy()[first]
     part = inst["training"].array.codes.astype(np.int64) + 1  # backward apart from forward
-    inst["grp"] = pd.factorize((step * (int(key.max(initial=0)) + 2) + key + 1) * 4 + part)[0]
+    # (each recomputation, a backward node's, a group of its own: one layer's forward)
+    again = np.where(part == TRAINING_PARTS.index("recompute") + 1, inst["frame"].to_numpy(), -1)
+    inst["grp"] = pd.factorize(pd.MultiIndex.from_arrays(
+        [(step * (int(key.max(initial=0)) + 2) + key + 1) * (len(TRAINING_PARTS) + 1) + part,
+         again]))[0]
     return inst.sort_values(["grp", "t"], kind="stable")
 
 
@@ -694,7 +704,9 @@ def _training(units: pd.DataFrame, ops: pd.DataFrame, ann: pd.DataFrame, keys: K
     """Per unit, its part of a training step and, in backward, the autograd node it runs and
     that node's frame (an op index, -1 outside backward):
     `backward` inside an `autograd::engine::evaluate_function: XBackward0` frame (node
-    `XBackward0`), `optimizer` inside an `Optimizer.step#` / `Optimizer.zero_grad#` range (or a
+    `XBackward0`), `recompute` the start of such a frame up to its last forward-only op
+    (`_FORWARD_ONLY`: activation checkpointing runs the layer's forward there before the node's
+    own work), `optimizer` inside an `Optimizer.step#` / `Optimizer.zero_grad#` range (or a
     foreach / fused optimizer op), else `forward`; all missing when the trace has no backward."""
     n = len(units)
     names = _categorical(ops["name"])
@@ -723,9 +735,18 @@ def _training(units: pd.DataFrame, ops: pd.DataFrame, ann: pd.DataFrame, keys: K
     opt_named = _by_category(ops["name"], lambda c: operators.base_names(c).fillna("")
                              .str.contains(_OPTIMIZER_OPS))
     in_opt |= _take(opt_named, units["op_idx"].to_numpy(), False)
-    part = np.where(in_opt, 2, np.where(frame >= 0, 1, 0))
     at = np.where(frame >= 0, np.flatnonzero(bwd)[np.maximum(frame, 0)], -1)
-    return pd.Categorical.from_codes(part, ["forward", "backward", "optimizer"]), node, at
+    # (over cpu ops: the op that completes a recomputation may launch nothing, stopped early)
+    fwd_only = np.flatnonzero(_by_category(ops["name"], lambda c: operators.base_names(c)
+                                           .fillna("").str.contains(_FORWARD_ONLY)))
+    starts = ops["s"].to_numpy()[fwd_only]
+    in_frame = Nest(ops["s"].to_numpy()[bwd], ops["e"].to_numpy()[bwd], ops["key"].to_numpy()[bwd]
+                    ).innermost(starts, ops["key"].to_numpy()[fwd_only])
+    hosts = np.flatnonzero(bwd)[in_frame[in_frame >= 0]]
+    last = pd.Series(starts[in_frame >= 0]).groupby(hosts).max()
+    recompute = (at >= 0) & (t <= last.reindex(at).fillna(-np.inf).to_numpy())
+    part = np.where(in_opt, 2, np.where(recompute, 3, np.where(frame >= 0, 1, 0)))
+    return pd.Categorical.from_codes(part, list(TRAINING_PARTS)), node, at
 
 
 # the kinds of work that make an op's role (an attention and its split-KV reduce are one); the
@@ -891,8 +912,10 @@ def _name_instances(inst: pd.DataFrame, ops: pd.DataFrame, frames: pd.DataFrame,
     if backward.any():
         (name, cats), (evidence, ev_cats), (reason, re_cats) = _training_names(
             inst, backward, (name, cats), (evidence, ev_cats), (reason, re_cats), linears or {})
-    layer = _coalesce(inst["ann_layer"].array, mod_layer,
-                      _segment_layers(name, cats, inst["grp"].to_numpy()))
+    by_place = _segment_layers(name, cats, inst["grp"].to_numpy())
+    # (a recomputation's layer is not told by its place: backward runs the layers in reverse)
+    by_place[np.asarray(inst["training"].array == "recompute", dtype=bool)] = pd.NA
+    layer = _coalesce(inst["ann_layer"].array, mod_layer, by_place)
     name, cats = _mlp_by_layer(name, cats, evidence, ev_cats, layer, inst["grp"].to_numpy())
     return (pd.Categorical.from_codes(name, cats), _fallbacks(name, cats, evidence, ev_cats),
             layer, pd.Categorical.from_codes(reason, re_cats))

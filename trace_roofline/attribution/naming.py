@@ -781,8 +781,12 @@ def _kernel_fusion(k: int, n: int, weights: int, linears: dict[str, tuple[int, i
 
 _EXPERT_LINEARS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
 # a 2-D GEMM's operands: mm [a0, a1] x [b0, b1], addmm (bias, [a0, a1], [b0, b1])
+# and a `_grouped_mm`'s backward: [a0, a1] x [E, b0, b1] (grad-input) or [a0, a1] x [b0, b1]
+# (grad-weight, an [E, a0, b1] output)
 _MM_TEXT = {"mm": re.compile(r"^\[\s*" + _PAIR + _SEP + _PAIR),
-            "addmm": re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR + _SEP + _PAIR)}
+            "addmm": re.compile(r"^\[\s*" + _INTS + _SEP + _PAIR + _SEP + _PAIR),
+            "_grouped_mm": re.compile(r"^\[\s*" + _PAIR + _SEP + r"\[\s*(?:\d+\s*,\s*)?(\d+)\s*,"
+                                      r"\s*(\d+)\s*\]")}
 
 
 def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],
@@ -794,7 +798,9 @@ def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],
     linear's names it (`q_proj.grad`): for a node's (inst["frame"]) first GEMM the grad-input
     reading first, for its second the grad-weight's (mm_backward's order); the node's first
     GEMM names them both. Linears sharing a shape (q/o, k/v, gate/up) are told apart by order:
-    backward visits them last layer first, o before q, v before k, up before gate."""
+    backward visits them last layer first, o before q, v before k, up before gate. A node of
+    several GEMMs of a shape (torch.compile's one backward graph) pairs its i-th grad-input with
+    its i-th grad-weight of that shape, each pair a linear in that order."""
     out = np.full(len(inst), None, dtype=object)
     if not linears or not rows.any():
         return out
@@ -811,19 +817,24 @@ def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],
     shape = np.full(len(inst), -1, dtype=np.int64)
     # grad-input dY·W (K = b1, N = a1); grad-weight dYᵀ·X of a [N, K] weight (K = b1, N = a0),
     # or Xᵀ·dY (K = a0, N = b1)
+    weight = np.zeros(len(inst), dtype=bool)  # read as a grad-weight
     for k, n, which in ((b1, a1, ~at), (b1, a0, at), (a0, b1, at)):
         code = keys.get_indexer(list(zip(k.tolist(), n.tolist(), strict=True)))
-        shape = np.where((shape < 0) & (code >= 0) & gemm & which, code, shape)
+        new = (shape < 0) & (code >= 0) & gemm & which
+        shape, weight = np.where(new, code, shape), weight | (new & at)
     hit = np.flatnonzero(shape >= 0)
     if not len(hit):
         return out
-    # the nodes (inst["frame"]: one autograd node, one linear) of a shape cycle its linears
+    # the linears (inst["frame"]: one autograd node; its i-th grad-input and i-th grad-weight of
+    # a shape: one linear) of a shape cycle its names
     frame = inst["frame"].to_numpy() if "frame" in inst else np.arange(len(inst))
-    node = pd.DataFrame({"f": frame[hit], "s": shape[hit], "g": inst["grp"].to_numpy()[hit]})
-    firsts = node.drop_duplicates(["f", "s"])
+    node = pd.DataFrame({"f": frame[hit], "s": shape[hit], "w": weight[hit],
+                         "g": inst["grp"].to_numpy()[hit]})
+    node["i"] = node.groupby(["f", "s", "w"]).cumcount()
+    firsts = node.drop_duplicates(["f", "s", "i"])
     occ = pd.Series(firsts.groupby(["g", "s"]).cumcount().to_numpy(),
-                    index=pd.MultiIndex.from_frame(firsts[["f", "s"]]))
-    node["occ"] = occ.reindex(pd.MultiIndex.from_frame(node[["f", "s"]])).to_numpy()
+                    index=pd.MultiIndex.from_frame(firsts[["f", "s", "i"]]))
+    node["occ"] = occ.reindex(pd.MultiIndex.from_frame(node[["f", "s", "i"]])).to_numpy()
     for i, names in enumerate(cycles.values()):
         sel = (node["s"] == i).to_numpy()
         pick = np.asarray(names, dtype=object)[node["occ"].to_numpy()[sel] % len(names)]

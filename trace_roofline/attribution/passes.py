@@ -35,9 +35,11 @@ PASS_COLUMNS = {
     "ts_us": "float64",  # first unit's start
     "opened_by": "str",  # profiler_step | trace_start | embedding | layer_restart
 }
-PHASES = ("prefill", "decode", "mixed", "forward", "backward", "optimizer", "before_window",
-          "unknown")
-_TRAINING_PARTS = ("backward", "optimizer")
+PHASES = ("prefill", "decode", "mixed", "forward", "backward", "recompute", "optimizer",
+          "before_window", "unknown")
+# a training step's parts with a phase of their own (`recompute`: a checkpointed layer's forward
+# run again inside backward, attribute._training)
+_TRAINING_PARTS = ("backward", "optimizer", "recompute")
 
 _MODEL_KEY = {"embedding": -1.0, "embedding_norm": -0.5, "final_norm": 1e12, "lm_head": 1e12 + 1}
 ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
