@@ -935,6 +935,15 @@ _GRAD_NODES = (  # autograd node -> the backward operator it is, when the node s
     (re.compile(r"^(?:NllLoss|LogSoftmax|CrossEntropy|MseLoss)"), operators.LOSS.name),
 )
 _BACKWARD_GEMM_NODES = re.compile(r"^(?:Mm|Addmm|Bmm|Baddbmm|Linear|Matmul)Backward")
+# an op (or an Inductor kernel, by the aten ops its name fuses) that says what it
+# differentiates, where its node does not (a compiled graph's CompiledFunctionBackward): named
+# only when one operator's backward matches
+_GRAD_OPS = {
+    operators.grad_of("attention"): re.compile(r"attention\w*_backward|flash_bwd|attn_bwd"),
+    operators.LOSS.name: re.compile(r"nll_loss|log_softmax_backward|cross_entropy"),
+    operators.grad_of("embedding"): re.compile(r"embedding_dense_backward"),
+    operators.grad_of("act"): re.compile(r"(?:silu|gelu)_backward"),
+}
 
 
 def _training_names(inst: pd.DataFrame, backward: np.ndarray, name: tuple, evidence: tuple,
@@ -942,7 +951,8 @@ def _training_names(inst: pd.DataFrame, backward: np.ndarray, name: tuple, evide
     """Backward and optimizer instances of a training step, named apart from the forward ones
     (each argument a (codes, categories) pair; the same returned): a backward GEMM after the
     linear it differentiates (`naming.backward_gemms`: `q_proj.grad`, evidence `shape`), an
-    autograd node that says what it differentiates (`_GRAD_NODES`, evidence `kernel_name`),
+    autograd node that says what it differentiates (`_GRAD_NODES`), else its op or kernel
+    name (`_GRAD_OPS`; both evidence `kernel_name`),
     every optimizer op `optimizer` (evidence `annotation`: the Optimizer.step range); the rest of
     backward stays `other`, with the node as its reason."""
     nm, ev, why = (_decoded(*pair) for pair in (name, evidence, reason))
@@ -953,6 +963,11 @@ def _training_names(inst: pd.DataFrame, backward: np.ndarray, name: tuple, evide
     by_node = pd.Series(None, index=inst.index, dtype=object)
     for rx, op in _GRAD_NODES:
         by_node = by_node.mask(by_node.isna() & node.str.contains(rx).fillna(False), op)
+    hits = {op: _by_category(inst["op_name"], lambda c, rx=rx: c.str.contains(rx))
+            for op, rx in _GRAD_OPS.items()}
+    one = np.sum(list(hits.values()), axis=0) == 1
+    for op, hit in hits.items():
+        by_node = by_node.mask(by_node.isna() & one & hit, op)
     node_op = by_node.to_numpy(dtype=object)
     gemm_node = node.str.contains(_BACKWARD_GEMM_NODES).fillna(False).to_numpy(bool)
     has_gemm, has_node = pd.notna(gemm), pd.notna(node_op)

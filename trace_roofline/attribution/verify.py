@@ -8,6 +8,7 @@ demoted to `other`, evidence `fallback`, its reason saying which name it had and
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ _SOFTMAX_OPS = naming.SOFTMAX_OPS | {"log_softmax", "_log_softmax", "topk_softma
 _CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
              "mkldnn_convolution", "slow_conv2d_forward", "thnn_conv2d"}
 _GROUPED_OPS = {"_grouped_mm"}
+_FUSED_LOSS = re.compile(r"^triton_\w*(?:nll_loss|cross_entropy)")  # Inductor's, by its aten ops
 
 
 def work(rows: pd.DataFrame) -> np.ndarray:
@@ -49,7 +51,7 @@ def _work(d: pd.DataFrame) -> pd.Series:
     rules: list[tuple[pd.Series, str]] = [  # first match wins
         (operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES),
          "attention"),
-        (base.isin(_LOSS_OPS) | role.eq("loss"), "loss"),
+        (base.isin(_LOSS_OPS) | role.eq("loss") | base.str.contains(_FUSED_LOSS), "loss"),
         (operators.collective_of(base).notna() | role.eq("collective"), "collective"),
         # an engine's fused MoE op runs routing and finalize kernels too: those by their role
         (base.isin(_GROUPED_OPS) | role.eq("moe_gemm") | (
