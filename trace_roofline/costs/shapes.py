@@ -43,6 +43,11 @@ COSTED_COLUMNS = {
     "B": "Int64", "T": "Int64", "S": "Int64",  # attention batch, query and key lengths
     "n_q": "Int64", "n_kv": "Int64", "head_dim": "Int64",  # attention heads, NA otherwise
     "causal": "boolean",  # attention: whether the op masks causally (NA otherwise)
+    # attention: query-key pairs over every sequence and query head, those the kernel computes
+    # (a flash kernel's causal half plus its diagonal tiles; an eager matmul's T·S) and those
+    # the mask keeps; FLOPs count the convention's (--causal causal: useful, full: T·S)
+    "pairs_executed": "float64",
+    "pairs_useful": "float64",
     "shape": "str",  # short human-readable shape summary
     "uncosted": "str",  # why the instance has no cost; missing when costed
     "check": "str",  # contradiction with the model; missing when consistent or not checked
@@ -118,6 +123,7 @@ class Cost:
     experts: int | None = None  # E of an op over all experts' weights (not yet in `bytes`)
     expert_bytes: float | None = None  # one expert's weights read by the op, bytes
     derivation: str = SHAPE  # DERIVATIONS (an uncosted one: UNKNOWN, set by attach_costs)
+    pairs: tuple[float, float] | None = None  # attention: (executed, useful) query-key pairs
 
 
 _COMMUNICATION = "communication"  # Cost.kind of a collective
@@ -266,6 +272,9 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     for i, col in enumerate(("n_q", "n_kv", "head_dim")):
         values = pd.Series([c.heads[i] if c.heads else None for c in table], dtype="Int64")
         out[col] = values.take(codes).reset_index(drop=True)
+    for i, col in enumerate(("pairs_executed", "pairs_useful")):
+        values = pd.Series([c.pairs[i] if c.pairs else None for c in table], dtype="float64")
+        out[col] = values.take(codes).reset_index(drop=True)
     # An op whose kernels were attributed to several rows is costed once, on its first row
     # (per operator: a fused MoE op's gate_up and down halves are costed apart).
     _, first = frames.distinct_codes([pd.factorize(out[c].array)[0]
@@ -273,13 +282,13 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     repeated = np.ones(len(out), dtype=bool)
     repeated[first] = False
     again = out["op_id"].notna() & repeated & out["flops"].notna()
-    out.loc[again, ["flops", "bytes", "expert_bytes"]] = 0.0
+    out.loc[again, ["flops", "bytes", "expert_bytes", "pairs_executed", "pairs_useful"]] = 0.0
     # the forward pass's phase (passes.annotate) when the table has it, else per step
     out["phase"] = inst["phase"].fillna("unknown") if "phase" in inst else _phases(out)
     if "serving_step" in inst:
         _step_attention(out, inst["serving_step"], model, causal, attention_bytes)
-    if causal == "causal" and decoder:
-        _eager_attention_causal(out)
+    _eager_attention(out, causal, decoder)
+    _repeated_kv(out, model, attention_bytes)
     out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
     out["derivation"] = out["derivation"].where(out["flops"].notna(), UNKNOWN)
@@ -933,13 +942,33 @@ def _attention_cost(c: _Call, q: _Arg, shape: tuple[int, int, int, int, int, int
                                       convention=c.attention_bytes, d_v=dv)
     text = (f"B={batch} n_q={n_q} n_kv={n_kv} T={t} S={s} d={d}"
             + (f" d_v={dv}" if dv != d else "") + (" causal" if is_causal else ""))
+    useful = batch * n_q * formulas.attention_pairs(t, s, "causal" if is_causal else "full")
+    executed = (batch * n_q * t * s if not is_causal or c.name in _MATH_ATTENTION
+                else batch * n_q * _tiled_pairs(t, s))
     assumed = t > 1 and not recorded
     if assumed:
         text += (" (mask values not recorded: causal, as a decoder's)" if is_causal else
                  " (mask values not recorded: every pair, as an encoder's)")
     return Cost("attention", flops, nbytes, q.dtype, text, batch=batch, t=t, s=s,
-                causal=is_causal, heads=(n_q, n_kv, d),
+                causal=is_causal, heads=(n_q, n_kv, d), pairs=(executed, useful),
                 derivation=LAYOUT if assumed else SHAPE)
+
+
+# SDPA's math backend scores every pair before masking (no tiles skipped)
+_MATH_ATTENTION = frozenset({"aten::_scaled_dot_product_attention_math"})
+# Query and key tile of a flash-style kernel (FlashAttention-2's forward: kBlockM = 128 rows;
+# Inductor's flex template: BLOCK_M = 128): a causal kernel skips the tiles wholly above the
+# diagonal and computes the diagonal tiles whole.
+_TILE = 128
+
+
+def _tiled_pairs(t: int, s: int) -> float:
+    """Query-key pairs one head of a causal flash kernel computes: each tile of up to _TILE
+    queries scores its keys up to its last query's, rounded up to whole tiles (at most S)."""
+    start = np.arange(0, t, _TILE)
+    rows = np.minimum(_TILE, t - start)
+    keys = np.minimum(s, np.ceil((s - t + start + rows) / _TILE) * _TILE)
+    return float((rows * keys).sum())
 
 
 def _attention_backward(c: _Call) -> Cost:
@@ -961,26 +990,69 @@ def _attention_backward(c: _Call) -> Cost:
     return Cost("attention", formulas.attention_backward_flops(batch, n_q, t, s, d, counted, dv),
                 formulas.attention_backward_bytes(batch, n_q, n_kv, t, s, d, q.b, dv), q.dtype,
                 f"backward of {fwd.shape}", batch=batch, t=t, s=s, causal=fwd.causal,
-                heads=(n_q, n_kv, d), derivation=fwd.derivation)
+                heads=(n_q, n_kv, d), pairs=fwd.pairs, derivation=fwd.derivation)
 
 
-def _eager_attention_causal(out: pd.DataFrame) -> None:
+def _eager_attention(out: pd.DataFrame, causal: str, decoder: bool) -> None:
     """An eager attention's QKᵀ and P·V matmuls (bmm/matmul rows named attention) compute every
-    query-key pair before a decoder's causal mask; under --causal causal they count the causal
-    pairs, as the attention rule does: a prefill's square T x T scores (QKᵀ: M = N = T; P·V:
-    M = K = T; T > 1) times pairs/(T·T), the shape says so. Bytes stay those the GEMM moved;
+    query-key pair of a prefill's square T x T scores (QKᵀ: M = N = T; P·V: M = K = T; T > 1):
+    the QKᵀ row holds the pairs, all executed, a decoder's causal share (pairs/(T·T)) useful,
+    an encoder's all. Under --causal causal a decoder's two matmuls count their causal share
+    of FLOPs, as the attention rule does, the shape says so. Bytes stay those the GEMM moved;
     other shapes (T = 1, chunks) are left at every pair."""
     m, k, n = (out[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in ("M", "K", "N"))
+    flops = out["flops"].to_numpy(np.float64)
     rows = ((out["operator"] == "attention").to_numpy(bool)
             & out["op_name"].isin(layouts.EAGER_ATTENTION_GEMMS).to_numpy(bool)
-            & (m > 1) & ((n == m) | (k == m)) & (out["flops"].to_numpy(np.float64) > 0))
+            & (m > 1) & ((n == m) | (k == m)) & (flops > 0))
     if not rows.any():
         return
     sizes, at = np.unique(m[rows], return_inverse=True)
     share = np.array([formulas.attention_pairs(int(t), int(t), "causal") / (t * t)
-                      for t in sizes])[at]  # (per distinct T)
-    out.loc[rows, "flops"] = out.loc[rows, "flops"].to_numpy(np.float64) * share
-    out.loc[rows, "shape"] = out.loc[rows, "shape"].astype(str) + " (causal pairs)"
+                      for t in sizes])[at] if decoder else 1.0  # (per distinct T)
+    scores = rows & (n == m) & (k != m)
+    executed = flops[scores] / (2.0 * k[scores])
+    out.loc[scores, "pairs_executed"] = executed
+    out.loc[scores, "pairs_useful"] = executed * (share[scores[rows]] if decoder else 1.0)
+    if causal == "causal" and decoder:
+        out.loc[rows, "flops"] = flops[rows] * share
+        out.loc[rows, "shape"] = out.loc[rows, "shape"].astype(str) + " (causal pairs)"
+
+
+def _repeated_kv(out: pd.DataFrame, model: ModelSpec | None, attention_bytes: str) -> None:
+    """A GQA model's attention run over K and V expanded to the query heads (HF's repeat_kv
+    before an SDPA: n_kv = n_q recorded) reads K and V of the model's n_kv heads once, its
+    GQA-aware minimum bytes, whether its shapes came from the op or a graph map; the copies
+    that expand them are rows of their own (`repeat_kv`, copy kind), not attention's bytes."""
+    if model is None or model.num_kv_heads >= model.num_heads:
+        return
+    att = out["operator"].eq("attention").to_numpy(bool)
+    expanded = (att & out["cost_kind"].eq("attention").to_numpy(bool, na_value=False)
+                & out["n_kv"].eq(out["n_q"]).to_numpy(bool, na_value=False)
+                & out["derivation"].eq(SHAPE).to_numpy(bool)
+                & ~out["shape"].astype(str).str.startswith("backward").to_numpy(bool))
+    if expanded.any():
+        e = out.loc[expanded]
+        nq = e["n_q"].to_numpy(np.float64)
+        nkv = np.maximum(1.0, nq * model.num_kv_heads / model.num_heads)
+        b = _element_bytes(e["dtype"])
+        d = e["head_dim"].to_numpy(np.float64)
+        kv = e["B"].to_numpy(np.float64) * e["S"].to_numpy(np.float64) * 2.0 * d * b
+        out.loc[expanded, "bytes"] = e["bytes"].to_numpy(np.float64) - (nq - nkv) * kv
+        out.loc[expanded, "n_kv"] = nkv.astype(np.int64)
+        out.loc[expanded, "shape"] = (e["shape"].astype(str)
+                                      + " (K, V expanded by repeat_kv: read as the model's n_kv)")
+    # eager: copy_ of the expand [B, n_kv, n_rep, S, d]; compiled: a Triton kernel reading
+    # [B, n_kv, S, d] and writing [B, n_kv·n_rep, S, d]
+    shape = out["shape"].astype(str)
+    heads = shape.str.extract(r"^\[\d+, (\d+), \d+, \d+\] \[\d+, (\d+), \d+, \d+\] over"
+                              ).astype(float).to_numpy()
+    copies = att & (
+        (out["cost_kind"].eq("copy") & shape.str.match(r"\[\d+, \d+, \d+, \d+, \d+\] ->")
+         ).to_numpy(bool, na_value=False)
+        | (out["cost_kind"].eq("fused").to_numpy(bool, na_value=False)
+           & (heads[:, 1] == heads[:, 0] * model.num_heads / model.num_kv_heads)))
+    out.loc[copies, "operator"] = "repeat_kv"
 
 
 def _varlen_attention(c: _Call, at: layouts.Varlen) -> Cost:
@@ -1086,13 +1158,16 @@ def _step_attention(out: pd.DataFrame, step_text: pd.Series, model: ModelSpec | 
                              zip(label, t["queries"], t["note"], strict=True)]
     out.loc[idx, "uncosted"] = None
     out.loc[idx, "derivation"] = STEP
+    # a paged or varlen kernel's tiles are not recorded: its executed pairs are taken as useful
+    out.loc[idx, ["pairs_executed", "pairs_useful"]] = np.repeat(
+        nq * t["pairs"].to_numpy(np.float64)[:, None], 2, axis=1)
     out.loc[idx, "B"] = t["requests"].to_numpy()
     out.loc[idx, "T"] = t["queries"].to_numpy()
     out.loc[idx, ["n_q", "n_kv", "head_dim"]] = [nq, nkv, d]
     out.loc[idx, "causal"] = (t["chunks"].to_numpy() > 0) & (causal == "causal")
     ridx = out.index[rest]
-    out.loc[ridx, ["cost_kind", "flops", "bytes", "uncosted", "derivation"]] = [
-        "attention", 0.0, 0.0, None, STEP]
+    out.loc[ridx, ["cost_kind", "flops", "bytes", "uncosted", "derivation", "pairs_executed",
+                   "pairs_useful"]] = ["attention", 0.0, 0.0, None, STEP, 0.0, 0.0]
     out.loc[ridx, "shape"] = "counted in this layer's first attention instance of the step"
 
 
