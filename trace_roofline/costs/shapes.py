@@ -559,10 +559,23 @@ def _scaled_mm(c: _Call) -> Cost:
 # ------------------------------------------------------------------- mixture of experts
 def _grouped_mm(c: _Call) -> Cost:
     """_grouped_mm(a [S, K], w [E, K, N], offs [E]): every expert's GEMM over its rows at once.
-    FLOPs and activations exact; the active experts' weights are added per layer."""
+    FLOPs and activations exact; the active experts' weights are added per layer. A backward's
+    grad-weight (a [K, S], b [S, N], offs [E]) is `_grouped_weight_grad`."""
+    if len(c.args) > 1 and c.args[1].is_tensor and len(c.args[1].dims) == 2:
+        return _grouped_weight_grad(c)
     a, w = _tensor(c.args, 0, 2), _tensor(c.args, 1, 3)
     (s, k), (e, _, n) = a.dims, w.dims
     return _experts_gemm(s, k, n, e, a, w)
+
+
+def _grouped_weight_grad(c: _Call) -> Cost:
+    """A grouped GEMM's grad-weight: Xᵀ·dY per expert over its rows, a [K, S] x b [S, N] split
+    by offs [E] into E [K, N] gradients: 2·S·K·N FLOPs, a and b read, E·K·N written."""
+    a, b, offs = _tensor(c.args, 0, 2), _tensor(c.args, 1, 2), _tensor(c.args, 2, 1)
+    (k, s), (_, n), e = a.dims, b.dims, offs.dims[0]
+    nbytes = formulas.elementwise_bytes(k * s + s * n, e * k * n, a.b)
+    return Cost("gemm", 2.0 * s * k * n, nbytes, a.dtype, f"{e}x[{k},{s}]x[{s},{n}] (grad-weight)",
+                m=s, k=k, n=n)
 
 
 def _experts_gemm(s: int, k: int, n: int, e: int, a: _Arg, w: _Arg, how: str = "") -> Cost:
@@ -1517,6 +1530,73 @@ def _collective(c: _Call) -> Cost:
     return Cost(_COMMUNICATION, 0.0, float(message * bus), dt.short, shape)
 
 
+# ------------------------------------------------------------ training: backward, optimizer
+_ADAM_FLOPS = 12.0  # per parameter: decay 2, exp_avg 2, exp_avg_sq 3, sqrt, divide, eps, update 2
+_BACKWARD_FLOPS = {"silu_backward": 5.0, "gelu_backward": 10.0, "threshold_backward": 1.0,
+                   "sigmoid_backward": 2.0, "tanh_backward": 2.0,
+                   "_softmax_backward_data": 3.0, "_log_softmax_backward_data": 3.0}
+
+
+def _foreach(c: _Call) -> Cost:
+    """An optimizer's `_foreach_<op>` over tensor lists (their dtype: `c.fallback`): `<op>`'s
+    FLOPs per element of the first list; every tensor list (and tensor) read once, the first
+    list's elements written (in place, or a new list of its size)."""
+    lists = [a for a in c.args if a.type == "TensorList"]
+    if not lists or c.fallback is None:
+        return Cost(uncosted=f"{c.name}: tensor lists of unknown dtype")
+    b = _known(c.fallback).bytes
+    sizes = [sum(math.prod(d) for d in a.dims) for a in lists]
+    reads = sum(sizes) * b + sum(t.numel * t.b for t in _tensors(c.args))
+    op = _plain(c.base.removeprefix("_foreach_"))
+    flops = _POINTWISE_FLOPS.get(op, 1.0) * sizes[0]
+    return Cost("elementwise", float(flops), float(reads + sizes[0] * b), c.fallback,
+                f"{len(lists[0].dims)} tensors, {sizes[0]} elements x {len(lists)} list(s)")
+
+
+def _fused_adam(c: _Call) -> Cost:
+    """A fused Adam/AdamW step (`_fused_adam(w)_`: params, grads, exp_avgs, exp_avg_sqs, ...):
+    per parameter element param, grad, exp_avg and exp_avg_sq read, param, exp_avg and
+    exp_avg_sq written (7 accesses), `_ADAM_FLOPS` FLOPs."""
+    lists = [a for a in c.args if a.type == "TensorList"]
+    if len(lists) < 4 or c.fallback is None:
+        return Cost(uncosted=f"{c.name}: params, grads and states not recorded as tensor lists")
+    p = sum(math.prod(d) for d in lists[0].dims)
+    b = _known(c.fallback).bytes
+    return Cost("elementwise", _ADAM_FLOPS * p, float(7 * p * b), c.fallback,
+                f"{len(lists[0].dims)} params, {p} elements: 4 read, 3 written")
+
+
+def _backward_pointwise(c: _Call) -> Cost:
+    """An activation's or softmax's backward (grad_out, saved input or output, ...):
+    `_BACKWARD_FLOPS` per element of the first tensor; the tensors read, its size written."""
+    ts = _tensors(c.args, 2)
+    g = ts[0]
+    return _io(_BACKWARD_FLOPS[c.plain] * g.numel, ts, g.numel, g.b, "elementwise", g.dtype)
+
+
+def _nll_loss(c: _Call) -> Cost:
+    """nll_loss_forward(input [N, C], target [N], ...): one log-probability gathered per target
+    and summed (N FLOPs; N elements and the targets read). nll_loss_backward(grad, input
+    [N, C], target [N], ...): the [N, C] gradient written (zeros but one per row), targets read."""
+    backward = c.plain == "nll_loss_backward"
+    x, target = _tensor(c.args, 1 if backward else 0), _tensor(c.args, 2 if backward else 1)
+    rows = target.numel
+    if backward:
+        return _io(float(rows), [target], x.numel, x.b, "elementwise", x.dtype)
+    return Cost("reduction", float(rows), float(rows * x.b + target.numel * target.b + x.b),
+                x.dtype, f"{x.dims} at {target.dims} -> 1")
+
+
+def _embedding_backward(c: _Call) -> Cost:
+    """embedding_dense_backward(grad [.., H], indices [..], num_weights, ...): each gradient row
+    added into the row of its index: grad and indices read, the rows touched written (at most
+    num_weights), one add per element."""
+    g, idx = _tensor(c.args, 0, min_rank=1), _tensor(c.args, 1)
+    h = g.dims[-1]
+    return _io(float(g.numel), [g, idx], min(idx.numel, _int(c.args[2].concrete, "num_weights"))
+               * h, g.b, "elementwise", g.dtype)
+
+
 # ------------------------------------------------------------------------- the registry
 # aten ops by base name (an in-place `op_` also finds `op`'s rule), as (names, rule) pairs.
 _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
@@ -1544,6 +1624,10 @@ _ATEN_RULES: tuple[tuple[Iterable[str], Rule], ...] = (
     (_SOFTMAX, _softmax),
     (_REDUCTIONS, _reduction),
     (_POINTWISE_FLOPS, _pointwise),
+    (_BACKWARD_FLOPS, _backward_pointwise),
+    (("_fused_adam", "_fused_adamw"), _fused_adam),
+    (("nll_loss_forward", "nll_loss_backward"), _nll_loss),
+    (("embedding_dense_backward",), _embedding_backward),
 )
 # Rules an operator of the vocabulary names for every op it recognises (operators.cost_rule).
 _OPERATOR_RULES: dict[str, Rule] = {"attention": _attention, "topk_softmax": _topk_softmax,
@@ -1592,6 +1676,8 @@ def rule_for(op_name: str) -> Rule | None:
     base = op_name.removeprefix("aten::")
     if base.startswith("triton_"):
         return _fused
+    if base.startswith("_foreach_"):
+        return _foreach
     if not op_name.startswith("aten::"):
         return ENGINE_RULES.get(op_name) or ENGINE_RULES.get(op_name.rsplit("::", 1)[-1])
     return ATEN_RULES.get(base) or ATEN_RULES.get(_plain(base))
