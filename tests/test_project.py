@@ -24,8 +24,9 @@ SWEEP = SAMPLES / "step_sweep"
 RESULTS = json.loads((SWEEP / "step_sweep_results.json").read_text())["points"]
 DECODE, PREFILL = [1, 4, 16, 64, 256], [256, 512, 1024, 2048, 4096]
 BAR = {"decode": 0.15, "prefill": 0.20}
-# docs/project.md ("Where it does not hold"): B=1 decode measures 15.95 ms, 4.5 ms under the host
-# time every trace shows (its own and B=4's: the same ATen ops and launches, B=4 measures 20.5 ms)
+# docs/project.md ("Where it does not"): B=1 decode measures 15.95 ms, 4.5 ms under the host
+# time every trace shows (its own and B=4's: the same ATen ops and launches, B=4 measures 20.5 ms);
+# timed in turn, B=1 and B=4 take the same time (test_batch_one_is_the_host_s_drift_not_the_batch_s)
 OUTSIDE = {("decode", 1)}
 MODEL = tr.get_model("qwen2.5-7b")
 
@@ -169,3 +170,19 @@ def main_code(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as e:
         return int(e.code or 0)
+
+
+def test_batch_one_is_the_host_s_drift_not_the_batch_s():
+    """The documented exception, timed again in turn on another H100 (step_timing_rounds.json):
+    B=1 and B=4 take the same time within 3%, as every trace's projection says (within 5%)."""
+    rounds = json.loads((SWEEP / "step_timing_rounds.json").read_text())["rounds"]
+    median = {b: sorted(r["step_ms"]["median"] for r in rounds if r["batch"] == b)[1]
+              for b in (1, 4)}
+    measured = median[1] / median[4]
+    assert abs(measured - 1) <= 0.03, median
+    for source in DECODE:
+        trace, analysis = _analysed("decode", source)
+        got = pj.project(analysis, [_point("decode", 1), _point("decode", 4)],
+                         trace=trace).points.set_index("batch")["step_ms"]
+        assert got[1] / got[4] == pytest.approx(measured, rel=0.05), (source, got.to_dict())
+

@@ -236,6 +236,31 @@ def run_sweep(out: Path, model: str = "qwen2.5-7b", layers: int | None = None,
     return results
 
 
+def time_rounds(out: Path, model: str = "qwen2.5-7b", decode_batches: list[int] | None = None,
+                context: int = 1024, rounds: int = 3, device: str | None = None,
+                dtype: str = "bfloat16", warmup: int = 10, iters: int = 20,
+                seed: int = 0) -> dict[str, Any]:
+    """The decode points timed again without the profiler, `rounds` times in turn (1, 4, ...,
+    1, 4, ...), to tell a point's own step time from the order it was measured in; writes
+    `<out>/step_timing_rounds.json`."""
+    spec = get_model(model)
+    dev, tdt = resolve_device(device), DTYPES[dtype]
+    out.mkdir(parents=True, exist_ok=True)
+    lm = random_lm(qwen2_config(spec, spec.num_layers, tdt), tdt, dev, seed)
+    batches = decode_batches or [1, 4, 16, 64, 256]
+    steps = {b: decode_step(lm, b, context, seed) for b in batches}
+    res: dict[str, Any] = {"model": spec.name, "context": context, "warmup": warmup,
+                           "iters": iters, **versions(dev), "rounds": []}
+    for r in range(rounds):
+        for b in batches:
+            row = time_steps(steps[b], dev, warmup, iters)
+            res["rounds"].append({"round": r, "batch": b, **row})
+            log(f"[rounds] round {r} B={b}: median {row['step_ms']['median']:.3f} ms, host "
+                f"{row['host_wall_ms_median']:.3f} ms")
+            (out / "step_timing_rounds.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -252,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="time the decode points this many rounds in turn, no profiler")
     a = ap.parse_args(argv)
+    if a.rounds:
+        time_rounds(a.out, a.model, a.decode_batches, a.context, a.rounds, a.device, a.dtype,
+                    max(a.warmup, 10), a.iters)
+        return 0
     res = run_sweep(a.out, a.model, a.layers, a.decode_batches, a.context, a.prefill_tokens,
                     a.device, a.dtype, a.warmup, a.iters)
     return 1 if any("error" in p for p in res["points"]) else 0
