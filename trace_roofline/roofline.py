@@ -16,6 +16,7 @@ from trace_roofline import frames
 from trace_roofline.attribution import comms, verify
 from trace_roofline.attribution.kind import DECODER, Verdict
 from trace_roofline.costs import crosscheck, shapes
+from trace_roofline.costs.calculator import si
 from trace_roofline.costs.shapes import mlp_costs, model_level_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, formulas, moe
@@ -52,6 +53,9 @@ OPERATOR_COLUMNS = {
     # that moved (reuse served from L2, or bytes counted too high); compute-bound: FLOPs counted
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
     "exceeds_roof": "boolean",
+    # a row above its roof: why its figures can beat it (`_above_roof_why`), else missing;
+    # such rows stay out of the whole model's ΣFLOPs/Σbytes (`whole_model`)
+    "exceeds_why": "str",
     "evidence": "str",  # the evidence (attribute.EVIDENCE) that named most of the row's time
     # every evidence with its fraction of the row's time, largest first: "annotation 0.97,
     # position 0.03" ("shape 1" when one evidence named it all)
@@ -59,6 +63,9 @@ OPERATOR_COLUMNS = {
     # where the row's figures came from (shapes.DERIVATIONS: shape, step, layout, kernel,
     # unknown): the derivation of most of its time
     "derivation": "str",
+    # attention: Σ query-key pairs executed and useful (shapes.COSTED_COLUMNS), NaN otherwise
+    "pairs_executed": "float64",
+    "pairs_useful": "float64",
     # routed expert GEMMs: active experts per layer (mean over the layers and steps of the row),
     # counted or expected under uniform routing, and its range (shapes.COSTED_COLUMNS)
     "experts_active": "float64",
@@ -66,6 +73,7 @@ OPERATOR_COLUMNS = {
     "experts_active_high": "float64",
 }
 _ACTIVE = ("experts_active", "experts_active_low", "experts_active_high")
+_PAIRS = ("pairs_executed", "pairs_useful")
 
 # An instance whose FLOPs or bytes exceed this multiple of the roof in its measured time has
 # shapes no device ran (`_implausible`).
@@ -74,6 +82,10 @@ IMPLAUSIBLE = 100.0
 # than this fraction of its device time is costed: ΣFLOPs/Σbytes of the costed rest (a CNN's
 # ReLU and pooling around uncosted convolutions) would not describe the model.
 MIN_COSTED = 0.5
+# A row above its roof by at most this factor is the ceiling's error (a calibration or
+# datasheet figure a little low): flagged, explained, kept in the whole model; further above,
+# its figures are not the traffic that ran and the whole model leaves it out.
+ROOF_TOLERANCE = 1.05
 # Uncosted device time above this fraction is a warning naming the reasons.
 UNCOSTED_WARNING = 0.01
 
@@ -201,7 +213,7 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
     warnings = [*host, *([f"{contradiction}: analysed anyway (force)"] if contradiction else []),
                 *([] if decoder else [NO_DECODER]),
                 *filter(None, [crosscheck.irregular_order(costed)]),
-                *_uncosted(costed), *_withheld_notes(whole),
+                *_uncosted(costed), *_withheld_notes(whole), *_above_roof_notes(ops, whole),
                 *_malformed(costed), *implausible]
     ext: pd.DataFrame | None = None
     ext_whole: dict[str, dict[str, float]] = {}
@@ -222,7 +234,7 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": options.causal, "attention_bytes": options.attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
-        reconciliation=reconcile(hbm), coverage=coverage(costed),
+        reconciliation=reconcile(hbm[~_above(hbm)]), coverage=coverage(costed),
         demoted=verify.demotions(attributed),
         layers=layers if ext is not None else None, extrapolated=ext,
         extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
@@ -353,8 +365,8 @@ def _uncosted(costed: pd.DataFrame) -> list[str]:
 
 def _withheld(whole: dict[str, object]) -> dict[str, object]:
     """A phase's whole model with `costed_fraction` and `withheld` (< MIN_COSTED costed)."""
-    frac = (cast(float, whole["costed_time_us"]) / cast(float, whole["time_us"])
-            if whole.get("time_us") else math.nan)
+    costed = cast(float, whole["costed_time_us"]) + cast(float, whole["excluded_time_us"])
+    frac = costed / cast(float, whole["time_us"]) if whole.get("time_us") else math.nan
     return {**whole, "costed_fraction": frac, "withheld": not frac >= MIN_COSTED}
 
 
@@ -362,6 +374,57 @@ def _withheld_notes(whole: dict[str, dict[str, object]]) -> list[str]:
     return [f"whole model ({p}) withheld: only {100 * cast(float, w['costed_fraction']):.1f}% of its device "
             f"time is costed (under {100 * MIN_COSTED:.0f}%), so ΣFLOPs/Σbytes would describe "
             "the costed rest, not the model" for p, w in whole.items() if w["withheld"]]
+
+
+def _above(ops: pd.DataFrame) -> np.ndarray:
+    """Per row of an operator table: whether it is above its roof by more than ROOF_TOLERANCE
+    (left out of the whole model)."""
+    return (ops["exceeds_roof"].fillna(False).to_numpy(bool)
+            & (ops["pct_of_roof"] > 100.0 * ROOF_TOLERANCE).to_numpy(bool))
+
+
+def _above_roof_why(ops: pd.DataFrame, hardware: Hardware) -> pd.Series:
+    """Why each row above its roof (`exceeds_roof`) can beat it, else missing: within
+    ROOF_TOLERANCE, the ceiling's error; compute-bound,
+    FLOPs counted too high or the peak understated; memory-bound, its bytes per costed instance
+    fit in the device's L2 (reuse: the minimum bytes did not all cross DRAM) or they do not (an
+    overcount of its minimum bytes)."""
+    out = pd.Series(pd.NA, index=ops.index, dtype="str")
+    above = ops["exceeds_roof"].fillna(False).to_numpy(bool)
+    if not above.any():
+        return out
+    rows = ops[above]
+    per = rows["bytes"] / (rows["instances"] - rows["uncosted"]).where(lambda n: n > 0)
+    l2 = hardware.l2_bytes
+    cache = f"{hardware.name}'s {si(l2, 'B')} L2" if l2 else f"{hardware.name}'s L2 (size unknown)"
+    each = per.map(lambda b: si(b, "B")) + " per instance"
+    fits = (per <= l2).to_numpy(bool) if l2 else np.zeros(len(rows), bool)
+    memory = rows["bound"].eq("memory").to_numpy(bool)
+    near = (rows["pct_of_roof"] <= 100.0 * ROOF_TOLERANCE).to_numpy(bool)
+    out[above] = np.where(
+        near, f"within {100 * (ROOF_TOLERANCE - 1):.0f}% of the roof: the ceiling is that much "
+              "low (kept in the whole model)",
+        np.where(~memory, "compute-bound: its FLOPs counted too high or the peak understated",
+        np.where(fits, "L2 reuse: " + each + " fit in " + cache,
+                 "an overcount of its minimum bytes: " + each + (" exceed " if l2 else ", ")
+                 + cache)))
+    return out
+
+
+def _above_roof_notes(ops: pd.DataFrame, whole: dict[str, dict[str, object]]) -> list[str]:
+    """Per phase with rows above their roof: a warning naming them, their % of roof, share of
+    the phase's time and why, and that the whole model leaves them out."""
+    agg = ops[ops["layer"].isna() & _above(ops)]
+    out = []
+    for phase, g in agg.groupby("phase", sort=False):
+        total = cast(float, whole[phase]["time_us"]) if phase in whole else math.nan
+        rows = "; ".join(f"{r.operator} ({r.pct_of_roof:.0f}% of roof, "
+                         f"{100 * r.time_us / total:.1f}% of the time: {r.exceeds_why})"
+                         for r in g.itertuples())
+        out.append(f"whole model ({phase}) leaves out {len(g)} row(s) above their roof, "
+                   f"{100 * g['time_us'].sum() / total:.1f}% of its device time: {rows}; their "
+                   "figures are not the traffic that ran, so ΣFLOPs/Σbytes is over the rest")
+    return out
 
 
 def _malformed(costed: pd.DataFrame) -> list[str]:
@@ -471,7 +534,7 @@ class _Instances:
     # phase, operator, layer, dtype, evidence, derivation: codes, -1 missing
     codes: dict[str, np.ndarray]
     values: dict[str, object]  # the value of each code (`pd.factorize`'s uniques)
-    numbers: pd.DataFrame  # kernels, _costed, time_us, _costed_time, flops, bytes, _ACTIVE
+    numbers: pd.DataFrame  # kernels, _costed, time_us, _costed_time, flops, bytes, _ACTIVE, _PAIRS
     # the costed instances with a dtype in the order that picks a group's dtype (most FLOPs,
     # then most bytes, first in the table): each instance's rank in it (len(lead): not in
     # it), and the dtype code at each rank
@@ -492,7 +555,8 @@ class _Instances:
         numbers = pd.DataFrame({
             "kernels": costed["kernels"].array, "_costed": priced, "time_us": time_us,
             "_costed_time": np.where(priced, time_us, 0.0), "flops": flops, "bytes": nbytes,
-            **{col: _floats(costed[col]) if col in costed else np.nan for col in _ACTIVE}})
+            **{col: _floats(costed[col]) if col in costed else np.nan
+               for col in (*_ACTIVE, *_PAIRS)}})
         rows = np.flatnonzero(priced & (codes["dtype"] >= 0))
         order = rows[np.lexsort((np.where(np.isnan(nbytes[rows]), np.inf, -nbytes[rows]),
                                  -flops[rows]))]
@@ -520,6 +584,8 @@ def _aggregate(inst: _Instances, keys: list[str]) -> pd.DataFrame:
         experts_active_low=("experts_active_low", "mean"),
         experts_active_high=("experts_active_high", "mean"),
     ).reset_index(drop=True)
+    pairs = inst.numbers[list(_PAIRS)].groupby(ids, sort=False).sum(min_count=1)
+    out[list(_PAIRS)] = pairs.reset_index(drop=True)
     for key, codes in zip(keys, parts, strict=True):
         out[key] = _decode(codes[first_rows], inst.values[key])
     none = out["costed_instances"] == 0  # no costed instance: NaN, not a sum of nothing
@@ -608,6 +674,7 @@ def place_rows(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -
         ops[["peak_flops_per_s", "attainable_flops_per_s", "pct_of_roof"]] = np.nan
         ops["bound"] = pd.Series(None, index=ops.index, dtype="str")
         ops["exceeds_roof"] = pd.Series(pd.NA, index=ops.index, dtype="boolean")
+        ops["exceeds_why"] = pd.Series(pd.NA, index=ops.index, dtype="str")
         return ops
     dtypes = ops["dtype"].astype("object").where(ops["dtype"].notna(), None)
     peaks = {d: peak_for(hardware, d, main) for d in dtypes.unique()}
@@ -629,6 +696,7 @@ def place_rows(ops: pd.DataFrame, hardware: Hardware | None, main: str | None) -
         ops.loc[link, "bound"] = "link"
     ops["exceeds_roof"] = (ops["pct_of_roof"] > 100.0).astype("boolean").where(
         ops["pct_of_roof"].notna(), pd.NA)
+    ops["exceeds_why"] = _above_roof_why(ops, hardware)
     return ops
 
 
@@ -651,8 +719,12 @@ def _with_measured(ops: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
 def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[str, object]:
     """ΣFLOPs, Σbytes, the byte-weighted intensity ΣF/ΣB and, when the table has device times,
     the time-weighted achieved rates ΣF/Σt and ΣB/Σt over the costed time. `table` is `place`'s
-    (its aggregated rows are used) or `extrapolate`'s."""
-    rows = table[table["layer"].isna()] if "layer" in table else table
+    (its aggregated rows are used) or `extrapolate`'s. Rows above their roof (`exceeds_roof`)
+    are left out of the sums and the rates: `excluded` {operator: µs}, `excluded_time_us`; the
+    time and kernels count every row."""
+    every = table[table["layer"].isna()] if "layer" in table else table
+    above = _above(every) if "exceeds_roof" in every else np.zeros(len(every), bool)
+    rows = every[~above]
     flops = float(rows["flops"].sum())
     nbytes = float(rows["bytes"].sum())
     out: dict[str, object] = {
@@ -665,10 +737,13 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
     secs = timed * 1e-6
     secs = secs if secs > 0 else math.nan  # (a subnormal time is 0 s: no rate)
     out.update({
-        "time_us": float(rows["time_us"].sum()), "costed_time_us": timed,
-        "kernels": int(rows["kernels"].sum()), "uncosted": int(rows["uncosted"].sum()),
+        "time_us": float(every["time_us"].sum()), "costed_time_us": timed,
+        "kernels": int(every["kernels"].sum()), "uncosted": int(every["uncosted"].sum()),
         "achieved_flops_per_s": flops / secs, "achieved_bytes_per_s": nbytes / secs,
-        "phases": sorted(rows["phase"].unique().tolist()),
+        "phases": sorted(every["phase"].unique().tolist()),
+        "excluded": dict(zip(every.loc[above, "operator"], every.loc[above, "time_us"].astype(float),
+                             strict=True)),
+        "excluded_time_us": float(every.loc[above, "costed_time_us"].sum()),
     })
     if hardware is not None and out["intensity"] == out["intensity"]:
         peak = peak_for(hardware, main_dtype(rows))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -42,6 +42,9 @@ class Hardware:
     extra: dict[str, object] = field(default_factory=dict)  # date, method, ... for measured files
     link_bandwidth: float | None = None  # bytes/s per direction, GPU to GPU
     link_source: str = ""
+    # the last on-chip cache before DRAM (L2; MI300X: its Infinity Cache), bytes, None unknown:
+    # a kernel whose bytes fit in it can beat the DRAM roof by reuse
+    l2_bytes: float | None = None
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for a dtype."""
@@ -61,6 +64,8 @@ class Hardware:
         extra = d.pop("extra")
         if self.link_bandwidth is None:
             del d["link_bandwidth"], d["link_source"]
+        if self.l2_bytes is None:
+            del d["l2_bytes"]
         return {**d, **extra}
 
 
@@ -89,6 +94,13 @@ _XGMI3 = (448 * G, "Infinity Fabric: 7 links x 64 GB/s per direction = 448 GB/s 
 _XGMI4 = (537.6 * G, "Infinity Fabric: 7 links x 76.8 GB/s per direction = 537.6 GB/s "
                      "(AMD Instinct MI355X data sheet)")
 _AMD_DOCS = "https://www.amd.com/en/products/accelerators/instinct"
+# Last-level cache before DRAM. GH100 (H100, H200, H800, GH200: one die): 50 MB L2 (NVIDIA
+# H100 Tensor Core GPU Architecture whitepaper); GA100 (A100): 40 MB L2 (NVIDIA A100 Tensor
+# Core GPU Architecture whitepaper); B200: 126 MB L2 over its two dies (Chips and Cheese,
+# "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", measured); MI300X: 256 MB AMD
+# Infinity Cache (AMD Instinct MI300X data sheet; its L2 is 4 MB per XCD).
+MB = 1e6
+_L2_HOPPER, _L2_AMPERE, _L2_B200, _L2_MI300X = 50 * MB, 40 * MB, 126 * MB, 256 * MB
 
 # A100's dense tensor rates (A100 datasheet: every column alike)
 _AMPERE = {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T}
@@ -120,7 +132,7 @@ PRESETS: dict[str, Hardware] = {
         2039 * G,
         "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM, dense)",
         ("NVIDIA A100-SXM4-80GB",),
-        link_bandwidth=_NVLINK3[0], link_source=_NVLINK3[1],
+        l2_bytes=_L2_AMPERE, link_bandwidth=_NVLINK3[0], link_source=_NVLINK3[1],
     ),
     # The A100 datasheet's other columns: the same dense tensor rates, less HBM bandwidth
     # (40GB SXM and 40GB PCIe 1,555 GB/s; 80GB PCIe 1,935 GB/s). A PCIe card without an
@@ -155,7 +167,7 @@ PRESETS: dict[str, Hardware] = {
         3350 * G,
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense)",
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
-        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+        l2_bytes=_L2_HOPPER, link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
     ),
     "h200-sxm": Hardware(
         "h200-sxm",
@@ -163,7 +175,7 @@ PRESETS: dict[str, Hardware] = {
         4800 * G,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)",
         ("NVIDIA H200",),
-        link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
+        l2_bytes=_L2_HOPPER, link_bandwidth=_NVLINK4[0], link_source=_NVLINK4[1],
     ),
     # H800: the H100 SXM's die and HBM3 with NVLink cut to 400 GB/s in all (NVIDIA H800
     # Tensor Core GPU datasheet, SXM column: FP16/BF16 1,979 and FP8 3,958 TFLOPS with
@@ -174,7 +186,7 @@ PRESETS: dict[str, Hardware] = {
         3350 * G,
         "NVIDIA H800 Tensor Core GPU datasheet (SXM, dense: half the sparse figures), 3.35 TB/s HBM3",
         ("NVIDIA H800",),
-        link_bandwidth=_NVLINK_H800[0], link_source=_NVLINK_H800[1],
+        l2_bytes=_L2_HOPPER, link_bandwidth=_NVLINK_H800[0], link_source=_NVLINK_H800[1],
     ),
     # GH200's Hopper GPU: the H100 SXM's tensor rates (NVIDIA GH200 Grace Hopper Superchip
     # datasheet: FP16/BF16 990 TFLOPS dense, FP8 1,979, TF32 494, FP32 67), HBM3 96 GB at
@@ -236,7 +248,7 @@ PRESETS: dict[str, Hardware] = {
         f"{_AMD_DOCS}/mi300/mi300x.html): dense matrix peaks, 5.3 TB/s HBM3",
         ("AMD Instinct MI300X", "AMD Instinct MI300X VF", "AMD Instinct MI300X HF",
          "AMD Instinct MI300X OAM"),
-        link_bandwidth=_XGMI3[0], link_source=_XGMI3[1],
+        l2_bytes=_L2_MI300X, link_bandwidth=_XGMI3[0], link_source=_XGMI3[1],
     ),
     "mi325x": Hardware(
         "mi325x",
@@ -280,7 +292,7 @@ PRESETS: dict[str, Hardware] = {
         "NVIDIA DGX B200 datasheet / Blackwell architecture technical brief, HGX B200 at 1000 W "
         "(https://www.nvidia.com/en-us/data-center/dgx-b200/): dense, NVFP4 as fp4",
         ("NVIDIA B200",),
-        link_bandwidth=_NVLINK5[0], link_source=_NVLINK5[1],
+        l2_bytes=_L2_B200, link_bandwidth=_NVLINK5[0], link_source=_NVLINK5[1],
     ),
     "gb200": Hardware(
         "gb200",
@@ -367,8 +379,10 @@ def _from_dict(raw: object, where: str) -> Hardware:
     names = raw.get("device_names") or []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InputError(f"{where}: device_names must be a list of strings, got {names!r}")
+    l2 = raw.get("l2_bytes")
+    l2 = None if l2 is None else _ceiling(where, "l2_bytes", l2)
     known = {"name", "peak_flops", "mem_bandwidth", "source", "device_names", "link_bandwidth",
-             "link_source"}
+             "link_source", "l2_bytes"}
     return Hardware(
         name=str(raw["name"]),
         peak_flops=peak_flops,
@@ -378,6 +392,7 @@ def _from_dict(raw: object, where: str) -> Hardware:
         extra={k: v for k, v in raw.items() if k not in known},
         link_bandwidth=link,
         link_source=str(raw.get("link_source", "" if link is None else where)),
+        l2_bytes=l2,
     )
 
 
@@ -389,7 +404,10 @@ def measured(name: str) -> Hardware | None:
     res = resources.files("trace_roofline.model") / "data" / fname
     if not res.is_file():
         return None
-    return _from_dict(json.loads(res.read_text()), f"trace_roofline/data/{fname}")
+    hw = _from_dict(json.loads(res.read_text()), f"trace_roofline/data/{fname}")
+    # a calibration measures no cache: its device's datasheet preset gives the L2
+    same = [p.l2_bytes for p in PRESETS.values() if set(p.device_names) & set(hw.device_names)]
+    return hw if hw.l2_bytes is not None or not same else replace(hw, l2_bytes=same[0])
 
 
 def names() -> list[str]:

@@ -30,7 +30,8 @@ _MARKERS = {"decode": "circle", "prefill": "square", "unknown": "triangle"}
 _HOVER = [("operator", "@operator"), ("trace", "@trace"), ("phase", "@phase"),
           ("layer", "@layer"), ("shape", "@shape"), ("time", "@time_text"),
           ("intensity", "@intensity{0.00} FLOP/B"), ("achieved", "@achieved_text"),
-          ("% of roof", "@pct{0.0} %"), ("bound", "@bound"), ("evidence", "@evidence")]
+          ("% of roof", "@pct{0.0} %"), ("bound", "@bound"), ("evidence", "@evidence"),
+          ("derivation", "@derivation")]
 # (header, column, format) of the operator table: a format string, or a function of the value
 # (SI-scaled units, as the terminal's); the cell's data-v keeps the exact value for sorting.
 _Format = str | Callable[[object], str]
@@ -41,7 +42,8 @@ _TABLE: list[tuple[str, str, _Format]] = [
     ("bytes", "bytes", lambda v: si(v, "B")), ("FLOP/B", "intensity", "{:.2f}"),
     ("FLOP/s", "achieved_flops_per_s", lambda v: si(v, "FLOP/s")),
     ("B/s", "achieved_bytes_per_s", lambda v: si(v, "B/s")), ("% roof", "pct", lambda v: _one_decimal(v)),
-    ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}")]
+    ("bound", "bound", "{}"), ("shape", "shape", "{}"), ("evidence", "evidence", "{}"),
+    ("derivation", "derivation", "{}")]
 
 
 def _one_decimal(v: object) -> str:
@@ -112,7 +114,8 @@ def operator_rows(analyses: Sequence[Analysis]) -> pd.DataFrame:
             "achieved_bytes_per_s": ops["achieved_bytes_per_s"].to_numpy(),
             "pct": ops["pct_of_roof"].to_numpy(), "bound": ops["bound"].to_numpy(),
             "shape": sh.reindex(key).to_numpy(),
-            "evidence": ev.reindex(key).to_numpy(), "whole": False, "layer": "all"})
+            "evidence": ev.reindex(key).to_numpy(), "derivation": ops["derivation"].to_numpy(),
+            "whole": False, "layer": "all"})
         whole = pd.DataFrame([{
             "trace": short_name(a.trace), "phase": p, "operator": "whole model",
             "kernels": w["kernels"], "time_us": w["time_us"], "time_pct": 100.0,
@@ -120,11 +123,14 @@ def operator_rows(analyses: Sequence[Analysis]) -> pd.DataFrame:
             "achieved_flops_per_s": w["achieved_flops_per_s"],
             "achieved_bytes_per_s": w["achieved_bytes_per_s"], "pct": w.get("pct_of_roof"),
             "bound": w.get("bound"), "shape": "ΣFLOPs / Σbytes", "evidence": "sum of the rows",
+            "derivation": "sum of the rows" + (f" but {', '.join(w['excluded'])} (above roof)"
+                                               if w.get("excluded") else ""),
             "whole": True, "layer": "all"} for p, w in a.whole_by_phase.items()
             if not w.get("withheld")])  # most time uncosted: no whole-model figure
         parts += [rows, whole]
     out = pd.concat(parts, ignore_index=True)
     out["evidence"] = out["evidence"].fillna("not recorded")
+    out["derivation"] = out["derivation"].fillna("unknown")
     out["shape"] = out["shape"].fillna("-")
     out["time_text"] = out["time_us"].map(duration)
     out["achieved_text"] = out["achieved_flops_per_s"].map(lambda v: si(v, "FLOP/s"))
@@ -234,7 +240,7 @@ def _source(part: pd.DataFrame) -> dict[str, list]:
     size = 8 + 30 * (part["time_pct"].fillna(0) / 100).clip(0, 1) ** 0.5
     data = part[["operator", "trace", "phase", "layer", "shape", "time_us", "time_text",
                  "intensity", "achieved_flops_per_s", "achieved_text", "pct", "bound",
-                 "evidence"]]
+                 "evidence", "derivation"]]
     out = {c: data[c].astype(object).where(data[c].notna(), None).tolist() for c in data}
     out["size"] = size.tolist()
     return out

@@ -40,9 +40,28 @@ OPERATOR_KEYS = ["operator", "layer", "phase", "kernels", "time_us", "flops", "b
                  "intensity", "achieved_flops_per_s", "achieved_bytes_per_s",
                  "attainable_flops_per_s", "roof_fraction", "bound",
                  "instances", "uncosted", "time_share", "dtype", "peak_flops_per_s",
-                 "exceeds_roof", "evidence", "evidence_mix", "measured_bytes",
+                 "exceeds_roof", "exceeds_why", "evidence", "evidence_mix", "derivation",
+                 "pairs_executed", "pairs_useful", "measured_bytes",
                  "measured_intensity", "experts_active", "experts_active_low",
                  "experts_active_high"]
+# The mark after an operator's name in the terminal and report.md tables for each derivation
+# but `shape` (costs/shapes.py DERIVATIONS), and the legend's words for it.
+DERIVATION_MARKS = {"step": ("ˢ", "step annotation"), "layout": ("ᴸ", "layout"),
+                    "kernel": ("ᵏ", "generic kernel estimate"), "unknown": ("ˀ", "unknown")}
+
+
+def derivation_mark(derivation: object) -> str:
+    """The mark of a row's derivation ("" for `shape` or none)."""
+    return DERIVATION_MARKS.get(derivation, ("", ""))[0] if isinstance(derivation, str) else ""
+
+
+def derivation_legend(derivations: pd.Series) -> str | None:
+    """'derivation: ᴸ layout, ˢ step annotation (unmarked: the op's recorded shapes)' for the
+    marks present in `derivations`; None without any."""
+    present = set(derivations.dropna())
+    marks = [f"{m} {words}" for d, (m, words) in DERIVATION_MARKS.items() if d in present]
+    return (f"derivation: {', '.join(marks)} (unmarked: the op's recorded shapes)"
+            if marks else None)
 
 
 def conventions_line(a: Analysis) -> str:
@@ -159,7 +178,7 @@ def _row(name: str, phase: str, cells: list[str], bound: object, width: int) -> 
 
 
 def _op_row(r, width: int, measured: bool, share: object = None) -> str:
-    line = _row(r.operator, r.phase, _cells(r.kernels, r.time_us,
+    line = _row(r.operator + derivation_mark(r.derivation), r.phase, _cells(r.kernels, r.time_us,
                                             r.time_share if share is None else share, r.flops,
                                             r.bytes, r.intensity, r.achieved_flops_per_s,
                                             r.achieved_bytes_per_s, r.pct_of_roof),
@@ -175,7 +194,7 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
     agg = a.operators[a.operators["layer"].isna()].sort_values("time_us", ascending=False,
                                                                kind="stable")
     measured = "measured_intensity" in agg.columns  # ncu DRAM bytes joined
-    width = max(20, *a.operators["operator"].astype(str).str.len()) if len(agg) else 20
+    width = max(20, *a.operators["operator"].astype(str).str.len() + 1) if len(agg) else 20
     lines = [f"trace {a.trace}" + (f"   model {a.model.name}" if a.model else "")
              + (f"   tp {a.tp}" if a.tp is not None else "")
              + ("" if a.kind.decoder else f"   {a.kind.kind.upper()}, NOT A DECODER"),
@@ -201,6 +220,8 @@ def _terminal_one(a: Analysis, per_layer: bool) -> str:
             w["kernels"], w["time_us"], cast(float, w["time_us"]) / _phase_time(a, phase), w["flops"],
             w["bytes"], w["intensity"], w["achieved_flops_per_s"], w["achieved_bytes_per_s"],
             w.get("pct_of_roof")), w.get("bound"), width).rstrip())
+    if legend := derivation_legend(agg["derivation"]):
+        lines.append(legend)
     if _flagged(a.operators["exceeds_roof"].any()):
         lines.append(f"! {ABOVE_ROOF_NOTE}")
     lines += _communication_lines(a)
@@ -736,7 +757,7 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
         ops = a.operators[a.operators["layer"].isna()]
         for r in ops.sort_values("time_us", ascending=False, kind="stable").itertuples():
             flag = f" ⚠ {ABOVE_ROOF}" if _flagged(r.exceeds_roof) else ""
-            out.append(_md_row(r.operator, r.phase, _cells(
+            out.append(_md_row(r.operator + derivation_mark(r.derivation), r.phase, _cells(
                 r.kernels, r.time_us, r.time_share, r.flops, r.bytes, r.intensity,
                 r.achieved_flops_per_s, r.achieved_bytes_per_s, r.pct_of_roof), r.bound, flag,
                 evidence_text(r.evidence_mix)))
@@ -749,6 +770,8 @@ def markdown(analyses: Sequence[Analysis], chart: str | None = "roofline.png") -
                 w["bytes"], w["intensity"],
                 w["achieved_flops_per_s"], w["achieved_bytes_per_s"], w.get("pct_of_roof")),
                 w.get("bound"), "", "sum of the rows"))
+        if legend := derivation_legend(ops["derivation"]):
+            out += ["", legend]
         if _flagged(ops["exceeds_roof"].any()):
             out += ["", f"⚠ {ABOVE_ROOF_NOTE}"]
         if a.ncu is not None:
