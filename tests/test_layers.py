@@ -13,7 +13,7 @@ from tests.builders import ROOT
 PACKAGE = ROOT / "trace_roofline"
 # Bottom to top: a module may import from its own layer and the layers below it, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "files", "frames", "memory"),
+    ("errors", "files", "frames", "memory", "cachedir"),
     ("model",),
     ("options",),
     ("trace",),
@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("roofline", "steptime"),
     ("outputs",),
     ("pipeline", "cache", "parallel"),
-    ("cli",),
+    ("cli", "__main__"),
 )
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

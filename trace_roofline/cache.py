@@ -6,15 +6,10 @@ Design notes: docs/architecture.md ("trace_roofline/cache.py").
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import json
 import os
-import re
-import secrets
 import shutil
-import stat
-import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache, cached_property
@@ -28,37 +23,37 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from trace_roofline import files
+from trace_roofline.cachedir import (
+    ANALYSIS,
+    ATTRIBUTED,
+    READ_ERRORS,
+    SCHEMA_VERSION,
+    TRACE_PART,
+    CacheDir,
+    CacheInfo,
+    cache_base,
+    cache_dir,
+    code_fingerprint,
+    digest,
+    owned_dir,
+)
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import Progress, Trace, load_trace
 
 if TYPE_CHECKING:
     from trace_roofline.roofline import Analysis
 
-SCHEMA_VERSION = 4  # bump when the layout or the meaning of a cached file changes
-# (2: zstd; 3: pickles with their buffers out of band; 4: no pickle, private dirs, CACHEDIR.TAG)
+# (the directory's names live in cachedir, which loads no pandas; kept importable from here)
+__all__ = ["SCHEMA_VERSION", "CacheInfo", "CacheStatus", "TraceCache", "cache_base", "cache_dir",
+           "code_fingerprint"]
+
 CODEC = "zstd" if pa.Codec.is_available("zstd") else None  # (pyarrow's wheels all have it)
 # An Analysis's frames, read whole on every hit, decompress 2-3x faster as LZ4 (~3x larger).
 FRAME_CODEC = "lz4" if pa.Codec.is_available("lz4") else CODEC
 _FRAME = "frame-"  # frame-<i>.arrow: an Analysis's DataFrames (written with FRAME_CODEC)
-ENV_DIR = "TRACE_ROOFLINE_CACHE_DIR"
-_VERSION_DIR = re.compile(r"^v(\d+)$")
-# The Cache Directory Tagging Specification's tag (backup tools skip a directory holding it):
-# `clear` deletes a version directory only when it holds this file as the cache wrote it.
-_TAG = "CACHEDIR.TAG"
-_TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
-             "# This file is a cache directory tag created by trace-roofline.\n"
-             "# For information about cache directory tags see https://bford.info/cachedir/\n")
-_ENTRY_DIR = re.compile(r"^[0-9a-f]{32}$")
-_TMP_DIR = re.compile(r"^\.tmp-[0-9a-f]{16}$")
-_PART_FILE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(?:arrow|json)$")
-_MANIFEST = "manifest.json"
 _FIELDS = "fields.json"
-_TRACE_PART = "trace"
-_ATTRIBUTED = "attributed"
-_ANALYSIS = "analysis"
 _ANALYSIS_TREE = "analysis.json"
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
-                pa.ArrowException)
+_READ_ERRORS = (*READ_ERRORS, pa.ArrowException)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,44 +65,6 @@ class CacheStatus:
     attribution_hit: bool
     write_error: str | None = None  # "<what>: <reason>" when storing a part failed
     analysis_hit: bool = False  # the whole Analysis came from the cache (TraceCache.analysis)
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheInfo:
-    """The cache directory and what it holds: entries (cached source files) and the complete
-    parts of each kind, parsed trace tables (one per file), attributions (one per file and
-    model) and finished analyses (one per file and argument set)."""
-
-    directory: Path
-    entries: int
-    traces: int
-    attributions: int
-    analyses: int
-    total_bytes: int
-
-
-def cache_dir() -> Path:
-    """`$TRACE_ROOFLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/trace-roofline`, else
-    `~/.cache/trace-roofline` (empty variables count as unset, as XDG says)."""
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "trace-roofline"
-
-
-@cache
-def code_fingerprint() -> str:
-    """SHA-256 of every .py file of the analyzer package: any code change (a new release, a
-    new column, a fixed rule) invalidates every cached part."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _digest(obj: object) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
 def _model_key(model: ModelSpec | None) -> dict | None:
@@ -137,77 +94,14 @@ def _argument_key(value: object) -> object:
     raise TypeError(f"no cache key for {type(value).__name__}")
 
 
-class NotPrivate(OSError):
-    """A cache directory another user owns or may write: never read, never written."""
-
-
-def _private(path: Path) -> bool:
-    """A real directory (no symlink) of the current user that group and others cannot write."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-
-
-def _owned_file(path: Path) -> os.stat_result | None:
-    """The stat of a regular file (no symlink) of the current user, else None."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() else None
-
-
-def _owned_dir(path: Path) -> bool:
-    """A real directory (no symlink) of the current user, whatever its mode."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
-def _ensure_private(path: Path) -> None:
-    """Create the directory `path` (mode 0700) unless it exists, close one of this user's to
-    group and others (what they may have put in it is another user's, never read: `_verified`);
-    NotPrivate unless it is then `_private` (another user's, or a symlink)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if _owned_dir(path) and not _private(path):
-        os.chmod(path, 0o700)
-    if not _private(path):
-        raise NotPrivate(0, f"{path} is not a private directory of this user (owned by another "
-                            "user, or a symlink): not used")
-
-
-def cache_base(directory: Path) -> Path:
-    """Where the cache's version directories go: `directory` itself when it is this user's own
-    directory that others cannot write (or does not exist yet: it is then created, 0700), else
-    this user's own subdirectory `trace-roofline-<uid>` of it. So a shared directory (`/tmp`:
-    world-writable), one of another user, or a file system's root (`/`) is never filled with
-    `v<N>` directories, and another user's `v<N>` there cannot turn this user's cache off; the
-    subdirectory must be private in turn (`_ensure_private`: one that another user made first
-    is refused with a note, never used). (A group-writable directory of the user's own, as
-    user-private groups make them, is used: its version directory is private all the same.)"""
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return directory  # (missing: created by this user; unreadable: the write says so)
-    own = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-           and not st.st_mode & stat.S_IWOTH)
-    resolved = directory.resolve()
-    return directory if own and resolved.parent != resolved else directory / f"trace-roofline-{os.getuid()}"
-
-
-class TraceCache:
+class TraceCache(CacheDir):
     """The cache at `directory` (default `cache_dir()`; its version directories in
     `cache_base(directory)`); `load` is the one entry point."""
 
+    WRITE_ERRORS = (OSError, ValueError, pa.ArrowException)
+
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else cache_dir()
-        self.base = cache_base(self.directory)
-        self.root = self.base / f"v{SCHEMA_VERSION}"
+        super().__init__(directory)
         self.log: list[CacheStatus] = []  # one status per load(), in call order
         # While `analysis` computes: parts are written by a background thread (the disk writes
         # and checksums release the GIL, so they overlap attribution and costing on another
@@ -229,15 +123,15 @@ class TraceCache:
             self._logged(CacheStatus(str(p), False, False))
             return load_trace(p, progress=progress), None
         key = self._key(p)
-        entry = self._entry(key)
+        entry = self.entry(key["path"])
         errors: list[str] = []
-        trace = self._read_trace(entry / _TRACE_PART, key, str(p))
+        trace = self._read_trace(entry / TRACE_PART, key, str(p))
         trace_hit = trace is not None
         if trace is None:
             trace = load_trace(p, progress=progress)
-            if _owned_dir(entry):  # (another user's files are never removed)
+            if owned_dir(entry):  # (another user's files are never removed)
                 shutil.rmtree(entry, ignore_errors=True)  # stale key: every part of it is stale
-            self._store(entry, _TRACE_PART, key, _trace_files(trace), errors)
+            self._store(entry, TRACE_PART, key, _trace_files(trace), errors)
         akey = {**key, "model": _model_key(model)}
         attributed = self._read_attributed(entry / self._attributed_part(akey), akey)
         self._logged(CacheStatus(str(p), trace_hit, attributed is not None,
@@ -254,19 +148,16 @@ class TraceCache:
         key = self._key(p)
         akey = {**key, "model": _model_key(model)}
         errors: list[str] = []
-        self._store(self._entry(key), self._attributed_part(akey), akey,
-                    {_ATTRIBUTED: attributed}, errors)
+        self._store(self.entry(key["path"]), self._attributed_part(akey), akey,
+                    {ATTRIBUTED: attributed}, errors)
         if errors and self.log:
             last = self.log[-1]
             self.log[-1] = dataclasses.replace(
                 last, write_error="; ".join(filter(None, [last.write_error, *errors])))
 
-    def _entry(self, key: dict) -> Path:
-        return self.root / hashlib.sha256(key["path"].encode()).hexdigest()[:32]
-
     @staticmethod
     def _attributed_part(akey: dict) -> str:
-        return f"{_ATTRIBUTED}-{_digest(akey['model'])[:16]}"
+        return f"{ATTRIBUTED}-{digest(akey['model'])[:16]}"
 
     def analysis(self, path: str | os.PathLike, arguments: Mapping[str, object],
                  compute: Callable[[], Analysis]) -> Analysis:
@@ -283,12 +174,12 @@ class TraceCache:
             key = self._key(p)  # (the path as given: the Analysis names the trace by it)
             args = {"given": str(p), **{k: _argument_key(v) for k, v in arguments.items()}}
             args = json.loads(json.dumps(args))  # as the manifest will hold it (tuples: lists)
-            digest = _digest(args)
+            args_digest = digest(args)
         except (OSError, TypeError, ValueError):  # an ncu path that is not there: compute says so
             return compute()
-        entry = self._entry(key)
-        part = entry / f"{_ANALYSIS}-{digest[:16]}"
-        akey = {**key, _ANALYSIS: args}
+        entry = self.entry(key["path"])
+        part = entry / f"{ANALYSIS}-{args_digest[:16]}"
+        akey = {**key, ANALYSIS: args}
         cached = self._read_analysis(part, akey)
         if cached is not None:
             self._logged(CacheStatus(str(p), True, True, None, analysis_hit=True))
@@ -298,10 +189,10 @@ class TraceCache:
         try:
             result = compute()
             if self._key(p) == key:  # not when the file changed while it was analysed
-                self._store(entry, part.name, akey, {_ANALYSIS: result}, [])
+                self._store(entry, part.name, akey, {ANALYSIS: result}, [])
         finally:
             for write in self._writes:
-                write.result()  # (_write reports its failures in _write_errors, never raises)
+                write.result()  # (write reports its failures in _write_errors, never raises)
             if self._writer is not None:  # no thread outlives the call: the next trace's
                 self._writer.shutdown()  # parse forks only from a single-threaded process
             self._writer, self._writes, errors = None, None, self._write_errors
@@ -311,80 +202,26 @@ class TraceCache:
                 last, write_error="; ".join(filter(None, [last.write_error, *errors])))
         return result
 
-    def info(self) -> CacheInfo:
-        """Entries, complete parts of each kind and bytes on disk (temporary leftovers
-        included), of this cache's version directories (`_version_dirs`)."""
-        entries = size = 0
-        kinds: list[str] = []  # one per complete part: "trace", "attributed" or "analysis"
-        for version in self._version_dirs():
-            for entry in version.iterdir():
-                found = list(entry.glob(f"*/{_MANIFEST}")) if _private(entry) else []
-                entries += bool(found)
-                kinds += (m.parent.name.partition("-")[0] for m in found)
-            size += sum(f.stat().st_size for f in version.rglob("*") if f.is_file())
-        return CacheInfo(self.base, entries, kinds.count(_TRACE_PART),
-                         kinds.count(_ATTRIBUTED), kinds.count(_ANALYSIS), size)
-
-    def clear(self) -> int:
-        """Remove this cache's version directories (`_version_dirs`: those it tagged, nothing
-        else in the directory); return the bytes freed."""
-        freed = self.info().total_bytes
-        for version in self._version_dirs():
-            shutil.rmtree(version, ignore_errors=True)
-        return freed
+    def write_file(self, data: object, path: Path) -> None:
+        """Write one rendered file: an Arrow table (compressed), or bytes as they are."""
+        if isinstance(data, pa.Table):
+            _write_table(data, path, FRAME_CODEC if path.name.startswith(_FRAME) else CODEC)
+        else:
+            super().write_file(data, path)
 
     # ------------------------------------------------------------------------------------------
     def _logged(self, status: CacheStatus) -> CacheStatus:
         self.log.append(status)
         return status
 
-    def _version_dirs(self) -> list[Path]:
-        """The `v<N>` directories of this user that this cache wrote: holding its CACHEDIR.TAG
-        (a file of this user), or (before version 4, which wrote none) nothing but its layout of
-        entries and temporaries."""
-        try:
-            found = sorted(self.base.iterdir())
-        except OSError:
-            return []
-        out = []
-        for d in found:
-            m = _VERSION_DIR.match(d.name)
-            if m is None or not _owned_dir(d):
-                continue
-            if _tagged(d) or (int(m[1]) < 4 and _legacy_layout(d)):
-                out.append(d)
-        return out
-
     @staticmethod
     def _key(p: Path) -> dict:
         return {**files.identity(p), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
                 "pandas": pd.__version__, "pyarrow": pa.__version__}
 
-    def _verified(self, part: Path, key: dict) -> dict[str, Path] | None:
-        """name -> file of the part, when the version directory, the entry and the part are
-        `_private`, the manifest is well formed and was built for `key`, and every file it
-        lists is a regular file of this user with its recorded length and CRC-32; else None."""
-        if not all(_private(d) for d in (*self._subdir(), self.root, part.parent, part)):
-            return None
-        try:
-            manifest = json.loads((part / _MANIFEST).read_bytes())
-            listed = _manifest_files(manifest, key)
-            if listed is None:
-                return None
-            found: dict[str, Path] = {}
-            for name, (size, crc) in listed.items():
-                f = part / name
-                st = _owned_file(f)
-                if st is None or st.st_size != size or _crc32(f) != crc:
-                    return None
-                found[name] = f
-            return found
-        except _READ_ERRORS:
-            return None
-
     def _read_trace(self, part: Path, key: dict, given: str) -> Trace | None:
         """The cached Trace, its `path` (and `meta["path"]`) spelled as the caller gave it."""
-        found = self._verified(part, key)
+        found = self.verified(part, key)
         if found is None:
             return None
         try:
@@ -399,16 +236,16 @@ class TraceCache:
             return None
 
     def _read_attributed(self, part: Path, key: dict) -> pd.DataFrame | None:
-        found = self._verified(part, key)
-        if found is None or set(found) != {_ATTRIBUTED + ".arrow"}:
+        found = self.verified(part, key)
+        if found is None or set(found) != {ATTRIBUTED + ".arrow"}:
             return None
         try:
-            return _read_table(found[_ATTRIBUTED + ".arrow"])
+            return _read_table(found[ATTRIBUTED + ".arrow"])
         except _READ_ERRORS:
             return None
 
     def _read_analysis(self, part: Path, key: dict) -> Analysis | None:
-        found = self._verified(part, key)
+        found = self.verified(part, key)
         if found is None or _ANALYSIS_TREE not in found:
             return None
         try:
@@ -431,110 +268,21 @@ class TraceCache:
             errors.append(f"cannot write {name} to {self.base}: {e}")
             return
         if self._writes is None:
-            self._write(entry, name, key, rendered, errors)
+            self.write(entry, name, key, rendered, errors)
             return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="trace-roofline-cache")
-        self._writes.append(self._writer.submit(self._write, entry, name, key, rendered, errors))
-
-    def _write(self, entry: Path, name: str, key: dict, rendered: dict[str, pa.Table | bytes],
-               errors: list[str]) -> None:
-        """Write rendered files (Arrow tables, bytes) and their manifest to a temporary
-        directory of the (private, tagged) version directory, then rename it to entry/name;
-        no pandas here (it runs on the writer thread)."""
-        tmp = self.root / f".tmp-{secrets.token_hex(8)}"
-        try:
-            self._ensure_root()
-            tmp.mkdir(mode=0o700)
-            manifest: dict[str, dict] = {}
-            for fname, data in rendered.items():
-                if isinstance(data, pa.Table):
-                    _write_table(data, tmp / fname,
-                                 FRAME_CODEC if fname.startswith(_FRAME) else CODEC)
-                else:
-                    (tmp / fname).write_bytes(data)
-                manifest[fname] = {}
-            for fname, rec in manifest.items():
-                rec.update(bytes=(tmp / fname).stat().st_size, crc32=_crc32(tmp / fname))
-            (tmp / _MANIFEST).write_text(json.dumps({"key": key, "files": manifest}))
-            _ensure_private(entry)
-            if (entry / name).is_symlink():
-                (entry / name).unlink()
-            shutil.rmtree(entry / name, ignore_errors=True)  # a stale or corrupt part
-            os.rename(tmp, entry / name)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            errors.append(f"cannot write {name} to {self.base}: "
-                          f"{getattr(e, 'strerror', None) or e}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def _subdir(self) -> tuple[Path, ...]:
-        """The per-user subdirectory holding the version directories (`cache_base`), if any."""
-        return (self.base,) if self.base != self.directory else ()
-
-    def _ensure_root(self) -> None:
-        """The version directory (and the per-user subdirectory above it), private (mode
-        0700), tagged as this cache's."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # (a new one: private)
-        for d in self._subdir():
-            _ensure_private(d)
-        _ensure_private(self.root)
-        if not _tagged(self.root):
-            tmp = self.root / f".tag-{secrets.token_hex(8)}"
-            tmp.write_text(_TAG_TEXT)
-            os.replace(tmp, self.root / _TAG)
-
-
-def _tagged(version: Path) -> bool:
-    """The directory holds this cache's CACHEDIR.TAG (a regular file of this user, as written)."""
-    f = version / _TAG
-    if _owned_file(f) is None:
-        return False
-    try:
-        return f.read_text() == _TAG_TEXT
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _legacy_layout(version: Path) -> bool:
-    """A version directory of a cache from before the tag: nothing in it but entries (32 hex
-    digits) and write temporaries (.tmp-<16 hex digits>), all directories."""
-    try:
-        return all(d.is_dir() and not d.is_symlink()
-                   and (_ENTRY_DIR.match(d.name) or _TMP_DIR.match(d.name))
-                   for d in version.iterdir())
-    except OSError:
-        return False
-
-
-def _manifest_files(manifest: object, key: dict) -> dict[str, tuple[int, int]] | None:
-    """name -> (bytes, crc32) of a manifest built for `key`; None unless it is well formed:
-    an object with that key and a `files` object of safe names (`_PART_FILE`), each with an
-    integer length and checksum."""
-    if not isinstance(manifest, dict) or manifest.get("key") != key:
-        return None
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
-        return None
-    out: dict[str, tuple[int, int]] = {}
-    for name, rec in listed.items():
-        if not (isinstance(name, str) and _PART_FILE.match(name) and isinstance(rec, dict)):
-            return None
-        size, crc = rec.get("bytes"), rec.get("crc32")
-        if type(size) is not int or type(crc) is not int:
-            return None
-        out[name] = (size, crc)
-    return out
+        self._writes.append(self._writer.submit(self.write, entry, name, key, rendered, errors))
 
 
 def _render(content: dict[str, Any]) -> dict[str, pa.Table | bytes]:
-    """A part's files: an `Analysis` (the `_ANALYSIS` name) as `_encode_analysis` gives it,
+    """A part's files: an `Analysis` (the `ANALYSIS` name) as `_encode_analysis` gives it,
     each other DataFrame as an Arrow table (<name>.arrow), everything else together as
     fields.json."""
     out: dict[str, pa.Table | bytes] = {}
     fields = {}
     for k, v in content.items():
-        if k == _ANALYSIS:
+        if k == ANALYSIS:
             out.update(_encode_analysis(v))
         elif isinstance(v, pd.DataFrame):
             out[k + ".arrow"] = pa.Table.from_pandas(v)
@@ -551,11 +299,6 @@ def _render(content: dict[str, Any]) -> dict[str, pa.Table | bytes]:
 def _trace_files(trace: Trace) -> dict[str, Any]:
     """Every field of the Trace: tables as DataFrames, the rest (path, meta, ...) as is."""
     return {f.name: getattr(trace, f.name) for f in dataclasses.fields(trace)}
-
-
-def _crc32(path: Path) -> int:
-    with pa.memory_map(str(path)) as m:
-        return zlib.crc32(m.read_buffer())
 
 
 def _write_table(table: pa.Table, path: Path, codec: str | None = CODEC) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from trace_roofline import files
 from trace_roofline.errors import InputError
@@ -61,7 +60,7 @@ class AnalysisOptions:
                              f"got {self.attention_bytes!r}", "attention_bytes")
         for name, most in (("layers", MAX_LAYERS), ("tp", MAX_TP)):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, np.integer))
+            if value is not None and not (isinstance(value, numbers.Integral)
                                           and not isinstance(value, bool) and 1 <= value <= most):
                 raise InputError(f"`{name}` must be an integer from 1 to {most}, got {value!r}",
                                  name)
