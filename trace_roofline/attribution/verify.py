@@ -108,6 +108,11 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
         for need in sorted(c.needs):
             unmet, text = _PRECONDITIONS[need](att, rows & (why == ""), w, str(name), facts)
             why[unmet] = text
+    if not decoder and model is None:  # an encoder's norms placed by a decoder's layout
+        placed = (att["evidence"].astype("string").eq("position").fillna(False).to_numpy(bool)
+                  & np.isin(op, _NORMS) & (why == ""))
+        why[placed] = ("placed by a decoder's layout; the trace is an encoder's, whose norm "
+                       "placement no config gave")
     broken = why != ""
     if not broken.any():
         return att
@@ -117,6 +122,10 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
     out.loc[broken, "evidence"] = operators.FALLBACK
     out.loc[broken, "reason"] = op[broken] + " " + BROKEN + why[broken]  # (object arrays)
     return out
+
+
+_NORMS = [n for n, c in contracts.CONTRACTS.items()  # the norm names (not residual, not any)
+          if "norm" in c.holds and n != "residual" and c.holds != frozenset(contracts.WORK)]
 
 
 def _codes(kinds) -> np.ndarray:
