@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import gzip
 import io
@@ -20,16 +21,18 @@ import threading
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from trace_roofline import memory
-from trace_roofline.costs import calculator
+from trace_roofline.cachedir import CacheDir
 from trace_roofline.errors import InputError
 from trace_roofline.files import check_outputs, check_targets, find_traces, staged_file, write_files
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import get_hardware
-from trace_roofline.model.models import get_model
 from trace_roofline.options import AnalysisOptions, DecodeShapes
+
+if TYPE_CHECKING:
+    from trace_roofline.model.models import ModelSpec
 
 PROG = "trace-roofline"
 DESCRIPTION = """\
@@ -135,26 +138,24 @@ def _suggested(message: str) -> str:
     return f"{message}; did you mean {guess!r}?" if guess else message
 
 
-def int_list(text: str) -> list[int]:
-    """argparse type: comma-separated positive integers, e.g. '1,16,64'."""
+def _ints_at_least(text: str, least: int, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values or any(v < least for v in values):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return values
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers, e.g. '1,16,64'."""
+    return _ints_at_least(text, 1, "positive integers")
 
 
 def _count_list(text: str) -> list[int]:
     """argparse type: comma-separated integers >= 0, e.g. '0,1024'."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
-    return values
+    return _ints_at_least(text, 0, "integers >= 0")
 
 
 def _name_list(text: str) -> list[str]:
@@ -220,7 +221,16 @@ def conventions(args: argparse.Namespace) -> tuple[formulas.Causal, formulas.Att
     return "full", "kv"
 
 
+def get_model(name: str) -> ModelSpec:
+    """model.models.get_model, imported on first use (the model layouts load pandas)."""
+    from trace_roofline.model.models import get_model as preset_or_config
+
+    return preset_or_config(name)
+
+
 def _cmd_intensity(args: argparse.Namespace) -> int:
+    from trace_roofline.costs import calculator
+
     causal, attention_bytes = conventions(args)
     table = calculator.intensity_table(
         get_model(args.model), get_hardware(args.hardware), args.m, args.s,
@@ -285,9 +295,9 @@ def _trace_paths(given: Sequence[str]) -> list[str]:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from trace_roofline.cache import TraceCache
+    from trace_roofline.cachedir import CacheDir
 
-    cache = TraceCache()
+    cache = CacheDir()
     if args.action == "clear":
         print(f"cleared {cache.directory}: {cache.clear() / 1e6:.1f} MB freed")
         return 0
@@ -320,18 +330,10 @@ def _outputs(args: argparse.Namespace, out: Path | None,
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from trace_roofline.attribution import ranks
-    from trace_roofline.cache import TraceCache
-    from trace_roofline.outputs import report
-    from trace_roofline.parallel import analyze_many
-    from trace_roofline.pipeline import analyze_trace_kernels
-    from trace_roofline.trace import progress_bar
-
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():  # fail before the work, not after
         raise InputError(f"{out}: --out exists and is not a directory")
     check_targets([args.json] if args.json else [])
-    model = get_model(args.model) if args.model else None
     hw = get_hardware(args.hardware) if args.hardware else None
     traces = _trace_paths(args.traces)
     if args.ncu and len(args.ncu) != len(traces):
@@ -343,17 +345,30 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                          "a graph capture or a folder of captures)")
     inputs = [*traces, *args.ncu, args.graph_map, *_option_files(args.model, args.hardware)]
     check_outputs(_outputs(args, out, ANALYZE_OUT), inputs)  # before the work: no output over an input
-    cache = None if args.no_cache else TraceCache()
     shapes = None
     if (args.batch is None) != (args.context is None):
         raise InputError("--batch and --context go together (the decode shapes of graph replays)")
     if args.batch is not None:
-        if model is None:
+        if args.model is None:
             raise InputError("--batch/--context need --model (the shapes of its linears)")
         shapes = DecodeShapes(args.batch, args.context)
     options = AnalysisOptions(causal=args.causal, attention_bytes=args.attention_bytes,
                               layers=args.layers, by_shape=args.by_shape, force=args.force,
                               tp=args.tp, graph_map=args.graph_map, decode_shapes=shapes)
+    answers = None if args.no_cache or args.perfetto else CacheDir()
+    key = _answer_key(args, traces, ncu, hw, options) if answers is not None else None
+    if answers is not None and key is not None and (found := answers.answer(key)) is not None:
+        return _serve(found, args, out, inputs)  # nothing parsed, no DataFrame built
+    memory.tune()  # the work starts: allocator settings for big, short-lived arrays
+    from trace_roofline.attribution import ranks
+    from trace_roofline.cache import TraceCache
+    from trace_roofline.outputs import report
+    from trace_roofline.parallel import analyze_many
+    from trace_roofline.pipeline import analyze_trace_kernels
+    from trace_roofline.trace import progress_bar
+
+    model = get_model(args.model) if args.model else None
+    cache = None if args.no_cache else TraceCache()
     if args.perfetto:  # the enriched file needs the trace and the kernels the analysis named
         if len(traces) != 1:
             raise InputError(f"--perfetto takes one trace, got {len(traces)}")
@@ -386,6 +401,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             files["ranks.csv"] = report.csv_bytes(cross.summary)
         outputs |= {out / name: data for name, data in files.items()}
         outputs |= _html_report(out, analyses)
+    answer = {_TEXT: text.encode(), **_answer_files(outputs, args)}
     with contextlib.ExitStack() as stack:  # the Perfetto file lands with the others or not at all
         if args.perfetto:
             _write_perfetto(stack, Path(args.perfetto), kernels, analyses[0])
@@ -394,6 +410,80 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             written = write_files(outputs, inputs=inputs,
                                   sets={out: ANALYZE_OUT} if out is not None else None)
             text += "\n\nwrote " + ", ".join(str(p) for p in written)
+    if answers is not None and key is not None and cache is not None and not any(
+            status.write_error for status in cache.log):
+        for error in answers.store_answer(key, answer):
+            print(f"{PROG}: note: answer not cached ({error})", file=sys.stderr)
+    print(text)
+    return 0
+
+
+# A cached answer (analyze's printed table and the files asked for, cachedir.CacheDir.answer):
+# its parts by name, the files as "json" (--json's) and "out/<name>" (--out's).
+_TEXT, _JSON, _OUT = "text", "json", "out/"
+ANSWER_VERSION = 1  # bump when what an answer holds changes
+# The libraries whose versions shape the answer's bytes (tables, Parquet, charts, report.html).
+_RENDERERS = ("pandas", "pyarrow", "numpy", "matplotlib", "bokeh", "msgspec")
+
+
+def _answer_key(args: argparse.Namespace, traces: Sequence[str], ncu: Sequence[str | None],
+                hardware: object, options: AnalysisOptions) -> dict | None:
+    """The key of `analyze`'s answer: every trace's file identity (files.identity) and given
+    path, the code and library versions, every Analysis cache key's argument (the model by
+    its argument, a file by its identity), and what is printed or written; None when a trace
+    is not a regular file or an argument has no key (then nothing is cached)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from trace_roofline.cachedir import code_fingerprint
+    from trace_roofline.files import identity
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    try:
+        if not all(Path(t).is_file() for t in traces):
+            return None
+        model = ({"arg": args.model, "file": identity(Path(args.model)) if Path(args.model).is_file()
+                  else None} if args.model else None)
+        keys = [options.replace(ncu=n).cache_key() for n in ncu]
+        if any(k is None for k in keys):
+            return None
+        key = {"answer": ANSWER_VERSION, "code": code_fingerprint(),
+               "versions": {name: installed(name) for name in _RENDERERS},
+               "traces": [{**identity(Path(t)), "given": t} for t in traces],
+               "model": model, "hardware": _dataclass_key(hardware), "options": keys,
+               "per_layer": args.per_layer, "json": bool(args.json), "out": bool(args.out)}
+        return json.loads(json.dumps(key))  # as the manifest will hold it (tuples: lists)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _dataclass_key(value: object) -> object:
+    """A dataclass (the hardware) as its type name and fields; None as None."""
+    if value is None:
+        return None
+    return {"type": type(value).__name__, **dataclasses.asdict(value)}  # type: ignore[call-overload]
+
+
+def _answer_files(outputs: dict[Path, bytes], args: argparse.Namespace) -> dict[str, bytes]:
+    """The files of `outputs` by their answer names (`_JSON`, `_OUT` + name), in their order."""
+    json_path = Path(args.json) if args.json else None
+    return {_JSON if path == json_path else _OUT + path.name: data for path, data in outputs.items()}
+
+
+def _serve(answer: dict[str, bytes], args: argparse.Namespace, out: Path | None,
+           inputs: Sequence[str | None]) -> int:
+    """Print a cached answer and write its files where this run asks for them."""
+    text = answer.pop(_TEXT).decode()
+    outputs = {Path(args.json) if name == _JSON else cast(Path, out) / name.removeprefix(_OUT): data
+               for name, data in answer.items()}
+    if outputs:
+        written = write_files(outputs, inputs=inputs,
+                              sets={out: ANALYZE_OUT} if out is not None else None)
+        text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
 
@@ -732,8 +822,10 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    memory.tune()  # this process is ours: allocator settings for big, short-lived arrays
-    return dispatch(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    if getattr(args, "func", None) not in (_cmd_cache, _cmd_analyze):  # (analyze: once it works)
+        memory.tune()  # this process is ours: allocator settings for big, short-lived arrays
+    return dispatch(args)
 
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
