@@ -432,12 +432,49 @@ RULE_CASES = [
     ("aten::_local_scalar_dense", [[]], [I64], None, "copy", 0, 16),
     # 16 bools read (the data-dependent output is not counted)
     ("aten::nonzero", [[4, 4]], ["bool"], None, "reduction", 16, 16),
+    # training (issue 33): a grouped GEMM's grad-weight [K=8, S=6] x [S, N=16] into 4 experts'
+    # [8, 16]: 2·6·8·16; 48 + 96 read, 4·128 written
+    ("aten::_grouped_mm", [[8, 6], [6, 16], [4], [], []], [BF, BF, "int", "", ""], None,
+     "gemm", 1536, (48 + 96 + 512) * 2),
+    # silu_backward(grad, x): 5 FLOPs per element; 2 x 32 read, 32 written
+    ("aten::silu_backward", [[4, 8], [4, 8]], [BF, BF], None, "elementwise", 160, 192),
+    # fused AdamW over params of 32 + 8 = 40 bf16 elements (the model's dtype): 12 FLOPs each;
+    # param, grad, exp_avg, exp_avg_sq read, param, exp_avg, exp_avg_sq written: 7·40·2
+    ("aten::_fused_adamw_", [[[4, 8], [8]]] * 4 + [[]], ["TensorList"] * 4 + ["Scalar"], None,
+     "elementwise", 480, 560),
+    # one log-probability per target: 6 fp32 read, 6 int64 targets, the fp32 sum written
+    ("aten::nll_loss_forward", [[6, 10], [6], [], [], []], [F32, I64, "", "Scalar", "Scalar"],
+     None, "reduction", 6, 24 + 48 + 4),
+    # the [6, 10] fp32 gradient written, 6 int64 targets read
+    ("aten::nll_loss_backward", [[], [6, 10], [6], [], [], [], []],
+     [F32, F32, I64, "", "Scalar", "Scalar", F32], None, "elementwise", 6, 240 + 48),
+    # 5 gradient rows of 8 added into the 5 rows they index (of 100): 40 + 5 ids read, 40 written
+    ("aten::embedding_dense_backward", [[5, 8], [5], [], [], []],
+     [BF, I64, "Scalar", "Scalar", "Scalar"], ["", "", "100", "-1", "False"], "elementwise",
+     40, 80 + 40 + 80),
 ]
 
 
 @pytest.mark.parametrize("op,dims,types,concrete,kind,flops,nbytes", RULE_CASES,
                          ids=[c[0] for c in RULE_CASES])
 def test_each_cost_rule_hand_computed(op, dims, types, concrete, kind, flops, nbytes):
+    c = one([Op("other", op, dims, types, concrete)]).iloc[0]
+    assert (c["cost_kind"], c["flops"], c["bytes"]) == (kind, flops, nbytes), c["uncosted"]
+
+
+# an optimizer's foreach op over tensor lists of 32 + 8 = 40 bf16 elements (the model's dtype)
+FOREACH_CASES = [
+    # addcmul_(exp_avg_sq, grad, grad): 2 FLOPs per element; 3 lists read, the first written
+    ("aten::_foreach_addcmul_", [[[4, 8], [8]]] * 3 + [[]], ["TensorList"] * 3 + ["Scalar"],
+     None, "elementwise", 80, (3 + 1) * 40 * 2),
+    # sqrt(exp_avg_sq): a new list of its size written
+    ("aten::_foreach_sqrt", [[[4, 8], [8]]], ["TensorList"], None, "elementwise", 40, 160),
+]
+
+
+@pytest.mark.parametrize("op,dims,types,concrete,kind,flops,nbytes", FOREACH_CASES,
+                         ids=[c[0] for c in FOREACH_CASES])
+def test_each_foreach_rule_hand_computed(op, dims, types, concrete, kind, flops, nbytes):
     c = one([Op("other", op, dims, types, concrete)]).iloc[0]
     assert (c["cost_kind"], c["flops"], c["bytes"]) == (kind, flops, nbytes), c["uncosted"]
 
