@@ -65,11 +65,12 @@ def cache_dir() -> Path:
 
 @cache
 def code_fingerprint() -> str:
-    """SHA-256 of every .py file of the analyzer package: any code change (a new release, a
-    new column, a fixed rule) invalidates every cached part."""
+    """SHA-256 of every .py and .json file of the analyzer package (its code and its model
+    presets): any change (a new release, a new column, a fixed rule) invalidates every
+    cached part."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
+    for f in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -304,7 +305,11 @@ class CacheDir:
     # ------------------------------------------------------------------------------------------
     # Finished answers: what a command printed and the files it wrote, by name, for one key.
     def answer(self, key: dict) -> dict[str, bytes] | None:
-        """The files stored by `store_answer` under `key` (verified), else None."""
+        """The files stored by `store_answer` under `key` (verified), else None; only while
+        every trace of the key still has a finished analysis (an answer renders them: one
+        removed, as stale or malformed, takes its answers along)."""
+        if not all(any(self.entry(t["path"]).glob(f"{ANALYSIS}-*/{MANIFEST}")) for t in key["traces"]):
+            return None
         part = self._answer_part(key)
         found = self.verified(part, key)
         if found is None:

@@ -61,7 +61,7 @@ class AnalysisOptions:
         for name, most in (("layers", MAX_LAYERS), ("tp", MAX_TP)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, numbers.Integral)
-                                          and not isinstance(value, bool) and 1 <= value <= most):
+                                          and not isinstance(value, bool) and 1 <= int(value) <= most):
                 raise InputError(f"`{name}` must be an integer from 1 to {most}, got {value!r}",
                                  name)
 

@@ -28,7 +28,7 @@ from trace_roofline.options import AnalysisOptions
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.roofline import Analysis
 from trace_roofline.trace import Progress
-from trace_roofline.trace.parallel import usable_cores
+from trace_roofline.trace.parallel import share_cores, usable_cores
 
 T = TypeVar("T")
 
@@ -99,7 +99,8 @@ def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = N
     work = partial(_analyze_pair, model=model, hardware=hardware, options=options, cache=cache)
     if dask is not None:
         return _on_dask(work, pairs, dask, jobs if jobs > 1 else None)
-    if jobs == 1:
+    jobs = min(jobs, len(pairs), usable_cores())  # never more processes than CPUs to run them
+    if jobs <= 1:
         return [work(pair, progress=progress) for pair in pairs]
     return _on_processes(work, pairs, jobs)
 
@@ -126,8 +127,8 @@ def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
 
 
 def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int) -> list[Result]:
-    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pairs))),
-                                  mp_context=multiprocessing.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=share_cores, initargs=(jobs,))
     try:
         return bounded_map(lambda pair: pool.submit(work, pair), cf.wait, pairs, jobs)
     except BrokenProcessPool:

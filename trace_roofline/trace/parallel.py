@@ -16,6 +16,7 @@ import signal
 import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -32,19 +33,54 @@ MIN_SEGMENT_BYTES = 1 << 20  # (a batch) near the parent, where the segments shr
 PIPE_BYTES = 1 << 20  # the worker's pipe (64 KiB by default: the columns cross it in 0.18 s, 0.1 s)
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on."""
+# The CPU quota of this process's control group: cgroup v2's "<quota> <period>" (or "max"),
+# else cgroup v1's two files, in microseconds (a quota of -1: none).
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+CGROUP_V1_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+_sharing = 1  # processes of this analysis that share the CPUs (`share_cores`)
+
+
+def cpu_quota() -> float | None:
+    """The CPUs the control group's quota allows (quota / period), None when it sets none (or
+    there is no readable cgroup file)."""
     try:
-        return len(os.sched_getaffinity(0))
+        fields = CGROUP_CPU_MAX.read_text().split()
+    except OSError:
+        try:
+            fields = [CGROUP_V1_QUOTA.read_text().strip(), CGROUP_V1_PERIOD.read_text().strip()]
+        except OSError:
+            return None
+    try:
+        quota, period = (float(f) for f in fields[:2])
+    except ValueError:  # "max": no quota
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cores() -> int:
+    """The CPUs this process may really use: those its affinity allows (os.sched_getaffinity:
+    `taskset`), at most its control group's CPU quota rounded down, at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(cores, int(quota)) if quota is not None else cores)
+
+
+def share_cores(processes: int) -> None:
+    """This process is one of `processes` analysing traces side by side (a --jobs pool's
+    worker): it forks a parse worker only where each of them can have two CPUs."""
+    global _sharing
+    _sharing = processes
 
 
 def use_worker(size: int, workers: int | None) -> bool:
     """Whether to fork a parse worker for a document of `size` bytes (rules at load_trace)."""
     if workers == 1 or size < 1 or not hasattr(os, "fork") or threading.active_count() > 1:
         return False
-    return workers == 2 or (size >= PARALLEL_MIN_BYTES and usable_cores() >= 2)
+    return workers == 2 or (size >= PARALLEL_MIN_BYTES and usable_cores() >= 2 * _sharing)
 
 
 def parse_two(doc: Document, progress: Progress | None) -> tuple[dict, int, Accumulator] | None:
