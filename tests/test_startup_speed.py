@@ -19,7 +19,7 @@ import pytest
 
 from tests.builders import ROOT, SAMPLES
 from trace_roofline import parallel
-from trace_roofline.trace import load_trace
+from trace_roofline.trace import load_trace, read
 from trace_roofline.trace import parallel as trace_parallel
 
 HEAVY = ("pandas", "numpy", "pyarrow", "matplotlib", "bokeh", "msgspec")
@@ -174,7 +174,14 @@ def _tables(trace) -> dict[str, pd.DataFrame]:
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.json.gz"))[:8], ids=lambda p: p.name)
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_gzip_trace_reads_into_the_plain_files_tables(path, workers, tmp_path):
+@pytest.mark.parametrize("streamed", [False, True], ids=["inflated first", "streamed"])
+def test_a_gzip_trace_reads_into_the_plain_files_tables(path, workers, streamed, tmp_path,
+                                                        monkeypatch):
+    """Inflated whole before the parse, or parsed while a thread inflates it (streamed: the
+    thresholds lowered so that these small files stream too, the batches past 4 kB from the
+    end waiting for the whole text, a worker forked once it is there)."""
+    monkeypatch.setattr(read, "STREAM_MIN_BYTES", 0 if streamed else 1 << 62)
+    monkeypatch.setattr(trace_parallel, "SEARCH_BYTES", 4096)
     plain = tmp_path / path.name.removesuffix(".gz")
     plain.write_bytes(gzip.decompress(path.read_bytes()))
     a, b = load_trace(path, workers=workers), load_trace(plain, workers=workers)
@@ -182,3 +189,33 @@ def test_a_gzip_trace_reads_into_the_plain_files_tables(path, workers, tmp_path)
         pd.testing.assert_frame_equal(table, _tables(b)[name], check_exact=True, obj=name)
     assert {k: v for k, v in a.meta.items() if k != "path"} == \
         {k: v for k, v in b.meta.items() if k != "path"}
+
+
+@pytest.mark.parametrize("damage", ["two members", "a wrong trailer size", "truncated", "corrupt"])
+def test_a_gzip_file_that_cannot_stream_reads_as_before(damage, tmp_path, monkeypatch):
+    """Streaming gives up, and the file is read inflated first: its tables, or its own error."""
+    monkeypatch.setattr(read, "STREAM_MIN_BYTES", 0)
+    text = gzip.decompress(TRACE.read_bytes())
+    packed = gzip.compress(text)
+    data = {"two members": gzip.compress(text[:1000]) + gzip.compress(text[1000:]),
+            "a wrong trailer size": packed[:-4] + (len(text) + 1).to_bytes(4, "little"),
+            "truncated": packed[: len(packed) // 2] + packed[-4:],
+            "corrupt": packed[:100] + bytes(200) + packed[300:]}[damage]
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(data)
+    monkeypatch.setattr(read, "STREAM_MIN_BYTES", 1 << 62)
+    try:
+        expected: object = _tables(load_trace(path))
+    except Exception as e:  # noqa: BLE001 - the error the file gives when inflated first
+        expected = (type(e), str(e))
+    monkeypatch.setattr(read, "STREAM_MIN_BYTES", 0)
+    try:
+        got: object = _tables(load_trace(path))
+    except Exception as e:  # noqa: BLE001
+        got = (type(e), str(e))
+    if isinstance(expected, dict):
+        assert isinstance(got, dict)
+        for name, table in expected.items():
+            pd.testing.assert_frame_equal(got[name], table, check_exact=True, obj=name)
+    else:
+        assert got == expected

@@ -14,8 +14,8 @@ import pandas as pd
 from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator
 from trace_roofline.trace.decode import decode_json, decode_raw, decode_spans
-from trace_roofline.trace.parallel import parse_two, use_worker
-from trace_roofline.trace.read import FileChanged, open_document, trace_files
+from trace_roofline.trace.parallel import parse_streamed, parse_two, use_worker
+from trace_roofline.trace.read import FileChanged, Unstreamed, open_document, trace_files
 from trace_roofline.trace.schema import SKIP_REASONS, Progress, Trace
 
 PROGRESS_MIN_BYTES = 64 << 20  # progress_bar() stays silent below this file size
@@ -77,16 +77,22 @@ def _load_file(p: Path, progress: Progress | None, workers: int | None) -> Trace
         raise InputError(f"{p}: not enough memory to load this trace") from None
 
 
-def _parse_file(p: Path, progress: Progress | None, workers: int | None) -> Trace:
+def _parse_file(p: Path, progress: Progress | None, workers: int | None,
+                stream: bool = True) -> Trace:
     """The trace of file `p`, of one version of it: a file rewritten while it was read is read
     again, whole and the Raw way, as it is now; rewritten during that read too, it is an
     InputError ("changed while it was being read")."""
     try:
-        with open_document(p, progress) as doc:  # (one file, read through one descriptor)
-            got = parse_two(doc, progress) if use_worker(doc.size, workers) else None
+        with open_document(p, progress, stream=stream) as doc:  # (one file, one descriptor)
+            if doc.inflater is not None:  # a gzip file, parsed while it is inflated
+                got = parse_streamed(doc, progress, workers)
+            else:
+                got = parse_two(doc, progress) if use_worker(doc.size, workers) else None
             if got is None:  # one process: batch by batch, else (unproven) the Raw way
                 got = decode_spans(doc, progress) or decode_raw(p, doc.whole(progress), progress)
             doc.check()  # (every read checked it; a change after the last one counts too)
+    except Unstreamed:  # read again, inflated first: its own error, if any, is reported
+        return _parse_file(p, progress, workers, stream=False)
     except FileChanged:
         with open_document(p, progress) as doc:
             got = decode_raw(p, doc.whole(progress), progress)

@@ -22,7 +22,14 @@ from typing import cast
 import numpy as np
 
 from trace_roofline.trace.columns import Accumulator
-from trace_roofline.trace.decode import CUT, SEARCH_BYTES, document_bounds, parse_span
+from trace_roofline.trace.decode import (
+    CUT,
+    HEAD_BYTES,
+    SEARCH_BYTES,
+    document_bounds,
+    events_start,
+    parse_span,
+)
 from trace_roofline.trace.read import Document
 from trace_roofline.trace.schema import Progress
 
@@ -97,6 +104,54 @@ def parse_two(doc: Document, progress: Progress | None) -> tuple[dict, int, Accu
     with worker:
         got = worker.parse(doc, start, end, progress)
     return None if got is None else (meta, *got)
+
+
+def parse_streamed(doc: Document, progress: Progress | None, workers: int | None
+                   ) -> tuple[dict, int, Accumulator] | None:
+    """(metadata, event count, columns) of a document whose text its `Inflater` is still
+    writing: this process decodes the events from the front as they are inflated; once all of
+    the text is there (and `use_worker` agrees), a forked worker takes on the rest from the
+    back, as in `parse_two`. The events' end, read from the document's tail, bounds the batch
+    that reaches the tail. None if the layout or the parse is not proven (then one process
+    reads it)."""
+    inflater = doc.inflater
+    assert inflater is not None
+    head = doc.read(0, HEAD_BYTES)
+    found = events_start(head, len(head))
+    tail_at = max(doc.size - SEARCH_BYTES, 0)
+    if found is None or found[0] + 1 >= tail_at:  # (the events start in the tail: nothing to stream)
+        return None
+    start = found[0] + 1
+    acc = Accumulator()
+    state: dict = {"bounds": None, "worker": None, "next": start}
+    with contextlib.ExitStack() as stack:
+
+        def claim(stop: int, after: int) -> int:
+            worker = state["worker"]
+            if worker is None and state["bounds"] is None and (stop >= tail_at or inflater.finished()):
+                state["bounds"] = bounds = document_bounds(doc)  # (waits for the whole text)
+                if bounds is None or bounds[0] != start:
+                    return 0  # (not proven: the span ends here, and is not used)
+                inflater.stop()  # (ended: no thread at the fork)
+                inflater.wait(doc.size)  # (Unstreamed if it found more than its size)
+                if use_worker(doc.size, workers):
+                    state["worker"] = worker = Worker.start(doc, state["next"], bounds[1])
+                    if worker is not None:
+                        stack.enter_context(worker)
+            state["next"] = after
+            if worker is not None:
+                return worker.claims.parent(stop, after)
+            return stop if state["bounds"] is None else min(stop, state["bounds"][1])
+
+        with doc.window(start - 1) as w:
+            n = parse_span(doc.path, w, start, doc.size, acc, progress, claim=claim)
+        bounds = state["bounds"]
+        if bounds is None or bounds[0] != start:
+            return None
+        if state["worker"] is not None:
+            got = state["worker"].collect(n, acc, start, bounds[1], progress)
+            return None if got is None else (bounds[2], *got)
+    return None if n is None else (bounds[2], n, acc)
 
 
 def allocate(fd: int, size: int) -> None:
@@ -269,6 +324,12 @@ class Worker:
         with doc.window(start - 1) as w:
             n = parse_span(doc.path, w, start, end, acc, halfway if progress else None,
                            claim=self.claims.parent)
+        return self.collect(n, acc, start, end, progress)
+
+    def collect(self, n: int | None, acc: Accumulator, start: int, end: int,
+                progress: Progress | None) -> tuple[int, Accumulator] | None:
+        """The parent's `n` events in `acc` (None: not proven) and the worker's segments after
+        them, the events in [start, end); None to fall back."""
         if n is not None and self.claims.worker_stop() == end:  # the worker claimed nothing
             return n, acc  # (it may have died: its messages are not needed)
         if n is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import struct
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -32,6 +34,10 @@ CHUNK_BYTES = 16 << 20  # a plain file is read this much at a time
 # refused as soon as it is reached, so inflating holds at most the limit plus one chunk.
 MAX_INFLATION = 100
 INFLATION_FLOOR = 256 << 20
+# From this many inflated bytes on, a one-member gzip file whose trailer gives its size is
+# inflated on a thread (zlib and ISA-L release the GIL) while the parse reads what is ready.
+STREAM_MIN_BYTES = 16 << 20
+_PIECE_BYTES = 4 << 20  # inflated at a time by the thread (what the parse may wait for)
 Buffer = bytearray  # a document's bytes, writable (decoding patches them)
 Stamp = tuple[int, int, int, int]  # a file's identity: (st_dev, st_ino, st_size, st_mtime_ns)
 
@@ -91,11 +97,14 @@ class Document:
     data: bytearray | None = None
     file: BinaryIO | None = None
     opened: Stamp | None = None
+    inflater: Inflater | None = None  # filling `data` on its thread (a gzip file, streamed)
 
     def __enter__(self) -> Document:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.inflater is not None:
+            self.inflater.stop()
         if self.file is not None:
             self.file.close()
 
@@ -108,6 +117,8 @@ class Document:
     def read(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n) of the text (fewer at its end)."""
         if self.data is not None:
+            if self.inflater is not None:
+                self.inflater.wait(offset + n)
             return bytes(self.data[offset : offset + n])
         buf = bytearray(max(min(n, self.size - offset), 0))
         del buf[self.read_into(memoryview(buf), offset) :]
@@ -131,7 +142,7 @@ class Document:
     def window(self, start: int) -> Iterator[Window]:
         """A Window on the text from offset `start` on."""
         if self.data is not None:
-            yield Window(self.data)
+            yield Window(self.data, 0, self) if self.inflater is not None else Window(self.data)
             return
         yield Window(bytearray(min(CHUNK_BYTES, self.size - start + 1)), start, self)
 
@@ -139,6 +150,8 @@ class Document:
         """All of the text in memory (read now for a plain file, fewer bytes if it shrank):
         ours to patch."""
         if self.data is not None:
+            if self.inflater is not None:
+                self.inflater.wait(self.size)
             return self.data
         buf, done = bytearray(self.size), 0
         view = memoryview(buf)
@@ -162,9 +175,10 @@ def _pread(fd: int, view: memoryview, offset: int) -> int:
     return len(data)  # pragma: no cover
 
 
-def open_document(p: Path, progress: Progress | None) -> Document:
+def open_document(p: Path, progress: Progress | None, stream: bool = True) -> Document:
     """The document of trace file `p` (use it as a context manager: it holds the file open);
-    a gzip file (by its magic number) is inflated now."""
+    a gzip file (by its magic number) is inflated now, or with `stream` (where `_trailer_size`
+    tells its size) on the document's `Inflater` thread while it is read."""
     with ExitStack() as closing:
         with reading(p):
             f = closing.enter_context(open_regular(p))  # (a FIFO: refused, never waited on)
@@ -175,7 +189,12 @@ def open_document(p: Path, progress: Progress | None) -> Document:
             if f.read(2) != b"\x1f\x8b":
                 closing.pop_all()  # (the document closes it)
                 return Document(p, size, file=f, opened=opened)
+            inflated = _trailer_size(f, size) if stream else None
             f.seek(0)
+            if inflated is not None:
+                closing.pop_all()  # (the document's inflater closes it)
+                data = bytearray(inflated)
+                return Document(p, inflated, data, inflater=Inflater(p, f, opened, data))
             data = gunzip(p, f, size, CHUNK_BYTES, progress)
         check_unchanged(p, f, opened)  # (the compressed bytes were one file's)
     return Document(p, len(data), data)
@@ -199,6 +218,9 @@ class Window:
             return True
         if self.doc is None:
             return False
+        if self.doc.inflater is not None:  # (the whole document's buffer, filling)
+            self.hi = self.doc.inflater.wait(upto)
+            return self.hi >= upto
         if upto - self.lo > len(self.buf):  # (only then: a memmove of what is kept)
             n = self.hi - keep
             self.buf[:n] = self.buf[keep - self.lo : self.hi - self.lo]
@@ -218,6 +240,91 @@ class Window:
                 return m.start(1) + self.lo, m.end(1) + self.lo
             if self.hi >= end or not self.fill(keep, self.hi + 1):
                 return None
+
+
+class Unstreamed(InputError):
+    """A streamed gzip file did not inflate to the size its trailer gave (several members, a
+    corrupt or truncated stream, a file rewritten): it is read again without streaming, which
+    reports the file's own error, if any."""
+
+
+def _trailer_size(f: BinaryIO, size: int) -> int | None:
+    """The inflated size a gzip file's trailer gives (ISIZE: modulo 4 GiB), when streaming it
+    applies: at least STREAM_MIN_BYTES, within `inflation_limit(size)`; else None."""
+    if size < 18:
+        return None
+    f.seek(size - 4)
+    (inflated,) = struct.unpack("<I", f.read(4))
+    return inflated if STREAM_MIN_BYTES <= inflated <= inflation_limit(size) else None
+
+
+class Inflater:
+    """Inflates one gzip member from file `f` into `data` (exactly its size) on a thread;
+    `wait` gives how much is ready. Whatever does not fit that size (another member, a longer
+    stream), a corrupt or truncated stream, or a file changed since `opened` stops it: `wait`
+    then raises Unstreamed."""
+
+    def __init__(self, p: Path, f: BinaryIO, opened: Stamp, data: bytearray):
+        self.path, self.file, self.opened, self.data = p, f, opened, data
+        self.done = 0  # bytes of `data` ready
+        self.failed = False
+        self.stopping = False
+        self.ready = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="trace-roofline-inflate", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._inflate()
+        except (OSError, ValueError, inflating.error, InputError):
+            self.failed = True
+        finally:
+            self.file.close()
+            with self.ready:
+                self.ready.notify_all()
+
+    def _inflate(self) -> None:
+        view, n = memoryview(self.data), len(self.data)
+        d = inflating.decompressobj(wbits=31)
+        try:
+            while not self.stopping and (chunk := self.file.read(_PIECE_BYTES >> 2)):
+                while True:  # (output buffered inside the stream comes with an empty tail too)
+                    piece = d.decompress(chunk, _PIECE_BYTES)
+                    chunk = d.unconsumed_tail
+                    if self.done + len(piece) > n:
+                        raise ValueError("longer than its trailer says")
+                    view[self.done : self.done + len(piece)] = piece
+                    with self.ready:
+                        self.done += len(piece)
+                        self.ready.notify_all()
+                    if d.eof or (not chunk and len(piece) < _PIECE_BYTES):
+                        break
+                if d.eof and (chunk or d.unused_data or self.file.read(1)):
+                    raise ValueError("more than one member")
+            check_unchanged(self.path, self.file, self.opened)
+            if not self.stopping and (not d.eof or self.done != n):
+                raise ValueError("not the size its trailer says")
+        finally:
+            view.release()
+
+    def wait(self, upto: int) -> int:
+        """Bytes ready once at least min(upto, size) are (or the stream ended); Unstreamed if
+        it failed."""
+        upto = min(upto, len(self.data))
+        with self.ready:
+            self.ready.wait_for(lambda: self.done >= upto or not self.thread.is_alive() or self.failed)
+        if self.failed or self.done < upto:
+            raise Unstreamed(f"{self.path}: could not be streamed")
+        return self.done
+
+    def finished(self) -> bool:
+        """Whether all of the text is ready (the thread then has ended, or is ending)."""
+        return self.done == len(self.data) and not self.failed
+
+    def stop(self) -> None:
+        """End the thread (at its next chunk) and wait for it."""
+        self.stopping = True
+        self.thread.join()
 
 
 def inflation_limit(size: int) -> int:
