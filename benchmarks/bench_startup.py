@@ -7,7 +7,7 @@ from wait4) are medians; the ratio is after / before.
 
     python benchmarks/bench_startup.py --before /tmp/tr_base --repeat 5
     python benchmarks/bench_startup.py --gzip TILE.json --repeat 3 [--before DIR]   # TILE.json.gz beside it
-    python benchmarks/bench_startup.py --ranks DIR --repeat 2            # --jobs 2 vs 1, taskset
+    python benchmarks/bench_startup.py --ranks DIR --repeat 2 [--before DIR]   # --jobs 2 vs 1, taskset
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
         for cpus in ("0", "0,1"):
             print(f"\ntaskset -c {cpus}:")
             compare({f"--jobs {j}": ["-c", CLI, "analyze", str(args.ranks), "--no-cache", "--jobs", j]
-                     for j in ("1", "2")}, here, args.repeat, warm=False, prefix=["taskset", "-c", cpus])
+                     for j in ("1", "2")}, trees, args.repeat, warm=False, prefix=["taskset", "-c", cpus])
 
 
 if __name__ == "__main__":
