@@ -178,20 +178,29 @@ def test_rows_above_the_roof_are_explained_and_left_out_of_the_whole_model():
     assert rec["contribution"].sum() == pytest.approx(w["intensity"])
 
 
-def test_l2_reuse_and_near_roof_rows():
-    """Per instance bytes within the L2 read as reuse; a row at most 5% above its roof is the
-    ceiling's error, kept in the whole model (the gemma2 decode's lm_head at 100.4%)."""
+def test_l2_reuse_near_roof_and_compute_rows_stay_in_the_whole_model():
+    """Bytes per instance within the L2 read as reuse; a row at most 5% above its roof is the
+    ceiling's own error (the gemma2 decode's lm_head at 100.4%); a compute-bound row's FLOPs or
+    peak; without an L2 size, reuse or an overcount: all kept in the whole model. Only bytes
+    per instance beyond the L2 are left out."""
     import pandas as pd
 
     from trace_roofline import roofline
 
     hw = tr.get_hardware("h200-sxm")
-    ops = pd.DataFrame({"exceeds_roof": pd.array([True, True, False], dtype="boolean"),
-                        "pct_of_roof": [250.0, 101.0, 50.0], "bytes": [8e6, 3e9, 1e6],
-                        "instances": [2, 1, 1], "uncosted": [0, 0, 0],
-                        "bound": ["memory", "memory", "memory"]})
+    ops = pd.DataFrame({"exceeds_roof": pd.array([True, True, True, True, False], dtype="boolean"),
+                        "pct_of_roof": [250.0, 101.0, 130.0, 300.0, 50.0],
+                        "bytes": [8e6, 3e9, 1e9, 3e8, 1e6], "instances": [2, 1, 1, 2, 1],
+                        "uncosted": [0, 0, 0, 0, 0],
+                        "bound": ["memory", "memory", "compute", "memory", "memory"]})
     why = roofline._above_roof_why(ops, hw)
     assert why[0] == "L2 reuse: 4 MB per instance fit in h200-sxm's 50 MB L2"
-    assert why[1].startswith("within 5% of the roof")
-    assert pd.isna(why[2])
-    assert roofline._above(ops).tolist() == [True, False, False]
+    assert why[1] == "within 5% of the roof: the ceiling is that much low"
+    assert why[2].startswith("compute-bound")
+    assert why[3].startswith("an overcount of its minimum bytes: 150 MB per instance exceed "
+                             "h200-sxm's 50 MB L2")
+    assert pd.isna(why[4])
+    assert roofline._above(ops.assign(exceeds_why=why)).tolist() == [False, False, False, True,
+                                                                     False]
+    unknown = roofline._above_roof_why(ops, tr.get_hardware("rtx4090"))
+    assert unknown[3] == "L2 reuse or an overcount: 150 MB per instance, rtx4090's L2 size unknown"

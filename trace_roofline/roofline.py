@@ -54,7 +54,7 @@ OPERATOR_COLUMNS = {
     # too high (e.g. --causal full) or the peak understated. Either way, or mis-timed kernels.
     "exceeds_roof": "boolean",
     # a row above its roof: why its figures can beat it (`_above_roof_why`), else missing;
-    # such rows stay out of the whole model's ΣFLOPs/Σbytes (`whole_model`)
+    # those whose bytes overcount what ran (OVERCOUNT) stay out of the whole model
     "exceeds_why": "str",
     "evidence": "str",  # the evidence (attribute.EVIDENCE) that named most of the row's time
     # every evidence with its fraction of the row's time, largest first: "annotation 0.97,
@@ -82,10 +82,12 @@ IMPLAUSIBLE = 100.0
 # than this fraction of its device time is costed: ΣFLOPs/Σbytes of the costed rest (a CNN's
 # ReLU and pooling around uncosted convolutions) would not describe the model.
 MIN_COSTED = 0.5
-# A row above its roof by at most this factor is the ceiling's error (a calibration or
-# datasheet figure a little low): flagged, explained, kept in the whole model; further above,
-# its figures are not the traffic that ran and the whole model leaves it out.
+# A row above its roof by at most this factor is the ceiling's own error (a calibration or a
+# datasheet figure a little low), said so in `exceeds_why`.
 ROOF_TOLERANCE = 1.05
+# `exceeds_why` of a memory-bound row further above whose bytes per instance exceed the L2:
+# bytes that did not all move, left out of the whole model (`whole_model`)
+OVERCOUNT = "an overcount of its minimum bytes"
 # Uncosted device time above this fraction is a warning naming the reasons.
 UNCOSTED_WARNING = 0.01
 
@@ -234,7 +236,7 @@ def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, model: ModelSpe
         trace=trace, model=model, hardware=hardware,
         conventions={"causal": options.causal, "attention_bytes": options.attention_bytes},
         costed=costed, operators=ops, whole_by_phase=whole,
-        reconciliation=reconcile(hbm[~_above(hbm)]), coverage=coverage(costed),
+        reconciliation=reconcile(hbm), coverage=coverage(costed),
         demoted=verify.demotions(attributed),
         layers=layers if ext is not None else None, extrapolated=ext,
         extrapolated_whole=ext_whole, warnings=tuple(warnings), model_inferred=inferred, tp=tp,
@@ -377,18 +379,19 @@ def _withheld_notes(whole: dict[str, dict[str, object]]) -> list[str]:
 
 
 def _above(ops: pd.DataFrame) -> np.ndarray:
-    """Per row of an operator table: whether it is above its roof by more than ROOF_TOLERANCE
-    (left out of the whole model)."""
-    return (ops["exceeds_roof"].fillna(False).to_numpy(bool)
-            & (ops["pct_of_roof"] > 100.0 * ROOF_TOLERANCE).to_numpy(bool))
+    """Per row of an operator table: whether its figures overcount what ran (`exceeds_why`
+    OVERCOUNT), which leaves it out of the whole model."""
+    if "exceeds_why" not in ops:
+        return np.zeros(len(ops), bool)
+    return ops["exceeds_why"].str.startswith(OVERCOUNT).to_numpy(bool, na_value=False)
 
 
 def _above_roof_why(ops: pd.DataFrame, hardware: Hardware) -> pd.Series:
     """Why each row above its roof (`exceeds_roof`) can beat it, else missing: within
-    ROOF_TOLERANCE, the ceiling's error; compute-bound,
-    FLOPs counted too high or the peak understated; memory-bound, its bytes per costed instance
-    fit in the device's L2 (reuse: the minimum bytes did not all cross DRAM) or they do not (an
-    overcount of its minimum bytes)."""
+    ROOF_TOLERANCE, the ceiling's own error; compute-bound, FLOPs counted too high or the peak
+    understated; memory-bound, its bytes per costed instance fit in the device's L2 (reuse: the
+    minimum bytes did not all cross DRAM), or they do not (OVERCOUNT: bytes that did not move),
+    or the L2's size is unknown."""
     out = pd.Series(pd.NA, index=ops.index, dtype="str")
     above = ops["exceeds_roof"].fillna(False).to_numpy(bool)
     if not above.any():
@@ -396,24 +399,25 @@ def _above_roof_why(ops: pd.DataFrame, hardware: Hardware) -> pd.Series:
     rows = ops[above]
     per = rows["bytes"] / (rows["instances"] - rows["uncosted"]).where(lambda n: n > 0)
     l2 = hardware.l2_bytes
-    cache = f"{hardware.name}'s {si(l2, 'B')} L2" if l2 else f"{hardware.name}'s L2 (size unknown)"
     each = per.map(lambda b: si(b, "B")) + " per instance"
     fits = (per <= l2).to_numpy(bool) if l2 else np.zeros(len(rows), bool)
     memory = rows["bound"].eq("memory").to_numpy(bool)
     near = (rows["pct_of_roof"] <= 100.0 * ROOF_TOLERANCE).to_numpy(bool)
+    cache = f"{hardware.name}'s {si(l2, 'B')} L2"
+    beyond = ("L2 reuse or an overcount: " + each + f", {hardware.name}'s L2 size unknown"
+              if not l2 else f"{OVERCOUNT}: " + each + " exceed " + cache
+              + " (or the bandwidth roof is understated)")
     out[above] = np.where(
         near, f"within {100 * (ROOF_TOLERANCE - 1):.0f}% of the roof: the ceiling is that much "
-              "low (kept in the whole model)",
+              "low",
         np.where(~memory, "compute-bound: its FLOPs counted too high or the peak understated",
-        np.where(fits, "L2 reuse: " + each + " fit in " + cache,
-                 "an overcount of its minimum bytes: " + each + (" exceed " if l2 else ", ")
-                 + cache)))
+                 np.where(fits, "L2 reuse: " + each + " fit in " + cache, beyond)))
     return out
 
 
 def _above_roof_notes(ops: pd.DataFrame, whole: dict[str, dict[str, object]]) -> list[str]:
-    """Per phase with rows above their roof: a warning naming them, their % of roof, share of
-    the phase's time and why, and that the whole model leaves them out."""
+    """Per phase with rows the whole model leaves out (`_above`): a warning naming them, their
+    % of roof, share of the phase's time and why."""
     agg = ops[ops["layer"].isna() & _above(ops)]
     out = []
     for phase, g in agg.groupby("phase", sort=False):
@@ -719,11 +723,11 @@ def _with_measured(ops: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
 def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[str, object]:
     """ΣFLOPs, Σbytes, the byte-weighted intensity ΣF/ΣB and, when the table has device times,
     the time-weighted achieved rates ΣF/Σt and ΣB/Σt over the costed time. `table` is `place`'s
-    (its aggregated rows are used) or `extrapolate`'s. Rows above their roof (`exceeds_roof`)
-    are left out of the sums and the rates: `excluded` {operator: µs}, `excluded_time_us`; the
-    time and kernels count every row."""
+    (its aggregated rows are used) or `extrapolate`'s. Rows above their roof whose bytes
+    overcount what ran (`_above`) are left out of the sums and the rates: `excluded`
+    {operator: µs}, `excluded_time_us`; the time and kernels count every row."""
     every = table[table["layer"].isna()] if "layer" in table else table
-    above = _above(every) if "exceeds_roof" in every else np.zeros(len(every), bool)
+    above = _above(every)
     rows = every[~above]
     flops = float(rows["flops"].sum())
     nbytes = float(rows["bytes"].sum())
@@ -763,8 +767,9 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
 
 def reconcile(ops: pd.DataFrame) -> pd.DataFrame:
     """Per operator (aggregated rows, per phase): byte share, intensity and contribution
-    bytes_i/Σbytes · I_i = flops_i/Σbytes; contributions sum to the phase's ΣFLOPs/Σbytes."""
-    rows = ops[ops["layer"].isna() & ops["bytes"].notna()]
+    bytes_i/Σbytes · I_i = flops_i/Σbytes; contributions sum to the phase's ΣFLOPs/Σbytes (rows
+    the whole model leaves out, `_above`, left out here too)."""
+    rows = ops[ops["layer"].isna() & ops["bytes"].notna() & ~_above(ops)]
     out = rows[["phase", "operator", "flops", "bytes", "intensity"]].reset_index(drop=True)
     total = out.groupby("phase")["bytes"].transform("sum")
     out["byte_share"] = out["bytes"] / total

@@ -288,7 +288,7 @@ def attach_costs(attributed: pd.DataFrame, model: ModelSpec | None, causal: str 
     if "serving_step" in inst:
         _step_attention(out, inst["serving_step"], model, causal, attention_bytes)
     _eager_attention(out, causal, decoder)
-    _repeated_kv(out, model, attention_bytes)
+    _repeated_kv(out, model)
     out["check"] = crosscheck.instance_checks(out, model)
     out = _moe_layers(out, inst, model)
     out["derivation"] = out["derivation"].where(out["flops"].notna(), UNKNOWN)
@@ -1021,18 +1021,18 @@ def _eager_attention(out: pd.DataFrame, causal: str, decoder: bool) -> None:
     if not rows.any():
         return
     sizes, at = np.unique(m[rows], return_inverse=True)
-    share = np.array([formulas.attention_pairs(int(t), int(t), "causal") / (t * t)
-                      for t in sizes])[at] if decoder else 1.0  # (per distinct T)
+    share = (np.array([formulas.attention_pairs(int(t), int(t), "causal") / (t * t)
+                       for t in sizes]) if decoder else np.ones(len(sizes)))[at]  # (per T)
     scores = rows & (n == m) & (k != m)
     executed = flops[scores] / (2.0 * k[scores])
     out.loc[scores, "pairs_executed"] = executed
-    out.loc[scores, "pairs_useful"] = executed * (share[scores[rows]] if decoder else 1.0)
+    out.loc[scores, "pairs_useful"] = executed * share[scores[rows]]
     if causal == "causal" and decoder:
         out.loc[rows, "flops"] = flops[rows] * share
         out.loc[rows, "shape"] = out.loc[rows, "shape"].astype(str) + " (causal pairs)"
 
 
-def _repeated_kv(out: pd.DataFrame, model: ModelSpec | None, attention_bytes: str) -> None:
+def _repeated_kv(out: pd.DataFrame, model: ModelSpec | None) -> None:
     """A GQA model's attention run over K and V expanded to the query heads (HF's repeat_kv
     before an SDPA: n_kv = n_q recorded) reads K and V of the model's n_kv heads once, its
     GQA-aware minimum bytes, whether its shapes came from the op or a graph map; the copies
@@ -1044,10 +1044,14 @@ def _repeated_kv(out: pd.DataFrame, model: ModelSpec | None, attention_bytes: st
                 & out["n_kv"].eq(out["n_q"]).to_numpy(bool, na_value=False)
                 & out["derivation"].eq(SHAPE).to_numpy(bool)
                 & ~out["shape"].astype(str).str.startswith("backward").to_numpy(bool))
+    # (the model's heads, or a TP shard of them: a wrong model's are left alone)
+    nq = out["n_q"].to_numpy(np.float64, na_value=np.nan)
+    expanded &= (model.num_heads % np.nan_to_num(nq, nan=np.inf) == 0) & (
+        nq * model.num_kv_heads % model.num_heads == 0)
     if expanded.any():
         e = out.loc[expanded]
-        nq = e["n_q"].to_numpy(np.float64)
-        nkv = np.maximum(1.0, nq * model.num_kv_heads / model.num_heads)
+        nq = nq[expanded]
+        nkv = nq * model.num_kv_heads / model.num_heads
         b = _element_bytes(e["dtype"])
         d = e["head_dim"].to_numpy(np.float64)
         kv = e["B"].to_numpy(np.float64) * e["S"].to_numpy(np.float64) * 2.0 * d * b

@@ -340,7 +340,8 @@ MEASURED_FILES = {"h200-measured": "h200_measured.json"}  # committed `trace-roo
 def from_json(path: str | Path) -> Hardware:
     """Load ceilings from a JSON file: {"name", "peak_flops": {dtype: FLOP/s}, "mem_bandwidth": B/s,
     "source", optional "device_names", "link_bandwidth" (B/s per direction: collectives' roof)
-    and "link_source", anything else kept in `extra` (date, method, ...)}."""
+    and "link_source", "l2_bytes" (the last cache before DRAM), anything else kept in `extra`
+    (date, method, ...)}."""
     p = Path(path)
     raw = read_json(p)
     return _from_dict(raw, str(p))

@@ -123,8 +123,9 @@ def operator_rows(analyses: Sequence[Analysis]) -> pd.DataFrame:
             "achieved_flops_per_s": w["achieved_flops_per_s"],
             "achieved_bytes_per_s": w["achieved_bytes_per_s"], "pct": w.get("pct_of_roof"),
             "bound": w.get("bound"), "shape": "ΣFLOPs / Σbytes", "evidence": "sum of the rows",
-            "derivation": "sum of the rows" + (f" but {', '.join(w['excluded'])} (above roof)"
-                                               if w.get("excluded") else ""),
+            "derivation": "sum of the rows" + (
+                f" but {', '.join(cast('dict[str, float]', w['excluded']))} (above roof)"
+                if w.get("excluded") else ""),
             "whole": True, "layer": "all"} for p, w in a.whole_by_phase.items()
             if not w.get("withheld")])  # most time uncosted: no whole-model figure
         parts += [rows, whole]
