@@ -204,3 +204,18 @@ def test_l2_reuse_near_roof_and_compute_rows_stay_in_the_whole_model():
                                                                      False]
     unknown = roofline._above_roof_why(ops, tr.get_hardware("rtx4090"))
     assert unknown[3] == "L2 reuse or an overcount: 150 MB per instance, rtx4090's L2 size unknown"
+
+
+def test_a_committed_row_above_its_roof_by_l2_reuse_stays_in_the_whole_model():
+    """Qwen1.5-MoE generate on an H200 (no --model): the decode's static-cache writes (kv_cache,
+    12 instances, 202.1 MB) ran at 132% of the measured bandwidth roof: 16.84 MB per instance
+    fit in the H200's 50 MB L2, so the minimum bytes did not all cross DRAM; the row is
+    explained and kept in the whole model, no warning."""
+    a = tr.analyze_trace(SAMPLES / "moe" /
+                         "hf-moe-qwen1.5-moe-a2.7b-2l_generate_b1_t512_n4_groupedmm_h200.json.gz")
+    row = _row(a, "kv_cache")
+    assert row["phase"] == "decode" and row["exceeds_roof"] and row["pct_of_roof"] > 130
+    assert row["bytes"] / row["instances"] == pytest.approx(16.84e6, rel=1e-3)
+    assert row["exceeds_why"] == "L2 reuse: 16.84 MB per instance fit in h200-measured's 50 MB L2"
+    assert a.whole_by_phase["decode"]["excluded"] == {}
+    assert not any(w.startswith("whole model (decode) leaves out") for w in a.warnings)
