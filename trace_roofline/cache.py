@@ -1,6 +1,6 @@
 """Columnar cache of parsed traces, their attribution and finished analyses, private to the user.
 
-Design notes: docs/architecture.md ("trace_roofline/cache.py").
+Design notes: docs/design.md ("trace_roofline/cache.py").
 """
 
 from __future__ import annotations

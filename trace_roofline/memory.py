@@ -1,6 +1,6 @@
 """The CLI process's memory settings: fewer page faults for big, short-lived arrays.
 
-Design notes: docs/architecture.md ("trace_roofline/memory.py").
+Design notes: docs/design.md ("trace_roofline/memory.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Many traces at once: in this process, on `jobs` local processes, or on a Dask cluster.
 
-Design notes: docs/architecture.md ("trace_roofline/parallel.py").
+Design notes: docs/design.md ("trace_roofline/parallel.py").
 """
 
 from __future__ import annotations

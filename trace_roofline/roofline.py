@@ -1,6 +1,6 @@
 """Roofline placement of every operator, the whole-model view, and their reconciliation.
 
-Design notes: docs/architecture.md ("trace_roofline/roofline.py").
+Design notes: docs/design.md ("trace_roofline/roofline.py").
 """
 
 from __future__ import annotations

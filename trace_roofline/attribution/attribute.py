@@ -1,6 +1,6 @@
 """Stage 2: attribute every device microsecond of a trace to a named operator.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/attribute.py").
+Design notes: docs/design.md ("trace_roofline/attribution/attribute.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Profiled graph captures: the launches a CUDA/HIP-graph capture recorded, as templates that
 name the kernels its graph replays.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/captures.py").
+Design notes: docs/design.md ("trace_roofline/attribution/captures.py").
 """
 
 from __future__ import annotations

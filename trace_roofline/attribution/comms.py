@@ -1,6 +1,6 @@
 """Communication: exposed collective time on one rank, and which rank waits for which.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/comms.py").
+Design notes: docs/design.md ("trace_roofline/attribution/comms.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CUDA- and HIP-graph replays: name, and where shapes are known cost, the kernels a graph launch
 replays.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/graphs.py").
+Design notes: docs/design.md ("trace_roofline/attribution/graphs.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A layer's linears inferred without --model from its attention's geometry and its GEMM shapes.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/inference.py").
+Design notes: docs/design.md ("trace_roofline/attribution/inference.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Naming op instances without annotations: GEMM shapes, op names, position, module frames.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/naming.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Vectorised interval nesting: which range on the same thread contains a point.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/nest.py").
+Design notes: docs/design.md ("trace_roofline/attribution/nest.py").
 """
 
 from __future__ import annotations

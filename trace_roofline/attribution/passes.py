@@ -1,6 +1,6 @@
 """Forward passes: find each forward pass of an attributed trace, number it, give it a phase.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/passes.py").
+Design notes: docs/design.md ("trace_roofline/attribution/passes.py").
 """
 
 from __future__ import annotations

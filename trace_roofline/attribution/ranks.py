@@ -1,6 +1,6 @@
 """Ranks of a distributed run: which rank each trace is, and how each operator varies across ranks.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/ranks.py").
+Design notes: docs/design.md ("trace_roofline/attribution/ranks.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Serving steps: the step annotations vLLM and SGLang write, each kernel's step, its phase, and
 the attention work a step's batch statistics fix exactly.
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/steps.py").
+Design notes: docs/design.md ("trace_roofline/attribution/steps.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tensor parallelism: which shard of the model a rank's trace ran (`infer_tp`).
 
-Design notes: docs/architecture.md ("trace_roofline/attribution/tp.py").
+Design notes: docs/design.md ("trace_roofline/attribution/tp.py").
 """
 
 from __future__ import annotations

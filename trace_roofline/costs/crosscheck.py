@@ -1,6 +1,6 @@
 """What a trace's own shapes say about the model, before anything is placed or extrapolated.
 
-Design notes: docs/architecture.md ("trace_roofline/costs/crosscheck.py").
+Design notes: docs/design.md ("trace_roofline/costs/crosscheck.py").
 """
 
 from __future__ import annotations

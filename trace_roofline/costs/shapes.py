@@ -1,6 +1,6 @@
 """Trace shapes -> analytical costs: one row per op instance with FLOPs and minimum DRAM bytes.
 
-Design notes: docs/architecture.md ("trace_roofline/costs/shapes.py").
+Design notes: docs/design.md ("trace_roofline/costs/shapes.py").
 """
 
 from __future__ import annotations
@@ -1505,7 +1505,7 @@ _COLLECTIVE_COPIES = {"copy_", "copy", "_to_copy", "clone", "contiguous"}
 
 
 def _collective(c: _Call) -> Cost:
-    """S x bus factor bytes, 0 FLOPs (see docs/architecture.md and operators.py); a copy
+    """S x bus factor bytes, 0 FLOPs (see docs/design.md and operators.py); a copy
     inside a collective op (a symmetric-memory all-reduce's copy-in and copy-out) is part of
     that one collective: 0 bytes of its own, so the message is counted once."""
     op = operators.BY_NAME[cast(str, c.operator)]  # a collective's call names its operator

@@ -1,7 +1,7 @@
 """A decoder's architecture (geometry, norm placement, precision) and its layers' sub-operations.
 
 The families and the reading of a HF config.json: families.py, config_reader.py.
-Design notes: docs/architecture.md ("trace_roofline/model/architecture.py").
+Design notes: docs/design.md ("trace_roofline/model/architecture.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one dtype table: every spelling of a dtype -> its short name, bytes and peak key.
 
-Design notes: docs/architecture.md ("trace_roofline/model/dtypes.py").
+Design notes: docs/design.md ("trace_roofline/model/dtypes.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Analytical cost model: FLOPs and minimum DRAM bytes from shapes, and roofline helpers.
 
-Design notes: docs/architecture.md ("trace_roofline/model/formulas.py").
+Design notes: docs/design.md ("trace_roofline/model/formulas.py").
 """
 
 from __future__ import annotations

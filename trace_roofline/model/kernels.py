@@ -1,6 +1,6 @@
 """The one registry of kernel-name families: which library wrote a kernel and what it does.
 
-Design notes: docs/architecture.md ("trace_roofline/model/kernels.py").
+Design notes: docs/design.md ("trace_roofline/model/kernels.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decoder shapes: a frozen `ModelSpec`, presets, and loading from a Hugging Face config.json.
 
-Design notes: docs/architecture.md ("trace_roofline/model/models.py").
+Design notes: docs/design.md ("trace_roofline/model/models.py").
 """
 
 from __future__ import annotations

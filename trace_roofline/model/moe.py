@@ -1,6 +1,6 @@
 """Mixture-of-experts cost model: routed-expert FLOPs and bytes, active experts, intensity.
 
-Design notes: docs/architecture.md ("trace_roofline/model/moe.py").
+Design notes: docs/design.md ("trace_roofline/model/moe.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one operator vocabulary: every operator a kernel's time can be attributed to.
 
-Design notes: docs/architecture.md ("trace_roofline/model/operators.py").
+Design notes: docs/design.md ("trace_roofline/model/operators.py").
 """
 
 from __future__ import annotations

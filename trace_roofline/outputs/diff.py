@@ -1,6 +1,6 @@
 """Before/after comparison of two analyses of one model: per (phase, operator) and whole model.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/diff.py").
+Design notes: docs/design.md ("trace_roofline/outputs/diff.py").
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: di
 
 def diff(a: Analysis | Mapping[str, object] | Side,
          b: Analysis | Mapping[str, object] | Side) -> pd.DataFrame:
-    """Per (phase, operator), A against B (`DIFF_COLUMNS`); see docs/architecture.md."""
+    """Per (phase, operator), A against B (`DIFF_COLUMNS`); see docs/design.md."""
     sa, sb = side(a, "A"), side(b, "B")
     m = sa.rows.merge(sb.rows, on=["phase", "operator"], how="outer", suffixes=("_a", "_b"),
                       indicator=True, sort=False)

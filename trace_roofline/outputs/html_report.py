@@ -1,7 +1,7 @@
 """report.html: one self-contained page (no network at view time) with the interactive roofline,
 the operator table (sortable), the reconciliation and the warnings of one or more analyses.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/html_report.py").
+Design notes: docs/design.md ("trace_roofline/outputs/html_report.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The analysed trace as Perfetto (ui.perfetto.dev) and chrome://tracing read it, enriched.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/perfetto.py").
+Design notes: docs/design.md ("trace_roofline/outputs/perfetto.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The roofline chart: every operator of one or more traces on its device's roofline.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/plot.py").
+Design notes: docs/design.md ("trace_roofline/outputs/plot.py").
 """
 
 from __future__ import annotations

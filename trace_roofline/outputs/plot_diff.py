@@ -1,6 +1,6 @@
 """The diff chart: each operator's move on the roofline from trace A to trace B.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/plot_diff.py").
+Design notes: docs/design.md ("trace_roofline/outputs/plot_diff.py").
 """
 
 from __future__ import annotations

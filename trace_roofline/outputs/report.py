@@ -1,7 +1,7 @@
 """Reports of one or more analysed traces: terminal text, report.json, markdown, and the bytes of
 every output file.
 
-Design notes: docs/architecture.md ("trace_roofline/outputs/report.py").
+Design notes: docs/design.md ("trace_roofline/outputs/report.py").
 """
 
 from __future__ import annotations

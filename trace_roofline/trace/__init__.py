@@ -1,6 +1,6 @@
 """Stage 1: read a torch.profiler (Kineto) Chrome trace into typed pandas tables.
 
-Design notes: docs/architecture.md ("trace_roofline/trace/__init__.py").
+Design notes: docs/design.md ("trace_roofline/trace/__init__.py").
 """
 
 from trace_roofline.trace.load import PROGRESS_MIN_BYTES, load_trace, load_traces, parse_dims, progress_bar

@@ -3,7 +3,7 @@ chunks become the tables of schema.py. A batch comes either as the compiled scan
 (`Accumulator.scan`: its string and raw-key codes re-coded to the interners below, new values
 in first-seen order) or as msgspec structs (decode.py; `Accumulator.add`, described here).
 
-Design notes: docs/architecture.md ("trace_roofline/trace/columns.py").
+Design notes: docs/design.md ("trace_roofline/trace/columns.py").
 """
 
 from __future__ import annotations

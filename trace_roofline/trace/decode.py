@@ -7,7 +7,7 @@ Dims`, `Input type`, `Input Strides`, `Concrete Inputs`) stay raw JSON text. A p
 read as it is decoded, through a `read.Window` (one reused buffer): the whole text is never in
 memory at once.
 
-Design notes: docs/architecture.md ("trace_roofline/trace/decode.py").
+Design notes: docs/design.md ("trace_roofline/trace/decode.py").
 """
 
 from __future__ import annotations

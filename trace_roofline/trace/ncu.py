@@ -1,6 +1,6 @@
 """Nsight Compute import: per-kernel measured DRAM bytes, matched to the trace's kernels.
 
-Design notes: docs/architecture.md ("trace_roofline/trace/ncu.py").
+Design notes: docs/design.md ("trace_roofline/trace/ncu.py").
 """
 
 from __future__ import annotations

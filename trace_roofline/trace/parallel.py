@@ -1,7 +1,7 @@
 """The two-process parse: a forked worker decodes the events from the end while the parent
 decodes them from the start, and they meet wherever their speeds make them meet.
 
-Design notes: docs/architecture.md ("trace_roofline/trace/parallel.py").
+Design notes: docs/design.md ("trace_roofline/trace/parallel.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A trace file's bytes: listing a directory's trace files, opening a document (inflating gzip),
 reading it whole or through a sliding `Window`.
 
-Design notes: docs/architecture.md ("trace_roofline/trace/read.py").
+Design notes: docs/design.md ("trace_roofline/trace/read.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The output of stage 1: one typed table per event family, the `Trace` holding them, and the
 assembly of decoded columns into those tables (`build_tables`).
 
-Design notes: docs/architecture.md ("trace_roofline/trace/schema.py").
+Design notes: docs/design.md ("trace_roofline/trace/schema.py").
 """
 
 from __future__ import annotations
