@@ -258,6 +258,14 @@ def test_outputs_carry_the_steps(analysis_b1):
 
     page = report_html([analysis_b1])
     assert "<h4>Steps</h4>" in page and "launch-bound" in page
+    # the step's bar: its segments' widths add up to its whole wall (the longest step's), the
+    # busy segment's share and µs those of the table
+    bar = re.search(r'<div class="stepbar">.*?</div></div>', page).group(0)
+    widths = [float(w) for w in re.findall(r"width:([\d.]+)%;background", bar)]
+    assert sum(widths) == pytest.approx(100, abs=0.01)
+    busy = analysis_b1.steps["busy_us"][0]
+    assert f"device busy: {busy:,.1f} µs" in bar
+    assert f"width:{100 * busy / analysis_b1.steps['wall_us'][0]:.3f}%" in bar
 
 
 def test_steps_survive_the_cache(tmp_path):

@@ -327,13 +327,42 @@ _STEP_TABLE: list[tuple[str, str, _Format]] = [
     ("launches", "launches", "{:d}"), ("verdict", "verdict", "{}"), ("evidence", "evidence", "{}")]
 
 
+# (label, colour) of a step's timeline segments, in time order (_step_bars)
+_SEGMENTS = (("idle before the first kernel", "#d9d9d9"), ("device busy", "#3b75af"),
+             ("idle between kernels", "#f2b134"), ("idle at syncs", "#c0392b"),
+             ("host only (no device work)", "#9e9e9e"))
+
+
+def _step_bars(steps: pd.DataFrame) -> str:
+    """Each step's wall time as one bar (a chart without script): idle before the
+    first kernel, device busy, idle between kernels, idle at syncs and the rest of the wall,
+    as shares of the longest step's wall; a segment's title gives its µs."""
+    wall = steps["wall_us"].to_numpy(float)
+    between = (steps["idle_between_us"] - steps["idle_sync_us"]).clip(lower=0).to_numpy(float)
+    parts = [steps["idle_before_us"].to_numpy(float), steps["busy_us"].to_numpy(float), between,
+             steps["idle_sync_us"].to_numpy(float)]
+    parts.append((wall - sum(parts)).clip(min=0))
+    longest = max(float(wall.max()), 1e-9)
+    rows = []
+    for i, step in enumerate(steps["step"].astype(str)):  # (one row per step: a few)
+        spans = "".join(
+            f'<span title="{html.escape(label)}: {part[i]:,.1f} µs" style="display:inline-block;'
+            f'height:14px;width:{100 * part[i] / longest:.3f}%;background:{colour}"></span>'
+            for (label, colour), part in zip(_SEGMENTS, parts, strict=True) if part[i] > 0)
+        rows.append(f'<div class="stepbar"><span class="muted">{html.escape(step)}</span>'
+                    f'<div style="white-space:nowrap;width:100%">{spans}</div></div>')
+    legend = " ".join(f'<span style="color:{c}">&#9632;</span> {html.escape(lab)}'
+                      for lab, c in _SEGMENTS)
+    return "".join(rows) + f'<p class="muted">{legend}</p>'
+
+
 def _steps(a: Analysis) -> str:
-    """The step table (steptime.step_table), the roofline read against the step and the
-    operators losing most to their roof; "" without a step table."""
+    """The step table (steptime.step_table), its timeline bars, the roofline read against the
+    step and the operators losing most to their roof; "" without a step table."""
     if a.steps is None:
         return ""
     lines = [x for x in (roofline_step_line(a), *headroom_lines(a)) if x]
-    return ("<h4>Steps</h4>" + _table(a.steps, _STEP_TABLE)
+    return ("<h4>Steps</h4>" + _step_bars(a.steps) + _table(a.steps, _STEP_TABLE)
             + "".join(f"<p>{html.escape(x)}</p>" for x in lines))
 
 
