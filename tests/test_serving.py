@@ -141,6 +141,39 @@ def test_piecewise_graphs_named_as_one_step(tmp_path, bare_dir):
     assert _flops(a)["attention"] == pytest.approx(_flops(full)["attention"])
 
 
+def test_piecewise_mixed_step_attention_from_the_annotation(tmp_path):
+    """Issue 33's row (a vLLM mixed step of 9 prefill chunks and 37 decodes replayed from
+    piecewise graphs, with its capture: attention 17 GFLOP from the capture's shapes, not the
+    annotation's Σq·k terms): the Qwen3 decode replay re-cut as piecewise graphs (paged
+    attention and the cache write eager between them), its annotation that mixed step, its
+    capture folder beside it. The capture (batch 32, FULL) is said not to match the step and
+    attention is costed from the annotation: causal pairs of the chunks Σq·k - (Σq² - Σq)/2,
+    plus Σk for the decodes, 4·n_q·d FLOPs a pair, every layer."""
+    doc = json.loads(gzip.decompress(SGLANG_DECODE.read_bytes()))
+    pw = as_piecewise(doc, r"store_kvcache|paged_attention")
+    chunks = dict(n=9, q=4608, k=9216, qq=9 * 512 * 512, qk=9 * 512 * 1024)  # q 512, k 1024
+    dec = dict(n=37, k=37 * 2000)
+    step = (f"execute_{chunks['q'] + dec['n']}_context_{chunks['n']}(sq{chunks['q']}"
+            f"sk{chunks['k']}sqsq{chunks['qq']}sqsk{chunks['qk']})_generation_{dec['n']}"
+            f"(sq{dec['n']}sk{dec['k']}sqsq{dec['n']}sqsk{dec['k']})")
+    for e in pw["traceEvents"]:
+        if e.get("cat") == "user_annotation":
+            e["name"] = step if e["name"].startswith("execute_") else (
+                f"step[MIXED bs=46 toks={chunks['q'] + dec['n']}]")
+    folder = tmp_path / "mixed"
+    shutil.copytree(SGLANG_DECODE.parent / "capture_traces", folder / "capture_traces")
+    path = folder / "mixed_step.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(pw).encode()))
+    a, att = analyze_trace_kernels(path, QWEN3)
+    assert set(att.kernels["phase"]) == {"mixed"}
+    assert any("no capture of its step's batch" in f for f in a.graphs.flags)
+    pairs = chunks["qk"] - (chunks["qq"] - chunks["q"]) / 2 + dec["k"]  # 3,615,248
+    c = a.costed[a.costed["cost_kind"] == "attention"]
+    assert set(c["derivation"]) == {"step"}
+    assert c["flops"].sum() == pytest.approx(4 * NQ * D * pairs * L, rel=1e-12)  # 2.132 TFLOP
+    assert a.coverage["evidence_fraction"] >= 0.95 and a.coverage["costed_fraction"] >= 0.95
+
+
 def test_b200_tp8_prefill_of_bmm_experts_named(tmp_path, bare_dir):
     """Issue 32's row (gpt-oss on a B200, TP=8, bf16 x MXFP4 expert `bmm_*`: 38% `residual`,
     no prefill phase, qkv FLOPs 0): the vLLM replay as a B200 TP=8 rank runs a prefill of
