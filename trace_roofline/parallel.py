@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 
 import pandas as pd
 
+from trace_roofline import memory
 from trace_roofline.attribution.ranks import RankInfo, rank_info
 from trace_roofline.cache import TraceCache
 from trace_roofline.errors import InputError
@@ -128,7 +129,7 @@ def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
 
 def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int) -> list[Result]:
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=share_cores, initargs=(jobs,))
+                                  initializer=_pool_worker, initargs=(jobs,))
     try:
         return bounded_map(lambda pair: pool.submit(work, pair), cf.wait, pairs, jobs)
     except BrokenProcessPool:
@@ -136,6 +137,12 @@ def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int
                          "(killed, e.g. out of memory): try fewer jobs") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pool_worker(jobs: int) -> None:
+    """A --jobs worker's set-up: the CLI's memory settings, and its share of the CPUs."""
+    memory.tune()
+    share_cores(jobs)
 
 
 def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,
