@@ -278,6 +278,22 @@ def bart_generate() -> tuple[dict[str, nn.Module], Step, dict[str, dict]]:
                                        do_sample=False), {"": cfg}
 
 
+def owlvit() -> tuple[dict[str, nn.Module], Step, dict[str, dict]]:
+    """OWL-ViT, an open-vocabulary detector: a CLIP text encoder (causally masked) over two
+    8-token queries and a ViT over a 32x32 image (patch 8), both H 64, 2 layers."""
+    import transformers
+
+    tower = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4)
+    cfg = transformers.OwlViTConfig(
+        text_config=dict(tower, vocab_size=VOCAB, max_position_embeddings=16),
+        vision_config=dict(tower, image_size=32, patch_size=8), projection_dim=64)
+    torch.manual_seed(0)
+    m = transformers.OwlViTForObjectDetection(cfg).eval()
+    ids, pixels = _ids(8, 2), torch.randn(1, 3, 32, 32)
+    return {"": m}, lambda: m(input_ids=ids, pixel_values=pixels), {"": cfg.to_dict()}
+
+
 # name -> (builder, profiled steps, what it is)
 CAPTURES: dict[str, tuple[Callable[[], tuple[dict[str, nn.Module], Step, dict[str, dict]]],
                           int, str]] = {
@@ -298,6 +314,8 @@ CAPTURES: dict[str, tuple[Callable[[], tuple[dict[str, nn.Module], Step, dict[st
     "videomae_encoder": (videomae, 2, f"VideoMAEForVideoClassification B={BATCH} 4x32x32"),
     "llama_train": (train, 1, f"tiny Llama train step B={BATCH} T={PROMPT}: loss, backward, "
                     "AdamW"),
+    "owlvit_detector": (owlvit, 2, "OWL-ViT open-vocabulary detection: CLIP text encoder over "
+                        "2 queries of 8 tokens, ViT over a 32x32 image"),
     "bart_generate": (bart_generate, 1, "BART encoder over 8 tokens, then its decoder "
                       "generating 4 tokens"),
     "llama_assisted": (assisted, 1, "tiny Llama generate with a tinier Llama draft, prompt 8, "

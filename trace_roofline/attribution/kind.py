@@ -31,6 +31,9 @@ class Verdict:
 
 
 DECODER = Verdict()
+CAUSAL_ENCODER = Verdict("encoder", "attention is causal, but nothing decodes and no GEMM "
+                         "projects onto the vocabulary of its embedding table: a causally masked "
+                         "encoder (CLIP's text tower), not a language model")
 # an encoder-decoder's encoder, a model of its own in the trace (attribute._encoder_forwards)
 ENCODER_PART = Verdict("encoder", "an encoder-decoder's encoder: its forward attends "
                        "bidirectionally and never decodes; the decoder is the trace's model")
@@ -61,9 +64,10 @@ def judge(att: pd.DataFrame) -> Verdict:
     if "padding" in calls:  # a square mask built as a padding mask's outer product
         calls = calls[calls != "masked"]
     patches = bool(base.isin(_PATCH_CONVS).any() and not base.eq("embedding").any())
-    if np.isin(calls, ["causal", "masked"]).any() or (
-            not patches and np.isin(calls, ["decode"]).any()):
+    if not patches and np.isin(calls, ["decode"]).any():
         return DECODER
+    if np.isin(calls, ["causal", "masked"]).any():
+        return DECODER if _lm_head(att, base) else CAUSAL_ENCODER
     if np.isin(calls, ["bidirectional", "cross", "eager"]).any() or base.isin(_MIXING).any():
         return Verdict("encoder", "no attention call is causal or decodes, and some attend "
                        "bidirectionally (is_causal False, no causal mask) or across to another "
@@ -73,6 +77,34 @@ def judge(att: pd.DataFrame) -> Verdict:
         return Verdict("vision encoder", "a convolution embeds its input and no embedding "
                        "table does: a vision or video encoder, not a decoder")
     return DECODER
+
+
+def _lm_head(att: pd.DataFrame, base: pd.Series) -> bool:
+    """Whether a language model's head can have run: no embedding table is recorded (a layer's
+    trace), or some GEMM's N is an embedding table's V (its rows: the vocabulary)."""
+    emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].astype("string")
+    vocab = {d[0][0] for d in (decode_args(x) for x in emb.dropna().unique())
+             if d and isinstance(d[0], list) and len(d[0]) == 2}
+    if not vocab:
+        return True
+    gemm = att.loc[base.isin(_HEADS).to_numpy(dtype=bool), ["op_name", "input_dims"]]
+    outs = {_gemm_n(str(op).rsplit("::", 1)[-1], decode_args(dims) or [])
+            for op, dims in gemm.astype("string").dropna().drop_duplicates()
+            .itertuples(index=False)}  # (distinct GEMM shapes: a few dozen)
+    return bool(vocab & outs)
+
+
+_HEADS = {"linear", "mm", "addmm", "matmul"}
+
+
+def _gemm_n(op: str, dims: list) -> int | None:
+    """A GEMM's N: linear's weight [N, K], else the last dim of the second operand (addmm's
+    third)."""
+    at = {"linear": 1, "addmm": 2}.get(op, 1)
+    w = dims[at] if len(dims) > at else None
+    if not isinstance(w, list) or len(w) < 2:
+        return None
+    return w[0] if op == "linear" else w[-1]
 
 
 def attention_calls(d: pd.DataFrame) -> pd.Series:
