@@ -171,7 +171,10 @@ def test_collectives_sit_on_the_link_roof_outside_the_whole_model() -> None:
     assert r["achieved_bytes_per_s"] == pytest.approx(14336 / 30e-6, rel=1e-12)
     assert r["pct_of_roof"] == pytest.approx(100 * 14336 / 30e-6 / 450e9, rel=1e-12)
     assert r["bound"] == "link" and np.isnan(r["intensity"])
-    hbm = a.operators[a.operators["layer"].isna() & (a.operators["operator"] != "all_reduce")]
+    # (the layer's 1-µs kernels put some rows above their roof by more than the L2 holds: an
+    # overcount the whole model leaves out, `excluded`, as it leaves out the collectives)
+    hbm = a.operators[a.operators["layer"].isna() & (a.operators["operator"] != "all_reduce")
+                      & ~a.operators["operator"].isin(list(a.whole["excluded"]))]
     assert a.whole["flops"] == pytest.approx(hbm["flops"].sum())
     assert a.whole["bytes"] == pytest.approx(hbm["bytes"].sum())
     assert a.whole["time_us"] == pytest.approx(layer["dur_us"].sum())

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace",),
     ("attribution",),
     ("costs",),
-    ("roofline", "steptime"),
+    ("roofline", "steptime", "project"),
     ("outputs",),
     ("pipeline", "cache", "parallel"),
     ("cli", "__main__"),
