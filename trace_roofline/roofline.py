@@ -397,7 +397,10 @@ def _above_roof_why(ops: pd.DataFrame, hardware: Hardware) -> pd.Series:
     if not above.any():
         return out
     rows = ops[above]
-    per = rows["bytes"] / (rows["instances"] - rows["uncosted"]).where(lambda n: n > 0)
+    # (a per-kernel table, place_rows' for Perfetto, has one instance a row)
+    n = (rows["instances"] - rows["uncosted"] if {"instances", "uncosted"} <= set(rows)
+         else pd.Series(1, index=rows.index))
+    per = rows["bytes"] / n.where(lambda k: k > 0)
     l2 = hardware.l2_bytes
     each = per.map(lambda b: si(b, "B")) + " per instance"
     fits = (per <= l2).to_numpy(bool) if l2 else np.zeros(len(rows), bool)
@@ -728,6 +731,8 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
     {operator: µs}, `excluded_time_us`; the time and kernels count every row."""
     every = table[table["layer"].isna()] if "layer" in table else table
     above = _above(every)
+    names = (every["operator"] if "operator" in every
+             else pd.Series(every.index.astype(str), index=every.index))
     rows = every[~above]
     flops = float(rows["flops"].sum())
     nbytes = float(rows["bytes"].sum())
@@ -745,7 +750,7 @@ def whole_model(table: pd.DataFrame, hardware: Hardware | None = None) -> dict[s
         "kernels": int(every["kernels"].sum()), "uncosted": int(every["uncosted"].sum()),
         "achieved_flops_per_s": flops / secs, "achieved_bytes_per_s": nbytes / secs,
         "phases": sorted(every["phase"].unique().tolist()),
-        "excluded": dict(zip(every.loc[above, "operator"], every.loc[above, "time_us"].astype(float),
+        "excluded": dict(zip(names[above], every.loc[above, "time_us"].astype(float),
                              strict=True)),
         "excluded_time_us": float(every.loc[above, "costed_time_us"].sum()),
     })
