@@ -81,7 +81,8 @@ def judge(att: pd.DataFrame) -> Verdict:
 
 def _lm_head(att: pd.DataFrame, base: pd.Series) -> bool:
     """Whether a language model's head can have run: no embedding table is recorded (a layer's
-    trace), or some GEMM's N is an embedding table's V (its rows: the vocabulary)."""
+    trace), or some GEMM's N is most of an embedding table's V (its rows: the vocabulary, which
+    may also hold prompt or padding rows the head does not score: CPM-Ant's)."""
     emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].astype("string")
     vocab = {d[0][0] for d in (decode_args(x) for x in emb.dropna().unique())
              if d and isinstance(d[0], list) and len(d[0]) == 2}
@@ -91,10 +92,11 @@ def _lm_head(att: pd.DataFrame, base: pd.Series) -> bool:
     outs = {_gemm_n(str(op).rsplit("::", 1)[-1], decode_args(dims) or [])
             for op, dims in gemm.astype("string").dropna().drop_duplicates()
             .itertuples(index=False)}  # (distinct GEMM shapes: a few dozen)
-    return bool(vocab & outs)
+    return any(n is not None and HEAD_SHARE * v <= n <= v for n in outs for v in vocab)
 
 
 _HEADS = {"linear", "mm", "addmm", "matmul"}
+HEAD_SHARE = 0.4  # the least share of the vocabulary table an LM head's N scores
 
 
 def _gemm_n(op: str, dims: list) -> int | None:
