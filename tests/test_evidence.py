@@ -98,7 +98,8 @@ def test_cnn_says_no_decoder_names_uncosted_convolutions_and_withholds_the_whole
     assert "whole model (unknown) withheld" in lines[warned[2]]
     assert any(line.startswith("whole model") and "withheld" in line for line in lines[header:])
     rows = {line.split()[0] for line in lines[header + 1:] if line.startswith("aten::")}
-    assert rows == {"aten::conv2d", "aten::relu", "aten::max_pool2d", "aten::flatten",
+    # (an uncosted row's name carries the derivation mark ˀ: unknown)
+    assert rows == {"aten::conv2dˀ", "aten::relu", "aten::max_pool2dˀ", "aten::flatten",
                     "aten::linear"}
     entry = json.loads((tmp_path / "r" / "report.json").read_text())["traces"][0]
     assert entry["warnings"] == [w.removeprefix("! WARNING: ") for w in
@@ -140,7 +141,9 @@ def test_force_warns_and_never_extrapolates(tmp_path):
     assert lines[3].startswith("! WARNING: the trace's shapes contradict model llama-3-8b")
     assert lines[4] == "! WARNING: not extrapolated to 32 layers: the shapes contradict the model"
     entry = json.loads((tmp_path / "r.json").read_text())["traces"][0]
-    assert "extrapolated" not in entry and len(entry["warnings"]) == 2
+    # (besides the figures' cross-checks against the forced model's layout)
+    own = [w for w in entry["warnings"] if not w.startswith("cross-check")]
+    assert "extrapolated" not in entry and len(own) == 2, own
     assert entry["model_inferred"]["match"] == "qwen2.5-7b"
 
 
@@ -241,7 +244,9 @@ def test_shuffled_operator_order_is_warned_not_trusted(tmp_path):
         with ordered.ann(f"ProfilerStep#{step}"):
             for _ in range(2):
                 ordered.emit(qwen_layer(QWEN, 1, 512), annotate=False)
-    assert tr.analyze_trace(ordered.write(tmp_path / "ordered.json"), QWEN).warnings == ()
+    # (the builder's 1-µs kernels put rows above their roof: the only other warning)
+    said = tr.analyze_trace(ordered.write(tmp_path / "ordered.json"), QWEN).warnings
+    assert [w for w in said if "above their roof" not in w] == []
 
 
 def test_readme_documents_every_evidence_value_and_the_warnings():
