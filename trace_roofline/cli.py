@@ -480,12 +480,7 @@ def _serve(answer: dict[str, bytes], args: argparse.Namespace, out: Path | None,
     text = answer.pop(_TEXT).decode()
     outputs = {Path(args.json) if name == _JSON else cast(Path, out) / name.removeprefix(_OUT): data
                for name, data in answer.items()}
-    if outputs:
-        written = write_files(outputs, inputs=inputs,
-                              sets={out: ANALYZE_OUT} if out is not None else None)
-        text += "\n\nwrote " + ", ".join(str(p) for p in written)
-    print(text)
-    return 0
+    return _write_and_print(text, outputs, inputs, out, ANALYZE_OUT)
 
 
 def _html_report(out: Path, analyses) -> dict[Path, bytes]:
@@ -609,9 +604,16 @@ def _cmd_project(args: argparse.Namespace) -> int:
                           title=f"{Path(args.trace).name}: projected {result.phase} step"
                           ).savefig(png, format="png")
         outputs |= {out / "projection.json": data, out / "projection.png": png.getvalue()}
+    return _write_and_print(text, outputs, inputs, out, PROJECT_OUT)
+
+
+def _write_and_print(text: str, outputs: dict[Path, bytes], inputs: Sequence[str | None],
+                     out: Path | None, names: Sequence[str]) -> int:
+    """Write `outputs` (none over an input; `names` the set `out` may hold), then print `text`
+    with the files written."""
     if outputs:
-        written = write_files(outputs, inputs=inputs,
-                              sets={out: PROJECT_OUT} if out is not None else None)
+        written = write_files(outputs, inputs=inputs, sets={out: names} if out is not None
+                              else None)
         text += "\n\nwrote " + ", ".join(str(p) for p in written)
     print(text)
     return 0
