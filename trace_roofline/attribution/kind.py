@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import naming, tp
 from trace_roofline.model import layouts, operators
 from trace_roofline.trace.decode import decode_args
 
@@ -88,25 +88,11 @@ def _lm_head(att: pd.DataFrame, base: pd.Series) -> bool:
              if d and isinstance(d[0], list) and len(d[0]) == 2}
     if not vocab:
         return True
-    gemm = att.loc[base.isin(_HEADS).to_numpy(dtype=bool), ["op_name", "input_dims"]]
-    outs = {_gemm_n(str(op).rsplit("::", 1)[-1], decode_args(dims) or [])
-            for op, dims in gemm.astype("string").dropna().drop_duplicates()
-            .itertuples(index=False)}  # (distinct GEMM shapes: a few dozen)
-    return any(n is not None and HEAD_SHARE * v <= n <= v for n in outs for v in vocab)
+    outs = {n for _, n in tp.gemm_shapes_of(att["op_name"], att["input_dims"])}
+    return any(HEAD_SHARE * v <= n <= v for n in outs for v in vocab)
 
 
-_HEADS = {"linear", "mm", "addmm", "matmul"}
 HEAD_SHARE = 0.4  # the least share of the vocabulary table an LM head's N scores
-
-
-def _gemm_n(op: str, dims: list) -> int | None:
-    """A GEMM's N: linear's weight [N, K], else the last dim of the second operand (addmm's
-    third)."""
-    at = {"linear": 1, "addmm": 2}.get(op, 1)
-    w = dims[at] if len(dims) > at else None
-    if not isinstance(w, list) or len(w) < 2:
-        return None
-    return w[0] if op == "linear" else w[-1]
 
 
 def attention_calls(d: pd.DataFrame) -> pd.Series:
