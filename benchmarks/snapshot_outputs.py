@@ -1,7 +1,8 @@
 """Write every machine-readable output of `analyze` on every committed sample trace into one folder.
 
 Used to show a refactor changes no output: run it on two checkouts and `diff -r` the folders.
-    python benchmarks/snapshot_outputs.py OUT [--root CHECKOUT] [--jobs 2]
+    python benchmarks/snapshot_outputs.py OUT [--root CHECKOUT] [--jobs 2] [--only REGEX]
+    diff -r BEFORE AFTER
 Images and report.html are left out (their bytes carry render ids); paths are made relative.
 """
 
@@ -53,11 +54,16 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--root", type=Path, default=HERE)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", type=re.compile, default=None,
+                    help="only the traces whose path under sample_traces/ matches this regex")
     a = ap.parse_args()
     root = a.root.resolve()
     jobs = []
     for t in traces(root):
-        name = str(t.relative_to(root / "sample_traces")).replace("/", "__")
+        rel = str(t.relative_to(root / "sample_traces"))
+        if a.only is not None and not a.only.search(rel):
+            continue
+        name = rel.replace("/", "__")
         jobs.append((t, a.out / name / "bare", []))
         if model := model_for(t):
             jobs.append((t, a.out / name / "model", ["--model", model]))
