@@ -5,6 +5,7 @@ import math
 import pytest
 
 from trace_roofline.model import formulas
+from trace_roofline.model.formulas import AttentionShape
 
 H, I_FF = 3584, 18944
 
@@ -35,38 +36,44 @@ def test_gemm_dtypes_fp32_and_fp8():
 
 
 def test_attention_decode_gqa_is_seven_for_qwen():
-    f = formulas.attention_flops(1, 28, 1, 2048, 128)
+    decode = AttentionShape(28, 4, 1, 2048, 128)
+    f = formulas.attention_flops(decode)
     assert f == 4 * 28 * 128 * 2048 == 29_360_128
-    assert formulas.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "kv") == 4_194_304
-    assert formulas.attention_bytes(1, 28, 4, 1, 2048, 128, 2, "all") == 4_194_304 + 14_336
-    assert formulas.attention_intensity(28, 4, 1, 2048, 128, 2, "full", "kv") == 7.0
+    assert formulas.attention_bytes(decode, 2, "kv") == 4_194_304
+    assert formulas.attention_bytes(decode, 2, "all") == 4_194_304 + 14_336
+    assert formulas.attention_intensity(AttentionShape(28, 4, 1, 2048, 128, causal="full"), 2,
+                                        "kv") == 7.0
     # S cancels in decode
-    assert formulas.attention_intensity(28, 4, 1, 128, 128, 2, "full", "kv") == 7.0
+    assert formulas.attention_intensity(AttentionShape(28, 4, 1, 128, 128, causal="full"), 2,
+                                        "kv") == 7.0
 
 
 def test_attention_gqa_ratio_llama():
     # Llama-3-8B: 32 query heads over 8 KV heads -> 2/2 · 4 = 4 FLOP/byte at decode
-    assert formulas.attention_intensity(32, 8, 1, 4096, 128, 2, "full", "kv") == 4.0
+    assert formulas.attention_intensity(AttentionShape(32, 8, 1, 4096, 128, causal="full"), 2,
+                                        "kv") == 4.0
     # MHA (n_q = n_kv) in fp32: 2/4 = 0.5
-    assert formulas.attention_intensity(8, 8, 1, 4096, 64, 4, "full", "kv") == 0.5
+    assert formulas.attention_intensity(AttentionShape(8, 8, 1, 4096, 64, causal="full"), 4,
+                                        "kv") == 0.5
 
 
 def test_attention_prefill_conventions():
     # lesson: T = S, every pair, K/V only -> 7·S
-    assert formulas.attention_intensity(28, 4, 512, 512, 128, 2, "full", "kv") == 3584.0
+    assert formulas.attention_intensity(AttentionShape(28, 4, 512, 512, 128, causal="full"), 2,
+                                        "kv") == 3584.0
     # causal pairs for T = S = 4: 1 + 2 + 3 + 4 = 10 (of 16)
     assert formulas.attention_pairs(4, 4, "causal") == 10
     assert formulas.attention_pairs(4, 4, "full") == 16
     # chunked prefill: 2 new queries after 3 cached keys (S = 5): 4 + 5 = 9
     assert formulas.attention_pairs(2, 5, "causal") == 9
     assert formulas.attention_pairs(1, 2048, "causal") == 2048
-    f_full = formulas.attention_flops(2, 28, 8, 8, 128, "full")
-    f_causal = formulas.attention_flops(2, 28, 8, 8, 128, "causal")
+    f_full = formulas.attention_flops(AttentionShape(28, 28, 8, 8, 128, batch=2, causal="full"))
+    f_causal = formulas.attention_flops(AttentionShape(28, 28, 8, 8, 128, batch=2))
     assert f_causal / f_full == 36 / 64
     with pytest.raises(ValueError):
         formulas.attention_pairs(1, 1, "bogus")
     with pytest.raises(ValueError):
-        formulas.attention_bytes(1, 1, 1, 1, 1, 1, 2, "bogus")
+        formulas.attention_bytes(AttentionShape(1, 1, 1, 1, 1), 2, "bogus")
 
 
 def test_elementwise_and_roofline_helpers():
@@ -93,4 +100,4 @@ def test_m_star_matches_closed_form():
 
 def test_s_star_lesson_convention():
     ridge = 165.2e12 / 1008e9  # 163.9: 7·S ≥ 163.9 -> S = 24
-    assert formulas.s_star(28, 4, 128, 2, ridge, "full", "kv") == 24
+    assert formulas.s_star(AttentionShape(28, 4, 0, 0, 128, causal="full"), 2, ridge, "kv") == 24

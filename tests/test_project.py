@@ -93,7 +93,8 @@ def test_linear_flops_and_bytes_at_a_new_batch_are_the_gemm_formulas():
     assert at.loc["q_proj", "bytes"] == pytest.approx(28 * (64 * k + k * n + 64 * n + n) * 2)
     i = MODEL.intermediate_size
     assert at.loc["down_proj", "flops"] == pytest.approx(28 * 2 * 64 * i * k)
-    pairs = formulas.attention_flops(64, MODEL.num_heads, 1, 1025, MODEL.head_dim)
+    pairs = formulas.attention_flops(formulas.AttentionShape(
+        MODEL.num_heads, MODEL.num_kv_heads, 1, 1025, MODEL.head_dim, batch=64))
     assert at.loc["attention", "flops"] == pytest.approx(28 * pairs)
 
 

@@ -68,9 +68,9 @@ def intensity_table(
     for s in ss:
         row: dict[str, object] = {"s": s}
         for phase, t in (("decode", 1), ("prefill", s)):
-            i = formulas.attention_intensity(
-                model.num_heads, model.num_kv_heads, t, s, model.head_dim, b, causal, attention_bytes
-            )
+            i = formulas.attention_intensity(formulas.AttentionShape(
+                model.num_heads, model.num_kv_heads, t, s, model.head_dim, causal=causal
+            ), b, attention_bytes)
             row[phase] = {"intensity": i, "bound": formulas.bound(i, ridge)}
         attention.append(row)
     return {
@@ -89,9 +89,9 @@ def intensity_table(
         "m_star": {
             name: formulas.m_star(k, n, b, ridge, bias) for name, (k, n, bias) in linears.items()
         },
-        "s_star": formulas.s_star(
-            model.num_heads, model.num_kv_heads, model.head_dim, b, ridge, causal, attention_bytes
-        ),
+        "s_star": formulas.s_star(formulas.AttentionShape(
+            model.num_heads, model.num_kv_heads, 0, 0, model.head_dim, causal=causal
+        ), b, ridge, attention_bytes),
         "moe": _moe_table(model, ms, b, ridge),
     }
 

@@ -338,8 +338,9 @@ def _attention_against(rows: pd.DataFrame, model: ModelSpec, p: pd.DataFrame, ca
     counted: formulas.Causal = "causal" if causal == "causal" and decoder else "full"
     nq, d, dv = model.num_heads, model.head_dim, at.v_head_dim
     g["expected"] = g["layers"] * np.array(
-        [formulas.attention_flops(int(bb), nq, int(tt), int(ss), d,
-                                  counted if tt > 1 else "full", dv)
+        [formulas.attention_flops(formulas.AttentionShape(
+            nq, model.num_kv_heads, int(tt), int(ss), d, dv, int(bb),
+            counted if tt > 1 else "full"))
          for bb, tt, ss in zip(b, t, s, strict=True)])  # (per pass: a few)
     what = pd.Series([f"{int(lay)} layer(s) x 2·{bb}·{nq}·pairs(T={tt}, S={ss}"
                       f"{', causal' if counted == 'causal' and tt > 1 else ''})·({d} + {dv})"

@@ -5,7 +5,9 @@ Design notes: docs/design.md ("trace_roofline/model/formulas.py").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 Causal = Literal["full", "causal"]
@@ -43,36 +45,47 @@ def attention_pairs(t: int, s: int, causal: Causal = "causal") -> float:
     raise ValueError(f"causal must be one of {CAUSAL_CONVENTIONS}, got {causal!r}")
 
 
-def attention_flops(
-    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal",
-    d_v: int | None = None,
-) -> float:
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention call: `batch` sequences of T queries (n_q heads) against S keys (n_kv
+    heads), q/k heads of d and v heads of d_v (None: d), its pairs counted `causal`."""
+
+    n_q: int
+    n_kv: int
+    t: int
+    s: int
+    d: int
+    d_v: int | None = None
+    batch: int = 1
+    causal: Causal = "causal"
+
+    @property
+    def dv(self) -> int:
+        return self.d if self.d_v is None else self.d_v
+
+
+def attention_flops(a: AttentionShape) -> float:
     """QKᵀ (2·d per pair) plus P·V (2·d_v per pair) for every query head:
     2·B·n_q·pairs·(d + d_v), 4·B·n_q·d·pairs when d_v = d (None). MLA (DeepSeek-V2/V3) has
     d = 192 (nope + rope) and d_v = 128.
 
     GQA does not change FLOPs: each query head still scores its own keys. Softmax is ignored.
     """
-    dv = d if d_v is None else d_v
-    return 2.0 * batch * n_q * (d + dv) * attention_pairs(t, s, causal)
+    return 2.0 * a.batch * a.n_q * (a.d + a.dv) * attention_pairs(a.t, a.s, a.causal)
 
 
-def attention_bytes(
-    batch: int, n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
-    convention: AttentionBytes = "all", d_v: int | None = None,
-) -> float:
+def attention_bytes(a: AttentionShape, b: float, convention: AttentionBytes = "all") -> float:
     """Minimum DRAM bytes of a fused (flash-style) attention with GQA; K of d and V of d_v
     (None: d) per head.
 
     `kv`: only K and V are read, B·n_kv·S·(d + d_v)·b (the lesson's count);
     `all`: Q read and O written as well, + B·n_q·T·(d + d_v)·b. Scores stay on chip in both.
     """
-    dv = d if d_v is None else d_v
-    kv = 1.0 * batch * n_kv * s * (d + dv) * b
+    kv = 1.0 * a.batch * a.n_kv * a.s * (a.d + a.dv) * b
     if convention == "kv":
         return kv
     if convention == "all":
-        return kv + 1.0 * batch * n_q * t * (d + dv) * b
+        return kv + 1.0 * a.batch * a.n_q * a.t * (a.d + a.dv) * b
     raise ValueError(f"convention must be one of {ATTENTION_BYTES_CONVENTIONS}, got {convention!r}")
 
 
@@ -81,31 +94,22 @@ def attention_bytes(
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 
 
-def attention_backward_flops(
-    batch: int, n_q: int, t: int, s: int, d: int, causal: Causal = "causal",
-    d_v: int | None = None,
-) -> float:
+def attention_backward_flops(a: AttentionShape) -> float:
     """The backward of `attention_flops`: 2.5x the forward (ATTENTION_BACKWARD_FLOPS_RATIO)."""
-    return ATTENTION_BACKWARD_FLOPS_RATIO * attention_flops(batch, n_q, t, s, d, causal, d_v)
+    return ATTENTION_BACKWARD_FLOPS_RATIO * attention_flops(a)
 
 
-def attention_backward_bytes(batch: int, n_q: int, n_kv: int, t: int, s: int, d: int,
-                             b: float, d_v: int | None = None) -> float:
+def attention_backward_bytes(a: AttentionShape, b: float) -> float:
     """Minimum DRAM bytes of a fused attention backward: Q, O, dO read and dQ written
     (2·B·n_q·T·(d + d_v)), K and V read and dK, dV written (2·B·n_kv·S·(d + d_v)), b bytes
     each; d_v None: d."""
-    dv = d if d_v is None else d_v
-    return b * (2.0 * batch * n_q * t * (d + dv) + 2.0 * batch * n_kv * s * (d + dv))
+    return b * (2.0 * a.batch * a.n_q * a.t * (a.d + a.dv)
+                + 2.0 * a.batch * a.n_kv * a.s * (a.d + a.dv))
 
 
-def attention_intensity(
-    n_q: int, n_kv: int, t: int, s: int, d: int, b: float,
-    causal: Causal = "causal", convention: AttentionBytes = "all", batch: int = 1,
-) -> float:
+def attention_intensity(a: AttentionShape, b: float, convention: AttentionBytes = "all") -> float:
     """Decode (T = 1, kv bytes): (2/b)·(n_q/n_kv), S cancels. Prefill T = S, full, kv: (2/b)·(n_q/n_kv)·S."""
-    return attention_flops(batch, n_q, t, s, d, causal) / attention_bytes(
-        batch, n_q, n_kv, t, s, d, b, convention
-    )
+    return attention_flops(a) / attention_bytes(a, b, convention)
 
 
 def elementwise_bytes(elements_in: float, elements_out: float, b: float) -> float:
@@ -150,13 +154,12 @@ def m_star(k: int, n: int, b: float, ridge_intensity: float, bias: bool = False)
     return smallest_int(lambda m: gemm_intensity(m, k, n, b, bias) >= ridge_intensity)
 
 
-def s_star(
-    n_q: int, n_kv: int, d: int, b: float, ridge_intensity: float,
-    causal: Causal = "causal", convention: AttentionBytes = "all",
-) -> int | None:
-    """Smallest prefill length S (T = S) at which attention is compute-bound."""
+def s_star(heads: AttentionShape, b: float, ridge_intensity: float,
+           convention: AttentionBytes = "all") -> int | None:
+    """Smallest prefill length S (T = S) at which attention of `heads` (its n_q, n_kv, d, d_v,
+    batch and causal; its own T and S unused) is compute-bound."""
     def compute_bound(s: int) -> bool:
-        return attention_intensity(n_q, n_kv, s, s, d, b, causal, convention) >= ridge_intensity
+        prefill = dataclasses.replace(heads, t=s, s=s)
+        return attention_intensity(prefill, b, convention) >= ridge_intensity
 
     return smallest_int(compute_bound, hi=1 << 30)
-
