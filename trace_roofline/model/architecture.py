@@ -16,6 +16,7 @@ from typing import Literal
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, operators
 from trace_roofline.model.moe import Experts
+from trace_roofline.model.operators import Name
 
 NormKind = Literal["rmsnorm", "layernorm"]
 Position = Literal["rope", "learned"]
@@ -24,7 +25,9 @@ QkScope = Literal["head", "projection"]
 # Tensor parallelism (vLLM / Megatron): row-parallel GEMMs split K (operators.row_parallel),
 # replicated ones are whole
 _ROW = frozenset(o.name for o in operators.OPERATORS if o.row_parallel)
-_REPLICATED = frozenset({"router", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa"})
+# the shared expert's sigmoid gate (Qwen-MoE): a GEMM of its own, its time the router's
+SHARED_EXPERT_GATE = "shared_expert_gate"
+_REPLICATED = frozenset({Name.ROUTER, SHARED_EXPERT_GATE, Name.Q_A_PROJ, Name.KV_A_PROJ_WITH_MQA})
 
 
 # ----------------------------------------------------------------------------- sub-operations
@@ -168,7 +171,7 @@ class Layout:
 
 
 # The blocks a placement orders besides norms (a norm is named by its operator)
-ATTENTION, MLP, RESIDUAL = "attention", "mlp", "residual"
+ATTENTION, MLP, RESIDUAL = Name.ATTENTION, "mlp", Name.RESIDUAL
 
 
 @dataclass(frozen=True)
@@ -191,23 +194,23 @@ class Placement:
             raise ValueError(f"placement {self.name!r} needs one attention and one mlp block")
 
 
-PRE = Placement("pre", ("input_norm", ATTENTION, RESIDUAL, "post_attention_norm", MLP, RESIDUAL))
+PRE = Placement("pre", (Name.INPUT_NORM, ATTENTION, RESIDUAL, Name.POST_ATTENTION_NORM, MLP, RESIDUAL))
 # OLMo2 / OLMo3: no pre-norms; each block's output is normalised before its residual add
-POST = Placement("post", (ATTENTION, "post_attention_norm", RESIDUAL, MLP,
-                          "post_feedforward_norm", RESIDUAL))
+POST = Placement("post", (ATTENTION, Name.POST_ATTENTION_NORM, RESIDUAL, MLP,
+                          Name.POST_FEEDFORWARD_NORM, RESIDUAL))
 # Gemma 2 / 3, GLM-4: norms before and after attention and MLP
-SANDWICH = Placement("sandwich", ("input_norm", ATTENTION, "post_attention_norm", RESIDUAL,
-                                  "pre_feedforward_norm", MLP, "post_feedforward_norm", RESIDUAL))
+SANDWICH = Placement("sandwich", (Name.INPUT_NORM, ATTENTION, Name.POST_ATTENTION_NORM, RESIDUAL,
+                                  Name.PRE_FEEDFORWARD_NORM, MLP, Name.POST_FEEDFORWARD_NORM, RESIDUAL))
 # BERT and the encoder-decoders' decoders (BART): each block's residual sum normalised, the
 # embeddings normalised, no final norm
-POST_LN = Placement("post_ln", (ATTENTION, RESIDUAL, "post_attention_norm", MLP, RESIDUAL,
-                                "post_feedforward_norm"), embedding_norm=True, final_norm=False)
+POST_LN = Placement("post_ln", (ATTENTION, RESIDUAL, Name.POST_ATTENTION_NORM, MLP, RESIDUAL,
+                                Name.POST_FEEDFORWARD_NORM), embedding_norm=True, final_norm=False)
 # BLOOM, mBART, nanochat: a pre-norm layer, the embeddings normalised too
 PRE_EMBEDDING_NORM = Placement("pre_embedding_norm", PRE.order, embedding_norm=True)
 # GPT-NeoX: attention and MLP both read the layer input, each through its own norm
-PARALLEL = Placement("parallel", ("input_norm", ATTENTION, "post_attention_norm", MLP, RESIDUAL))
+PARALLEL = Placement("parallel", (Name.INPUT_NORM, ATTENTION, Name.POST_ATTENTION_NORM, MLP, RESIDUAL))
 # Cohere, Phi-2, StableLM's parallel form: one norm feeds attention and MLP
-PARALLEL_ONE_NORM = Placement("parallel_one_norm", ("input_norm", ATTENTION, MLP, RESIDUAL))
+PARALLEL_ONE_NORM = Placement("parallel_one_norm", (Name.INPUT_NORM, ATTENTION, MLP, RESIDUAL))
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -354,7 +357,7 @@ class Architecture:
 
     @property
     def lm_head(self) -> Gemm:
-        return Gemm("lm_head", "lm_head.weight", self.hidden_size, self.vocab_size,
+        return Gemm(Name.LM_HEAD, "lm_head.weight", self.hidden_size, self.vocab_size,
                     weight_bits=self.precision.weight_bits, parallel="column")
 
     # ---- views the analyzer uses (ModelSpec.linears, fused_linears, moe_linears)
@@ -367,8 +370,10 @@ class Architecture:
     def fused_linears(self) -> tuple[Gemm, ...]:
         """vLLM's fused forms of the layer's q/k/v (qkv_proj) and gate/up (gate_up_proj)."""
         lin = {g.name: g for g in self.linears()}
-        qkv = lin.get("qkv_proj") or _fuse("qkv_proj", [lin.get(n) for n in ("q_proj", "k_proj", "v_proj")])
-        gate_up = lin.get("gate_up_proj") or _fuse("gate_up_proj", [lin.get("gate_proj"), lin.get("up_proj")])
+        qkv = lin.get(Name.QKV_PROJ) or _fuse(
+            Name.QKV_PROJ, [lin.get(n) for n in (Name.Q_PROJ, Name.K_PROJ, Name.V_PROJ)])
+        gate_up = lin.get(Name.GATE_UP_PROJ) or _fuse(
+            Name.GATE_UP_PROJ, [lin.get(Name.GATE_PROJ), lin.get(Name.UP_PROJ)])
         return tuple(g for g in (qkv, gate_up) if g is not None)
 
     def moe_linears(self) -> tuple[Gemm, ...]:
@@ -379,17 +384,21 @@ class Architecture:
         if layer is None:
             return ()
         g = {x.name: x for x in layer.gemms()}
-        gate_up = g["experts_gate_up"]
+        gate_up = g[Name.EXPERTS_GATE_UP]
         half = dataclasses.replace(gate_up, n=gate_up.n // 2)
         out: list[Gemm | None] = [
-            g["router"], gate_up, dataclasses.replace(half, name="experts_gate", op="experts_gate_up"),
-            dataclasses.replace(half, name="experts_up", op="experts_gate_up"), g["experts_down"]]
-        if "shared_gate_proj" in g:
-            fused = _fuse("shared_gate_up_proj", [g["shared_gate_proj"], g["shared_up_proj"]],
-                          leaf="gate_up_proj")
-            out += [g["shared_gate_proj"], g["shared_up_proj"], fused, g["shared_down_proj"]]
-        if "shared_expert_gate" in g:
-            out.append(g["shared_expert_gate"])
+            g[Name.ROUTER], gate_up,
+            *(dataclasses.replace(half, name=part, op=Name.EXPERTS_GATE_UP)
+              for part in dict(operators.FUSIONS)[Name.EXPERTS_GATE_UP]),
+            g[Name.EXPERTS_DOWN]]
+        if Name.SHARED_GATE_PROJ in g:
+            fused = _fuse(Name.SHARED_GATE_UP_PROJ,
+                          [g[Name.SHARED_GATE_PROJ], g[Name.SHARED_UP_PROJ]],
+                          leaf=Name.GATE_UP_PROJ)
+            out += [g[Name.SHARED_GATE_PROJ], g[Name.SHARED_UP_PROJ], fused,
+                    g[Name.SHARED_DOWN_PROJ]]
+        if SHARED_EXPERT_GATE in g:
+            out.append(g[SHARED_EXPERT_GATE])
         return tuple(x for x in out if x is not None)
 
     # ---- tensor parallelism
@@ -453,18 +462,29 @@ def dtype_bits(dtype: str) -> float:
     return d.bits if d is not None else 0.0
 
 
-def _gemm(a: Architecture, name: str, k: int, n: int, bias: bool, *,
-          op: str = "", experts: int = 0, leaf: str = "weight") -> Gemm:
-    """A GEMM at the family's module for `name` (stacked experts: the parameter `leaf`)."""
-    fam = a.layout
-    module = fam.module["experts" if experts else name]
+def _parallel(name: str) -> Parallel:
+    return "row" if name in _ROW else "replicated" if name in _REPLICATED else "column"
+
+
+def _gemm(a: Architecture, name: str, k: int, n: int, bias: bool) -> Gemm:
+    """A GEMM at the family's module for `name` (the router's, and the shared expert's gate
+    whose time is the router's, at the activations' precision)."""
+    op = Name.ROUTER if name == SHARED_EXPERT_GATE else name
     p = a.precision
-    bits = p.expert_bits if experts else (dtype_bits(p.activations) if (op or name) == "router"
-                                          else p.weight_bits)
-    parallel: Parallel = ("row" if name in _ROW else "replicated" if name in _REPLICATED
-                          else "column")
-    return Gemm(name, f"{module}.{leaf}", k, n, bias, op=op, experts=experts,
-                transposed=name in fam.transposed, weight_bits=bits, parallel=parallel)
+    bits = dtype_bits(p.activations) if op == Name.ROUTER else p.weight_bits
+    return Gemm(name, f"{a.layout.module[name]}.weight", k, n, bias, op=op,
+                transposed=name in a.layout.transposed, weight_bits=bits,
+                parallel=_parallel(name))
+
+
+def _experts_gemm(a: Architecture, name: str, k: int, n: int, leaf: str) -> Gemm:
+    """A GEMM of the routed experts: every expert's weight stacked in the experts' module's
+    parameter `leaf` (HF 5.x names it after the dense MLP's projection: `gate_up_proj`)."""
+    moe = a.moe
+    assert moe is not None
+    return Gemm(name, f"{a.layout.module['experts']}.{leaf}", k, n, moe.expert_bias,
+                experts=moe.experts.num_experts, transposed=name in a.layout.transposed,
+                weight_bits=a.precision.expert_bits, parallel=_parallel(name))
 
 
 def _norm(a: Architecture, op: str, size: int, kind: NormKind | None = None) -> Norm:
@@ -479,19 +499,19 @@ def _attention_ops(a: Architecture) -> tuple[SubOp, ...]:
     ops: list[SubOp]
     if at.mla:
         ops = _mla_ops(a)
-    elif "qkv_proj" in fam.module:
-        ops = [_gemm(a, "qkv_proj", h, (nq + 2 * nkv) * d, at.bias)]
+    elif Name.QKV_PROJ in fam.module:
+        ops = [_gemm(a, Name.QKV_PROJ, h, (nq + 2 * nkv) * d, at.bias)]
     else:
-        ops = [_gemm(a, "q_proj", h, nq * d, at.bias), _gemm(a, "k_proj", h, nkv * d, at.bias),
-               _gemm(a, "v_proj", h, nkv * d, at.bias)]
+        ops = [_gemm(a, Name.Q_PROJ, h, nq * d, at.bias), _gemm(a, Name.K_PROJ, h, nkv * d, at.bias),
+               _gemm(a, Name.V_PROJ, h, nkv * d, at.bias)]
     if at.qk_norm:
         q, k = (nq * d, nkv * d) if fam.qk_norm == "projection" else (d, d)
-        ops += [_norm(a, "q_norm", q), _norm(a, "k_norm", k)]
+        ops += [_norm(a, Name.Q_NORM, q), _norm(a, Name.K_NORM, k)]
     if at.rope_dim:
-        ops.append(Step("rope"))
-    sinks = ((f"{fam.module['attention']}.sinks", (nq,)),) if at.sinks else ()
-    ops += [Step("attention", fam.module["attention"], sinks),
-            _gemm(a, "o_proj", nq * dv, h, at.out_bias)]
+        ops.append(Step(Name.ROPE))
+    sinks = ((f"{fam.module[Name.ATTENTION]}.sinks", (nq,)),) if at.sinks else ()
+    ops += [Step(Name.ATTENTION, fam.module[Name.ATTENTION], sinks),
+            _gemm(a, Name.O_PROJ, nq * dv, h, at.out_bias)]
     return tuple(ops)
 
 
@@ -500,15 +520,16 @@ def _mla_ops(a: Architecture) -> list[SubOp]:
     at, h = a.attention, a.hidden_size
     q_n = at.num_heads * at.head_dim
     if at.q_lora_rank is None:
-        ops: list[SubOp] = [_gemm(a, "q_proj", h, q_n, False)]
+        ops: list[SubOp] = [_gemm(a, Name.Q_PROJ, h, q_n, False)]
     else:
         r = at.q_lora_rank
-        ops = [_gemm(a, "q_a_proj", h, r, at.bias), _norm(a, "q_a_layernorm", r, "rmsnorm"),
-               _gemm(a, "q_b_proj", r, q_n, False)]
+        ops = [_gemm(a, Name.Q_A_PROJ, h, r, at.bias), _norm(a, Name.Q_A_LAYERNORM, r, "rmsnorm"),
+               _gemm(a, Name.Q_B_PROJ, r, q_n, False)]
     c = at.kv_lora_rank
-    return ops + [_gemm(a, "kv_a_proj_with_mqa", h, c + at.rope_dim, at.bias),
-                  _norm(a, "kv_a_layernorm", c, "rmsnorm"),
-                  _gemm(a, "kv_b_proj", c, at.num_heads * (at.nope_head_dim + at.v_head_dim), False)]
+    return ops + [_gemm(a, Name.KV_A_PROJ_WITH_MQA, h, c + at.rope_dim, at.bias),
+                  _norm(a, Name.KV_A_LAYERNORM, c, "rmsnorm"),
+                  _gemm(a, Name.KV_B_PROJ, c, at.num_heads * (at.nope_head_dim + at.v_head_dim),
+                        False)]
 
 
 def _mlp_ops(a: Architecture) -> tuple[SubOp, ...]:
@@ -516,31 +537,30 @@ def _mlp_ops(a: Architecture) -> tuple[SubOp, ...]:
     m, h = a.mlp, a.hidden_size
     assert m is not None
     i, b = m.intermediate_size, m.bias
-    act, down = Step("act", a.layout.module["act"]), _gemm(a, "down_proj", i, h, b)
+    act, down = Step(Name.ACT, a.layout.module[Name.ACT]), _gemm(a, Name.DOWN_PROJ, i, h, b)
     if not m.gated:
-        return _gemm(a, "up_proj", h, i, b), act, down
-    if "gate_up_proj" in a.layout.module:
-        return _gemm(a, "gate_up_proj", h, 2 * i, b), act, down
-    return _gemm(a, "gate_proj", h, i, b), _gemm(a, "up_proj", h, i, b), act, down
+        return _gemm(a, Name.UP_PROJ, h, i, b), act, down
+    if Name.GATE_UP_PROJ in a.layout.module:
+        return _gemm(a, Name.GATE_UP_PROJ, h, 2 * i, b), act, down
+    return _gemm(a, Name.GATE_PROJ, h, i, b), _gemm(a, Name.UP_PROJ, h, i, b), act, down
 
 
 def _moe_ops(a: Architecture) -> tuple[SubOp, ...]:
     """Router, routed experts (stacked: gate_up then down) and the shared expert(s)."""
     moe, h = a.moe, a.hidden_size
     assert moe is not None
-    e, i, bias = moe.experts, moe.experts.intermediate_size, moe.expert_bias
-    n = e.num_experts
+    e, i = moe.experts, moe.experts.intermediate_size
     ops: list[SubOp] = [
-        _gemm(a, "router", h, n, moe.router_bias), Step("moe_dispatch"),
-        _gemm(a, "experts_gate_up", h, 2 * i, bias, experts=n, leaf="gate_up_proj"),
-        Step("experts_act"),
-        _gemm(a, "experts_down", i, h, bias, experts=n, leaf="down_proj"), Step("moe_combine")]
+        _gemm(a, Name.ROUTER, h, e.num_experts, moe.router_bias), Step(Name.MOE_DISPATCH),
+        _experts_gemm(a, Name.EXPERTS_GATE_UP, h, 2 * i, Name.GATE_UP_PROJ), Step(Name.EXPERTS_ACT),
+        _experts_gemm(a, Name.EXPERTS_DOWN, i, h, Name.DOWN_PROJ), Step(Name.MOE_COMBINE)]
     s = e.shared_intermediate_size
     if s:
-        ops += [_gemm(a, "shared_gate_proj", h, s, False), _gemm(a, "shared_up_proj", h, s, False),
-                Step("act"), _gemm(a, "shared_down_proj", s, h, False)]
+        ops += [_gemm(a, Name.SHARED_GATE_PROJ, h, s, False),
+                _gemm(a, Name.SHARED_UP_PROJ, h, s, False), Step(Name.ACT),
+                _gemm(a, Name.SHARED_DOWN_PROJ, s, h, False)]
     if s and e.shared_gate:
-        ops.append(_gemm(a, "shared_expert_gate", h, 1, False, op="router"))
+        ops.append(_gemm(a, SHARED_EXPERT_GATE, h, 1, False))
     return tuple(ops)
 
 
