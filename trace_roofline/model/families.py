@@ -24,6 +24,7 @@ from trace_roofline.model.architecture import (
     PRE,
     PRE_EMBEDDING_NORM,
     SANDWICH,
+    SHARED_EXPERT_GATE,
     Architecture,
     Attention,
     Layout,
@@ -34,8 +35,9 @@ from trace_roofline.model.architecture import (
     Position,
 )
 from trace_roofline.model.config_reader import Config
+from trace_roofline.model.operators import Name
 
-BiasRule = Literal["attention", "never", "always"]
+BiasRule = Literal["qkv", "never", "always"]
 GEOMETRY = ("hidden_size", "num_attention_heads", "num_hidden_layers")  # fields every reading needs
 
 
@@ -83,7 +85,7 @@ class Family:
     qk_norm_always: q/k norms no config field announces (Qwen3, OLMo2); norm_topk_prob: the
     top-k routing weights renormalised when the config does not say (None: where it counts
     its experts as Mixtral does, `num_local_experts`); bias_default: q/k/v
-    bias when no field says; out_bias / mlp_bias: o_proj's / the MLP's bias `attention` (as
+    bias when no field says; out_bias / mlp_bias: o_proj's / the MLP's bias `qkv` (as
     q/k/v), `never`, `always` (mlp_bias None: the config's `mlp_bias`); gated: a gated MLP;
     activation: its default; windows: WINDOW_RULES key; sqrt_embedding_scale: embeddings
     scaled by sqrt(H) (Gemma); position: rope or learned; tie_default: tied lm_head when the
@@ -99,7 +101,7 @@ class Family:
     qk_norm_always: bool = False
     norm_topk_prob: bool | None = None
     bias_default: bool = False
-    out_bias: BiasRule = "attention"
+    out_bias: BiasRule = "qkv"
     mlp_bias: BiasRule | None = None
     gated: bool = True
     activation: str = "silu"
@@ -113,8 +115,8 @@ class Family:
     adjust: Callable[[Config, Architecture], Architecture] | None = None
 
 
-def _bias(rule: BiasRule, attention: bool) -> bool:
-    return {"attention": attention, "never": False, "always": True}[rule]
+def _bias(rule: BiasRule, qkv: bool) -> bool:
+    return {"qkv": qkv, "never": False, "always": True}[rule]
 
 
 # ----------------------------------------------------------------------------- the reader
@@ -239,90 +241,93 @@ def _llama4(c: Config, arch: Architecture) -> Architecture:
 
 
 # ----------------------------------------------------------------------------- module tables
-_ATTN = {"input_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
-         "v_proj": "self_attn.v_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
-         "attention": "self_attn", "o_proj": "self_attn.o_proj",
-         "post_attention_norm": "post_attention_layernorm"}
-_MLP = {"gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "act": "mlp.act_fn",
-        "down_proj": "mlp.down_proj"}
-_MOE = {"router": "mlp.gate", "experts": "mlp.experts",
-        "shared_gate_proj": "mlp.shared_expert.gate_proj", "shared_up_proj": "mlp.shared_expert.up_proj",
-        "shared_down_proj": "mlp.shared_expert.down_proj", "shared_expert_gate": "mlp.shared_expert_gate"}
-_FFN_NORMS = {"pre_feedforward_norm": "pre_feedforward_layernorm",
-              "post_feedforward_norm": "post_feedforward_layernorm"}
+_ATTN = {Name.INPUT_NORM: "input_layernorm", Name.Q_PROJ: "self_attn.q_proj", Name.K_PROJ: "self_attn.k_proj",
+         Name.V_PROJ: "self_attn.v_proj", Name.Q_NORM: "self_attn.q_norm", Name.K_NORM: "self_attn.k_norm",
+         Name.ATTENTION: "self_attn", Name.O_PROJ: "self_attn.o_proj",
+         Name.POST_ATTENTION_NORM: "post_attention_layernorm"}
+_MLP = {Name.GATE_PROJ: "mlp.gate_proj", Name.UP_PROJ: "mlp.up_proj", Name.ACT: "mlp.act_fn",
+        Name.DOWN_PROJ: "mlp.down_proj"}
+_MOE = {Name.ROUTER: "mlp.gate", "experts": "mlp.experts",
+        Name.SHARED_GATE_PROJ: "mlp.shared_expert.gate_proj",
+        Name.SHARED_UP_PROJ: "mlp.shared_expert.up_proj",
+        Name.SHARED_DOWN_PROJ: "mlp.shared_expert.down_proj",
+        SHARED_EXPERT_GATE: "mlp.shared_expert_gate"}
+_FFN_NORMS = {Name.PRE_FEEDFORWARD_NORM: "pre_feedforward_layernorm",
+              Name.POST_FEEDFORWARD_NORM: "post_feedforward_layernorm"}
 LLAMA = Layout.of({**_ATTN, **_MLP, **_MOE})
 QK_PROJECTION = Layout.of({**_ATTN, **_MLP, **_MOE, **_FFN_NORMS}, qk_norm="projection")
-PHI3 = Layout.of({**{k: v for k, v in _ATTN.items() if k not in ("q_proj", "k_proj", "v_proj")},
-               "qkv_proj": "self_attn.qkv_proj", "gate_up_proj": "mlp.gate_up_proj",
-               "act": "mlp.activation_fn", "down_proj": "mlp.down_proj"})
+PHI3 = Layout.of({**{k: v for k, v in _ATTN.items() if k not in (Name.Q_PROJ, Name.K_PROJ, Name.V_PROJ)},
+               Name.QKV_PROJ: "self_attn.qkv_proj", Name.GATE_UP_PROJ: "mlp.gate_up_proj",
+               Name.ACT: "mlp.activation_fn", Name.DOWN_PROJ: "mlp.down_proj"})
 GEMMA = Layout.of({**_ATTN, **_MLP, **_FFN_NORMS})
-_GLM = {**_ATTN, "gate_up_proj": "mlp.gate_up_proj", "act": "mlp.activation_fn",
-        "down_proj": "mlp.down_proj"}
+_GLM = {**_ATTN, Name.GATE_UP_PROJ: "mlp.gate_up_proj", Name.ACT: "mlp.activation_fn",
+        Name.DOWN_PROJ: "mlp.down_proj"}
 GLM = Layout.of(_GLM)
 # GLM-4's sandwich: post_self_attn_layernorm after attention, post_attention_layernorm before the MLP
-GLM4 = Layout.of({**_GLM, "post_attention_norm": "post_self_attn_layernorm",
-               "pre_feedforward_norm": "post_attention_layernorm",
-               "post_feedforward_norm": "post_mlp_layernorm"})
-_C_FC = {"up_proj": "mlp.c_fc", "act": "mlp.act", "down_proj": "mlp.c_proj"}
-GPT2 = Layout.of({"input_norm": "ln_1", "qkv_proj": "attn.c_attn", "attention": "attn",
-               "o_proj": "attn.c_proj", "post_attention_norm": "ln_2", **_C_FC},
-              transposed=("qkv_proj", "o_proj", "up_proj", "down_proj"))
+GLM4 = Layout.of({**_GLM, Name.POST_ATTENTION_NORM: "post_self_attn_layernorm",
+               Name.PRE_FEEDFORWARD_NORM: "post_attention_layernorm",
+               Name.POST_FEEDFORWARD_NORM: "post_mlp_layernorm"})
+_C_FC = {Name.UP_PROJ: "mlp.c_fc", Name.ACT: "mlp.act", Name.DOWN_PROJ: "mlp.c_proj"}
+GPT2 = Layout.of({Name.INPUT_NORM: "ln_1", Name.QKV_PROJ: "attn.c_attn", Name.ATTENTION: "attn",
+               Name.O_PROJ: "attn.c_proj", Name.POST_ATTENTION_NORM: "ln_2", **_C_FC},
+              transposed=(Name.QKV_PROJ, Name.O_PROJ, Name.UP_PROJ, Name.DOWN_PROJ))
 STARCODER2 = Layout.of({**_ATTN, **_C_FC})
-PHI = Layout.of({**_ATTN, "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm",
-              "o_proj": "self_attn.dense", "up_proj": "mlp.fc1", "act": "mlp.activation_fn",
-              "down_proj": "mlp.fc2"})
-GPT_NEOX = Layout.of({"input_norm": "input_layernorm", "qkv_proj": "attention.query_key_value",
-                   "attention": "attention", "o_proj": "attention.dense",
-                   "post_attention_norm": "post_attention_layernorm", "up_proj": "mlp.dense_h_to_4h",
-                   "act": "mlp.act", "down_proj": "mlp.dense_4h_to_h"})
+PHI = Layout.of({**_ATTN, Name.Q_NORM: "self_attn.q_layernorm", Name.K_NORM: "self_attn.k_layernorm",
+              Name.O_PROJ: "self_attn.dense", Name.UP_PROJ: "mlp.fc1", Name.ACT: "mlp.activation_fn",
+              Name.DOWN_PROJ: "mlp.fc2"})
+GPT_NEOX = Layout.of({Name.INPUT_NORM: "input_layernorm", Name.QKV_PROJ: "attention.query_key_value",
+                   Name.ATTENTION: "attention", Name.O_PROJ: "attention.dense",
+                   Name.POST_ATTENTION_NORM: "post_attention_layernorm", Name.UP_PROJ: "mlp.dense_h_to_4h",
+                   Name.ACT: "mlp.act", Name.DOWN_PROJ: "mlp.dense_4h_to_h"})
 DEEPSEEK = Layout.of({
-    **_ATTN, **_MLP, **{k: v for k, v in _MOE.items() if k.startswith(("router", "experts"))},
-    "q_a_proj": "self_attn.q_a_proj", "q_a_layernorm": "self_attn.q_a_layernorm",
-    "q_b_proj": "self_attn.q_b_proj", "kv_a_proj_with_mqa": "self_attn.kv_a_proj_with_mqa",
-    "kv_a_layernorm": "self_attn.kv_a_layernorm", "kv_b_proj": "self_attn.kv_b_proj",
-    "shared_gate_proj": "mlp.shared_experts.gate_proj",
-    "shared_up_proj": "mlp.shared_experts.up_proj",
-    "shared_down_proj": "mlp.shared_experts.down_proj"})
-GPT_OSS = Layout.of({**_ATTN, "router": "mlp.router", "experts": "mlp.experts"},
-                 transposed=("experts_gate_up", "experts_down"))
+    **_ATTN, **_MLP, **{k: v for k, v in _MOE.items() if k.startswith((Name.ROUTER, "experts"))},
+    Name.Q_A_PROJ: "self_attn.q_a_proj", Name.Q_A_LAYERNORM: "self_attn.q_a_layernorm",
+    Name.Q_B_PROJ: "self_attn.q_b_proj", Name.KV_A_PROJ_WITH_MQA: "self_attn.kv_a_proj_with_mqa",
+    Name.KV_A_LAYERNORM: "self_attn.kv_a_layernorm", Name.KV_B_PROJ: "self_attn.kv_b_proj",
+    Name.SHARED_GATE_PROJ: "mlp.shared_experts.gate_proj",
+    Name.SHARED_UP_PROJ: "mlp.shared_experts.up_proj",
+    Name.SHARED_DOWN_PROJ: "mlp.shared_experts.down_proj"})
+GPT_OSS = Layout.of({**_ATTN, Name.ROUTER: "mlp.router", "experts": "mlp.experts"},
+                 transposed=(Name.EXPERTS_GATE_UP, Name.EXPERTS_DOWN))
 # BERT's layer (its causal LM: BertLMHeadModel, RobertaForCausalLM, ... with is_decoder)
-BERT = Layout.of({"q_proj": "attention.self.query", "k_proj": "attention.self.key",
-                  "v_proj": "attention.self.value", "attention": "attention.self",
-                  "o_proj": "attention.output.dense",
-                  "post_attention_norm": "attention.output.LayerNorm",
-                  "up_proj": "intermediate.dense", "act": "intermediate.intermediate_act_fn",
-                  "down_proj": "output.dense", "post_feedforward_norm": "output.LayerNorm"})
+BERT = Layout.of({Name.Q_PROJ: "attention.self.query", Name.K_PROJ: "attention.self.key",
+                  Name.V_PROJ: "attention.self.value", Name.ATTENTION: "attention.self",
+                  Name.O_PROJ: "attention.output.dense",
+                  Name.POST_ATTENTION_NORM: "attention.output.LayerNorm",
+                  Name.UP_PROJ: "intermediate.dense", Name.ACT: "intermediate.intermediate_act_fn",
+                  Name.DOWN_PROJ: "output.dense", Name.POST_FEEDFORWARD_NORM: "output.LayerNorm"})
 # RoBERTa-PreLayerNorm: BERT's modules, each block's norm before it
 BERT_PRE = Layout.of({**{k: v for k, v in BERT.module.items() if not k.endswith("_norm")},
-                      "input_norm": "attention.LayerNorm", "post_attention_norm": "intermediate.LayerNorm"})
+                      Name.INPUT_NORM: "attention.LayerNorm",
+                      Name.POST_ATTENTION_NORM: "intermediate.LayerNorm"})
 # the decoder layer of BART and its kin (their ForCausalLM: the decoder alone)
-_BART_ATTN = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
-              "v_proj": "self_attn.v_proj", "attention": "self_attn", "o_proj": "self_attn.out_proj",
-              "up_proj": "fc1", "act": "activation_fn", "down_proj": "fc2"}
-BART = Layout.of({**_BART_ATTN, "post_attention_norm": "self_attn_layer_norm",
-                  "post_feedforward_norm": "final_layer_norm"})
-BART_PRE = Layout.of({**_BART_ATTN, "input_norm": "self_attn_layer_norm",
-                      "post_attention_norm": "final_layer_norm"})
-BLOOM = Layout.of({"input_norm": "input_layernorm", "qkv_proj": "self_attention.query_key_value",
-                   "attention": "self_attention", "o_proj": "self_attention.dense",
-                   "post_attention_norm": "post_attention_layernorm",
-                   "up_proj": "mlp.dense_h_to_4h", "act": "mlp.gelu_impl",
-                   "down_proj": "mlp.dense_4h_to_h"})
-HYPERCLOVAX = Layout.of({**_ATTN, **_MLP, "post_attention_norm": "post_norm1",
-                         "pre_feedforward_norm": "post_attention_layernorm",
-                         "post_feedforward_norm": "post_norm2"})
-AFMOE = Layout.of({**_ATTN, **_MLP, **_MOE, "pre_feedforward_norm": "pre_mlp_layernorm",
-                   "post_feedforward_norm": "post_mlp_layernorm"})
-_FEED_FORWARD = {"gate_proj": "feed_forward.gate_proj", "up_proj": "feed_forward.up_proj",
-                 "act": "feed_forward.activation_fn",
-                 "down_proj": "feed_forward.down_proj", "router": "feed_forward.router",
+_BART_ATTN = {Name.Q_PROJ: "self_attn.q_proj", Name.K_PROJ: "self_attn.k_proj",
+              Name.V_PROJ: "self_attn.v_proj", Name.ATTENTION: "self_attn", Name.O_PROJ: "self_attn.out_proj",
+              Name.UP_PROJ: "fc1", Name.ACT: "activation_fn", Name.DOWN_PROJ: "fc2"}
+BART = Layout.of({**_BART_ATTN, Name.POST_ATTENTION_NORM: "self_attn_layer_norm",
+                  Name.POST_FEEDFORWARD_NORM: "final_layer_norm"})
+BART_PRE = Layout.of({**_BART_ATTN, Name.INPUT_NORM: "self_attn_layer_norm",
+                      Name.POST_ATTENTION_NORM: "final_layer_norm"})
+BLOOM = Layout.of({Name.INPUT_NORM: "input_layernorm", Name.QKV_PROJ: "self_attention.query_key_value",
+                   Name.ATTENTION: "self_attention", Name.O_PROJ: "self_attention.dense",
+                   Name.POST_ATTENTION_NORM: "post_attention_layernorm",
+                   Name.UP_PROJ: "mlp.dense_h_to_4h", Name.ACT: "mlp.gelu_impl",
+                   Name.DOWN_PROJ: "mlp.dense_4h_to_h"})
+HYPERCLOVAX = Layout.of({**_ATTN, **_MLP, Name.POST_ATTENTION_NORM: "post_norm1",
+                         Name.PRE_FEEDFORWARD_NORM: "post_attention_layernorm",
+                         Name.POST_FEEDFORWARD_NORM: "post_norm2"})
+AFMOE = Layout.of({**_ATTN, **_MLP, **_MOE, Name.PRE_FEEDFORWARD_NORM: "pre_mlp_layernorm",
+                   Name.POST_FEEDFORWARD_NORM: "post_mlp_layernorm"})
+_FEED_FORWARD = {Name.GATE_PROJ: "feed_forward.gate_proj", Name.UP_PROJ: "feed_forward.up_proj",
+                 Name.ACT: "feed_forward.activation_fn",
+                 Name.DOWN_PROJ: "feed_forward.down_proj", Name.ROUTER: "feed_forward.router",
                  "experts": "feed_forward.experts",
-                 "shared_gate_proj": "feed_forward.shared_expert.gate_proj",
-                 "shared_up_proj": "feed_forward.shared_expert.up_proj",
-                 "shared_down_proj": "feed_forward.shared_expert.down_proj"}
+                 Name.SHARED_GATE_PROJ: "feed_forward.shared_expert.gate_proj",
+                 Name.SHARED_UP_PROJ: "feed_forward.shared_expert.up_proj",
+                 Name.SHARED_DOWN_PROJ: "feed_forward.shared_expert.down_proj"}
 # (its q/k norm: one parameterless L2 norm module applied to both)
-LLAMA4 = Layout.of({**_ATTN, "q_norm": "self_attn.qk_norm", "k_norm": "self_attn.qk_norm",
-                    **_FEED_FORWARD}, transposed=("experts_gate_up", "experts_down"))
+LLAMA4 = Layout.of({**_ATTN, Name.Q_NORM: "self_attn.qk_norm", Name.K_NORM: "self_attn.qk_norm",
+                    **_FEED_FORWARD}, transposed=(Name.EXPERTS_GATE_UP, Name.EXPERTS_DOWN))
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GEMMA = Family(GEMMA, activation="gelu_pytorch_tanh", sqrt_embedding_scale=True, tie_default=True)
 _LAYERNORM_GELU = {"norm": "layernorm", "bias_default": True, "out_bias": "always",
@@ -362,7 +367,7 @@ FAMILIES: dict[str, Family] = {
                      tie_default=True, classes=("CohereForCausalLM",)),
     "stablelm": Family(LLAMA, parallel_switch=("use_parallel_residual", False, PARALLEL_ONE_NORM),
                        norm="layernorm", out_bias="never", classes=("StableLmForCausalLM",)),
-    "starcoder2": Family(STARCODER2, norm="layernorm", bias_default=True, mlp_bias="attention",
+    "starcoder2": Family(STARCODER2, norm="layernorm", bias_default=True, mlp_bias="qkv",
                          gated=False, activation="gelu_pytorch_tanh", windows="every",
                          tie_default=True, classes=("Starcoder2ForCausalLM",)),
     "gemma": dataclasses.replace(_GEMMA, classes=("GemmaForCausalLM",)),
