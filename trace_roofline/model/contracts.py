@@ -12,14 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trace_roofline.model import operators
+from trace_roofline.model.operators import Name
 
 # The kinds of work a row does, told by its op (or, without one, its kernel's role):
 # weight_gemm: a GEMM with a weight (mm, addmm, linear); gemm_kernel: a GEMM kernel whose op
 # does not say which kind; batched_gemm: a product of two activations (an eager attention's
 # Q·Kᵀ, P·V) or over stacked experts; grouped_gemm: experts' grouped GEMMs or an engine's fused
 # MoE op; generic: elementwise, copies, reductions, casts (any name may hold them).
+# (attention's and a loss's own work is named after their operators)
 WORK: tuple[str, ...] = ("weight_gemm", "gemm_kernel", "batched_gemm", "grouped_gemm",
-                         "attention", "norm", "softmax", "loss", "collective", "conv", "generic")
+                         Name.ATTENTION, "norm", "softmax", Name.LOSS, "collective", "conv",
+                         "generic")
 # Preconditions: `layout` (a linear's (K, N) is the layout's, when the model is known),
 # `experts` (the model has routed experts), `qk_norm` (the model normalises q and k),
 # `vocabulary` (N is the vocabulary: the model's, else an embedding table's in the trace),
@@ -53,30 +56,31 @@ _ANY = Contract(frozenset(WORK))
 
 # (operators, contract): every name of the vocabulary appears once (tests/test_contracts.py)
 _TABLE: tuple[tuple[tuple[str, ...], Contract], ...] = (
-    (("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_proj", "o_proj", "gate_proj", "up_proj",
-      "gate_up_proj", "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"),
-     _LINEAR),
-    (("lm_head",), _c("weight_gemm gemm_kernel generic", "layout vocabulary decoder")),
-    (("shared_gate_proj", "shared_up_proj", "shared_gate_up_proj", "shared_down_proj"),
+    ((Name.Q_PROJ, Name.K_PROJ, Name.V_PROJ, Name.QKV_PROJ, Name.KV_PROJ, Name.O_PROJ,
+      Name.GATE_PROJ, Name.UP_PROJ, Name.GATE_UP_PROJ, Name.DOWN_PROJ, Name.Q_A_PROJ,
+      Name.Q_B_PROJ, Name.KV_A_PROJ_WITH_MQA, Name.KV_B_PROJ), _LINEAR),
+    ((Name.LM_HEAD,), _c("weight_gemm gemm_kernel generic", "layout vocabulary decoder")),
+    ((Name.SHARED_GATE_PROJ, Name.SHARED_UP_PROJ, Name.SHARED_GATE_UP_PROJ, Name.SHARED_DOWN_PROJ),
      _c("weight_gemm gemm_kernel generic", "experts layout not_shared")),
-    (("experts_gate_up", "experts_down"), _EXPERTS),
-    (("router",), _c("weight_gemm gemm_kernel softmax generic", "experts")),
-    (("moe_dispatch", "moe_combine", "experts_act"), _MOE_GLUE),
-    (("attention",), _c("attention batched_gemm gemm_kernel softmax generic")),
-    (("input_norm", "post_attention_norm", "pre_feedforward_norm", "post_feedforward_norm",
-      "embedding_norm", "final_norm", "q_a_layernorm", "kv_a_layernorm"), _NORM),
-    (("q_norm", "k_norm"), _c("norm generic", "qk_norm")),
-    (("residual",), _NORM),  # (an engine's norm adds the residual itself)
+    ((Name.EXPERTS_GATE_UP, Name.EXPERTS_DOWN), _EXPERTS),
+    ((Name.ROUTER,), _c("weight_gemm gemm_kernel softmax generic", "experts")),
+    ((Name.MOE_DISPATCH, Name.MOE_COMBINE, Name.EXPERTS_ACT), _MOE_GLUE),
+    ((Name.ATTENTION,), _c("attention batched_gemm gemm_kernel softmax generic")),
+    ((Name.INPUT_NORM, Name.POST_ATTENTION_NORM, Name.PRE_FEEDFORWARD_NORM,
+      Name.POST_FEEDFORWARD_NORM, Name.EMBEDDING_NORM, Name.FINAL_NORM, Name.Q_A_LAYERNORM,
+      Name.KV_A_LAYERNORM), _NORM),
+    ((Name.Q_NORM, Name.K_NORM), _c("norm generic", "qk_norm")),
+    ((Name.RESIDUAL,), _NORM),  # (an engine's norm adds the residual itself)
     # (RoPE's table is an outer product: a GEMM kernel, in a graph replay with no op to say so)
-    (("rope",), _c("gemm_kernel generic")),
-    (("act", "embedding"), _c("generic")),
-    (("kv_cache",), _c("generic", "decoder")),
-    (("sampling",), _c("softmax generic", "decoder")),
-    (("loss",), _c("softmax loss generic", "loss_op")),
-    (("optimizer",), _c("generic")),
+    ((Name.ROPE,), _c("gemm_kernel generic")),
+    ((Name.ACT, Name.EMBEDDING), _c("generic")),
+    ((Name.KV_CACHE,), _c("generic", "decoder")),
+    ((Name.SAMPLING,), _c("softmax generic", "decoder")),
+    ((Name.LOSS,), _c("softmax loss generic", "loss_op")),
+    ((Name.OPTIMIZER,), _c("generic")),
     (operators.COMMUNICATION, _c("collective generic")),
     # what claims nothing: no contract to break
-    (("other", "unattributed", "before_window"), _ANY),
+    ((Name.OTHER, Name.UNATTRIBUTED, Name.BEFORE_WINDOW), _ANY),
 )
 CONTRACTS: dict[str, Contract] = {name: c for names, c in _TABLE for name in names}
 

@@ -15,6 +15,7 @@ from trace_roofline.files import read_json
 from trace_roofline.model import dtypes, families
 from trace_roofline.model.architecture import Architecture, Attention, Gemm, Mlp, Moe, Precision
 from trace_roofline.model.moe import Experts
+from trace_roofline.model.operators import Name
 
 TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel degrees a trace's shapes are checked against
 
@@ -177,7 +178,7 @@ def expected_linears(model: ModelSpec) -> dict[str, tuple[int, int]]:
     """operator -> (K, N) of the model's linears, fused forms and (with a vocabulary) lm_head."""
     out = {k: (v[0], v[1]) for k, v in {**model.linears(), **model.fused_linears()}.items()}
     if model.vocab_size:
-        out["lm_head"] = (model.hidden_size, model.vocab_size)
+        out[Name.LM_HEAD] = (model.hidden_size, model.vocab_size)
     return out
 
 
