@@ -13,23 +13,24 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline.model import operators
+from trace_roofline.model.operators import Name
 
 ROLES: tuple[str, ...] = (
-    "gemm", "moe_gemm", "conv", "attention", "attention_reduce", "norm", "fused_add_norm", "rope",
+    "gemm", "moe_gemm", "conv", Name.ATTENTION, "attention_reduce", "norm", "fused_add_norm", Name.ROPE,
     "activation", "elementwise", "reduction", "copy", "kv_cache_write", "moe_routing",
-    "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", "sampling", "loss",
-    "optimizer", "unknown",
+    "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", Name.SAMPLING, Name.LOSS,
+    Name.OPTIMIZER, "unknown",
 )
 # which role an op instance of several kernels takes (attribute.py): the first of its kernels'
 # roles in this order (an attention's memset is attention, a GEMM's split-K reduce a GEMM)
 ROLE_PRIORITY: tuple[str, ...] = (
-    "attention", "attention_reduce", "moe_gemm", "gemm", "conv", "collective", "fused_add_norm",
-    "norm", "rope", "kv_cache_write", "activation", "quant", "moe_routing", "moe_finalize",
-    "loss", "optimizer", "sampling", "softmax", "sort_scan", "reduction", "copy", "elementwise",
+    Name.ATTENTION, "attention_reduce", "moe_gemm", "gemm", "conv", "collective", "fused_add_norm",
+    "norm", Name.ROPE, "kv_cache_write", "activation", "quant", "moe_routing", "moe_finalize",
+    Name.LOSS, Name.OPTIMIZER, Name.SAMPLING, "softmax", "sort_scan", "reduction", "copy", "elementwise",
     "memcpy", "unknown",
 )
 GEMM_ROLES = frozenset({"gemm", "moe_gemm"})  # weight GEMMs: named by shape, never by position
-ATTENTION_ROLES = frozenset({"attention", "attention_reduce"})
+ATTENTION_ROLES = frozenset({Name.ATTENTION, "attention_reduce"})
 UNKNOWN = "unknown"
 
 
@@ -63,7 +64,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
     # matmuls (triton_tem_fused_mm_0, triton_tem_fused_addmm_1, triton_tem_fused_bmm_2,
     # triton_tem_fused__scaled_mm_0), convolutions
     _f("inductor_flex_attention", "PyTorch Inductor",
-       r"^triton_tem_fused_.*flex_(?:attention|decoding)|^triton_tem_fused_flex", "attention"),
+       r"^triton_tem_fused_.*flex_(?:attention|decoding)|^triton_tem_fused_flex", Name.ATTENTION),
     # (the experts' grouped GEMM, triton_tem_fused__grouped_mm_..._22: INDUCTOR_GROUPED_MM)
     _f("inductor_grouped_mm_template", "PyTorch Inductor", r"^triton_tem_fused__grouped_mm",
        "moe_gemm"),
@@ -73,50 +74,50 @@ FAMILIES: tuple[KernelFamily, ...] = (
        "conv"),
     # FlashAttention 2/3 (Dao-AILab, and vLLM's / SGLang's vendored builds): flash_fwd_kernel,
     # flash_fwd_splitkv_kernel (+ flash_fwd_splitkv_combine_kernel), FlashAttnFwdSm90
-    _f("pytorch_flash", "PyTorch SDPA (vendored FlashAttention)", r"pytorch_flash::", "attention"),
+    _f("pytorch_flash", "PyTorch SDPA (vendored FlashAttention)", r"pytorch_flash::", Name.ATTENTION),
     _f("flash_attention_combine", "FlashAttention",
        r"flash_fwd_splitkv_combine|FlashAttnFwdCombine|flash::.*[Cc]ombine", "attention_reduce"),
     _f("flash_attention", "FlashAttention",
-       r"flash_fwd_|flash_bwd_|FlashAttnFwd|FlashAttnBwd|flash::", "attention"),
+       r"flash_fwd_|flash_bwd_|FlashAttnFwd|FlashAttnBwd|flash::", Name.ATTENTION),
     # TensorRT-LLM's FMHA as FlashInfer and vLLM run it on Blackwell/Hopper:
     # fmhaSm100fKernel_QkvBfloat16OBfloat16H64PagedKvCausalP64VarSeqQ128Kv128PersistentContext
-    _f("trtllm_fmha", "TensorRT-LLM / FlashInfer", r"^fmhaSm\d+\w*Kernel|^fmha_v2_", "attention"),
+    _f("trtllm_fmha", "TensorRT-LLM / FlashInfer", r"^fmhaSm\d+\w*Kernel|^fmha_v2_", Name.ATTENTION),
     # cuDNN's SDPA: cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_..., its
     # decode split reduction cudnn::fusion::lean_reduction_kernel<false, false, false>
     _f("cudnn_sdpa_reduce", "NVIDIA cuDNN", r"cudnn::fusion::lean_reduction", "attention_reduce"),
-    _f("cudnn_sdpa", "NVIDIA cuDNN", r"cudnn.*(?:sdpa|fmha|flash_[fb]prop|mha)", "attention"),
+    _f("cudnn_sdpa", "NVIDIA cuDNN", r"cudnn.*(?:sdpa|fmha|flash_[fb]prop|mha)", Name.ATTENTION),
     # PyTorch's memory-efficient attention (xformers' CUTLASS kernels):
     # fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>)
     _f("mem_efficient_attention", "PyTorch SDPA (xformers CUTLASS)",
-       r"fmha_cutlass|PyTorchMemEffAttention|mem_efficient|efficient_attention", "attention"),
+       r"fmha_cutlass|PyTorchMemEffAttention|mem_efficient|efficient_attention", Name.ATTENTION),
     # ck_tile / aiter attention (AMD): ck_tile::kentry<2, FmhaBatchPrefillWithPagedKVCacheKernel
     # <...>>, FmhaFwdSplitKVCombine, aiter::mha_batch_prefill, aiter's paged attention
     _f("ck_fmha_combine", "AMD ck_tile", r"Fmha\w*SplitKVCombine|fmha_fwd_splitkv_combine",
        "attention_reduce"),
     _f("ck_fmha", "AMD ck_tile / aiter",
        r"Fmha|fmha_|mha_batch_prefill|mha_varlen_fwd|mha_fwd|aiter::\w*paged_attention",
-       "attention"),
+       Name.ATTENTION),
     # FlashInfer: BatchDecodeWithPagedKVCacheKernel, BatchPrefillWithPagedKVCacheKernel,
     # BatchPrefillWithRaggedKVCacheKernel, Single{Decode,Prefill}WithKVCacheKernel, MLA; their
     # split-KV merge (MergeStatesKernel, VariableLengthMergeStatesKernel)
     _f("flashinfer_merge", "FlashInfer", r"MergeStates", "attention_reduce"),
     _f("flashinfer_attention", "FlashInfer",
        r"Batch(?:Decode|Prefill)With(?:Paged|Ragged)KVCache|Single(?:Decode|Prefill)WithKVCache|"
-       r"BatchMLAPaged", "attention"),
+       r"BatchMLAPaged", Name.ATTENTION),
     # ROCm / vLLM paged attention: paged_attention_ll4mi_QKV_mfma16_kernel<...> and
     # paged_attention_ll4mi_reduce_kernel<...>; vLLM's paged_attention_v2_reduce_kernel
     _f("paged_attention_reduce", "vLLM / ROCm", r"paged_attention\w*reduce", "attention_reduce"),
-    _f("paged_attention", "vLLM / ROCm", r"paged_attention", "attention"),
+    _f("paged_attention", "vLLM / ROCm", r"paged_attention", Name.ATTENTION),
     # vLLM's Triton unified attention (kernel_unified_attention_2d / _3d) and the 3d variant's
     # reduce_segments; SGLang's Triton decode attention (_fwd_grouped_kernel_stage1, stage2)
     _f("vllm_unified_attention_reduce", "vLLM (Triton)", r"^reduce_segments", "attention_reduce"),
     _f("vllm_unified_attention", "vLLM (Triton)", r"kernel_unified_attention_(?:2d|3d)",
-       "attention"),
+       Name.ATTENTION),
     _f("sglang_triton_attention_reduce", "SGLang (Triton)", r"^_fwd_kernel_stage2",
        "attention_reduce"),
     _f("sglang_triton_attention", "SGLang (Triton)",
        r"^_fwd_(?:grouped_)?kernel_stage1|^_?attn_fwd|^_fwd_kernel$|^_fwd_kernel_flash_decode",
-       "attention"),
+       Name.ATTENTION),
     # KV-cache writes: vllm::reshape_and_cache_flash_kernel<...>, concat_and_cache_mla_kernel,
     # SGLang's store_kvcache<2048l, 4, false, long>
     _f("kv_cache_write", "vLLM / SGLang",
@@ -133,7 +134,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
     # RoPE: rotary_embedding_kernel<c10::BFloat16, true> (vLLM, SGLang's sgl_kernel), FlashInfer's
     # BatchQKApplyRotaryPosIdsCosSinCache
     _f("rotary_embedding", "vLLM / SGLang / FlashInfer",
-       r"rotary_embedding|rotary_emb|apply_rotary|ApplyRotary", "rope"),
+       r"rotary_embedding|rotary_emb|apply_rotary|ApplyRotary", Name.ROPE),
     # quantisation: vllm scaled_fp8_quant / dynamic_per_token_scaled_fp8_quant kernels,
     # per_token_group_quant_fp8
     _f("fp8_quant", "vLLM / SGLang",
@@ -207,16 +208,16 @@ FAMILIES: tuple[KernelFamily, ...] = (
     _f("gemm_other", "other GEMM libraries", r"gemm|Gemm|GEMM|cublas", "gemm"),
     # training: cross-entropy's NLL kernels (its log-softmax is a softmax: beam search runs one
     # too), fused / foreach optimizer kernels
-    _f("torch_loss", "PyTorch ATen", r"nll_loss|cross_entropy|cunn_ClassNLLCriterion", "loss"),
+    _f("torch_loss", "PyTorch ATen", r"nll_loss|cross_entropy|cunn_ClassNLLCriterion", Name.LOSS),
     _f("torch_optimizer", "PyTorch ATen",
        r"FusedAdam|fused_adam|[Aa]damW?Functor|_fused_adamw?|FusedSgd|fused_sgd|LambFunctor",
-       "optimizer"),
+       Name.OPTIMIZER),
     # sampling: multinomial / exponential draws, argmax, FlashInfer's and vLLM's samplers,
     # penalties
-    _f("sampling", "PyTorch ATen / FlashInfer / vLLM",
+    _f(Name.SAMPLING, "PyTorch ATen / FlashInfer / vLLM",
        r"distribution_elementwise|distribution_nullary|multinomial|sampleMultinomial|renormRows|"
        r"TopKTopP|SamplingFromProb|TopPRenorm|TopKRenorm|TopKMaskLogits|apply_penalt|"
-       r"repetition_penalt|ArgMaxOps|ArgMinOps|argmax|exponential_kernel", "sampling"),
+       r"repetition_penalt|ArgMaxOps|ArgMinOps|argmax|exponential_kernel", Name.SAMPLING),
     # softmax (attention's eager softmax, a router's, sampling's): softmax_warp_forward<...>,
     # cunn_SoftMaxForward
     _f("torch_softmax", "PyTorch ATen", r"softmax_warp|SoftMaxForward|SoftMaxBackward|softmax",
@@ -335,10 +336,10 @@ def family_of(name: str) -> str:
 INDUCTOR_KERNEL = operators.TRITON_KERNEL_OP
 INDUCTOR_FUSES: dict[str, re.Pattern[str]] = {
     "norm": re.compile(r"(?:^|_)(?:rsqrt|mean|var_mean|rms_norm|layer_norm)(?:_|$)"),
-    "rope": re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)"),
+    Name.ROPE: re.compile(r"(?:^|_)(?:neg|cos|sin|rotary)(?:_|$)"),
     "store": re.compile(r"(?:^|_)(?:index_put|index_copy|scatter|slice_scatter|copy)(?:_|$)"),
     "cat": re.compile(r"(?:^|_)cat(?:_|$)"),
-    "act": re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)"),
+    Name.ACT: re.compile(r"(?:^|_)(?:silu|gelu|sigmoid)(?:_|$)"),
     "softmax": re.compile(r"(?:^|_)(?:softmax|prepare_softmax_online)(?:_|$)"),
     # (a reduction kernel's: a pointwise one only carries the name of a bmm it was fused near)
     "bmm": re.compile(r"^triton_(?:red|per)_.*(?:^|_)(?:bmm|baddbmm)(?:_|$)"),
