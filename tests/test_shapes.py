@@ -1,4 +1,4 @@
-"""shapes.attach_costs: per-op-instance FLOPs and bytes from trace shapes, hand-computed."""
+"""attach.attach_costs: per-op-instance FLOPs and bytes from trace shapes, hand-computed."""
 
 import json
 import math
@@ -8,8 +8,8 @@ import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, qwen_layer
 from trace_roofline.attribution.attribute import attribute
-from trace_roofline.costs import shapes
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs import attach, model_level, registry
+from trace_roofline.costs.attach import CostOptions, attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model.models import get_model
 from trace_roofline.trace import load_trace
@@ -19,7 +19,7 @@ H, I_FF = 3584, 18944
 
 
 def one(ops: list[Op], **kw) -> pd.DataFrame:
-    return attach_costs(attributed(ops), QWEN, **kw)
+    return attach_costs(attributed(ops), QWEN, CostOptions(**kw))
 
 
 def row(costed: pd.DataFrame, operator: str) -> pd.Series:
@@ -30,7 +30,7 @@ def row(costed: pd.DataFrame, operator: str) -> pd.Series:
 
 @pytest.fixture(scope="module")
 def decode() -> pd.DataFrame:
-    return attach_costs(attributed(qwen_layer(QWEN, 1, 2048)), QWEN, attention_bytes="kv")
+    return attach_costs(attributed(qwen_layer(QWEN, 1, 2048)), QWEN, CostOptions(attention_bytes="kv"))
 
 
 def test_decode_q_proj_addmm_hand_computed(decode):
@@ -83,8 +83,8 @@ def test_prefill_causal_counts_unmasked_pairs_and_full_counts_all():
     assert causal["bytes"] == full["bytes"]
     kv = row(one(ops, attention_bytes="kv"), "attention")
     assert kv["bytes"] == 2 * 4 * 2048 * 128 * 2
-    assert full["flops"] / attach_costs(attributed(ops), QWEN, causal="full",
-                                        attention_bytes="kv")["bytes"].iloc[0] == 7 * 2048
+    assert full["flops"] / attach_costs(attributed(ops), QWEN, CostOptions(
+        causal="full", attention_bytes="kv"))["bytes"].iloc[0] == 7 * 2048
 
 
 def test_is_causal_false_is_trusted_and_missing_flag_means_causal_for_prefill():
@@ -160,18 +160,18 @@ def test_uncosted_rows_are_kept_counted_and_time_is_conserved():
     assert un["bytes"].isna().all()
     assert math.isclose(c["time_us"].sum(), att["dur_us"].sum(), rel_tol=1e-12)
     assert c["kernels"].sum() == len(att)
-    assert list(c.columns) == list(shapes.COSTED_COLUMNS)
+    assert list(c.columns) == list(attach.COSTED_COLUMNS)
 
 
 def test_json_decoded_once_per_unique_combination(monkeypatch):
     calls = []
-    real = shapes._cost
+    real = attach._cost
 
     def counting(*args):
         calls.append(args[:3])
         return real(*args)
 
-    monkeypatch.setattr(shapes, "_cost", counting)
+    monkeypatch.setattr(attach, "_cost", counting)
     layers = [attributed(qwen_layer(QWEN, 1, 2048), layer=i, first_event=100 * i,
                          first_op=10_000 * (i + 1)) for i in range(4)]
     c = attach_costs(concat(*layers), QWEN)
@@ -199,15 +199,15 @@ def test_phase_per_step():
 def test_bad_conventions_and_missing_columns():
     att = attributed(qwen_layer(QWEN, 1, 64))
     with pytest.raises(InputError, match="^`causal` must be"):
-        attach_costs(att, QWEN, causal="half")
+        attach_costs(att, QWEN, CostOptions(causal="half"))
     with pytest.raises(InputError, match="^`attention_bytes` must be"):
-        attach_costs(att, QWEN, attention_bytes="q")
+        attach_costs(att, QWEN, CostOptions(attention_bytes="q"))
     with pytest.raises(InputError, match="input_dims"):
         attach_costs(att.drop(columns=["input_dims"]), QWEN)
 
 
 def test_model_level_costs():
-    m = shapes.model_level_costs(QWEN, tokens=4, sequences=2).set_index("operator")
+    m = model_level.model_level_costs(QWEN, tokens=4, sequences=2).set_index("operator")
     assert m.loc["embedding", "bytes"] == 4 * H * 2 * 2 + 4 * 8  # rows read + written, int64 ids
     assert m.loc["lm_head", "flops"] == 2 * 2 * H * 152064  # last position of 2 sequences
     assert m.loc["lm_head", "bytes"] == (2 * H + H * 152064 + 2 * 152064) * 2
@@ -480,11 +480,11 @@ def test_each_foreach_rule_hand_computed(op, dims, types, concrete, kind, flops,
 
 
 def test_every_registered_rule_has_a_hand_computed_case():
-    covered = {shapes.rule_for(case[0]) for case in RULE_CASES}
-    assert set(shapes.ATEN_RULES.values()) <= covered
-    assert shapes.rule_for("aten::_flash_attention_forward") in covered
-    assert shapes.rule_for("triton_red_fused_mean_1") in covered
-    assert shapes.rule_for("my::op") is None
+    covered = {registry.rule_for(case[0]) for case in RULE_CASES}
+    assert set(registry.ATEN_RULES.values()) <= covered
+    assert registry.rule_for("aten::_flash_attention_forward") in covered
+    assert registry.rule_for("triton_red_fused_mean_1") in covered
+    assert registry.rule_for("my::op") is None
 
 
 @pytest.mark.parametrize("op,dims,types,concrete", [
@@ -508,7 +508,7 @@ def test_a_bug_in_a_cost_rule_is_not_swallowed(monkeypatch):
     def broken(call):
         return {}["no such key"]
 
-    monkeypatch.setitem(shapes.ATEN_RULES, "mm", broken)
+    monkeypatch.setitem(registry.ATEN_RULES, "mm", broken)
     with pytest.raises(KeyError):
         one([Op("other", "aten::mm", [[4, 8], [8, 16]], [BF, BF])])
 

@@ -21,7 +21,7 @@ import pytest
 import trace_roofline as tr
 from tests.builders import BF, F32, Kineto, Op, attributed
 from trace_roofline.attribution.attribute import operator_table
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs.attach import CostOptions, attach_costs
 from workloads.synth_fused_moe import fa3_args
 
 QWEN = tr.get_model("qwen2.5-7b")
@@ -32,7 +32,7 @@ NORM_TYPES = [BF, BF, BF, "Scalar"]
 
 def cost(op: Op, **kw) -> pd.Series:
     """The one costed instance of `op` (attach_costs over its attributed row)."""
-    out = attach_costs(attributed([op]), QWEN, **kw)
+    out = attach_costs(attributed([op]), QWEN, CostOptions(**kw))
     assert len(out) == 1
     return out.iloc[0]
 
