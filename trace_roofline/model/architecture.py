@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Final, Literal
 
 from trace_roofline.errors import InputError
 from trace_roofline.model import dtypes, operators
@@ -20,6 +20,7 @@ from trace_roofline.model.operators import Name
 
 NormKind = Literal["rmsnorm", "layernorm"]
 Position = Literal["rope", "learned"]
+ROTARY: Final = "rope"  # (the position kind, not the operator)
 Parallel = Literal["column", "row", "replicated"]
 QkScope = Literal["head", "projection"]
 # Tensor parallelism (vLLM / Megatron): row-parallel GEMMs split K (operators.row_parallel),
@@ -311,7 +312,7 @@ class Architecture:
     norm_bias: bool = True  # a LayerNorm's bias (Cohere's LayerNorm has none)
     norm_eps: float = 1e-6
     placement: Placement = PRE
-    position: Position = "rope"
+    position: Position = ROTARY
     rope_theta: float = 10000.0
     max_positions: int = 0
     tie_word_embeddings: bool = False

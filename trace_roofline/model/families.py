@@ -23,6 +23,7 @@ from trace_roofline.model.architecture import (
     POST_LN,
     PRE,
     PRE_EMBEDDING_NORM,
+    ROTARY,
     SANDWICH,
     SHARED_EXPERT_GATE,
     Architecture,
@@ -107,7 +108,7 @@ class Family:
     activation: str = "silu"
     windows: str = "none"
     sqrt_embedding_scale: bool = False
-    position: Position = "rope"
+    position: Position = ROTARY
     tie_default: bool = False
     classes: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
@@ -140,7 +141,7 @@ def read_decoder(c: Config, f: Family, family: str) -> Architecture:
                     qk_norm=f.qk_norm_always or c.flag("qk_norm", False),
                     windows=c.windows(layers, WINDOW_RULES[f.windows](c)),
                     softcap=c.maybe("attn_logit_softcapping"), scale=scale,
-                    rope_dim=int(d * c.rotary_fraction()) if f.position == "rope" else 0)
+                    rope_dim=int(d * c.rotary_fraction()) if f.position == ROTARY else 0)
     if not c.has("intermediate_size"):
         c.assume("intermediate_size absent: 4·hidden_size")
     mlp_bias = (c.flag("mlp_bias", False) if f.mlp_bias is None else _bias(f.mlp_bias, bias))
@@ -401,7 +402,7 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family(GPT_OSS, bias_default=True, windows="even", adjust=_gpt_oss, norm_topk_prob=True,
                       classes=("GptOssForCausalLM",)),
     **dict.fromkeys(BERT_LIKE, _BERT),
-    "roformer": dataclasses.replace(_BERT, position="rope"),
+    "roformer": dataclasses.replace(_BERT, position=ROTARY),
     "roberta-prelayernorm": dataclasses.replace(_BERT, layout=BERT_PRE, placement=PRE_EMBEDDING_NORM),
     **dict.fromkeys(("bart", "plbart", "blenderbot-small", "marian", "trocr", "mvp"), _BART),
     "git": _BERT,  # GIT's text decoder: BERT's layers and embedding norm
