@@ -1,15 +1,19 @@
 """Many-rank benchmark: N rank-like files (a real trace tiled to ~100 MB, one copy per rank with its
-own `distributedInfo`), analysed by `trace-roofline analyze DIR` serially, with `--jobs J` and
-with `--dask local`, each run a fresh process.
+own `distributedInfo`), analysed by `trace-roofline analyze DIR --no-cache` with each `--jobs J`
+(and `--dask local`), under each `taskset -c` CPU list, each run a fresh process, the runs
+alternating.
 
-Reported per mode: wall seconds (median of --repeat runs, range), CPU seconds of the whole
-process tree (forkserver and Dask workers included, `run`), the CPU other processes took
-meanwhile (the machine may be shared: /proc/stat busy time minus ours), and, from one more run
+Reported per (CPUs, mode): wall seconds (median of --repeat runs, range), the speed-up over
+`--jobs 1` on the same CPUs (run by run), CPU seconds of the whole process tree (forkserver and
+Dask workers included, `run`), the processes seen, the CPU other processes took meanwhile (the
+machine may be shared: /proc/stat busy time minus ours), and, with --memory, from one more run
 per mode, the peak physical memory of the process tree (root RSS + each descendant's private
-pages, sampled every ~50 ms; that run's time is not used). Files go to benchmarks/data/ranks/ and are
-deleted at the end unless --keep. Results: stdout (markdown) and benchmarks/data/ranks.json.
+pages, sampled every ~50 ms; that run's time is not used). Files go to --dir
+(benchmarks/data/ranks/) and are deleted at the end unless --keep (a kept folder of as many
+files is reused). Results: stdout (markdown) and benchmarks/data/ranks.json.
 
     python benchmarks/bench_ranks.py                          # 64 x 100 MB, 3 runs per mode
+    python benchmarks/bench_ranks.py --files 64 --mb 30 --cpus 0 0,1 --jobs 1,2   # one CPU, two
     python benchmarks/bench_ranks.py --files 8 --mb 20 --repeat 1   # quick
 """
 
@@ -115,9 +119,12 @@ def make_ranks(source: Path, out: Path, files: int, mb: float) -> dict:
     return info
 
 
-def modes(jobs: int) -> dict[str, list[str]]:
-    return {"serial": ["--jobs", "1"], f"--jobs {jobs}": ["--jobs", str(jobs)],
-            "--dask local": ["--dask", "local", "--jobs", str(jobs)]}
+def modes(jobs: list[int], dask: bool) -> dict[str, list[str]]:
+    """Each mode's flags: `--jobs J` for each J, and `--dask local` with the largest J."""
+    out = {f"--jobs {j}": ["--jobs", str(j)] for j in jobs}
+    if dask:
+        out["--dask local"] = ["--dask", "local", "--jobs", str(max(jobs))]
+    return out
 
 
 def main() -> None:
@@ -125,37 +132,35 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     ap.add_argument("--files", type=int, default=64)
     ap.add_argument("--mb", type=float, default=100.0, help="size of each file, MB of JSON")
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", default="1,2", help="comma-separated --jobs values, one mode each")
+    ap.add_argument("--dask", action="store_true", help="also a --dask local mode")
+    ap.add_argument("--cpus", nargs="+", default=["all"], metavar="LIST",
+                    help="run every mode under `taskset -c LIST` for each LIST (e.g. 0 0,1); "
+                         "'all': no taskset")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--memory", action="store_true",
+                    help="one more run per mode for the process tree's peak memory")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                     help="before each run wait up to S seconds for a quiet machine")
+    ap.add_argument("--dir", type=Path, default=DATA / "ranks", help="where the rank files go")
     ap.add_argument("--keep", action="store_true", help="keep the rank files")
     args = ap.parse_args()
 
-    d = DATA / "ranks"
-    shutil.rmtree(d, ignore_errors=True)
+    d = args.dir
+    reuse = args.keep and d.is_dir() and len(list(d.glob("rank*.pt.trace.json"))) == args.files
     try:
-        tiled = make_ranks(args.source, d, args.files, args.mb)
-        total = sum(p.stat().st_size for p in d.iterdir())
+        if reuse:
+            tiled = json.loads((d / "tile.info").read_text())
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            tiled = make_ranks(args.source, d, args.files, args.mb)
+            (d / "tile.info").write_text(json.dumps(tiled))
+        total = sum(p.stat().st_size for p in d.glob("rank*.pt.trace.json"))
         print(f"{machine()}\n{args.files} files x {tiled['bytes'] / 1e6:.0f} MB "
               f"({tiled['events']} events, {tiled['copies']} copies of {args.source.name}): "
               f"{total / 1e9:.2f} GB\n")
-        results = {}
-        for name, flags in modes(args.jobs).items():
-            cmd = [sys.executable, "-m", "trace_roofline.cli", "analyze", str(d),
-                   "--json", str(DATA / "ranks-report.json"), *flags]
-            runs = []
-            for _ in range(args.repeat):
-                if args.wait_idle:
-                    wait_idle(args.wait_idle)
-                runs.append(run(cmd, args.timeout))
-                print(name, json.dumps(runs[-1]), flush=True)
-            if args.wait_idle:
-                wait_idle(args.wait_idle)
-            tree = run(cmd, args.timeout, memory=True)
-            results[name] = {"runs": runs, "tree": tree}
-            print(name, json.dumps(tree), flush=True)
+        results = _measure(args, d)
         _table(results, total)
         (DATA / "ranks.json").write_text(json.dumps(
             {"machine": machine(), "files": args.files, "bytes": total, "tile": tiled,
@@ -166,19 +171,53 @@ def main() -> None:
         (DATA / "ranks-report.json").unlink(missing_ok=True)
 
 
+def _measure(args: argparse.Namespace, d: Path) -> dict:
+    """Every (CPUs, mode) run `--repeat` times, the pairs alternating run by run (a shared
+    machine's load falls on all of them alike); then, with --memory, one run each for the
+    tree's peak memory. Each command analyses the folder afresh (--no-cache)."""
+    cmds = {}
+    for cpus in args.cpus:
+        prefix = [] if cpus == "all" else ["taskset", "-c", cpus]
+        for name, flags in modes([int(j) for j in args.jobs.split(",")], args.dask).items():
+            cmds[f"{cpus} | {name}"] = [*prefix, sys.executable, "-m", "trace_roofline.cli",
+                                        "analyze", str(d), "--no-cache",
+                                        "--json", str(DATA / "ranks-report.json"), *flags]
+    results: dict = {key: {"runs": []} for key in cmds}
+    for _ in range(args.repeat):
+        for key, cmd in cmds.items():
+            if args.wait_idle:
+                wait_idle(args.wait_idle)
+            results[key]["runs"].append(run(cmd, args.timeout))
+            print(key, json.dumps(results[key]["runs"][-1]), flush=True)
+    for key, cmd in cmds.items() if args.memory else ():
+        results[key]["tree"] = run(cmd, args.timeout, memory=True)
+        print(key, json.dumps(results[key]["tree"]), flush=True)
+    return results
+
+
 def _table(results: dict, total: int) -> None:
-    print("\n| mode | runs | wall s median (range) | MB/s | CPU s | others' CPU s | tree peak MB |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in results.items():
+    """One row per (CPUs, mode); `x --jobs 1`: the serial run's wall over this one's, run by
+    run (median and range), on the same CPUs."""
+    print("\n| CPUs | mode | runs | wall s median (range) | x --jobs 1 (range) | MB/s | CPU s "
+          "| processes | others' CPU s | tree peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key, r in results.items():
+        cpus, name = key.split(" | ")
         ok = [x for x in r["runs"] if x["ok"]]
         if not ok:
-            print(f"| {name} | 0 | {r['runs'][0].get('note', '')} | | | | |")
+            print(f"| {cpus} | {name} | 0 | {r['runs'][0].get('note', '')} | | | | | | |")
             continue
         walls = [x["wall_s"] for x in ok]
         med = statistics.median(walls)
-        print(f"| {name} | {len(ok)} | {med:.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
-              f"{total / 1e6 / med:.0f} | {statistics.median(x['cpu_s'] for x in ok):.1f} | "
-              f"{', '.join(str(x['other_cpu_s']) for x in ok)} | {r['tree'].get('tree_mb', '-')} |")
+        base = results.get(f"{cpus} | --jobs 1", {}).get("runs", [])
+        ratios = [b["wall_s"] / x["wall_s"] for b, x in zip(base, r["runs"], strict=False)
+                  if b["ok"] and x["ok"]]
+        speed = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                 if ratios else "-")
+        print(f"| {cpus} | {name} | {len(ok)} | {med:.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
+              f"{speed} | {total / 1e6 / med:.0f} | {statistics.median(x['cpu_s'] for x in ok):.1f} "
+              f"| {max(x['processes'] for x in ok)} | {', '.join(str(x['other_cpu_s']) for x in ok)} "
+              f"| {r.get('tree', {}).get('tree_mb', '-')} |")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import trace_roofline.trace as trace_mod  # noqa: E402
 from trace_roofline.attribution.attribute import attribute  # noqa: E402
 from trace_roofline.costs.shapes import attach_costs  # noqa: E402
 from trace_roofline.model.models import get_model  # noqa: E402
-from trace_roofline.pipeline import analyze, trace_hardware  # noqa: E402
+from trace_roofline.pipeline import TraceFacts, analyze, trace_hardware  # noqa: E402
 
 IMPORTS_S = time.perf_counter() - t0
 
@@ -67,7 +67,8 @@ def main() -> None:
     run("costs", lambda: attach_costs(attributed, model), args.profile, args.top)
     hw = trace_hardware(trace)
     t = time.perf_counter()
-    run("analyze", lambda: analyze(attributed, model, hw, trace=trace.path), args.profile, args.top)
+    run("analyze", lambda: analyze(attributed, model, hw, facts=TraceFacts(trace=trace.path)), args.profile,
+        args.top)
     print(f"(roofline = analyze - costs; analyze took {time.perf_counter() - t:.2f} s in all)")
 
 

@@ -20,7 +20,8 @@ from trace_roofline.cache import TraceCache, cache_dir
 from trace_roofline.cli import main
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
-from trace_roofline.pipeline import analyze_trace
+from trace_roofline.options import AnalysisOptions
+from trace_roofline.pipeline import Run, analyze_trace
 from trace_roofline.trace import load_trace
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
@@ -255,7 +256,7 @@ def test_analyze_trace_with_cache_equals_without(tmp_path):
     model = get_model("qwen2.5-7b")
     plain = analyze_trace(HF, model)
     for _ in range(2):
-        cached = analyze_trace(HF, model, cache=c)
+        cached = analyze_trace(HF, model, run=Run(cache=c))
         pd.testing.assert_frame_equal(cached.operators, plain.operators, check_exact=True)
         assert cached.whole == plain.whole and cached.coverage == plain.coverage
     assert [(s.trace_hit, s.attribution_hit, s.analysis_hit) for s in c.log] == [
@@ -275,7 +276,7 @@ def no_analysis(monkeypatch):
 def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(decode_copy, tmp_path):
     c = TraceCache(tmp_path / "c")
     threads = threading.active_count()
-    analyze_trace(decode_copy, cache=c)  # a miss: the parts were written by a thread
+    analyze_trace(decode_copy, run=Run(cache=c))  # a miss: the parts were written by a thread
     assert threading.active_count() == threads  # (a later parse may fork its worker)
     assert pickle.loads(pickle.dumps(c)).directory == c.directory  # parallel.analyze_many
 
@@ -283,39 +284,41 @@ def test_analysis_leaves_no_writer_thread_and_the_cache_pickles(decode_copy, tmp
 def test_analysis_hit_per_argument_set(decode_copy, tmp_path, no_analysis):
     c = TraceCache(tmp_path / "c")
     model = get_model("qwen2.5-7b")
-    runs = [dict(model=model), dict(model=model, causal="full"), dict(model=model, layers=28),
+    runs = [dict(model=model), dict(model=model, options=AnalysisOptions(causal="full")),
+            dict(model=model, options=AnalysisOptions(layers=28)),
             dict(model=None, hardware=get_hardware("rtx4090"))]
     fresh = [analyze_trace(decode_copy, **kw) for kw in runs]
     for kw in runs:
-        analyze_trace(decode_copy, cache=c, **kw)
+        analyze_trace(decode_copy, run=Run(cache=c), **kw)
     assert not any(s.analysis_hit for s in c.log)
     assert len(_files(c, "analysis-*/manifest.json")) == len(runs)
     no_analysis()
     for kw, expected in zip(runs, fresh, strict=True):
-        assert_same(analyze_trace(decode_copy, cache=c, **kw), expected)
+        assert_same(analyze_trace(decode_copy, run=Run(cache=c), **kw), expected)
         assert c.log[-1].analysis_hit
     with pytest.raises(AssertionError, match="despite"):  # another argument: a miss
-        analyze_trace(decode_copy, model, cache=c, attention_bytes="kv")
+        analyze_trace(decode_copy, model, options=AnalysisOptions(attention_bytes="kv"), run=Run(cache=c))
 
 
 def test_corrupt_or_stale_analysis_is_recomputed(decode_copy, tmp_path, no_analysis):
     c = TraceCache(tmp_path / "c")
     ncu = tmp_path / "in" / "k.ncu.csv"
     shutil.copy(DECODE.with_name(DECODE.name.replace(".json.gz", ".ncu.csv")), ncu)
-    analyze_trace(decode_copy, cache=c)
+    analyze_trace(decode_copy, run=Run(cache=c))
     f = _files(c, "analysis-*/frame-0.arrow")[0]
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same length: only the checksum can tell
     f.write_bytes(bytes(data))
-    analyze_trace(decode_copy, cache=c, ncu=ncu)
+    analyze_trace(decode_copy, options=AnalysisOptions(ncu=ncu), run=Run(cache=c))
     st = ncu.stat()
     os.utime(ncu, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed ncu CSV: another key
-    for kw in ({}, {"ncu": ncu}):
-        assert_same(analyze_trace(decode_copy, cache=c, **kw), analyze_trace(decode_copy, **kw))
+    for options in (AnalysisOptions(), AnalysisOptions(ncu=ncu)):
+        assert_same(analyze_trace(decode_copy, options=options, run=Run(cache=c)),
+                    analyze_trace(decode_copy, options=options))
         assert not c.log[-1].analysis_hit
     no_analysis()  # both rewritten
-    analyze_trace(decode_copy, cache=c)
-    analyze_trace(decode_copy, cache=c, ncu=ncu)
+    analyze_trace(decode_copy, run=Run(cache=c))
+    analyze_trace(decode_copy, options=AnalysisOptions(ncu=ncu), run=Run(cache=c))
     assert c.log[-1].analysis_hit and c.log[-2].analysis_hit
 
 
@@ -344,7 +347,7 @@ def test_parts_are_compressed(decode_copy, tmp_path):
     written uncompressed (its kernel names repeat), and the Analysis's costed frame (string
     columns dictionary-encoded, LZ4) half of it."""
     c = TraceCache(tmp_path / "c")
-    analysis = analyze_trace(decode_copy, cache=c)
+    analysis = analyze_trace(decode_copy, run=Run(cache=c))
     (arrow,) = _files(c, "attributed-*/attributed.arrow")
     with pa.memory_map(str(arrow)) as source:
         attributed = ipc.open_file(source).read_all()

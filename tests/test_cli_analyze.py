@@ -16,7 +16,7 @@ from trace_roofline.files import write_files
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.outputs.report import report_dict
-from trace_roofline.pipeline import analyze
+from trace_roofline.pipeline import TraceFacts, analyze
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 PREFILL = SAMPLES / "qwen2.5-7b_prefill_b1_t2048_h200.json.gz"
@@ -287,7 +287,8 @@ def test_a_builder_trace_analyses_like_its_op_table(tmp_path, kineto, trace_file
     path = tmp_path / "r.json"
     assert main(["analyze", str(trace_file(kineto)), "--model", "qwen-tiny", "--json",
                  str(path)]) == 0
-    table = report_dict([analyze(attributed(ops), tiny, get_hardware("h200-measured"), trace="t")])
+    table = report_dict([analyze(attributed(ops), tiny, get_hardware("h200-measured"),
+                                 facts=TraceFacts(trace="t"))])
 
     def rows(report: dict) -> dict:
         return {o["operator"]: (o["kernels"], o["flops"], o["bytes"])

@@ -21,6 +21,7 @@ from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.outputs import diff as diffmod
 from trace_roofline.outputs.report import evidence_text, markdown, terminal_table
+from trace_roofline.pipeline import TraceFacts
 from trace_roofline.roofline import place
 
 try:  # the library's analyze of an attributed table (moving from roofline to pipeline)
@@ -40,7 +41,8 @@ DEC = {"q_proj": (8.0,), "k_proj": (2.5,), "v_proj": (2.4,), "o_proj": (7.9,),
 
 @pytest.fixture(scope="module")
 def decode():
-    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, trace="decode.json.gz")
+    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200,
+                   facts=TraceFacts(trace="decode.json.gz"))
 
 
 def fp16(table: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +52,7 @@ def fp16(table: pd.DataFrame) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def decode_fp16():
     return analyze(fp16(attributed(qwen_layer(QWEN, 1, 2048, DEC))), QWEN, H200,
-                   trace="decode_fp16.json.gz")
+                   facts=TraceFacts(trace="decode_fp16.json.gz"))
 
 
 # ------------------------------------------------------------------- the CLI's first contact

@@ -26,6 +26,7 @@ from trace_roofline.model import operators
 from trace_roofline.model.hardware import PRESETS, from_json, get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.pipeline import analyze
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.trace import load_trace
 
 QWEN = get_model("qwen2.5-7b")
@@ -164,7 +165,7 @@ def test_collectives_sit_on_the_link_roof_outside_the_whole_model() -> None:
     ar["name"] = NCCL_AR
     ar["dur_us"] = [10.0, 20.0]
     att = concat(layer, ar)
-    a = analyze(att, QWEN, PRESETS["h200-sxm"], layers=28)
+    a = analyze(att, QWEN, PRESETS["h200-sxm"], AnalysisOptions(layers=28))
     row = a.operators[(a.operators["operator"] == "all_reduce") & a.operators["layer"].isna()]
     r = row.iloc[0]
     assert r["bytes"] == 2 * 7168.0 and r["time_us"] == 30.0

@@ -136,8 +136,10 @@ def test_graph_map_and_user_shapes_give_one_attention_figure():
     --graph-map: the 7x expanded K, V and the copies that expand them)."""
     model = tr.get_model("qwen2.5-7b")
     replay = f"{GRAPHS}_graph_h200.json.gz"
-    mapped = tr.analyze_trace(replay, model, graph_map=tr.load_trace(f"{GRAPHS}_mapping_h200.json.gz"))
-    given = tr.analyze_trace(replay, model, decode_shapes=tr.DecodeShapes(batch=1, context=1024))
+    mapped = tr.analyze_trace(replay, model,
+                              options=tr.AnalysisOptions(graph_map=tr.load_trace(f"{GRAPHS}_mapping_h200.json.gz")))
+    given = tr.analyze_trace(replay, model,
+                             options=tr.AnalysisOptions(decode_shapes=tr.DecodeShapes(batch=1, context=1024)))
     by_hand = 8 * 2 * (4 * 1024 * 256 + 28 * 256)
     assert _row(given, "attention")["bytes"] == by_hand
     assert _row(mapped, "attention")["bytes"] == pytest.approx(by_hand, rel=0.01)

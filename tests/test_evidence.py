@@ -20,6 +20,7 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import models
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.operators import EVIDENCE
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs.report import report_dict, terminal_table
 
 CNN = SAMPLES / "cnn_b8_cpu.json.gz"  # real: workloads/non_llm.py on this machine's CPU
@@ -113,7 +114,7 @@ def test_cnn_says_no_decoder_names_uncosted_convolutions_and_withholds_the_whole
 
 
 def test_cnn_with_a_model_is_not_extrapolated():
-    a = tr.analyze_trace(CNN, QWEN, layers=28)
+    a = tr.analyze_trace(CNN, QWEN, options=tr.AnalysisOptions(layers=28))
     assert a.extrapolated is None and a.layers is None
     assert a.warnings[-1] == "not extrapolated to 28 layers: the trace has no decoder layer"
 
@@ -159,7 +160,7 @@ def test_tp_shards_are_not_contradictions(t):
     """q/k/v/gate/up N/t (column-parallel), o/down K/t (row-parallel), heads/t: consistent
     with the preset at TP=t, said before the table; extrapolation still allowed."""
     df = attributed(qwen_layer(_sharded(t), 1, 512))
-    a = pipeline.analyze(df, QWEN, H200, layers=28)
+    a = pipeline.analyze(df, QWEN, H200, AnalysisOptions(layers=28))
     assert a.costed["check"].isna().all() and a.extrapolated is not None
     assert a.model_inferred["model_tp"] == t
     assert a.model_inferred["presets"] == [f"qwen2.5-7b (TP={t})"]

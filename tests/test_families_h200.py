@@ -162,7 +162,8 @@ def test_eager_attention_counts_the_causal_pairs_like_sdpa():
     4·8·256·131,328); with --causal full, every pair; a decode's 1 x S scores stay whole."""
     model = tr.get_model(str(CONFIGS / "gemma2.json"))
     for causal, want in (("causal", 537_919_488), ("full", 1_073_741_824)):
-        c = tr.analyze_trace(DIR / "gemma2_prefill_h200.json.gz", model, causal=causal).costed
+        c = tr.analyze_trace(DIR / "gemma2_prefill_h200.json.gz", model,
+                             options=tr.AnalysisOptions(causal=causal)).costed
         bmm = c[(c["operator"] == "attention") & (c["op_name"] == "aten::bmm")]
         assert len(bmm) == 8 and (bmm["flops"] == want).all()
         assert bmm["shape"].str.endswith(" (causal pairs)").all() == (causal == "causal")

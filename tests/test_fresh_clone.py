@@ -14,7 +14,7 @@ import tomllib
 
 from tests.builders import ROOT, attributed, qwen_layer, run_cli, sweep_lines
 from tests.test_plot import DEC, H200, QWEN
-from trace_roofline.pipeline import analyze
+from trace_roofline.pipeline import TraceFacts, analyze
 
 
 def _declared() -> dict[str, list[str]]:
@@ -106,7 +106,8 @@ def test_diff_of_folders_takes_their_report_json_or_says_what_it_takes(tmp_path)
 
 @pytest.fixture(scope="module")
 def decode():
-    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, trace="decode.json.gz")
+    return analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200,
+                   facts=TraceFacts(trace="decode.json.gz"))
 
 
 def _figures(chart):

@@ -25,7 +25,7 @@ LAYER_OPS = [*CORE, "input_norm", "post_attention_norm", "rope", "kv_cache", "re
 
 
 def _analyze(path: Path, **kw) -> tr.Analysis:
-    return tr.analyze_trace(path, QWEN, **kw)
+    return tr.analyze_trace(path, QWEN, options=tr.AnalysisOptions(**kw))
 
 
 def _flops(a: tr.Analysis, phase: str | None = None):

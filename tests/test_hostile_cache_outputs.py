@@ -31,8 +31,9 @@ from trace_roofline.cache import TraceCache
 from trace_roofline.cli import main
 from trace_roofline.errors import InputError
 from trace_roofline.model.models import get_model
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs.report import operators_tables, report_dict
-from trace_roofline.pipeline import analyze_trace
+from trace_roofline.pipeline import Run, analyze_trace
 
 DECODE = SAMPLES / "qwen2.5-7b_decode_b1_s2048_h200.json.gz"
 HF = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz"
@@ -96,9 +97,9 @@ def _edit_a_kernel_duration(path: Path) -> None:
 
 def test_a_trace_edited_in_place_with_its_old_times_is_not_served_stale(plain_trace, tmp_path):
     c = TraceCache(tmp_path / "c")
-    before = analyze_trace(plain_trace, cache=c)
+    before = analyze_trace(plain_trace, run=Run(cache=c))
     _edit_a_kernel_duration(plain_trace)
-    after = analyze_trace(plain_trace, cache=c)
+    after = analyze_trace(plain_trace, run=Run(cache=c))
     assert not c.log[-1].analysis_hit and not c.log[-1].trace_hit
     assert after.whole["time_us"] != before.whole["time_us"]
     assert_same(after, analyze_trace(plain_trace))
@@ -139,7 +140,7 @@ def test_a_planted_pickle_is_never_unpickled(plain_trace, tmp_path):
     """Someone who can write the cache plants `analysis.pickle` (in the format the cache used
     to unpickle, with a manifest whose key and CRC-32 they recomputed): nothing of it runs."""
     c = TraceCache(tmp_path / "c")
-    expected = analyze_trace(plain_trace, cache=c)
+    expected = analyze_trace(plain_trace, run=Run(cache=c))
     part = _part(c, "analysis-*")
     key = json.loads((part / "manifest.json").read_text())["key"]
     marker = tmp_path / "planted-code-ran"
@@ -152,7 +153,7 @@ def test_a_planted_pickle_is_never_unpickled(plain_trace, tmp_path):
     data = (part / "analysis.pickle").read_bytes()
     (part / "manifest.json").write_text(json.dumps({"key": key, "files": {
         "analysis.pickle": {"bytes": len(data), "crc32": zlib.crc32(data)}}}))
-    got = analyze_trace(plain_trace, cache=TraceCache(tmp_path / "c"))
+    got = analyze_trace(plain_trace, run=Run(cache=TraceCache(tmp_path / "c")))
     assert not marker.exists()
     assert_same(got, expected)
 
@@ -182,7 +183,7 @@ def _foreign(path: Path, monkeypatch) -> None:
                                    "part is a symlink"])
 def test_a_cache_others_can_write_is_ignored(where, plain_trace, tmp_path, monkeypatch):
     c = TraceCache(tmp_path / "c")
-    expected = analyze_trace(plain_trace, cache=c)
+    expected = analyze_trace(plain_trace, run=Run(cache=c))
     part = _part(c, "analysis-*")
     if where == "version dir owned by nobody":
         _foreign(c.root, monkeypatch)
@@ -199,7 +200,7 @@ def test_a_cache_others_can_write_is_ignored(where, plain_trace, tmp_path, monke
         part.rename(moved)
         part.symlink_to(moved)
     c2 = TraceCache(tmp_path / "c")
-    got = analyze_trace(plain_trace, cache=c2)
+    got = analyze_trace(plain_trace, run=Run(cache=c2))
     assert not c2.log[-1].analysis_hit, where
     assert_same(got, expected)
     if where == "version dir owned by nobody":  # nothing is written into it either
@@ -209,7 +210,7 @@ def test_a_cache_others_can_write_is_ignored(where, plain_trace, tmp_path, monke
 
 def test_the_cache_is_private_and_tagged(plain_trace, tmp_path):
     c = TraceCache(tmp_path / "c")
-    analyze_trace(plain_trace, cache=c)
+    analyze_trace(plain_trace, run=Run(cache=c))
     dirs = [c.root, *c.root.iterdir(), *c.root.glob("*/*")]
     for d in (d for d in dirs if d.is_dir()):
         assert d.stat().st_mode & 0o777 == 0o700, d
@@ -248,11 +249,11 @@ def test_a_cache_hit_equals_the_fresh_analysis_on_every_sample(path, tmp_path):
     model = get_model(m) if (m := _preset(path)) else None
     c = TraceCache(tmp_path / "c")
     try:
-        fresh = analyze_trace(path, model, force=True, cache=c)
+        fresh = analyze_trace(path, model, options=AnalysisOptions(force=True), run=Run(cache=c))
     except InputError as e:
         pytest.skip(f"not a trace: {e}")
     assert not c.log or c.log[-1].write_error is None
-    hit = analyze_trace(path, model, force=True, cache=c)
+    hit = analyze_trace(path, model, options=AnalysisOptions(force=True), run=Run(cache=c))
     assert c.log[-1].analysis_hit
     assert_same(hit, fresh)
     assert json.dumps(report_dict([hit])) == json.dumps(report_dict([fresh]))

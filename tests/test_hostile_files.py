@@ -14,6 +14,7 @@ import pytest
 
 from tests.builders import gpu_trace, run_cli, write
 from trace_roofline.model import hardware
+from trace_roofline.pipeline import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -387,10 +388,10 @@ def test_another_users_v4_in_a_shared_cache_dir_does_not_turn_caching_off(tmp_pa
     os.chown(shared / "v4", NOBODY, NOBODY)
     trace = write(gpu_trace(1), tmp_path / "t.json")
     first = TraceCache(shared)
-    analyze_trace(trace, cache=first)
+    analyze_trace(trace, run=Run(cache=first))
     assert not first.log[-1].write_error, first.log[-1].write_error
     second = TraceCache(shared)
-    analyze_trace(trace, cache=second)
+    analyze_trace(trace, run=Run(cache=second))
     assert second.log[-1].analysis_hit
     private = shared / f"trace-roofline-{os.getuid()}"
     assert private.stat().st_mode & 0o777 == 0o700 and (private / "v4" / "CACHEDIR.TAG").exists()

@@ -64,7 +64,8 @@ def test_warnings_name_what_was_not_explained(analyses):
     assert warnings(analyses[0]) == []  # fully attributed and costed, consistent with the preset
     # HF compile expands K/V to 28 heads (repeat_kv): consistent with the preset, no warning
     assert warnings(tr.analyze_trace(HF, tr.get_model("qwen2.5-7b"))) == []
-    a = tr.analyze_trace(HF, tr.get_model("llama-3-8b"), force=True)  # the wrong model
+    a = tr.analyze_trace(HF, tr.get_model("llama-3-8b"),
+                         options=tr.AnalysisOptions(force=True))  # the wrong model
     w = warnings(a)
     assert w[0].startswith("the trace's shapes contradict model llama-3-8b")
     assert "they fit qwen2.5-7b" in w[0] and "analysed anyway (force)" in w[0]

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("roofline", "steptime", "project"),
     ("outputs",),
     ("pipeline", "cache", "parallel"),
-    ("cli", "__main__"),
+    ("cli", "cli_args", "cli_analyze", "cli_commands", "__main__"),
 )
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

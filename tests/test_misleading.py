@@ -231,7 +231,7 @@ def run(name: str, with_model: bool = True) -> Run:
         model = tr.get_model(str(config(name)))
     trace = tr.load_trace(_stripped(name))
     kernels, _, _ = attribute_trace(trace, model)
-    analysis = tr.analyze_trace(trace, model, force=True)
+    analysis = tr.analyze_trace(trace, model, options=tr.AnalysisOptions(force=True))
     allow = truth(_doc(name), kernels)
     op = kernels["operator"].astype(str).to_numpy()
     named = np.isin(op, list(operators.BY_NAME)) & ~np.isin(op, list(UNNAMED))

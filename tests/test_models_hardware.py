@@ -8,6 +8,7 @@ from tests.builders import SAMPLES
 from trace_roofline.errors import InputError
 from trace_roofline.model import hardware
 from trace_roofline.model.models import PRESETS, dtype_bytes, from_hf_config, get_model
+from trace_roofline.options import AnalysisOptions
 
 QWEN_7B_CONFIG = {  # Qwen/Qwen2.5-7B-Instruct config.json (abridged, real values)
     "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
@@ -143,7 +144,7 @@ def test_fp8_config_extrapolates(tmp_path, dtype_fields):
     assert m.dtype == "float8_e4m3fn" and m.bytes_per_element == 1
     assert hardware.get_hardware("h200-sxm").peak(m.dtype) == 1978.9e12
     trace = SAMPLES / "qwen-tiny_decode_b2_s64_l2_cpu.json.gz"
-    a = analyze_trace(trace, m, layers=4)
+    a = analyze_trace(trace, m, options=AnalysisOptions(layers=4))
     ext = a.extrapolated.set_index("operator")
     # decode, B=2: 2 tokens gather 2 rows of [1024, 256] (read + write) plus 2 int64 ids
     assert ext.loc["embedding", "source"] == "model"

@@ -22,6 +22,7 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import moe
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec, from_hf_config, get_model
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs import report
 from trace_roofline.pipeline import analyze
 from trace_roofline.roofline import Analysis
@@ -431,12 +432,12 @@ def test_layers_extrapolate_sparse_and_dense_layers():
     path = MOE / "hf-moe-qwen1.5-moe-a2.7b-2l_decode_b4_s512_groupedmm_h200.json.gz"
     model = get_model("qwen1.5-moe-a2.7b")
     att = attribute(load_trace(path), model)
-    every = analyze(att, model, None, layers=24).extrapolated.set_index("operator")
+    every = analyze(att, model, None, AnalysisOptions(layers=24)).extrapolated.set_index("operator")
     # 4 tokens per step, top-4, H 2048, I 1408: 24 sparse layers of 2·16·2048·2816
     assert every.loc["experts_gate_up", "flops"] == 24 * moe.gate_up_flops(16, 2048, 1408)
     assert every.loc["experts_gate_up", "source"] == "trace x12"
     half = dataclasses.replace(model, decoder_sparse_step=2)  # layers 1, 3, ... sparse
-    ext = analyze(att, half, None, layers=24).extrapolated.set_index("operator")
+    ext = analyze(att, half, None, AnalysisOptions(layers=24)).extrapolated.set_index("operator")
     assert ext.loc["experts_gate_up", "flops"] == 12 * moe.gate_up_flops(16, 2048, 1408)
     assert ext.loc["experts_gate_up", "source"] == "trace x6"
     assert ext.loc["q_proj", "source"] == "trace x12"  # attention runs in every layer

@@ -72,7 +72,7 @@ def test_graph_map_costs_equal_the_mapping_run(case):
     """FLOPs and bytes per operator: the 4 replays carry the 4 eager steps' shapes."""
     name = case["name"]
     a = tr.analyze_trace(CG.format(name, "graph"), case["model"],
-                         graph_map=CG.format(name, "mapping"))
+                         options=tr.AnalysisOptions(graph_map=CG.format(name, "mapping")))
     m = tr.analyze_trace(CG.format(name, "mapping"), case["model"])
     assert a.graphs.named_fraction == 1.0 and a.graphs.flags == ()
     got = a.costed.groupby("operator")[["flops", "bytes"]].sum()
@@ -115,7 +115,7 @@ def test_bare_replays_costed_from_user_shapes(case):
     name, model = case["name"], case["model"]
     e, h = model.experts, model.hidden_size
     a = tr.analyze_trace(CG.format(name, "graph"), model,
-                         decode_shapes=graphs.DecodeShapes(BATCH, 1024))
+                         options=tr.AnalysisOptions(decode_shapes=graphs.DecodeShapes(BATCH, 1024)))
     m = tr.analyze_trace(CG.format(name, "mapping"), model)
     got = a.costed.groupby("operator")[["flops", "bytes"]].sum()
     want = m.costed.groupby("operator")[["flops", "bytes"]].sum()
@@ -187,7 +187,7 @@ def test_vllm_fused_moe_kernels_by_name(tmp_path, name, model):
     # --batch 8: the experts over 8·k rows; the router's logits GEMM and, where a shared
     # expert's sigmoid gate (H -> 1) is also named router (Qwen1.5-MoE), that gate's GEMM:
     # each router instance takes the shape of the GEMM the layout names in it
-    a = tr.analyze_trace(path, spec, decode_shapes=graphs.DecodeShapes(8, 512))
+    a = tr.analyze_trace(path, spec, options=tr.AnalysisOptions(decode_shapes=graphs.DecodeShapes(8, 512)))
     flops = a.costed.groupby("operator")["flops"].sum()
     e, h, n = spec.experts, spec.hidden_size, 2 * LAYERS
     assert flops["experts_gate_up"] == n * 2 * 8 * e.top_k * h * 2 * e.intermediate_size
@@ -264,7 +264,7 @@ def test_replays_costed_from_user_shapes_as_eager(model, form):
     the gathers uncosted). The experts' FLOPs and bytes equal the eager mapping run's."""
     spec = tr.get_model(model)
     a = tr.analyze_trace(FORMS.format(model, form, "graph"), spec,
-                         decode_shapes=graphs.DecodeShapes(BATCH, 1024))
+                         options=tr.AnalysisOptions(decode_shapes=graphs.DecodeShapes(BATCH, 1024)))
     m = tr.analyze_trace(FORMS.format(model, form, "mapping"), spec)
     got = a.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
     want = m.costed.groupby(["operator", "op_name"])[["flops", "bytes"]].sum()
@@ -284,8 +284,9 @@ def test_refused_mapping_shapes_cost_batched_mm_from_user_shapes():
     spec = tr.get_model("mixtral-8x7b")
     e, h = spec.experts, spec.hidden_size
     a = tr.analyze_trace(FORMS.format("mixtral-8x7b", "batchedmm", "graph"), spec,
-                         graph_map=FORMS.format("mixtral-8x7b", "batchedmm", "mapping"),
-                         decode_shapes=graphs.DecodeShapes(8, 1024))
+                         options=tr.AnalysisOptions(
+                             graph_map=FORMS.format("mixtral-8x7b", "batchedmm", "mapping"),
+                             decode_shapes=graphs.DecodeShapes(8, 1024)))
     assert "costed from the given decode shapes" in a.graphs.flags[0]
     got = a.costed.groupby(["operator", "op_name"])["flops"].sum()
     n, rows = REPLAYS * LAYERS, 8 * e.top_k

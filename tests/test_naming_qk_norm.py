@@ -97,7 +97,7 @@ def test_user_shapes_cost_one_rmsnorm_over_heads():
     weight [d] read): q 4·4·32·128 = 65536 FLOPs, (2·16384 + 128)·2 = 65792 bytes;
     k 4·4·4·128 = 8192 FLOPs, (2·2048 + 128)·2 = 8448 bytes; 4 replays x 2 layers."""
     path = SAMPLES / f"cuda_graphs/{Q3}decode_b4_s512_static1024_groupedmm_graph_h200.json.gz"
-    a = tr.analyze_trace(path, QWEN3, decode_shapes=graphs.DecodeShapes(4, 1024))
+    a = tr.analyze_trace(path, QWEN3, options=tr.AnalysisOptions(decode_shapes=graphs.DecodeShapes(4, 1024)))
     c = a.costed
     for op, flops, nbytes in (("q_norm", 65536, 65792), ("k_norm", 8192, 8448)):
         rows = c[c["operator"] == op]

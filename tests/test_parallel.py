@@ -20,8 +20,9 @@ from benchmarks.tile import tile
 from tests.builders import ROOT, SAMPLES, read, run_cli
 from trace_roofline.errors import InputError
 from trace_roofline.model.models import get_model
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs import report
-from trace_roofline.parallel import analyze_many, bounded_map, compact
+from trace_roofline.parallel import Workers, analyze_many, bounded_map, compact
 from trace_roofline.pipeline import analyze_trace
 from trace_roofline.roofline import coverage, operators_frame
 
@@ -34,14 +35,14 @@ TRACES = [SAMPLES / n for n in (
     "qwen2.5-7b_decode_b32_s2048_fused_noannot_h200.json.gz",
     "tp2/tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200/vm_664.1796069023174623233.pt.trace.json.gz",
 )]
-OPTIONS = {"causal": "causal", "attention_bytes": "all", "layers": 28}
+OPTIONS = AnalysisOptions(causal="causal", attention_bytes="all", layers=28)
 QWEN = get_model("qwen2.5-7b")
 
 
 @pytest.fixture(scope="module")
 def serial():
     """The plain library run, trace by trace: what every mode must reproduce."""
-    return [analyze_trace(p, QWEN, **OPTIONS) for p in TRACES]
+    return [analyze_trace(p, QWEN, options=OPTIONS) for p in TRACES]
 
 
 def _assert_same(analyses, expected):
@@ -96,9 +97,9 @@ def isolated(tmp_path, paths, model=None, timeout_s=10, **kwargs):
                          ids=["serial", "jobs2", "dask-local"])
 def test_same_tables_as_serial(serial, mode, tmp_path):
     if mode == {"jobs": 1}:
-        results = analyze_many(TRACES, QWEN, **OPTIONS)
+        results = analyze_many(TRACES, QWEN, options=OPTIONS)
     else:
-        results = isolated(tmp_path, TRACES, QWEN, **mode, **OPTIONS)
+        results = isolated(tmp_path, TRACES, QWEN, options=OPTIONS, workers=Workers(**mode))
     assert [r.analysis.trace for r in results] == [str(p) for p in TRACES]  # input order
     _assert_same([r.analysis for r in results], serial)
 
@@ -172,7 +173,7 @@ def test_worker_input_error_names_the_file(tmp_path, mode):
     bad = tmp_path / "rank1.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "name": "k"')
     with pytest.raises(InputError, match=f"^{bad}: "):
-        isolated(tmp_path, [bad, TRACES[0]], **mode)
+        isolated(tmp_path, [bad, TRACES[0]], workers=Workers(**mode))
 
 
 def test_cli_jobs_errors_exit_2(tmp_path):
@@ -182,15 +183,15 @@ def test_cli_jobs_errors_exit_2(tmp_path):
     r = run_cli("analyze", str(TRACES[0]), "--jobs", "0")
     assert r.returncode == 2 and "--jobs: expected a positive integer" in r.stderr
     with pytest.raises(InputError, match="`jobs` must be at least 1"):
-        analyze_many(TRACES[:1], jobs=0)
+        analyze_many(TRACES[:1], workers=Workers(jobs=0))
 
 
 def test_dask_unreachable_and_missing(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"^`dask` tcp://127\.0\.0\.1:9: cannot reach a Dask scheduler"):
-        isolated(tmp_path, TRACES[:1], dask="tcp://127.0.0.1:9", timeout_s=1)
+        isolated(tmp_path, TRACES[:1], workers=Workers(dask="tcp://127.0.0.1:9"), timeout_s=1)
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were not installed
     with pytest.raises(InputError, match=r"trace-roofline\[dask\]"):
-        analyze_many(TRACES[:1], dask="local")
+        analyze_many(TRACES[:1], workers=Workers(dask="local"))
 
 
 def _uncosted_trace(tmp_path) -> Path:
@@ -209,7 +210,8 @@ def test_compact_keeps_every_sum_and_remark(tmp_path):
     device time, FLOPs, bytes and coverage are unchanged; the table shrinks."""
     for path, model in [(_uncosted_trace(tmp_path), None), (TRACES[2], get_model("llama-3-8b")),
                         (TRACES[0], None)]:
-        a = analyze_trace(path, model, force=True)  # llama-3-8b contradicts: analysed anyway
+        a = analyze_trace(path, model,
+                          options=AnalysisOptions(force=True))  # llama-3-8b contradicts: analysed anyway
         c = compact(a).costed
         assert list(c.dtypes.items()) == list(a.costed.dtypes.items())
         assert len(c) < len(a.costed) / 2
@@ -233,7 +235,7 @@ def test_results_do_not_grow_with_the_trace(tmp_path):
     the steps and kernels) gives an answer of the same size, while the full Analysis grows."""
     tiled = tmp_path / "tiled.json"
     tile(TRACES[0], tiled, 10 * 400_000)
-    small, big = analyze_many([TRACES[0], tiled], QWEN, **OPTIONS)
+    small, big = analyze_many([TRACES[0], tiled], QWEN, options=OPTIONS)
     assert len(analyze_trace(tiled, QWEN).costed) >= 9 * len(analyze_trace(TRACES[0], QWEN).costed)
     assert len(big.analysis.costed) == len(small.analysis.costed)
     # (most of it: the H200's measured calibration, 47 kB, which the hardware carries); the

@@ -14,7 +14,7 @@ from trace_roofline import pipeline
 from trace_roofline.cache import TraceCache
 from trace_roofline.cli import main
 from trace_roofline.outputs import perfetto
-from trace_roofline.pipeline import analyze_trace_kernels
+from trace_roofline.pipeline import Run, analyze_trace_kernels
 from trace_roofline.trace import load
 
 TP_RANK = (SAMPLES / "tp2" / "tp2-qwen2.5-7b-2l_decode_b8_s2048_noannot_h200"
@@ -92,13 +92,13 @@ def test_cached_analysis_gives_its_kernels_without_attributing(tmp_path, monkeyp
     """The second run is an Analysis cache hit: the kernels come from the cached trace and
     attribution parts (attribute() is not called) and equal the first run's."""
     cache = TraceCache(tmp_path / "cache")
-    a1, k1 = analyze_trace_kernels(TP_RANK, QWEN, cache=cache)
+    a1, k1 = analyze_trace_kernels(TP_RANK, QWEN, run=Run(cache=cache))
 
     def refuse(*_args, **_kw):
         raise AssertionError("attribute() ran again")
 
     monkeypatch.setattr(pipeline, "attribute", refuse)  # the one caller of attribute()
-    a2, k2 = analyze_trace_kernels(TP_RANK, QWEN, cache=cache)
+    a2, k2 = analyze_trace_kernels(TP_RANK, QWEN, run=Run(cache=cache))
     assert cache.log[-2].analysis_hit and cache.log[-1].attribution_hit
     pd.testing.assert_frame_equal(k1.kernels, k2.kernels)
     pd.testing.assert_frame_equal(a1.costed, a2.costed)

@@ -12,8 +12,9 @@ from matplotlib.text import Text
 from tests.builders import attributed, concat, qwen_layer
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs.plot import roofline_figure
-from trace_roofline.pipeline import analyze
+from trace_roofline.pipeline import TraceFacts, analyze
 from trace_roofline.roofline import place
 
 QWEN = get_model("qwen2.5-7b")
@@ -30,10 +31,10 @@ PRE = {"q_proj": (70.0,), "k_proj": (16.0,), "v_proj": (15.0,), "o_proj": (71.0,
 
 @pytest.fixture(scope="module")
 def analyses():
-    dec = analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, trace="decode",
-                  layers=28)
-    pre = analyze(attributed(qwen_layer(QWEN, 2048, 2048, PRE)), QWEN, H200, trace="prefill",
-                  layers=28)
+    dec = analyze(attributed(qwen_layer(QWEN, 1, 2048, DEC)), QWEN, H200, AnalysisOptions(layers=28),
+                  facts=TraceFacts(trace="decode"))
+    pre = analyze(attributed(qwen_layer(QWEN, 2048, 2048, PRE)), QWEN, H200, AnalysisOptions(layers=28),
+                  facts=TraceFacts(trace="prefill"))
     return [dec, pre]
 
 
@@ -131,7 +132,7 @@ def test_one_whole_model_star_per_phase_of_a_mixed_trace(analyses):
     pre = attributed(qwen_layer(QWEN, 2048, 2048, PRE), step=0)
     dec = attributed(qwen_layer(QWEN, 1, 2048, DEC), step=1, first_event=1000, first_op=10_000,
                      t0=5000.0)
-    mixed = analyze(concat(pre, dec), QWEN, H200, trace="generate")
+    mixed = analyze(concat(pre, dec), QWEN, H200, facts=TraceFacts(trace="generate"))
     fig = roofline_figure([mixed])
     ax = fig.axes[0]
     names = [t.get_text() for t in ax.texts]

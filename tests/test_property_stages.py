@@ -26,7 +26,7 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import families, hardware
 from trace_roofline.model.models import ModelSpec, get_model
 from trace_roofline.options import AnalysisOptions
-from trace_roofline.pipeline import analyze, attribute_trace
+from trace_roofline.pipeline import TraceFacts, analyze, attribute_trace
 from trace_roofline.trace import Trace, load_trace
 
 TRACE = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz"
@@ -110,7 +110,7 @@ def test_attribution_and_analysis_of_tables_with_missing_values(seed, share, mis
     if got is not None:
         kernels = got[0]
         _only_input_errors(lambda: analyze(kernels, None, hardware.PRESETS["h200-sxm"],
-                                           trace=str(TRACE)))
+                                           facts=TraceFacts(trace=str(TRACE))))
 
 
 @SETTINGS
@@ -124,8 +124,8 @@ def test_costing_and_placing_of_attributed_rows_with_missing_values(seed, share,
     (pipeline.analyze, with and without a model), or an InputError."""
     frame = _knock_out(_attributed(), sorted(columns), seed, share, missing)
     spec = get_model(model) if model else None
-    _only_input_errors(lambda: analyze(frame, spec, hardware.PRESETS["h200-sxm"],
-                                       trace=str(TRACE), force=True))
+    _only_input_errors(lambda: analyze(frame, spec, hardware.PRESETS["h200-sxm"], AnalysisOptions(force=True),
+                                       facts=TraceFacts(trace=str(TRACE))))
 
 
 def _extra_keys(cfg: dict) -> list[str]:
@@ -151,7 +151,7 @@ def test_model_config_fields_with_hostile_values(data, config, value):
         lambda: ModelSpec.from_architecture(families.from_hf_config(cfg, config.name)))
     if spec is not None:
         _only_input_errors(lambda: analyze(_attributed(), spec, hardware.PRESETS["h200-sxm"],
-                                           trace=str(TRACE), force=True))
+                                           AnalysisOptions(force=True), facts=TraceFacts(trace=str(TRACE))))
 
 
 @SETTINGS
@@ -165,7 +165,7 @@ def test_hardware_fields_with_hostile_values(key, value):
     raw[key] = value
     hw = _only_input_errors(lambda: hardware._from_dict(raw, "hw.json"))
     if hw is not None:
-        _only_input_errors(lambda: analyze(_attributed(), None, hw, trace=str(TRACE)))
+        _only_input_errors(lambda: analyze(_attributed(), None, hw, facts=TraceFacts(trace=str(TRACE))))
 
 
 @SETTINGS
@@ -176,8 +176,8 @@ def test_analysis_options_with_hostile_values(field, value):
     options = _only_input_errors(lambda: AnalysisOptions(**{field: value}))
     if options is not None:
         spec = get_model("qwen2.5-7b")
-        _only_input_errors(lambda: analyze(_attributed(), spec, hardware.PRESETS["h200-sxm"],
-                                           options, trace=str(TRACE)))
+        _only_input_errors(lambda: analyze(_attributed(), spec, hardware.PRESETS["h200-sxm"], options,
+                                           facts=TraceFacts(trace=str(TRACE))))
 
 
 def test_the_frames_are_what_the_loader_gives():

@@ -7,6 +7,7 @@ import pytest
 from tests.builders import BF, Op, attributed, concat, qwen_layer
 from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.models import get_model
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs.report import (
     SCHEMA_VERSION,
     duration,
@@ -16,7 +17,7 @@ from trace_roofline.outputs.report import (
     si,
     terminal_table,
 )
-from trace_roofline.pipeline import analyze
+from trace_roofline.pipeline import TraceFacts, analyze
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")
@@ -36,12 +37,14 @@ def decode():
     ops = [*qwen_layer(QWEN, 1, 2048, DUR), Op("unattributed", None, None, None, durs=(2.0,)),
            Op("k_proj", "aten::addmm", [[512], [1, 3584], [3584, 512], [], []],
               [BF, BF, BF, "Scalar", "Scalar"], durs=(0.2,))]
-    return analyze(attributed(ops), QWEN, H200, trace="decode.json.gz", layers=28)
+    return analyze(attributed(ops), QWEN, H200, AnalysisOptions(layers=28),
+                   facts=TraceFacts(trace="decode.json.gz"))
 
 
 @pytest.fixture(scope="module")
 def prefill():
-    return analyze(attributed(qwen_layer(QWEN, 512, 512)), QWEN, H200, trace="prefill.json.gz")
+    return analyze(attributed(qwen_layer(QWEN, 512, 512)), QWEN, H200,
+                   facts=TraceFacts(trace="prefill.json.gz"))
 
 
 def test_report_dict_honours_the_contract(decode):
@@ -108,7 +111,7 @@ def test_markdown(decode):
 
 
 def test_no_hardware_report():
-    a = analyze(attributed(qwen_layer(QWEN, 1, 64)), QWEN, None, trace="cpu")
+    a = analyze(attributed(qwen_layer(QWEN, 1, 64)), QWEN, None, facts=TraceFacts(trace="cpu"))
     d = report_dict([a])["traces"][0]
     assert d["hardware"] is None
     assert "no placements" in terminal_table([a])
@@ -137,7 +140,7 @@ def generate():
     pre = attributed(qwen_layer(QWEN, 512, 512), step=0)
     dec = attributed(qwen_layer(QWEN, 1, 512, DUR), step=1, first_event=1000, first_op=10_000,
                      t0=5000.0)
-    return analyze(concat(pre, dec), QWEN, H200, trace="generate.json.gz")
+    return analyze(concat(pre, dec), QWEN, H200, facts=TraceFacts(trace="generate.json.gz"))
 
 
 def test_whole_model_by_phase_in_report_json(decode, generate):
@@ -203,7 +206,8 @@ def test_a_cpu_sized_run_prints_no_zero_figures():
     """The qwen-tiny CPU decode layer: kFLOP, kB and MB/s where fixed GFLOP/GB/s columns
     printed 0.000 and 0."""
     tiny = get_model("qwen-tiny")
-    a = analyze(attributed(qwen_layer(tiny, 1, 64, {"q_proj": (500.0,)})), tiny, None, trace="cpu")
+    a = analyze(attributed(qwen_layer(tiny, 1, 64, {"q_proj": (500.0,)})), tiny, None,
+                facts=TraceFacts(trace="cpu"))
     q = next(line for line in terminal_table([a]).splitlines() if line.startswith("q_proj "))
     assert "131.3 kFLOP" in q and "132.6 kB" in q and "500 µs" in q
     assert "262.7 MFLOP/s" in q and "265.2 MB/s" in q  # 131328 FLOP, 132608 B in 500 µs
@@ -214,7 +218,7 @@ def two_layers():
     layer = {"q_proj": (8.0,), "down_proj": (20.0, 15.0)}
     return analyze(concat(attributed(qwen_layer(QWEN, 1, 2048, layer), layer=0),
                           attributed(qwen_layer(QWEN, 1, 2048, layer), layer=1, first_event=1000,
-                                     first_op=10_000, t0=5000.0)), QWEN, H200, trace="l2")
+                                     first_op=10_000, t0=5000.0)), QWEN, H200, facts=TraceFacts(trace="l2"))
 
 
 def _block(text: str, title: str) -> list[list[str]]:
@@ -249,7 +253,8 @@ def test_one_layer_trace_prints_its_rows_once(decode):
 def test_by_shape_rows_keep_the_layer_apart():
     by_shape = analyze(concat(attributed(qwen_layer(QWEN, 1, 2048), layer=0),
                               attributed(qwen_layer(QWEN, 1, 2048), layer=1, first_event=1000,
-                                         first_op=10_000)), QWEN, H200, trace="s", by_shape=True)
+                                         first_op=10_000)), QWEN, H200,
+                       AnalysisOptions(by_shape=True), TraceFacts(trace="s"))
     text = terminal_table([by_shape], per_layer=True)
     assert "down_proj [1,18944]x[18944,3584]" in text
     assert "][0]" not in text and "][1]" not in text

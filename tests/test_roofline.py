@@ -14,7 +14,8 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import get_model
-from trace_roofline.pipeline import analyze
+from trace_roofline.options import AnalysisOptions
+from trace_roofline.pipeline import TraceFacts, analyze
 from trace_roofline.roofline import extrapolate, place, reconcile, whole_model
 
 QWEN = get_model("qwen2.5-7b")
@@ -36,7 +37,7 @@ def agg(ops: pd.DataFrame, operator: str, phase: str | None = None) -> pd.Series
 @pytest.fixture(scope="module")
 def decode():
     return analyze(attributed(qwen_layer(QWEN, 1, 2048, DECODE_US)), QWEN, H200,
-                   trace="decode", attention_bytes="kv", layers=28)
+                   AnalysisOptions(attention_bytes="kv", layers=28), facts=TraceFacts(trace="decode"))
 
 
 def test_memory_bound_gemm_placement_by_hand(decode):
@@ -114,8 +115,8 @@ def test_per_layer_rows_sum_to_the_aggregate():
 def test_conventions_change_only_attention():
     layer = attributed(qwen_layer(QWEN, 2048, 2048))
     base = analyze(layer, QWEN, H200).operators  # causal, all
-    full = analyze(layer, QWEN, H200, causal="full").operators
-    kv = analyze(layer, QWEN, H200, attention_bytes="kv").operators
+    full = analyze(layer, QWEN, H200, AnalysisOptions(causal="full")).operators
+    kv = analyze(layer, QWEN, H200, AnalysisOptions(attention_bytes="kv")).operators
     a, f, k = (agg(t, "attention") for t in (base, full, kv))
     assert a["flops"] / f["flops"] == pytest.approx(0.5, rel=1e-3)  # causal halves prefill
     assert k["bytes"] < a["bytes"] and k["flops"] == a["flops"]
@@ -158,7 +159,7 @@ def test_extrapolation_divides_by_layers_and_steps_in_the_trace():
     with pytest.raises(InputError, match="layers"):
         extrapolate(costed, QWEN, 0)
     with pytest.raises(InputError, match="`layers` needs `model`"):
-        analyze(parts[0], None, H200, layers=28)
+        analyze(parts[0], None, H200, AnalysisOptions(layers=28))
 
 
 def test_no_hardware_gives_intensities_without_placements():
@@ -223,13 +224,13 @@ def test_reconcile_is_per_phase():
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def sample(name: str, **kw):
+def sample(name: str, hardware: Hardware | None = None, **kw):
     from trace_roofline.pipeline import analyze_trace
 
     path = SAMPLES / f"{name}.json.gz"
     if not path.exists():
         pytest.skip(f"{path.name} not committed")
-    return analyze_trace(path, QWEN, **kw)
+    return analyze_trace(path, QWEN, hardware, AnalysisOptions(**kw))
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +306,7 @@ def test_extrapolation_keeps_work_outside_the_layers_unscaled():
 def test_an_empty_trace_is_one_clear_error():
     empty = attributed(qwen_layer(QWEN, 1, 64)).iloc[0:0]
     with pytest.raises(InputError, match="empty.json: no kernels or timed ops"):
-        analyze(empty, QWEN, H200, trace="empty.json")
+        analyze(empty, QWEN, H200, facts=TraceFacts(trace="empty.json"))
 
 
 # ------------------------------------------------ traces holding prefill and decode steps
@@ -361,7 +362,7 @@ def test_h200_prefill_then_decode_in_one_trace():
     traces = [load_trace(p) for p in paths]
     hw = trace_hardware(traces[0])
     pre, dec = (attribute(t, QWEN) for t in traces)
-    mixed = analyze(join(pre, dec), QWEN, hw, trace="generate.json")
+    mixed = analyze(join(pre, dec), QWEN, hw, facts=TraceFacts(trace="generate.json"))
     singles = {"prefill": analyze(pre, QWEN, hw), "decode": analyze(dec, QWEN, hw)}
     assert_whole_per_phase(mixed, singles)
     assert mixed.whole_by_phase["prefill"]["intensity"] == pytest.approx(278.95, abs=0.01)
@@ -385,7 +386,7 @@ def test_a_float_dtype_the_hardware_lacks_is_an_input_error(tmp_path):
     bf16 = attributed([Op("q_proj", "aten::mm", [[1, H], [H, H]], [BF, BF])])
     with pytest.raises(InputError, match=r"^decode.json: `hardware` 'fp8-only' has no bf16 peak "
                                          r"\(has: fp8\) .*add \"bf16\" to peak_flops"):
-        analyze(bf16, QWEN, fp8_only, trace="decode.json")
+        analyze(bf16, QWEN, fp8_only, facts=TraceFacts(trace="decode.json"))
     # no fp32 -> tf32 alias: the trace says fp32, and fp32 is what torch runs by default
     fp32 = attributed([Op("q_proj", "aten::mm", [[64, H], [H, H]], [F32, F32])])
     with pytest.raises(InputError, match=r"no fp32 peak \(has: bf16, tf32\)"):

@@ -21,6 +21,7 @@ from tests.replay_factory import B200_ALL_REDUCE, as_b200_tp8_prefill, as_piecew
 from trace_roofline import cli
 from trace_roofline.attribution import captures, graphs, steps
 from trace_roofline.model import dtypes, hardware
+from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs import report
 from trace_roofline.pipeline import analyze_trace_kernels
 
@@ -185,7 +186,7 @@ def test_b200_tp8_prefill_of_bmm_experts_named(tmp_path, bare_dir):
     path = tmp_path / "b200" / "gpt-oss_prefill_tp8_b200.json.gz"
     path.parent.mkdir()
     path.write_bytes(gzip.compress(json.dumps(as_b200_tp8_prefill(doc)).encode()))
-    a, att = analyze_trace_kernels(path, GPT_OSS, tp=8)
+    a, att = analyze_trace_kernels(path, GPT_OSS, options=AnalysisOptions(tp=8))
     _, truth = analyze_trace_kernels(VLLM_DECODE, GPT_OSS)
     k = att.kernels.sort_values("ts_us")
     reduce_ = k["name"] == B200_ALL_REDUCE
@@ -240,7 +241,7 @@ def test_capture_launches_carry_kernel_names():
 def test_graph_map_takes_a_capture_or_a_folder():
     capture = SERVING / "vllm_gpt-oss-20b_decode_full_mi300x" / "capture_traces"
     for given in (capture, next(capture.glob("*.pt.trace.json.gz"))):
-        a = tr.analyze_trace(VLLM_DECODE, GPT_OSS, graph_map=given)
+        a = tr.analyze_trace(VLLM_DECODE, GPT_OSS, options=tr.AnalysisOptions(graph_map=given))
         assert not any(w.startswith("graph captures: found") for w in a.warnings)
         assert a.graphs.graphs["method"].tolist() == ["graph_map"]
 
@@ -261,12 +262,15 @@ def test_capture_of_another_batch_is_not_used(tmp_path):
 def test_options_that_change_nothing_say_so(sglang_decode):
     """--graph-map or --batch/--context with no replays; --batch/--context where the step
     annotation or the capture gives the shapes."""
-    a = tr.analyze_trace(SGLANG_EXTEND, QWEN3, decode_shapes=graphs.DecodeShapes(32, 1024),
-                         graph_map=SERVING / "sglang_qwen3-8b_decode_mi300x" / "capture_traces")
+    a = tr.analyze_trace(SGLANG_EXTEND, QWEN3,
+                         options=tr.AnalysisOptions(
+                             decode_shapes=graphs.DecodeShapes(32, 1024),
+                             graph_map=SERVING / "sglang_qwen3-8b_decode_mi300x" / "capture_traces"))
     said = " ".join(a.warnings)
     assert "--batch 32 --context 1024: not used: the trace holds no CUDA/HIP-graph" in said
     assert "--graph-map" in said and "not used" in said
-    b = tr.analyze_trace(SGLANG_DECODE, QWEN3, decode_shapes=graphs.DecodeShapes(32, 1024))
+    b = tr.analyze_trace(SGLANG_DECODE, QWEN3,
+                         options=tr.AnalysisOptions(decode_shapes=graphs.DecodeShapes(32, 1024)))
     assert any("--batch 32 --context 1024 not used" in w for w in b.warnings)
 
 
@@ -485,7 +489,8 @@ def test_symmetric_memory_all_reduce_counted_once(tmp_path):
                      "<c10::BFloat16, 8>(c10::BFloat16*)", 10.0)
         with k.op("aten::copy_", [[m, h], [m * h], []], [BF, BF, "Scalar"]):
             k.kernel("Memcpy DtoD (Device -> Device)", 3.0, kind="memcpy")
-    a = tr.analyze_trace(k.write(tmp_path / "symm.json", device="NVIDIA B200"), tp=t)
+    a = tr.analyze_trace(k.write(tmp_path / "symm.json", device="NVIDIA B200"),
+                         options=tr.AnalysisOptions(tp=t))
     c = a.costed[a.costed["operator"] == "all_reduce"]
     assert c["bytes"].sum() == m * h * 2 * 2 * (t - 1) / t
     assert len(a.collectives) == 1 and a.collectives["kernels"].iloc[0] == 3

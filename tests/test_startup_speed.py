@@ -19,6 +19,7 @@ import pytest
 
 from tests.builders import ROOT, SAMPLES
 from trace_roofline import parallel
+from trace_roofline.parallel import Workers
 from trace_roofline.trace import load_trace, read
 from trace_roofline.trace import parallel as trace_parallel
 
@@ -162,7 +163,7 @@ def test_jobs_never_start_more_processes_than_cpus(monkeypatch):
 
     monkeypatch.setattr(parallel, "usable_cores", lambda: 1)
     monkeypatch.setattr(parallel, "_on_processes", no_pool)
-    results = parallel.analyze_many([TRACE, TRACE], jobs=2)
+    results = parallel.analyze_many([TRACE, TRACE], workers=Workers(jobs=2))
     assert [r.analysis.trace for r in results] == [str(TRACE)] * 2
 
 

@@ -18,7 +18,7 @@ from trace_roofline import steptime
 from trace_roofline.cache import TraceCache
 from trace_roofline.model.models import get_model
 from trace_roofline.outputs import report
-from trace_roofline.pipeline import analyze_trace
+from trace_roofline.pipeline import Run, analyze_trace
 from trace_roofline.trace import load_trace
 
 TRACES = ROOT / "sample_traces"
@@ -270,8 +270,8 @@ def test_outputs_carry_the_steps(analysis_b1):
 
 def test_steps_survive_the_cache(tmp_path):
     cache = TraceCache(tmp_path)
-    first = analyze_trace(GRAPH, cache=cache)
-    again = analyze_trace(GRAPH, cache=cache)
+    first = analyze_trace(GRAPH, run=Run(cache=cache))
+    again = analyze_trace(GRAPH, run=Run(cache=cache))
     assert cache.log[-1].analysis_hit
     assert again.steps.equals(first.steps) and again.headroom.equals(first.headroom)
     assert np.array_equal(again.steps.dtypes.astype(str), first.steps.dtypes.astype(str))

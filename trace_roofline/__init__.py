@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "attribute": "trace_roofline.attribution.attribute",
     "operator_table": "trace_roofline.attribution.attribute",
-    "attach_costs": "trace_roofline.costs.shapes",
+    "attach_costs": "trace_roofline.costs.attach",
     "InputError": "trace_roofline.errors",
     "Hardware": "trace_roofline.model.hardware",
     "get_hardware": "trace_roofline.model.hardware",
@@ -27,6 +27,8 @@ _EXPORTS = {
     "terminal_table": "trace_roofline.outputs.report",
     "analyze": "trace_roofline.pipeline",
     "analyze_trace": "trace_roofline.pipeline",
+    "Run": "trace_roofline.pipeline",
+    "TraceFacts": "trace_roofline.pipeline",
     "attribute_trace": "trace_roofline.pipeline",
     "trace_hardware": "trace_roofline.pipeline",
     "Analysis": "trace_roofline.roofline",
@@ -40,23 +42,30 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "Analysis", "AnalysisOptions", "DecodeShapes", "Hardware", "InputError", "ModelSpec", "Trace",
-    "analyze", "analyze_trace", "attach_costs", "attribute", "attribute_trace", "get_hardware",
-    "get_model", "load_trace", "load_traces", "markdown", "match_kernels", "operator_table",
-    "operators_frame", "read_ncu_csv", "report_dict", "roofline_figure", "terminal_table",
-    "trace_hardware",
+    "Analysis", "AnalysisOptions", "DecodeShapes", "Hardware", "InputError", "ModelSpec", "Run",
+    "Trace", "TraceFacts", "analyze", "analyze_trace", "attach_costs", "attribute",
+    "attribute_trace", "get_hardware", "get_model", "load_trace", "load_traces", "markdown",
+    "match_kernels", "operator_table", "operators_frame", "read_ncu_csv", "report_dict",
+    "roofline_figure", "terminal_table", "trace_hardware",
 ]
 
 if TYPE_CHECKING:
     from trace_roofline.attribution.attribute import attribute, operator_table
-    from trace_roofline.costs.shapes import attach_costs
+    from trace_roofline.costs.attach import attach_costs
     from trace_roofline.errors import InputError
     from trace_roofline.model.hardware import Hardware, get_hardware
     from trace_roofline.model.models import ModelSpec, get_model
     from trace_roofline.options import AnalysisOptions, DecodeShapes
     from trace_roofline.outputs.plot import roofline_figure
     from trace_roofline.outputs.report import markdown, report_dict, terminal_table
-    from trace_roofline.pipeline import analyze, analyze_trace, attribute_trace, trace_hardware
+    from trace_roofline.pipeline import (
+        Run,
+        TraceFacts,
+        analyze,
+        analyze_trace,
+        attribute_trace,
+        trace_hardware,
+    )
     from trace_roofline.roofline import Analysis, operators_frame
     from trace_roofline.trace import Trace, load_trace, load_traces
     from trace_roofline.trace.ncu import match_kernels, read_ncu_csv

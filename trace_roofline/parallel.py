@@ -21,14 +21,12 @@ import pandas as pd
 
 from trace_roofline import memory
 from trace_roofline.attribution.ranks import RankInfo, rank_info
-from trace_roofline.cache import TraceCache
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import AnalysisOptions
-from trace_roofline.pipeline import analyze_trace
+from trace_roofline.pipeline import Run, analyze_trace
 from trace_roofline.roofline import Analysis
-from trace_roofline.trace import Progress
 from trace_roofline.trace.parallel import share_cores, usable_cores
 
 T = TypeVar("T")
@@ -70,44 +68,59 @@ def compact(a: Analysis) -> Analysis:
     return replace(a, costed=digest.reset_index(drop=True))
 
 
-def analyze_path(path: str | os.PathLike, ncu: str | os.PathLike | None = None, *,
-                 model: ModelSpec | None = None, hardware: Hardware | None = None,
-                 options: AnalysisOptions | None = None, progress: Progress | None = None,
-                 cache: TraceCache | None = None) -> Result:
-    """Load and analyse one trace (pipeline.analyze_trace, with `ncu` for it) into a `Result`."""
-    options = (options or AnalysisOptions()).replace(ncu=ncu)
-    a = analyze_trace(path, model, hardware, options, progress=progress, cache=cache)
+def analyze_path(path: str | os.PathLike, model: ModelSpec | None = None,
+                 hardware: Hardware | None = None, options: AnalysisOptions | None = None,
+                 run: Run | None = None) -> Result:
+    """Load and analyse one trace (pipeline.analyze_trace) into a `Result`."""
+    a = analyze_trace(path, model, hardware, options, run)
     meta = {"distributedInfo": a.distributed} if a.distributed is not None else {}
     # (rank_info takes any path, through str() and Path(): its annotation is narrower)
     return Result(compact(a), rank_info(cast("str | Path", path), meta))
 
 
+@dataclass(frozen=True)
+class Workers(Run):
+    """`Run`'s cache and progress, and where the traces run: one after another in this process
+    (`jobs` 1, no `dask`: the only mode where `progress` draws), on `jobs` local processes, or
+    on a Dask cluster (`dask`: a scheduler address, or "local"; module docstring). The cache
+    is copied to each worker."""
+
+    jobs: int = 1
+    dask: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise InputError(f"`jobs` must be at least 1, got {self.jobs}", "jobs")
+
+
 def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = None,
-                 hardware: Hardware | None = None, options: AnalysisOptions | None = None, *,
-                 ncu: Sequence[str | os.PathLike | None] | None = None, jobs: int = 1,
-                 dask: str | None = None, progress: Progress | None = None,
-                 cache: TraceCache | None = None, **changes: Any) -> list[Result]:
-    """Analyse every trace of `paths` (with `ncu[i]` for trace i, if given), each in one worker.
-
-    `jobs` = 1 and no `dask`: one after another in this process (`progress` draws there only);
-    `jobs` > 1: that many local processes; `dask`: a Dask cluster (module docstring). `changes`
-    replace fields of `options`; `cache` (a TraceCache) is copied to each worker.
-    """
-    options = (options or AnalysisOptions()).replace(**changes)
-    if jobs < 1:
-        raise InputError(f"`jobs` must be at least 1, got {jobs}", "jobs")
-    pairs = list(zip(paths, ncu if ncu is not None else [None] * len(paths), strict=True))
-    work = partial(_analyze_pair, model=model, hardware=hardware, options=options, cache=cache)
-    if dask is not None:
-        return _on_dask(work, pairs, dask, jobs if jobs > 1 else None)
-    jobs = min(jobs, len(pairs), usable_cores())  # never more processes than CPUs to run them
+                 hardware: Hardware | None = None,
+                 options: AnalysisOptions | Sequence[AnalysisOptions] | None = None,
+                 workers: Workers | None = None) -> list[Result]:
+    """Analyse every trace of `paths`, each in one worker, as `workers` (default Workers())
+    say. `options` are every trace's, or one per trace (each with its own `ncu`)."""
+    workers = workers or Workers()
+    each = (list(options) if isinstance(options, Sequence)
+            else [options or AnalysisOptions()] * len(paths))
+    pairs = list(zip(paths, each, strict=True))
+    work = partial(_analyze_pair, model=model, hardware=hardware, run=Run(cache=workers.cache))
+    if workers.dask is not None:
+        jobs = workers.jobs if workers.jobs > 1 else None
+        local = (jobs or usable_cores()) if workers.dask == "local" else 1  # (a cluster's own)
+        return _on_dask(partial(work, sharing=local), pairs, workers.dask, jobs)
+    jobs = min(workers.jobs, len(pairs), usable_cores())  # never more processes than CPUs
     if jobs <= 1:
-        return [work(pair, progress=progress) for pair in pairs]
-    return _on_processes(work, pairs, jobs)
+        here = Run(cache=workers.cache, progress=workers.progress)
+        return [analyze_path(path, model, hardware, opts, here) for path, opts in pairs]
+    return _on_processes(partial(work, sharing=jobs), pairs, jobs)
 
 
-def _analyze_pair(pair: tuple, **kwargs: Any) -> Result:
-    return analyze_path(*pair, **kwargs)
+def _analyze_pair(pair: tuple[str | os.PathLike, AnalysisOptions], model: ModelSpec | None,
+                  hardware: Hardware | None, run: Run, sharing: int) -> Result:
+    """One worker's trace: analyze_path, as one of `sharing` workers on this machine's CPUs
+    (its parse forks no helper unless each of them can have two: share_cores)."""
+    share_cores(sharing)
+    return analyze_path(pair[0], model, hardware, pair[1], run)
 
 
 def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
@@ -129,7 +142,7 @@ def bounded_map(submit: Callable[[T], Any], wait: Callable, items: Iterable[T],
 
 def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int) -> list[Result]:
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=_pool_worker, initargs=(jobs,))
+                                  initializer=_pool_worker)
     try:
         return bounded_map(lambda pair: pool.submit(work, pair), cf.wait, pairs, jobs)
     except BrokenProcessPool:
@@ -139,10 +152,9 @@ def _on_processes(work: Callable[[tuple], Result], pairs: list[tuple], jobs: int
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _pool_worker(jobs: int) -> None:
-    """A --jobs worker's set-up: the CLI's memory settings, and its share of the CPUs."""
+def _pool_worker() -> None:
+    """A --jobs worker's set-up: the CLI's memory settings."""
     memory.tune()
-    share_cores(jobs)
 
 
 def _on_dask(work: Callable[[tuple], Result], pairs: list[tuple], address: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 
@@ -13,7 +13,7 @@ from trace_roofline.attribution import captures, graphs, kind, passes, steps, ve
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.tp import gemm_shapes, gemm_shapes_of, infer_tp
 from trace_roofline.costs import crosscheck
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs.attach import CostOptions, attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware, trace_device
 from trace_roofline.model.models import ModelSpec
@@ -32,31 +32,28 @@ def trace_hardware(trace: Trace) -> Hardware | None:
     return trace_device(trace.meta.get("device_properties", []))[0]
 
 
-def analyze_trace(
-    trace: Trace | str | os.PathLike,
-    model: ModelSpec | None = None,
-    hardware: Hardware | None = None,
-    options: AnalysisOptions | None = None,
-    *,
-    progress: Progress | None = None,
-    cache: TraceCache | None = None,
-    **changes: Any,
-) -> Analysis:
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """How an analysis runs, which changes none of its figures: the `cache` (cache.TraceCache)
+    a trace given by path, its attribution and the finished Analysis come from and go to (what
+    it did is appended to `cache.log`), and the `progress` drawn while a trace loads."""
+
+    cache: TraceCache | None = None
+    progress: Progress | None = None
+
+
+def analyze_trace(trace: Trace | str | os.PathLike, model: ModelSpec | None = None,
+                  hardware: Hardware | None = None, options: AnalysisOptions | None = None,
+                  run: Run | None = None) -> Analysis:
     """Analyse one trace end to end and return the `Analysis` (DataFrames and summaries).
 
-    `options` (default AnalysisOptions(); `changes` replace its fields: `causal="full"`) say
-    everything else the analysis depends on. `hardware` defaults to the trace's own GPU
-    (`trace_hardware`); with neither, operators get intensities but no roofline placement.
-    With `cache`, a trace given by path, its attribution and the finished Analysis come from
-    (and go to) that `TraceCache`; what it did is appended to `cache.log`.
-    The model is sharded as `options.tp` says and as the GEMM shapes show (tp.infer_tp).
+    `options` (default AnalysisOptions()) say everything else the analysis depends on, `run`
+    (default Run()) where its parts are cached and how its loading is drawn. `hardware`
+    defaults to the trace's own GPU (`trace_hardware`); with neither, operators get
+    intensities but no roofline placement. The model is sharded as `options.tp` says and as
+    the GEMM shapes show (tp.infer_tp).
     """
-    analysis, _ = _run(trace, model, hardware, _options(options, changes), progress, cache)
-    return analysis
-
-
-def _options(options: AnalysisOptions | None, changes: dict[str, Any]) -> AnalysisOptions:
-    return (options or AnalysisOptions()).replace(**changes)
+    return _run(trace, model, hardware, options or AnalysisOptions(), run or Run())[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,56 +70,46 @@ class Attributed:
 
 def analyze_trace_kernels(trace: Trace | str | os.PathLike, model: ModelSpec | None = None,
                           hardware: Hardware | None = None, options: AnalysisOptions | None = None,
-                          *, progress: Progress | None = None, cache: TraceCache | None = None,
-                          **changes: Any) -> tuple[Analysis, Attributed]:
+                          run: Run | None = None) -> tuple[Analysis, Attributed]:
     """`analyze_trace(...)` and the attributed kernels its Analysis was computed from (the
     rows `perfetto.enriched_trace` enriches). On an Analysis cache hit, the kernels come from
     the cached trace and attribution parts (`attribute` does not run again)."""
-    analysis, att = _run(trace, model, hardware, _options(options, changes), progress, cache,
-                         kernels=True)
-    assert att is not None
-    return analysis, att
+    options, run = options or AnalysisOptions(), run or Run()
+    analysis, made = _run(trace, model, hardware, options, run)
+    return analysis, made if made is not None else _attributed(trace, model, options, run)
 
 
 def _run(trace: Trace | str | os.PathLike, model: ModelSpec | None, hardware: Hardware | None,
-         options: AnalysisOptions, progress: Progress | None, cache: TraceCache | None, *,
-         kernels: bool = False) -> tuple[Analysis, Attributed | None]:
+         options: AnalysisOptions, run: Run) -> tuple[Analysis, Attributed | None]:
     """analyze_trace, through the Analysis cache where it applies, and the `Attributed` the
-    Analysis came from when `kernels` asks for it, else None."""
-    made: Attributed | None = None  # what compute() attributed, when `kernels` asks for it
-
-    def attributed() -> Attributed:
-        return _attributed(trace, model, options, progress, cache)
+    Analysis was computed from (None on a cache hit)."""
+    made: Attributed | None = None
 
     def compute() -> Analysis:
         nonlocal made
-        att = attributed()
-        if kernels:
-            made = att
-        return _analyze(att, hardware, options)
+        made = _attributed(trace, model, options, run)
+        return _analyze(made, hardware, options)
 
     key = options.cache_key()
-    if cache is not None and not isinstance(trace, Trace) and key is not None:
-        analysis = cache.analysis(trace, {"model": model, "hardware": hardware, **key}, compute)
+    if run.cache is not None and not isinstance(trace, Trace) and key is not None:
+        analysis = run.cache.analysis(trace, {"model": model, "hardware": hardware, **key},
+                                      compute)
     else:
         analysis = compute()
-    if not kernels:
-        return analysis, None
-    return analysis, made if made is not None else attributed()  # None: a cache hit
+    return analysis, made
 
 
 def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None,
-                options: AnalysisOptions, progress: Progress | None,
-                cache: TraceCache | None) -> Attributed:
+                options: AnalysisOptions, run: Run) -> Attributed:
     """The trace (and `attribute`'s table) from `cache` or parsed, the model sharded as given
     (`options.tp`) and as the GEMM shapes show, then `attribute_trace`'s replays and passes."""
-    attributed, tp = None, options.tp
+    attributed, tp, cache = None, options.tp, run.cache
     if model is not None and tp is not None:
         model = model.shard(tp)
     if not isinstance(trace, Trace) and cache is not None:
-        trace, attributed = cache.load(trace, model, progress=progress)
+        trace, attributed = cache.load(trace, model, progress=run.progress)
     elif not isinstance(trace, Trace):
-        trace = load_trace(trace, progress=progress)
+        trace = load_trace(trace, progress=run.progress)
     if attributed is None:
         attributed = attribute(trace, model)
         if cache is not None:
@@ -136,24 +123,34 @@ def _attributed(trace: Trace | str | os.PathLike, model: ModelSpec | None,
         more = infer_tp(shapes, model)
         model, tp = model.shard(more), (tp or 1) * more
     kernels, replays, found = attribute_trace(trace, model, options, attributed=attributed,
-                                              progress=progress)
+                                              progress=run.progress)
     return Attributed(trace, kernels, model, tp, replays, found)
 
 
+@dataclasses.dataclass(frozen=True)
+class TraceFacts:
+    """What `analyze` is told of the trace an attributed table came from: its name (`trace`),
+    the TP degree reported (`tp`), the ranks of collectives that do not record theirs
+    (`group_size`), ncu's bytes per operator (`measured`) and the trace's verdict (`decoder`,
+    kind.Verdict.decoder: an encoder's unrecorded masks count every pair)."""
+
+    trace: str = ""
+    tp: int | None = None
+    group_size: int | None = None
+    measured: pd.DataFrame | None = None
+    decoder: bool = True
+
+
 def analyze(attributed: pd.DataFrame, model: ModelSpec | None = None,
-            hardware: Hardware | None = None, options: AnalysisOptions | None = None, *,
-            trace: str = "", measured: pd.DataFrame | None = None, tp: int | None = None,
-            group_size: int | None = None, decoder: bool = True, **changes: Any) -> Analysis:
-    """Cost (costs.shapes.attach_costs) and place (roofline.place_costed) one attributed trace.
-    `model` is the rank's shard, `tp` is reported, `group_size` is the ranks of collectives that
-    do not record theirs, `measured` is ncu's bytes per operator, `decoder` the trace's verdict
-    (kind.Verdict.decoder: an encoder's unrecorded masks count every pair)."""
-    options = _options(options, changes)
-    costed = attach_costs(attributed, model, causal=options.causal,
-                          attention_bytes=options.attention_bytes, group_size=group_size,
-                          decoder=decoder)
-    return place_costed(costed, attributed, model, hardware, options, trace=trace,
-                        measured=measured, tp=tp)
+            hardware: Hardware | None = None, options: AnalysisOptions | None = None,
+            facts: TraceFacts | None = None) -> Analysis:
+    """Cost (costs.attach.attach_costs) and place (roofline.place_costed) one attributed trace
+    of `model` (the rank's shard), with what `facts` (default TraceFacts()) say of its trace."""
+    options, facts = options or AnalysisOptions(), facts or TraceFacts()
+    costed = attach_costs(attributed, model, CostOptions(
+        options.causal, options.attention_bytes, facts.group_size, facts.decoder))
+    return place_costed(costed, attributed, model, hardware, options, trace=facts.trace,
+                        measured=facts.measured, tp=facts.tp)
 
 
 def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOptions) -> Analysis:
@@ -208,19 +205,18 @@ def _analyze_one(att: Attributed, name: str, hardware: Hardware | None,
     info = trace.meta.get("distributedInfo")
     world = info.get("world_size") if isinstance(info, dict) else None
     group = tp if tp and tp > 1 else (world if isinstance(world, int) and world > 0 else None)
-    common: dict[str, Any] = dict(trace=name, tp=tp, group_size=group,
-                                  decoder=att.passes.kind.decoder)
+    facts = TraceFacts(trace=name, tp=tp, group_size=group, decoder=att.passes.kind.decoder)
     extra = {"passes": att.passes.table, "graphs": replays, "kind": att.passes.kind,
              "distributed": info if isinstance(info, dict) else None}
     if options.ncu is None:
-        a = analyze(attributed, model, hw, options, **common)
+        a = analyze(attributed, model, hw, options, facts)
         return _with_steps(dataclasses.replace(
             a, warnings=(*unknown, *_with_graph_flags(a, replays, att, options)),
             notes=replays.notes if replays is not None else (), **extra), trace)
     matched, summary = ncu_csv.match_kernels(attributed, ncu_csv.read_ncu_csv(options.ncu),
                                              device=trace.device)
-    a = analyze(attributed, model, hw, options, measured=ncu_csv.measured_by_operator(matched),
-                **common)
+    a = analyze(attributed, model, hw, options,
+                dataclasses.replace(facts, measured=ncu_csv.measured_by_operator(matched)))
     # Whole trace (every phase): NaN unless every kernel was measured (a partial sum understates).
     whole_bytes = float(ncu_csv.measured_by_operator(matched, by=())["measured_bytes"].iloc[0])
     flops = sum(float(cast(float, w["flops"])) for w in a.whole_by_phase.values())
