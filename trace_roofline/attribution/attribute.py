@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline.attribution.codes import (
+    Coded,
     by_category,
     categorical,
-    const,
     name_categories,
     strings,
     take,
@@ -127,42 +127,22 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
 
 def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     """Per unit: its instance's name, evidence and layer; a unit without an op has only the
-    range around it (or is unattributed, a fallback). Strings stay categorical codes until the output."""
+    range around it (or is unattributed, a fallback). Strings stay categorical codes until the
+    output."""
     n = len(units)
     inst_row = np.full(len(ops), -1, dtype=np.int64)  # op index -> its instance row
     inst_row[inst.index.to_numpy()] = np.arange(len(inst))
-    at = take(inst_row, units["op_idx"].to_numpy(), -1)
-    has = at >= 0
-    ann = units["ann_name"].array
-    named = ~has & (ann.codes >= 0)
-    coll = units["coll"].array
-    lone = ~has & (coll.codes >= 0)  # a collective kernel no op links to
-    early = (units["early"].to_numpy(bool) if "early" in units
-             else np.zeros(n, bool)) & ~has
-    named &= ~early
-    lone &= ~early
-    part = np.where(has, _fused_moe_parts(units, ops), 0)
-    (op, an, un, co, down, comb, bw), op_cats = unify(
-        take_cat(inst["operator"].array, at), ann, const(UNATTRIBUTED, n), coll,
-        *(const(p, n) for p in _FUSED_PARTS), const(operators.BEFORE_WINDOW.name, n))
-    operator = np.select([part == 1, part == 2, lone, has, named], [down, comb, co, op, an], un)
-    operator = np.where(early, bw, operator)
-    (ev, an, un, ke), ev_cats = unify(take_cat(inst["evidence"].array, at),
-                                       const("annotation", n), const(FALLBACK, n),
-                                       const("kernel_name", n))
-    evidence = np.where(lone, ke, np.where(has, ev, np.where(named, an, un)))
-    (re_, nl, bwr), re_cats = unify(take_cat(inst["reason"].array, at), const(_UNLINKED, n),
-                                     const(_BEFORE_WINDOW, n))
-    reason = np.where(early, bwr, np.where(has, re_, np.where(named | lone, -1, nl)))
-    inst_layer = inst["layer"].array.take(at, allow_fill=True)
-    ann_layer = units["ann_layer"].array
-    no_layer = np.append(op_cats.isin(operators.MODEL_LEVEL), True)[operator]
-    layer = pd.arrays.IntegerArray(
-        np.where(has, inst_layer.to_numpy(np.int64, na_value=0),
-                 ann_layer.to_numpy(np.int64, na_value=0)),
-        np.where(has, inst_layer.isna(), ann_layer.isna()) | no_layer)
     idx = units["op_idx"].to_numpy()
-    out = pd.DataFrame({
+    at = take(inst_row, idx, -1)
+    early = (units["early"].to_numpy(bool) if "early" in units
+             else np.zeros(n, bool)) & (at < 0)
+    part = np.where(at >= 0, _fused_moe_parts(units, ops), 0)
+    operator, evidence, reason = _unit_names(units, inst, at, early, part)
+    step = pd.array(units["step"], dtype="Int64")
+    step[early] = pd.NA  # a previous step's kernels, whatever step range they end in
+    model_col = (take_cat(inst["model"].array, at) if "model" in inst
+                 else pd.Categorical.from_codes(np.full(n, -1, np.int8), []))
+    return pd.DataFrame({
         "event_id": units["event_id"].to_numpy(np.int64),
         "name": name_categories(units["name"]),
         "kind": strings(units["kind"]),
@@ -171,24 +151,57 @@ def _assemble(units: pd.DataFrame, ops: pd.DataFrame, inst: pd.DataFrame) -> pd.
         "dur_us": units["dur_us"].to_numpy(np.float64),
         "op_id": ops["op_id"].astype("Int64").array.take(idx, allow_fill=True),
         "instance": _instance_ids(idx, units["step"], part),
+        **{dst: strings(take_cat(categorical(ops[col]), idx)) for col, dst in _OP_COLUMNS},
+        "operator": strings(operator.categorical()),
+        "layer": _unit_layers(units, inst, at, operator),
+        "step": step,
+        "evidence": strings(evidence.categorical()),
+        "reason": strings(reason.categorical()),
+        "training": strings(units["training"].array),
+        "model": strings(model_col),
     })
-    for col, dst in (("name", "op_name"), ("input_dims", "input_dims"),
-                     ("input_types", "input_types"), ("concrete_inputs", "concrete_inputs"),
-                     ("input_strides", "input_strides")):
-        out[dst] = strings(take_cat(categorical(ops[col]), idx))
-    out["operator"] = strings(pd.Categorical.from_codes(operator, op_cats))
-    out["layer"] = layer
-    step = pd.array(units["step"], dtype="Int64")
-    step[early] = pd.NA  # a previous step's kernels, whatever step range they end in
-    out["step"] = step
-    out["evidence"] = strings(pd.Categorical.from_codes(evidence, ev_cats))
-    out["reason"] = strings(pd.Categorical.from_codes(reason, re_cats))
-    out["training"] = strings(units["training"].array)
-    model_col = (inst["model"].array if "model" in inst
-                 else pd.Categorical.from_codes(np.zeros(0, np.int8), []))
-    out["model"] = strings(take_cat(model_col, np.where(has, at, -1)) if len(model_col)
-                           else pd.Categorical.from_codes(np.full(n, -1, np.int8), []))
-    return out[list(ATTRIBUTED_COLUMNS)]
+
+
+_OP_COLUMNS = (("name", "op_name"), ("input_dims", "input_dims"), ("input_types", "input_types"),
+               ("concrete_inputs", "concrete_inputs"), ("input_strides", "input_strides"))
+
+
+def _unit_names(units: pd.DataFrame, inst: pd.DataFrame, at: np.ndarray, early: np.ndarray,
+                part: np.ndarray) -> tuple[Coded, Coded, Coded]:
+    """Per unit (`at`: its instance row, -1: none), its operator, evidence and reason: its
+    instance's, else its range's, else a collective kernel's own, else unattributed; a fused
+    MoE op's `part` (`_fused_moe_parts`), or a unit launched before the window (`early`), by
+    what it is."""
+    has = at >= 0
+    ann = units["ann_name"].array
+    coll = units["coll"].array
+    named = ~has & (ann.codes >= 0) & ~early
+    lone = ~has & (coll.codes >= 0) & ~early  # a collective kernel no op links to
+    (op, an, un, co, down, comb, bw), op_cats = unify(
+        take_cat(inst["operator"].array, at), ann, UNATTRIBUTED, coll, *_FUSED_PARTS,
+        operators.BEFORE_WINDOW.name)
+    operator = np.select([part == 1, part == 2, lone, has, named], [down, comb, co, op, an], un)
+    operator = np.where(early, bw, operator)
+    (ev, an, un, ke), ev_cats = unify(take_cat(inst["evidence"].array, at),
+                                      "annotation", FALLBACK, "kernel_name")
+    evidence = np.where(lone, ke, np.where(has, ev, np.where(named, an, un)))
+    (re_, nl, bwr), re_cats = unify(take_cat(inst["reason"].array, at), _UNLINKED,
+                                    _BEFORE_WINDOW)
+    reason = np.where(early, bwr, np.where(has, re_, np.where(named | lone, -1, nl)))
+    return Coded(operator, op_cats), Coded(evidence, ev_cats), Coded(reason, re_cats)
+
+
+def _unit_layers(units: pd.DataFrame, inst: pd.DataFrame, at: np.ndarray,
+                 operator: Coded) -> pd.arrays.IntegerArray:
+    """Per unit, its instance's layer, else its range's; none for a model-level operator."""
+    has = at >= 0
+    inst_layer = inst["layer"].array.take(at, allow_fill=True)
+    ann_layer = units["ann_layer"].array
+    return pd.arrays.IntegerArray(
+        np.where(has, inst_layer.to_numpy(np.int64, na_value=0),
+                 ann_layer.to_numpy(np.int64, na_value=0)),
+        np.where(has, inst_layer.isna(), ann_layer.isna())
+        | np.append(operator.cats.isin(operators.MODEL_LEVEL), True)[operator.codes])
 
 
 def _instance_ids(op_idx: np.ndarray, step: pd.Series, part: np.ndarray) -> np.ndarray:

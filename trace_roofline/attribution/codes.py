@@ -66,11 +66,14 @@ def const(value: str, n: int) -> pd.Categorical:
     return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), [value])
 
 
-def unify(*cols: pd.Categorical) -> tuple[list[np.ndarray], pd.Index]:
-    """The codes of several categoricals over one shared index of their categories."""
-    cats = pd.Index(np.concatenate([np.asarray(c.categories, dtype=object) for c in cols]))
+def unify(*cols: pd.Categorical | str) -> tuple[list[np.ndarray], pd.Index]:
+    """The codes of several categoricals over one shared index of their categories; a str
+    stands for a column holding that one value (its codes a 0-d array, broadcast)."""
+    cats = pd.Index(np.concatenate([np.asarray([c] if isinstance(c, str) else c.categories,
+                                               dtype=object) for c in cols]))
     cats = cats.unique()
-    codes = [np.append(cats.get_indexer(c.categories), -1)[c.codes] for c in cols]
+    codes = [np.asarray(cats.get_loc(c), dtype=np.int64) if isinstance(c, str)
+             else np.append(cats.get_indexer(c.categories), -1)[c.codes] for c in cols]
     return codes, cats
 
 

@@ -27,7 +27,6 @@ from trace_roofline.attribution.codes import (
     by_category,
     categorical,
     coalesce,
-    const,
     take_cat,
     unify,
 )
@@ -101,8 +100,7 @@ def name_instances(inst: pd.DataFrame, trace_ops: TraceOps, model: ModelSpec | N
     (a, m, p), cats = unify(ann, mod_name, categorical(pos_name))
     by_range = (a >= 0) | (m >= 0)
     name = Coded(np.where(a >= 0, a, np.where(m >= 0, m, p)), cats)
-    (ea, em, ep), ev_cats = unify(const("annotation", n), const("module", n),
-                                  categorical(pos_evidence))
+    (ea, em, ep), ev_cats = unify("annotation", "module", categorical(pos_evidence))
     evidence = Coded(np.where(a >= 0, ea, np.where(m >= 0, em, ep)), ev_cats)
     pos_reason = categorical(pos_reason)
     reason = Coded(np.where(by_range, -1, pos_reason.codes.astype(np.int64)),
@@ -268,7 +266,7 @@ def _collectives(inst: pd.DataFrame, name: Coded, evidence: Coded) -> tuple[Code
     (nm, o, t, k), cats = unify(name.categorical(), by_op, by_top, inst["kernel_coll"].array)
     op_level = np.where(o >= 0, o, t)
     named = Coded(np.where(op_level >= 0, op_level, np.where(k >= 0, k, nm)), cats)
-    (er, ek), ev_cats = unify(evidence.categorical(), const("kernel_name", len(inst)))
+    (er, ek), ev_cats = unify(evidence.categorical(), "kernel_name")
     return named, Coded(np.where((op_level >= 0) | (k >= 0), ek, er), ev_cats)
 
 

@@ -75,8 +75,7 @@ class _Fill:
 
 
 def annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace
-                ) -> tuple[pd.Categorical, pd.api.extensions.ExtensionArray,
-                           pd.api.extensions.ExtensionArray]:
+                ) -> tuple[pd.Categorical, pd.arrays.IntegerArray, pd.arrays.IntegerArray]:
     """Per unit: (canonical range name, layers.N, ProfilerStep N) of the innermost ranges
     around its launch point; unlinked device rows use gpu_user_annotation ranges around them
     on their stream, and for the step any CPU ProfilerStep range around their start."""
@@ -107,8 +106,9 @@ def annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace
         anywhere = Nest(s, e, np.where(gpu, -1, 0))
         fill("step", nostep, anywhere, q_t, np.zeros(len(q_t), np.int64))
 
-    def as_int(v: np.ndarray) -> pd.api.extensions.ExtensionArray:
-        return pd.array(v, dtype="Float64").astype("Int64")
+    def as_int(v: np.ndarray) -> pd.arrays.IntegerArray:
+        missing = np.isnan(v)
+        return pd.arrays.IntegerArray(np.where(missing, 0, v).astype(np.int64), missing)
 
     return (pd.Categorical.from_codes(fill.out["name"], canon), as_int(fill.out["layer"]),
             as_int(fill.out["step"]))
