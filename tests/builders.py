@@ -586,12 +586,12 @@ def wrong_names(att: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     linear's name on a GEMM of another (K, N) (the lm_head's vocabulary padded by Inductor
     excepted) or one weight's name on a kernel of several (Inductor's k and v at once), an
     expert's on a dense model, q_norm / k_norm on a model without them."""
-    from trace_roofline.attribution import naming
+    from trace_roofline.attribution import gemm_operands, naming
     from trace_roofline.model import operators
     from trace_roofline.model.models import expected_linears
 
     op = att["operator"].astype(str).to_numpy()
-    k, n, w = naming.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
+    k, n, w = gemm_operands.gemm_kn(naming.base_name(att["op_name"].astype("string")).fillna(""),
                              att["input_dims"])
     want = expected_linears(model)
     for fused, parts in operators.FUSIONS:  # Inductor's kv_proj: the parts' weights at once

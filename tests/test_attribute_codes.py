@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import ROOT
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import nn_modules
 from trace_roofline.attribution.attribute import (
     ATTRIBUTED_COLUMNS,
     _lookup,
@@ -226,7 +226,7 @@ def test_segment_layers_matches_the_groupby_reference(rows):
 @pytest.mark.parametrize("path", [p for p in TRACES if "_stack_" in p.name], ids=lambda p: p.name)
 def test_module_frames_per_name_match_per_row(path):
     frames = load_trace(path).python_frames
-    got, want = _module_frames(frames), naming.module_frames(frames)
+    got, want = _module_frames(frames), nn_modules.module_frames(frames)
     assert len(want) > 0 and list(got.columns) == list(want.columns)
     for col in want:
         assert got[col].astype(object).tolist() == want[col].astype(object).tolist(), col

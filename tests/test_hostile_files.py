@@ -446,7 +446,7 @@ def test_backward_gemms_whose_strides_are_missing_or_unparsed_are_analysed(tmp_p
     import pandas as pd
 
     import trace_roofline as tr
-    from trace_roofline.attribution.naming import _mm_operands
+    from trace_roofline.attribution.grad_gemms import _mm_operands
 
     ops = pd.DataFrame({"op_name": ["aten::mm", "aten::mm", "aten::addmm"],
                         "input_dims": ["[[4, 8], [8, 16]]"] * 2 + ["[[16], [4, 8], [8, 16]]"],

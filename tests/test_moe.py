@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, read
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import layer_linears
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.costs import calculator, shapes
 from trace_roofline.costs.shapes import attach_costs
@@ -575,10 +575,10 @@ def test_inferred_attention_without_a_dense_mlp():
     """Qwen3-MoE: q (2048 -> 4096) runs as often as o (4096 -> 2048), not twice as often, so
     the pair is attention, not an MLP; k and v run 2 x 6 times, the router (2048, 128) once
     per call. Without the attention count an MLP is required."""
-    got = naming.infer_linears(_counts(QWEN3_MOE), calls=6)
+    got = layer_linears.infer_linears(_counts(QWEN3_MOE), calls=6)
     assert got == {"q_proj": (2048, 4096), "k_proj": (2048, 512), "v_proj": (2048, 512),
                    "o_proj": (4096, 2048), "lm_head": (2048, 151936)}
-    assert naming.infer_linears(_counts(QWEN3_MOE)) is None
+    assert layer_linears.infer_linears(_counts(QWEN3_MOE)) is None
 
 
 def test_inferred_expert_loop_runs_more_often_than_the_attention():
@@ -586,7 +586,7 @@ def test_inferred_expert_loop_runs_more_often_than_the_attention():
     hit experts of 6 layer passes are experts, (4096, 8) the router; q and o share (4096,
     4096). Before, the unit was the down count (33), so q_proj looked fused and the lm_head
     (4096, 32000) became qkv_proj."""
-    assert naming.infer_linears(_counts(MIXTRAL_LOOP), calls=6) == {
+    assert layer_linears.infer_linears(_counts(MIXTRAL_LOOP), calls=6) == {
         "q_proj": (4096, 4096), "k_proj": (4096, 1024), "v_proj": (4096, 1024),
         "o_proj": (4096, 4096), "experts_gate_up": (4096, 28672),
         "experts_down": (14336, 4096), "router": (4096, 8), "lm_head": (4096, 32000)}
@@ -597,7 +597,7 @@ def test_inferred_shared_expert_and_heads_without_gqa():
     shared expert (5632) runs once per call, the 58 hit experts (1408, fused 2816) more often;
     (2048, 1) is the shared expert's gate, (2048, 60) the router. Before, k and v were
     (2048, 1)."""
-    assert naming.infer_linears(_counts(QWEN15_LOOP), calls=4) == {
+    assert layer_linears.infer_linears(_counts(QWEN15_LOOP), calls=4) == {
         "q_proj": (2048, 2048), "k_proj": (2048, 2048), "v_proj": (2048, 2048),
         "o_proj": (2048, 2048), "gate_proj": (2048, 5632), "up_proj": (2048, 5632),
         "down_proj": (5632, 2048), "experts_gate_up": (2048, 2816),
@@ -615,13 +615,13 @@ def test_inferred_dense_layer_whose_kv_width_is_the_hidden_size(calls):
     """k and v (H, H) run 2 x 6 times, as often per call as q and o would if they shared
     (H, H): on that tie o_proj is the other GEMM into H, (2048, 1024). Fused, qkv (1024, 4096)
     is twice an MLP's width (2048, which o_proj's shape mimics), not the lm_head."""
-    assert naming.infer_linears(_counts(QWEN3_SMALL), calls) == {
+    assert layer_linears.infer_linears(_counts(QWEN3_SMALL), calls) == {
         "q_proj": (1024, 2048), "k_proj": (1024, 1024), "v_proj": (1024, 1024),
         "o_proj": (2048, 1024), "gate_proj": (1024, 3072), "up_proj": (1024, 3072),
         "down_proj": (3072, 1024), "lm_head": (1024, 151936)}
     fused = {(1024, 4096): 6, (2048, 1024): 6, (1024, 6144): 6, (3072, 1024): 6,
              (1024, 151936): 3}
-    assert naming.infer_linears(_counts(fused), calls) == {
+    assert layer_linears.infer_linears(_counts(fused), calls) == {
         "qkv_proj": (1024, 4096), "o_proj": (2048, 1024), "gate_up_proj": (1024, 6144),
         "down_proj": (3072, 1024), "lm_head": (1024, 151936)}
 
@@ -632,7 +632,7 @@ def test_a_router_running_less_often_than_attention_is_still_the_router():
     test_counts_that_do_not_add_up_name_nothing_rather_than_the_wrong_gemm.)"""
     first_dense = {(4096, 4096): 12, (4096, 1024): 12, (4096, 8): 4, (4096, 28672): 22,
                    (14336, 4096): 22, (4096, 32000): 3}  # 6 calls, 2 of them dense layers
-    got = naming.infer_linears(_counts(first_dense), calls=6)
+    got = layer_linears.infer_linears(_counts(first_dense), calls=6)
     assert got["router"] == (4096, 8) and got["experts_down"] == (14336, 4096)
 
 
@@ -644,22 +644,22 @@ def test_counts_that_do_not_add_up_name_nothing_rather_than_the_wrong_gemm():
     calls = 0 (eager matmul attention) Qwen1.5-MoE's k and v are (H, H), not its router."""
     mla = {(1024, 1024): 6, (1024, 640): 6, (640, 2048): 6, (1024, 3072): 12,
            (3072, 1024): 6, (1024, 50000): 3}
-    got = naming.infer_linears(_counts(mla), 0)
+    got = layer_linears.infer_linears(_counts(mla), 0)
     assert "qkv_proj" not in got and got["lm_head"] == (1024, 50000)
-    assert naming.infer_linears(_counts(mla), 6) is None
+    assert layer_linears.infer_linears(_counts(mla), 6) is None
     hybrid = {(2048, 1024): 3, (1024, 2048): 3, (2048, 256): 6, (2048, 8192): 16,
               (8192, 2048): 8}
-    got = naming.infer_linears(_counts(hybrid), 3)
+    got = layer_linears.infer_linears(_counts(hybrid), 3)
     assert got["down_proj"] == (8192, 2048) and "experts_down" not in got
-    got = naming.infer_linears(_counts(QWEN15_LOOP), 0)
+    got = layer_linears.infer_linears(_counts(QWEN15_LOOP), 0)
     assert got["k_proj"] == got["v_proj"] == (2048, 2048)
 
 
 @pytest.mark.parametrize("calls", [0, 3])
 def test_no_linears_inferred_from_gemms_of_no_decoder_layer(calls):
     """A matmul loop, or a classifier head after some attention: no MLP and no o_proj."""
-    assert naming.infer_linears(_counts({(512, 512): 100}), calls) is None
-    assert naming.infer_linears(_counts({(64, 10): 5, (64, 64): 2}), calls) is None
+    assert layer_linears.infer_linears(_counts({(512, 512): 100}), calls) is None
+    assert layer_linears.infer_linears(_counts({(64, 10): 5, (64, 64): 2}), calls) is None
 
 
 def test_fused_moe_trace_without_a_model():

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import explain, naming
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.attribution.passes import forward_passes
 from trace_roofline.errors import InputError
@@ -885,7 +885,7 @@ def _by_kernel_names(names, kinds, model, shapes, info) -> pd.DataFrame | None:
 def _weight_gathers(op: np.ndarray, gemm_name: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """batched_mm's gathers of its experts' weights, per position: an `index` kernel whose next
     kernel, past memsets and copies (`mem`), is an expert GEMM. They join that GEMM, as an
-    eager trace names the gather after the GEMM it feeds (naming.name_gemms); grouped_mm's
+    eager trace names the gather after the GEMM it feeds (gemm_names.name_gemms); grouped_mm's
     token gathers have the dispatch's kernels and the GEMM's prepare kernel in between."""
     n = len(op)
     later = _ffill(np.where(mem, -1, np.arange(n)), False)  # the next non-copy, from here on
@@ -950,7 +950,7 @@ def _position_table(names, op, core, reduce_, copy_, gemm_name, first_q, model, 
     # as an unmatched `linear[K×N]` GEMM of an eager trace is
     gemm = pd.Series(np.where((op[idx] == kernels.FP32_GEMM), "linear[fp32]", gemm_name[idx]),
                      dtype="string")
-    named, _ = naming.position_names(inst, gemm, qk_norm=model.qk_norm)
+    named, _ = explain.position_names(inst, gemm, qk_norm=model.qk_norm)
     name = np.full(n, None, dtype=object)
     name[idx] = named.to_numpy(dtype=object)
     src = np.where(core, np.arange(n), -1)

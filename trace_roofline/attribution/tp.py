@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import gemm_operands, naming
 from trace_roofline.errors import InputError
 from trace_roofline.model import models
 from trace_roofline.model.models import ModelSpec
@@ -29,7 +29,7 @@ def gemm_shapes_of(names: pd.Series, input_dims: pd.Series) -> set[tuple[int, in
     key = (name.codes.astype(np.int64) + 1) * (len(dims.categories) + 1) + dims.codes + 1
     first = np.flatnonzero(~pd.Index(key).duplicated())  # (hashed: no sort of every op)
     names = pd.Series(name.take(first), dtype="string")
-    k, n, _ = naming.gemm_kn(naming.base_name(names).fillna(""),
+    k, n, _ = gemm_operands.gemm_kn(naming.base_name(names).fillna(""),
                            pd.Series(dims.take(first), dtype="string"))
     ok = k >= 0
     return set(zip(k[ok].tolist(), n[ok].tolist(), strict=True))

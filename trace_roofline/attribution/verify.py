@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trace_roofline.attribution import naming
+from trace_roofline.attribution import gemm_names, gemm_operands, naming, op_families
 from trace_roofline.model import contracts, kernels, operators
 from trace_roofline.model.models import ModelSpec, expected_linears
 
@@ -24,8 +24,8 @@ BROKEN = "breaks its name's contract: "  # the reasons of demoted rows contain i
 _NORM_OPS = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "rms_norm_",
              "rmsnorm", "fused_add_rms_norm", "fused_add_rmsnorm", "add_rmsnorm", "group_norm",
              "native_group_norm"}
-_LOSS_OPS = naming.LOSS_OPS - {"log_softmax", "_log_softmax"}  # beam search log-softmaxes too
-_SOFTMAX_OPS = naming.SOFTMAX_OPS | {"log_softmax", "_log_softmax", "topk_softmax"}
+_LOSS_OPS = op_families.LOSS_OPS - {"log_softmax", "_log_softmax"}  # beam search log-softmaxes too
+_SOFTMAX_OPS = op_families.SOFTMAX_OPS | {"log_softmax", "_log_softmax", "topk_softmax"}
 _CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
              "mkldnn_convolution", "slow_conv2d_forward", "thnn_conv2d"}
 _GROUPED_OPS = {"_grouped_mm"}
@@ -44,10 +44,10 @@ def work(rows: pd.DataFrame) -> np.ndarray:
 def _work(d: pd.DataFrame) -> pd.Series:
     base = operators.base_names(d["op_name"]).fillna("")
     role = kernels.roles(d["name"].fillna("")).astype(str)
-    dims = naming.dims_flags(d["input_dims"])
-    gemm_op = base.isin(naming.GEMM_OPS)
-    batched = (dims["batched"] & base.isin(naming.BATCHED_GEMM_OPS | {"matmul"})) | (
-        base.isin(naming.BATCHED_GEMM_OPS) & dims["rank3"])
+    dims = op_families.dims_flags(d["input_dims"])
+    gemm_op = base.isin(op_families.GEMM_OPS)
+    batched = (dims["batched"] & base.isin(op_families.BATCHED_GEMM_OPS | {"matmul"})) | (
+        base.isin(op_families.BATCHED_GEMM_OPS) & dims["rank3"])
     rules: list[tuple[pd.Series, str]] = [  # first match wins
         (operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES),
          "attention"),
@@ -207,7 +207,7 @@ def _checked(att: pd.DataFrame, w: np.ndarray, f: Facts) -> np.ndarray:
 def _fits(rows: pd.DataFrame, want: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """Per GEMM row, 1 if its (K, N) is one of `want`, 0 if not, -1 if it has none; and the
     weights an Inductor kernel multiplies at once."""
-    k, n, weights = naming.gemm_kn(naming.base_name(rows["op_name"]).fillna(""),
+    k, n, weights = gemm_operands.gemm_kn(naming.base_name(rows["op_name"]).fillna(""),
                                    rows["input_dims"])
     wide = max([*n, *(b for _, b in want)], default=0) + 1
     hit = np.isin(k * wide + n, [a * wide + b for a, b in want]).astype(np.int64)
@@ -227,7 +227,7 @@ def _shapes(model: ModelSpec) -> dict[str, set[tuple[int, int]]]:
         (k, v), = out["lm_head"]
         out["lm_head"] = {(k, p) for p in _padded(v)}
     for name, (k, n, _) in model.moe_linears().items():
-        out.setdefault(naming.SUB_LINEARS.get(name, name), set()).add((k, n))
+        out.setdefault(gemm_names.SUB_LINEARS.get(name, name), set()).add((k, n))
     return out
 
 
@@ -252,7 +252,7 @@ def _vocabulary(att: pd.DataFrame, rows: np.ndarray, w: np.ndarray, name: str,
     if f.model is not None or not f.vocabularies or not rows.any():
         return none, ""
     sub = att[rows]
-    _, n, _ = naming.gemm_kn(naming.base_name(sub["op_name"]).fillna(""), sub["input_dims"])
+    _, n, _ = gemm_operands.gemm_kn(naming.base_name(sub["op_name"]).fillna(""), sub["input_dims"])
     known = set().union(*(_padded(v) for v in f.vocabularies))
     bad = (n >= 0) & ~np.isin(n, list(known))
     out = none.copy()
