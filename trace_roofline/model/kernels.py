@@ -15,19 +15,20 @@ import pandas as pd
 from trace_roofline.model import operators
 from trace_roofline.model.operators import Name
 
+# (a role that is one operator's own work is named after it: attention, rope, sampling, ...)
 ROLES: tuple[str, ...] = (
-    "gemm", "moe_gemm", "conv", Name.ATTENTION, "attention_reduce", "norm", "fused_add_norm", Name.ROPE,
-    "activation", "elementwise", "reduction", "copy", "kv_cache_write", "moe_routing",
-    "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", Name.SAMPLING, Name.LOSS,
-    Name.OPTIMIZER, "unknown",
+    "gemm", "moe_gemm", "conv", Name.ATTENTION, "attention_reduce", "norm", "fused_add_norm",
+    Name.ROPE, "activation", "elementwise", "reduction", "copy", "kv_cache_write", "moe_routing",
+    "moe_finalize", "quant", "collective", "memcpy", "softmax", "sort_scan", Name.SAMPLING,
+    Name.LOSS, Name.OPTIMIZER, "unknown",
 )
 # which role an op instance of several kernels takes (attribute.py): the first of its kernels'
 # roles in this order (an attention's memset is attention, a GEMM's split-K reduce a GEMM)
 ROLE_PRIORITY: tuple[str, ...] = (
     Name.ATTENTION, "attention_reduce", "moe_gemm", "gemm", "conv", "collective", "fused_add_norm",
     "norm", Name.ROPE, "kv_cache_write", "activation", "quant", "moe_routing", "moe_finalize",
-    Name.LOSS, Name.OPTIMIZER, Name.SAMPLING, "softmax", "sort_scan", "reduction", "copy", "elementwise",
-    "memcpy", "unknown",
+    Name.LOSS, Name.OPTIMIZER, Name.SAMPLING, "softmax", "sort_scan", "reduction", "copy",
+    "elementwise", "memcpy", "unknown",
 )
 GEMM_ROLES = frozenset({"gemm", "moe_gemm"})  # weight GEMMs: named by shape, never by position
 ATTENTION_ROLES = frozenset({Name.ATTENTION, "attention_reduce"})
