@@ -13,7 +13,7 @@ import pytest
 import trace_roofline as tr
 from tests import replay_factory as rf
 from tests.builders import SAMPLES, read, write
-from trace_roofline.attribution import graphs
+from trace_roofline.attribution import graph_align, graphs
 from trace_roofline.attribution.passes import forward_passes
 from trace_roofline.costs.shapes import attach_costs
 
@@ -204,13 +204,13 @@ def test_shuffled_order_is_not_named(tmp_path, doc, mapping, seed):
 def test_align_is_banded_lcs():
     a = np.array([1, 2, 3, 4, 5, 6, 7, 8])
     b = np.array([1, 9, 2, 3, 5, 6, 7, 8, 8])
-    m = graphs.align(a, b, band=2)
+    m = graph_align.align(a, b, band=2)
     assert m.tolist() == [0, 2, 3, -1, 4, 5, 6, 8]  # the last 8 of b: traceback from the end
-    assert graphs.align(a, a).tolist() == list(range(8))
+    assert graph_align.align(a, a).tolist() == list(range(8))
     # a subsequence far off the diagonal is out of a narrow band, found with a wide one
     long = np.r_[np.arange(100, 140), a]
-    assert (graphs.align(a, long, band=1) >= 0).sum() == 8  # |n - m| widens the band
-    assert graphs.align(np.array([5]), np.array([], dtype=int)).tolist() == [-1]
+    assert (graph_align.align(a, long, band=1) >= 0).sum() == 8  # |n - m| widens the band
+    assert graph_align.align(np.array([5]), np.array([], dtype=int)).tolist() == [-1]
 
 
 # A real replay trace: tests/data/cuda_graph_probe_h200.json.gz, captured on the project's H200

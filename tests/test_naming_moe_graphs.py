@@ -18,7 +18,7 @@ import pytest
 import trace_roofline as tr
 from tests import replay_factory
 from tests.builders import SAMPLES, read, write
-from trace_roofline.attribution import graphs
+from trace_roofline.attribution import graph_align, graphs
 
 CG = str(SAMPLES / "cuda_graphs" / "hf-moe-{}-2l_decode_b4_s512_static1024_groupedmm_{}_h200.json.gz")
 REPLAYS, LAYERS, BATCH = 4, 2, 4
@@ -58,7 +58,7 @@ def test_graph_map_names_each_replay_exactly_as_the_eager_mapping(case):
     for _, rows in rr.groupby("replay"):
         got = case["by_map"].iloc[rows["row"].to_numpy()]
         codes = np.array([vocab.get(n, -1) for n in got["name"].astype(object)])
-        twin = graphs.align(codes, t_codes)
+        twin = graph_align.align(codes, t_codes)
         assert (twin >= 0).all()  # each kernel matched by name, none attached or left over
         assert (got["operator"].to_numpy(dtype=object) == t_op[twin]).all()
         assert (got["layer"].astype("Int64").fillna(-1).to_numpy() == t_layer[twin]).all()

@@ -19,7 +19,7 @@ import trace_roofline as tr
 from tests.builders import BF, SAMPLES, Kineto
 from tests.replay_factory import B200_ALL_REDUCE, as_b200_tp8_prefill, as_piecewise
 from trace_roofline import cli
-from trace_roofline.attribution import captures, graphs, steps
+from trace_roofline.attribution import captures, graph_naming, graphs, steps
 from trace_roofline.model import dtypes, hardware
 from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs import report
@@ -422,17 +422,17 @@ def test_fused_add_rmsnorm_is_a_norm_with_the_residual_bytes(sglang_decode, sgla
 
 # ---------------------------------------------------------------------- kernel families
 @pytest.mark.parametrize("kernel, op", [
-    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT64x32x256_MI16x16x1_SN", graphs.GEMM),
-    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu", graphs.GEMM),
-    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16>", graphs.ATTENTION_OP),
-    ("void paged_attention_ll4mi_reduce_kernel<__hip_bfloat16>", graphs.ATTENTION_OP),
-    ("kernel_unified_attention_3d", graphs.ATTENTION_OP),
-    ("reduce_segments", graphs.ATTENTION_OP),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT64x32x256_MI16x16x1_SN", graph_naming.GEMM),
+    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu", graph_naming.GEMM),
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16>", graph_naming.ATTENTION_OP),
+    ("void paged_attention_ll4mi_reduce_kernel<__hip_bfloat16>", graph_naming.ATTENTION_OP),
+    ("kernel_unified_attention_3d", graph_naming.ATTENTION_OP),
+    ("reduce_segments", graph_naming.ATTENTION_OP),
     ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>(long const*)", ""),
     ("void at::native::vectorized_gather_kernel<16, long>(char*)", "aten::index"),
 ])
 def test_kernel_families_of_bare_replays(kernel, op):
-    assert graphs.kernel_ops(pd.Series([kernel])).iloc[0] == op
+    assert graph_naming.kernel_ops(pd.Series([kernel])).iloc[0] == op
 
 
 # ------------------------------------------------------------------------------ hardware

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from trace_roofline.attribution.kind import DECODER, Verdict
 from trace_roofline.frames import distinct_codes
 from trace_roofline.model import layouts
-from trace_roofline.model.operators import BEFORE_WINDOW, STAGES
+from trace_roofline.model.operators import BEFORE_WINDOW, STAGES, Name
 from trace_roofline.trace.decode import decode_args
 
 PASS_COLUMNS = {
@@ -35,13 +35,14 @@ PASS_COLUMNS = {
     "ts_us": "float64",  # first unit's start
     "opened_by": "str",  # profiler_step | trace_start | embedding | layer_restart
 }
-PHASES = ("prefill", "decode", "mixed", "forward", "backward", "recompute", "optimizer",
-          "before_window", "unknown")
+PHASES = ("prefill", "decode", "mixed", "forward", "backward", "recompute", Name.OPTIMIZER,
+          Name.BEFORE_WINDOW, "unknown")
 # a training step's parts with a phase of their own (`recompute`: a checkpointed layer's forward
 # run again inside backward, attribute._training)
-_TRAINING_PARTS = ("backward", "optimizer", "recompute")
+_TRAINING_PARTS = ("backward", Name.OPTIMIZER, "recompute")
 
-_MODEL_KEY = {"embedding": -1.0, "embedding_norm": -0.5, "final_norm": 1e12, "lm_head": 1e12 + 1}
+_MODEL_KEY = {Name.EMBEDDING: -1.0, Name.EMBEDDING_NORM: -0.5, Name.FINAL_NORM: 1e12,
+              Name.LM_HEAD: 1e12 + 1}
 ATTENTION_LAYOUTS = {name: layout for name, (layout, _) in layouts.ATTENTION_LAYOUTS.items()}
 _EAGER_ATTENTION_OPS = {*(g.removeprefix("aten::") for g in layouts.EAGER_ATTENTION_GEMMS),
                         "softmax", "_softmax", "_safe_softmax"}
@@ -52,7 +53,7 @@ _VARLEN_OPS = re.compile(r"varlen|^aten::_flash_attention_forward$")
 # max_seqlen_q, ...)
 _VARLEN_ARGS = {name: (v.cu_seqlens_q, v.max_seqlen_q) for name, v in layouts.VARLEN_LAYOUTS.items()}
 _VARLEN_DEFAULT_ARGS = (3, 5)
-_Q_PROJ = {"q_proj", "qkv_proj"}
+_Q_PROJ = {Name.Q_PROJ, Name.QKV_PROJ}
 
 
 @dataclass(frozen=True)
@@ -155,13 +156,14 @@ def _read_kv(op_name: str, dims: list, _conc: list) -> Tokens | None:
 
 
 TOKEN_RULES: tuple[TokenRule, ...] = (
-    TokenRule("attention", lambda op, name: name in ATTENTION_LAYOUTS, _read_attention),
+    TokenRule(Name.ATTENTION, lambda op, name: name in ATTENTION_LAYOUTS, _read_attention),
     TokenRule("varlen", lambda op, name: name in _VARLEN_ARGS or bool(_VARLEN_OPS.search(name)),
               _read_varlen),
     TokenRule("eager_attention",
-              lambda op, name: op == "attention" and _base(name) in _EAGER_ATTENTION_OPS,
+              lambda op, name: op == Name.ATTENTION and _base(name) in _EAGER_ATTENTION_OPS,
               _read_eager),
-    TokenRule("kv_cache", lambda op, name: op == "kv_cache" and _base(name) in _KV_OPS, _read_kv),
+    TokenRule(Name.KV_CACHE, lambda op, name: op == Name.KV_CACHE and _base(name) in _KV_OPS,
+              _read_kv),
 )
 _GEMM_M = "gemm_m"  # rule 5, per pass (needs B from another row of the pass)
 RULE_ORDER = (*(r.name for r in TOKEN_RULES), _GEMM_M)
@@ -245,14 +247,14 @@ def _pass_ids(key: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, dict[int, 
     s_key, s_run = key[s_rows], run[s_rows]
     first = np.r_[True, s_run[1:] != s_run[:-1]] if len(s_rows) else np.zeros(0, bool)
     prev = np.r_[np.nan, s_key[:-1]]
-    emb = s_key == _MODEL_KEY["embedding"]
-    by_emb = ~first & emb & (prev != _MODEL_KEY["embedding"])
+    emb = s_key == _MODEL_KEY[Name.EMBEDDING]
+    by_emb = ~first & emb & (prev != _MODEL_KEY[Name.EMBEDDING])
     by_layer = ~first & ~emb & (s_key < prev)
     start = first | by_emb | by_layer
     start_rows = s_rows[start]
     reason = list(np.where(first[start], np.where(grp[start_rows] >= 0, "profiler_step",
                                                   "trace_start"),
-                           np.where(by_emb[start], "embedding", "layer_restart")))
+                           np.where(by_emb[start], Name.EMBEDDING, "layer_restart")))
     # every row: the pass of the last start at or before it, within its run; rows before the
     # run's first start take that start's pass
     num = np.full(n, -1, dtype=np.int64)
@@ -299,7 +301,7 @@ def _evidence(att: pd.DataFrame, pass_id: np.ndarray,
     of att["operator"]."""
     op, op_cats = operator
     name, name_cats = _codes(att["op_name"])
-    keep_op = np.append(np.isin(op_cats, ["attention", "kv_cache", *_Q_PROJ]), False)
+    keep_op = np.append(np.isin(op_cats, [Name.ATTENTION, Name.KV_CACHE, *_Q_PROJ]), False)
     keep_name = np.append(np.isin(name_cats, list(ATTENTION_LAYOUTS)), False)
     cand = (keep_op[op] | keep_name[name]) & (name >= 0) & (pass_id >= 0)
     cand &= att["input_dims"].notna().to_numpy()
@@ -333,7 +335,7 @@ def _read_combo(operator: str, op_name: str, dims_raw: str, conc_raw: str):
     if operator in _Q_PROJ:
         return None, None, None, None, None, layouts.gemm_tokens(op_name, dims), None
     four = next((d for d in _flat(dims) if _is4d(d)), None)
-    b4 = four[0] if four is not None and operator in ("kv_cache", "attention") else None
+    b4 = four[0] if four is not None and operator in (Name.KV_CACHE, Name.ATTENTION) else None
     for rule in TOKEN_RULES:
         if rule.applies(operator, op_name):
             tok = rule.read(op_name, dims, conc or [])
