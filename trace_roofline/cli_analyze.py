@@ -91,6 +91,13 @@ def add_analyze(sub: argparse._SubParsersAction) -> None:
                         "them, with --context (default: none: named, uncosted)")
     p.add_argument("--context", type=int,
                    help="keys S each decode query attends to, with --batch (default: none)")
+    _add_run_args(p)
+    add_convention_args(p)
+    p.set_defaults(func=analyze, tune_memory=False)  # (tuned once the work starts)
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """`analyze`'s outputs, cache, --force and workers."""
     p.add_argument("--out", help="directory for operators.csv/.parquet, report.json/.md/.html, "
                                  "roofline.png/.svg (default: print only)")
     p.add_argument("--json", help="also write report.json to this path (default: none)")
@@ -102,13 +109,13 @@ def add_analyze(sub: argparse._SubParsersAction) -> None:
                         "and finished analyses (see `cache info`; default: use it)")
     add_force_arg(p)
     p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
-                   help="analyse N traces at a time in local processes (default: 1, in this process)")
+                   help="analyse N traces at a time in local processes, never more than the CPUs "
+                        "this process may use (its affinity and cgroup quota) (default: 1, in "
+                        "this process)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="analyse the traces on a Dask cluster: a scheduler address, or 'local' to "
                         "start a LocalCluster of --jobs workers (needs trace-roofline[dask]) "
                         "(default: none)")
-    add_convention_args(p)
-    p.set_defaults(func=analyze, tune_memory=False)  # (tuned once the work starts)
 
 
 @dataclasses.dataclass(frozen=True)
