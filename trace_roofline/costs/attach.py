@@ -161,10 +161,7 @@ def _costed(inst: pd.DataFrame, context: _Context) -> pd.DataFrame:
         per[col] = pd.Series([c.pairs[i] if c.pairs else None for c in table], dtype="float64")
     out = inst[["instance", "op_id", "op_name", "operator", "evidence", "layer", "step",
                 "kernels", "ts_us", "time_us"]].reset_index(drop=True)
-    taken = per.take(codes).reset_index(drop=True)
-    for col in taken.columns:
-        out[col] = taken[col]
-    return out
+    return pd.concat([out, per.take(codes).reset_index(drop=True)], axis=1)
 
 
 def _first_row_only(out: pd.DataFrame) -> None:
@@ -189,17 +186,10 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in need if c not in att.columns]
     if missing:
         raise InputError(f"attributed lacks columns {', '.join(missing)}")
-    agg = pd.DataFrame({"instance": att["instance"].to_numpy(),
-                        "row": np.arange(len(att)),
-                        "ts_us": att["ts_us"].to_numpy(np.float64),
-                        "dur_us": att["dur_us"].to_numpy(np.float64)})
-    agg = agg.groupby("instance", sort=False).agg(
-        row=("row", "first"), kernels=("dur_us", "size"), ts_us=("ts_us", "min"),
-        time_us=("dur_us", "sum"))
-    agg = agg.sort_values("ts_us", kind="stable")
-    rows = agg["row"].to_numpy()
+    agg = _per_instance(att)
+    rows = agg["row"]
     inst = pd.DataFrame({
-        "instance": agg.index.to_numpy(),
+        "instance": agg["instance"],
         "row": rows,
         "op_id": att["op_id"].astype("Int64").take(rows).to_numpy(),
         "operator": att["operator"].take(rows).array,
@@ -209,15 +199,31 @@ def _instances(att: pd.DataFrame) -> pd.DataFrame:
         "step": att["step"].astype("Int64").take(rows).to_numpy(),
         "op_name": att["op_name"].take(rows).array,
         **{c: _taken_categories(att.get(c), rows) for c in _ARGUMENTS},
-        "kernels": agg["kernels"].to_numpy(),
-        "ts_us": agg["ts_us"].to_numpy(),
-        "time_us": agg["time_us"].to_numpy(),
+        "kernels": agg["kernels"],
+        "ts_us": agg["ts_us"],
+        "time_us": agg["time_us"],
     })
     if "phase" in att:  # the forward pass's phase (passes.annotate)
         inst["phase"] = att["phase"].take(rows).array
     if "serving_step" in att:  # the annotated serving step's sums (attribution/steps.py)
         inst["serving_step"] = att["serving_step"].take(rows).to_numpy()
     return inst
+
+
+def _per_instance(att: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per instance (rows of a missing instance id left out), in order of first start (ties:
+    of first row): its id, first row, kernel count, first start and Σ duration."""
+    codes, ids = pd.factorize(att["instance"].to_numpy())
+    pos = np.flatnonzero(codes >= 0)
+    of = codes[pos]
+    first = pos[np.unique(of, return_index=True)[1]]  # codes number ids by first appearance
+    start = np.full(len(ids), np.nan)
+    np.fmin.at(start, of, att["ts_us"].to_numpy(np.float64)[pos])  # (NaN starts skipped)
+    total = pd.Series(att["dur_us"].to_numpy(np.float64)[pos]).groupby(of).sum().to_numpy()
+    order = np.argsort(start, kind="stable")
+    return {"instance": np.asarray(ids)[order], "row": first[order],
+            "kernels": np.bincount(of, minlength=len(ids))[order], "ts_us": start[order],
+            "time_us": total[order]}
 
 
 # attribute()'s columns of raw argument JSON, read only to cost (each distinct value once)

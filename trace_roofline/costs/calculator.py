@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 from trace_roofline.model import formulas, moe
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.model.operators import Name
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -33,16 +35,24 @@ def si(x: object, unit: str, digits: int = 4) -> str:
     return f"{v / scale:.{digits}g} {prefix}{unit}"
 
 
-def intensity_table(
-    model: ModelSpec,
-    hardware: Hardware,
-    ms: Sequence[int] = (1, 256),
-    ss: Sequence[int] = (128, 512, 2048),
-    causal: formulas.Causal = "causal",
-    attention_bytes: formulas.AttentionBytes = "all",
-    fused: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class Sweep:
+    """What `intensity_table` tabulates: the GEMMs at each of `ms` tokens in flight (the fused
+    projections' with `fused`), attention at each of `ss` key lengths, under the conventions
+    `causal` and `attention_bytes`."""
+
+    ms: Sequence[int] = (1, 256)
+    ss: Sequence[int] = (128, 512, 2048)
+    causal: formulas.Causal = "causal"
+    attention_bytes: formulas.AttentionBytes = "all"
+    fused: bool = False
+
+
+def intensity_table(model: ModelSpec, hardware: Hardware, sweep: Sweep | None = None) -> dict:
     """Everything `trace-roofline intensity` shows, as a JSON-ready dict."""
+    sweep = sweep or Sweep()
+    ms, ss, fused = sweep.ms, sweep.ss, sweep.fused
+    causal, attention_bytes = sweep.causal, sweep.attention_bytes
     b = model.bytes_per_element
     peak = hardware.peak(model.dtype)
     ridge = formulas.ridge(peak, hardware.mem_bandwidth)
@@ -50,7 +60,7 @@ def intensity_table(
     if model.experts is not None and len(model.sparse_layers) == model.num_layers:
         # no dense MLP anywhere: its projections are the experts' (the MoE section)
         linears = {k: v for k, v in linears.items()
-                   if k not in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")}
+                   if k not in (Name.GATE_PROJ, Name.UP_PROJ, Name.DOWN_PROJ, Name.GATE_UP_PROJ)}
     gemms = [
         {
             "m": m,
@@ -85,7 +95,7 @@ def intensity_table(
         },
         "conventions": {"causal": causal, "attention_bytes": attention_bytes, "gemm_bias": "counted"},
         "gemm": gemms,
-        "attention": attention,
+        Name.ATTENTION: attention,
         "m_star": {
             name: formulas.m_star(k, n, b, ridge, bias) for name, (k, n, bias) in linears.items()
         },
@@ -150,7 +160,7 @@ def format_intensity(table: dict) -> str:
     for name, m in table["m_star"].items():
         lines.append(f"  {name:<13} M* = {m if m is not None else 'never'}")
     lines += ["", "-- attention (GQA) --"]
-    for a in table["attention"]:
+    for a in table[Name.ATTENTION]:
         d, p = a["decode"], a["prefill"]
         lines.append(
             f"  S={a['s']:>5}: decode I={d['intensity']:5.1f} ({_regime(d['bound'])})  |  "

@@ -13,6 +13,7 @@ from trace_roofline.costs.attention import flex_attention
 from trace_roofline.costs.call import KERNEL, Arg, Call, Cost, Kind, tensors
 from trace_roofline.costs.moe import ExpertsGemm
 from trace_roofline.model import formulas, kernels
+from trace_roofline.model.operators import Name
 
 
 def triton_kernel(c: Call) -> Cost:
@@ -71,7 +72,7 @@ def _gathered(name: str, ts: list[Arg]) -> list[Arg]:
     width = table.dims[1]
     out = any(t is not table and t.dtype not in _INDEX_DTYPES and t.dims[-1:] == [width]
               and t.numel == rows * width for t in ts)
-    if not (out or "embedding" in name.split("_")):
+    if not (out or Name.EMBEDDING in name.split("_")):  # aten::embedding among the fused ops
         return ts
     gathered = Arg([rows, width], table.type, table.concrete)
     return [gathered if t is table else t for t in ts]
