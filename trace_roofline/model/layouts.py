@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from trace_roofline.model import gemms
 
 # Attention ops with a known argument layout: name -> (Q/K/V layout, index of is_causal in
 # Concrete Inputs). BHTD: [B, heads, T, d] (SDPA front ends); BTHD: [B, T, heads, d]
@@ -64,11 +64,5 @@ VARLEN_LAYOUTS: dict[str, Varlen] = {
 
 
 def gemm_tokens(op_name: str, dims: list) -> int | None:
-    """Tokens M of a linear / mm / addmm: the activation's leading dims."""
-    base = op_name.rsplit("::", 1)[-1]
-    x = dims[1] if base in ("addmm", "_addmm_activation") and len(dims) > 1 else dims[0]
-    if base not in ("linear", "mm", "addmm", "_addmm_activation", "matmul"):
-        return None
-    if not (isinstance(x, list) and len(x) >= 2 and all(isinstance(v, int) for v in x)):
-        return None
-    return int(np.prod(x[:-1]))
+    """Tokens M of a 2-D-weight GEMM op (gemms.tokens: its activation's leading dims)."""
+    return gemms.tokens(op_name.rsplit("::", 1)[-1], dims)
