@@ -21,7 +21,7 @@ from trace_roofline.attribution.codes import (
 from trace_roofline.attribution.instance_names import TraceOps, collective_names, name_instances
 from trace_roofline.attribution.instances import instances, with_weight_shapes
 from trace_roofline.attribution.nest import KeySpace
-from trace_roofline.attribution.ranges import annotations
+from trace_roofline.attribution.ranges import unit_ranges
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.attribution.trace_models import model_shards, models_of
 from trace_roofline.attribution.training import training_parts
@@ -100,7 +100,7 @@ def attribute(trace: Trace, model: ModelSpec | None = None) -> pd.DataFrame:
     ops = ops_frame(trace.cpu_ops, keys)
     units = cpu_units(ops) if trace.cpu_only else device_units(trace, ops, keys)
     units["coll"] = collective_names(categorical(units["name"]), kernel=True)
-    units["ann_name"], units["ann_layer"], units["step"] = annotations(trace.annotations, units,
+    units["ann_name"], units["ann_layer"], units["step"] = unit_ranges(trace.annotations, units,
                                                                        keys)
     units["training"], units["node"], units["frame"] = training_parts(
         units, ops, trace.annotations, keys)

@@ -127,7 +127,7 @@ def ints(col: pd.Series, fill: int) -> np.ndarray:
     return col.astype("Int64").to_numpy(np.int64, na_value=fill)
 
 
-def take(values: np.ndarray, idx: np.ndarray, fill: object) -> np.ndarray:
+def take(values: np.ndarray, idx: np.ndarray, fill: float) -> np.ndarray:
     """values[idx] where idx >= 0, else fill (values may be empty)."""
     if not len(values):
         return np.full(len(idx), fill)

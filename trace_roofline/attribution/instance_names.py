@@ -72,7 +72,7 @@ def collective_names(names: pd.Categorical, kernel: bool = False) -> pd.Categori
     per = [_collective(str(v), kernel) for v in names.categories]
     found = sorted({p for p in per if p is not None})
     index = {c: i for i, c in enumerate(found)}
-    codes = np.array([*(index.get(p, -1) for p in per), -1], dtype=np.int64)
+    codes = np.array([*(-1 if p is None else index[p] for p in per), -1], dtype=np.int64)
     return pd.Categorical.from_codes(codes[names.codes], found)
 
 

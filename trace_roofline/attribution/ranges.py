@@ -74,7 +74,7 @@ class _Fill:
         self.out[field][rows] = np.where(missing(cur) & (hit >= 0), fact, cur)
 
 
-def annotations(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace
+def unit_ranges(ann: pd.DataFrame, units: pd.DataFrame, keys: KeySpace
                 ) -> tuple[pd.Categorical, pd.arrays.IntegerArray, pd.arrays.IntegerArray]:
     """Per unit: (canonical range name, layers.N, ProfilerStep N) of the innermost ranges
     around its launch point; unlinked device rows use gpu_user_annotation ranges around them

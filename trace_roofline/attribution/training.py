@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from trace_roofline.attribution import grad_gemms
-from trace_roofline.attribution.codes import Coded, Labels, by_category, categorical, take
+from trace_roofline.attribution.codes import Coded, Labels, categorical, take
 from trace_roofline.attribution.nest import KeySpace, Nest, to_ns
 from trace_roofline.attribution.ranges import is_gpu_range
 from trace_roofline.attribution.units import matches
@@ -116,8 +116,7 @@ def _grad_ops(inst: pd.DataFrame, node: pd.Series) -> np.ndarray:
     by_node = pd.Series(None, index=inst.index, dtype=object)
     for rx, op in _GRAD_NODES:
         by_node = by_node.mask(by_node.isna() & node.str.contains(rx).fillna(False), op)
-    hits = {op: by_category(inst["op_name"], lambda c, rx=rx: c.str.contains(rx))
-            for op, rx in _GRAD_OPS.items()}
+    hits = {op: _per_op_name(inst["op_name"].array, rx) for op, rx in _GRAD_OPS.items()}
     one = np.sum(list(hits.values()), axis=0) == 1
     for op, hit in hits.items():
         by_node = by_node.mask(by_node.isna() & one & hit, op)
