@@ -23,14 +23,11 @@ from hypothesis import strategies as st
 
 from tests.builders import ROOT
 from trace_roofline.attribution import nn_modules
-from trace_roofline.attribution.attribute import (
-    ATTRIBUTED_COLUMNS,
-    _lookup,
-    _module_frames,
-    _segment_layers,
-    _strings,
-    attribute,
-)
+from trace_roofline.attribution.attribute import ATTRIBUTED_COLUMNS, attribute
+from trace_roofline.attribution.codes import lookup as _lookup
+from trace_roofline.attribution.codes import strings as _strings
+from trace_roofline.attribution.instance_names import module_frames as _module_frames
+from trace_roofline.attribution.instance_names import segment_layers as _segment_layers
 from trace_roofline.attribution.nest import KeySpace, Nest
 from trace_roofline.model.models import get_model
 from trace_roofline.model.operators import MODEL_LEVEL, STAGES
