@@ -102,6 +102,9 @@ def analyze_many(paths: Sequence[str | os.PathLike], model: ModelSpec | None = N
     workers = workers or Workers()
     each = (list(options) if isinstance(options, Sequence)
             else [options or AnalysisOptions()] * len(paths))
+    if len(each) != len(paths):
+        raise InputError(f"{len(each)} `options` for {len(paths)} `paths`: give one per path, "
+                         "or one for all", "options")
     pairs = list(zip(paths, each, strict=True))
     work = partial(_analyze_pair, model=model, hardware=hardware, run=Run(cache=workers.cache))
     if workers.dask is not None:
