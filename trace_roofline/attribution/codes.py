@@ -6,7 +6,7 @@ Design notes: docs/design.md ("trace_roofline/attribution/attribute.py").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,16 +24,12 @@ class Coded:
     codes: np.ndarray
     cats: pd.Index
 
-    @classmethod
-    def of(cls, values: pd.Categorical) -> Coded:
-        return cls(np.asarray(values.codes, dtype=np.int64), values.categories)
-
     def categorical(self) -> pd.Categorical:
         return pd.Categorical.from_codes(self.codes, self.cats)
 
-    def where(self, names: object) -> np.ndarray:
+    def isin(self, names: str | Iterable[str]) -> np.ndarray:
         """Per row, whether its value is one of `names` (a list, Index or one string)."""
-        hit = (self.cats == names) if isinstance(names, str) else self.cats.isin(names)
+        hit = (self.cats == names) if isinstance(names, str) else self.cats.isin(list(names))
         return np.append(np.asarray(hit, dtype=bool), False)[self.codes]
 
     def decoded(self) -> np.ndarray:

@@ -106,7 +106,7 @@ def name_instances(inst: pd.DataFrame, trace_ops: TraceOps, model: ModelSpec | N
     reason = Coded(np.where(by_range, -1, pos_reason.codes.astype(np.int64)),
                    pos_reason.categories)
     name, evidence = _collectives(inst, name, evidence)
-    reason = Coded(np.where(name.where(operators.COMMUNICATION), -1, reason.codes), reason.cats)
+    reason = Coded(np.where(name.isin(operators.COMMUNICATION), -1, reason.codes), reason.cats)
     name, own = _without_decoder(name, inst["op_name"].array)
     if own.any():
         re_cats = reason.cats.append(pd.Index([_NO_DECODER])).unique()
@@ -244,10 +244,10 @@ def _mlp_by_layer(name: Coded, evidence: Coded, layer: pd.arrays.IntegerArray,
     if not in_layer.any():
         return name
     key = pd.DataFrame({"g": grp, "l": layer.to_numpy(np.int64, na_value=-1)})
-    routed = (pd.Series(name.where(_ROUTED_EVIDENCE)).groupby([key["g"], key["l"]])
+    routed = (pd.Series(name.isin(_ROUTED_EVIDENCE)).groupby([key["g"], key["l"]])
               .transform("any").to_numpy(bool))
     code = {c: i for i, c in enumerate(cats)}
-    by_shape = evidence.where("shape")
+    by_shape = evidence.isin("shape")
     out = name.codes.copy()
     for moe_name, dense_name in _DENSE_OF.items():
         dense_rows = name.codes == code[dense_name]
@@ -274,7 +274,7 @@ def _without_decoder(name: Coded, op_name: pd.Categorical) -> tuple[Coded, np.nd
     """In a trace where no instance got a decoder-layer operator's name (a CNN, a matmul loop),
     `other` would name everything: each such instance keeps its op's own name instead. Also
     returns which rows took their op's name."""
-    if Name.OTHER not in name.cats or name.where(_PER_LAYER).any():
+    if Name.OTHER not in name.cats or name.isin(_PER_LAYER).any():
         return name, np.zeros(len(name.codes), dtype=bool)
     (nm, op), shared = unify(name.categorical(), op_name)
     own = (nm == shared.get_loc(Name.OTHER)) & (op >= 0)
@@ -285,7 +285,7 @@ def _fallbacks(name: Coded, evidence: Coded) -> pd.Categorical:
     """The evidence per instance, `fallback` wherever the name is outside the vocabulary
     (`other`, `linear[K×N]`, an op's own name): whatever rule gave it, no evidence backs it."""
     ev_cats = evidence.cats.append(pd.Index([FALLBACK])).unique()
-    return pd.Categorical.from_codes(np.where(name.where(operators.NAMES), evidence.codes,
+    return pd.Categorical.from_codes(np.where(name.isin(operators.NAMES), evidence.codes,
                                               ev_cats.get_loc(FALLBACK)), ev_cats)
 
 
