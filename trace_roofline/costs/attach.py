@@ -242,7 +242,7 @@ def _taken_categories(values: pd.Series | None, rows: np.ndarray) -> pd.Categori
 
 def _python(values: pd.Series) -> list:
     """A column's values as Python objects, None where missing."""
-    return values.astype("object").where(values.notna(), None).tolist()
+    return [None if pd.isna(v) else v for v in values.tolist()]
 
 
 def _fallback_dtype(model: ModelSpec | None, types: pd.Series) -> str | None:
