@@ -3,7 +3,7 @@
 Tiles a replay trace (tile.py: copy k shifts times and every linking id, so each copy's
 cudaGraphLaunch correlations stay distinct: every copy adds replays) to several sizes and times,
 each size in a fresh process: load_trace, attribute, graphs.name_replays (with the mapping trace,
-and without: kernel names + model), passes.forward_passes and shapes.attach_costs, then the
+and without: kernel names + model), passes.forward_passes and attach.attach_costs, then the
 whole `analyze --graph-map --no-cache` command in a fresh process. Also times
 graphs.align alone on growing sequences (one long replay against a perturbed template), where
 the banded LCS must grow linearly, not quadratically.
@@ -35,7 +35,7 @@ import json, sys, time, resource
 import trace_roofline as tr
 from trace_roofline.attribution import graphs
 from trace_roofline.attribution import passes
-from trace_roofline.costs import shapes
+from trace_roofline.costs.attach import attach_costs
 replay, mapping, model = sys.argv[1], sys.argv[2], tr.get_model(sys.argv[3])
 out = {}
 t = time.perf_counter(); m_trace = tr.load_trace(mapping)
@@ -49,7 +49,7 @@ t = time.perf_counter()
 bare, rep2 = graphs.name_replays(trace, att, model, shapes=graphs.DecodeShapes(1, 4096))
 out["name_replays_bare_s"] = time.perf_counter() - t
 t = time.perf_counter(); p = passes.forward_passes(named); out["passes_s"] = time.perf_counter() - t
-t = time.perf_counter(); c = shapes.attach_costs(named, model); out["costs_s"] = time.perf_counter() - t
+t = time.perf_counter(); c = attach_costs(named, model); out["costs_s"] = time.perf_counter() - t
 out.update(kernels=len(att), replay_kernels=rep.kernels, replays=rep.replays, graphs=len(rep.graphs),
            named_fraction=rep.named_fraction, bare_named_fraction=rep2.named_fraction,
            passes=len(p.table), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

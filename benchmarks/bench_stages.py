@@ -4,7 +4,7 @@
     python benchmarks/bench_stages.py TRACE [--model qwen2.5-7b] [--profile] [--top 15]
 
 Stages: load (load_trace; with --profile the one-process parse, since cProfile cannot see
-into the forked parse worker), attribute, costs (shapes.attach_costs) and roofline (the rest
+into the forked parse worker), attribute, costs (costs.attach.attach_costs) and roofline (the rest
 of roofline.analyze: placement, whole model, reconciliation). Wall seconds per stage, peak RSS
 after it. Run it on a quiet machine; the times are a breakdown, not a benchmark of record
 (bench_ingest.py is).
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 t0 = time.perf_counter()
 import trace_roofline.trace as trace_mod  # noqa: E402
 from trace_roofline.attribution.attribute import attribute  # noqa: E402
-from trace_roofline.costs.shapes import attach_costs  # noqa: E402
+from trace_roofline.costs.attach import attach_costs  # noqa: E402
 from trace_roofline.model.models import get_model  # noqa: E402
 from trace_roofline.pipeline import TraceFacts, analyze, trace_hardware  # noqa: E402
 

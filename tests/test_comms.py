@@ -20,13 +20,14 @@ import pytest
 from tests.builders import BF, SAMPLES, Kineto, Op, attributed, concat, qwen_layer
 from trace_roofline.attribution import comms
 from trace_roofline.attribution.attribute import attribute
-from trace_roofline.costs.shapes import attach_costs, kernel_dtype
+from trace_roofline.costs.attach import CostOptions, attach_costs
+from trace_roofline.costs.collectives import kernel_dtype
 from trace_roofline.errors import InputError
 from trace_roofline.model import operators
 from trace_roofline.model.hardware import PRESETS, from_json, get_hardware
 from trace_roofline.model.models import get_model
-from trace_roofline.pipeline import analyze
 from trace_roofline.options import AnalysisOptions
+from trace_roofline.pipeline import analyze
 from trace_roofline.trace import load_trace
 
 QWEN = get_model("qwen2.5-7b")
@@ -54,7 +55,7 @@ def all_reduce_ops(k: Kineto) -> Iterator[None]:
 
 def costed_one(op: Op, kernel: str, group_size: int | None = None, model=QWEN) -> pd.Series:
     att = attributed([op]).assign(name=kernel)
-    return attach_costs(att, model, group_size=group_size).iloc[0]
+    return attach_costs(att, model, CostOptions(group_size=group_size)).iloc[0]
 
 
 # ---------------------------------------------------------------------------- vocabulary

@@ -15,7 +15,7 @@ from tests import replay_factory as rf
 from tests.builders import SAMPLES, read, write
 from trace_roofline.attribution import graph_align, graphs
 from trace_roofline.attribution.passes import forward_passes
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs.attach import attach_costs
 
 STATIC = SAMPLES / "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_static_h200.json.gz"
 QWEN = tr.get_model("qwen2.5-7b")
