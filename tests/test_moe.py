@@ -16,8 +16,8 @@ import pytest
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, read
 from trace_roofline.attribution import layer_linears
 from trace_roofline.attribution.attribute import attribute
-from trace_roofline.costs import calculator, shapes
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs import calculator, model_level
+from trace_roofline.costs.attach import attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model import moe
 from trace_roofline.model.hardware import Hardware
@@ -321,11 +321,11 @@ def test_loop_counts_active_experts_and_sizes_its_gathers():
 
 
 def test_mlp_costs_from_the_model_by_hand():
-    dense = shapes.mlp_costs(TINY_MODEL, tokens=2, sparse=False).groupby("operator")
+    dense = model_level.mlp_costs(TINY_MODEL, tokens=2, sparse=False).groupby("operator")
     # gate, up [2,8]x[8,16]; down [2,16]x[16,8]; silu 4·32 + mul 32
     assert dense["flops"].sum().to_dict() == {"act": 160, "down_proj": 512, "gate_proj": 512,
                                               "up_proj": 512}
-    sparse = shapes.mlp_costs(TINY_MODEL, tokens=2, sparse=True).groupby("operator")
+    sparse = model_level.mlp_costs(TINY_MODEL, tokens=2, sparse=True).groupby("operator")
     flops, nbytes = sparse["flops"].sum(), sparse["bytes"].sum()
     assert flops["experts_gate_up"] == 384 and flops["experts_down"] == 192
     assert nbytes["experts_gate_up"] == 112 + 288  # as the traced grouped GEMM, A = 3
@@ -448,7 +448,7 @@ def test_layers_extrapolate_sparse_and_dense_layers():
 
 def test_intensity_calculator_moe_section():
     hw = Hardware("ridge-189", {"bf16": 189e12}, 1e12, "test")
-    table = calculator.intensity_table(get_model("mixtral-8x7b"), hw, ms=(1, 8))
+    table = calculator.intensity_table(get_model("mixtral-8x7b"), hw, calculator.Sweep(ms=(1, 8)))
     m = table["moe"]
     assert m["crossing_tokens"] == {"expected": 800, "low": 200, "high": 800}  # by hand above
     assert [r["experts_active"] for r in m["rows"]] == pytest.approx([2.0, 8 * (1 - 0.75 ** 8)])
