@@ -187,7 +187,7 @@ def test_l2_reuse_near_roof_and_compute_rows_stay_in_the_whole_model():
     per instance beyond the L2 are left out."""
     import pandas as pd
 
-    from trace_roofline import roofline
+    from trace_roofline.roofline import placement
 
     hw = tr.get_hardware("h200-sxm")
     ops = pd.DataFrame({"exceeds_roof": pd.array([True, True, True, True, False], dtype="boolean"),
@@ -195,16 +195,16 @@ def test_l2_reuse_near_roof_and_compute_rows_stay_in_the_whole_model():
                         "bytes": [8e6, 3e9, 1e9, 3e8, 1e6], "instances": [2, 1, 1, 2, 1],
                         "uncosted": [0, 0, 0, 0, 0],
                         "bound": ["memory", "memory", "compute", "memory", "memory"]})
-    why = roofline._above_roof_why(ops, hw)
+    why = placement.above_roof_why(ops, hw)
     assert why[0] == "L2 reuse: 4 MB per instance fit in h200-sxm's 50 MB L2"
     assert why[1] == "within 5% of the roof: the ceiling is that much low"
     assert why[2].startswith("compute-bound")
     assert why[3].startswith("an overcount of its minimum bytes: 150 MB per instance exceed "
                              "h200-sxm's 50 MB L2")
     assert pd.isna(why[4])
-    assert roofline._above(ops.assign(exceeds_why=why)).tolist() == [False, False, False, True,
-                                                                     False]
-    unknown = roofline._above_roof_why(ops, tr.get_hardware("rtx4090"))
+    assert placement.above(ops.assign(exceeds_why=why)).tolist() == [False, False, False, True,
+                                                                      False]
+    unknown = placement.above_roof_why(ops, tr.get_hardware("rtx4090"))
     assert unknown[3] == "L2 reuse or an overcount: 150 MB per instance, rtx4090's L2 size unknown"
 
 

@@ -22,6 +22,7 @@ from trace_roofline.model.hardware import get_hardware
 from trace_roofline.model.operators import EVIDENCE
 from trace_roofline.options import AnalysisOptions
 from trace_roofline.outputs.report import report_dict, terminal_table
+from trace_roofline.roofline import caveats
 
 CNN = SAMPLES / "cnn_b8_cpu.json.gz"  # real: workloads/non_llm.py on this machine's CPU
 MATMUL = SAMPLES / "matmul_loop_cpu.json.gz"
@@ -78,7 +79,7 @@ def test_generic_gemm_names_are_fallbacks():
     assert a.operators["operator"].unique().tolist() == ["linear[512×512]"]
     assert set(a.operators["evidence"]) == {"fallback"}
     assert a.coverage["fallback_fraction"] == 1.0 and a.coverage["evidence_fraction"] == 0.0
-    assert a.warnings == (roofline.NO_DECODER,)
+    assert a.warnings == (caveats.NO_DECODER,)
     # fp32 [256, 512] x [512, 512]: 2·256·512² FLOPs / 4·(2·256·512 + 512²) bytes = 64
     assert not a.whole["withheld"] and a.whole["intensity"] == pytest.approx(64.0)
 

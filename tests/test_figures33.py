@@ -17,7 +17,7 @@ from tests.builders import SAMPLES
 from trace_roofline.costs import crosscheck, shapes
 from trace_roofline.outputs import report
 from trace_roofline.pipeline import analyze_trace_kernels, attribute_trace
-from trace_roofline.roofline import OPERATOR_COLUMNS
+from trace_roofline.roofline.placement import OPERATOR_COLUMNS
 
 H100 = SAMPLES / "training_h100"
 MISLEADING = SAMPLES / "misleading"

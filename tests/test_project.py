@@ -101,7 +101,7 @@ def test_linear_flops_and_bytes_at_a_new_batch_are_the_gemm_formulas():
 def test_a_linear_changes_regime_at_its_m_star_and_its_time_follows_the_compute_roof():
     _, analysis = _analysed("decode", 4)
     h100 = get_hardware("h100-sxm")
-    result = pj.project(analysis, [], hardware=[h100])
+    result = pj.project(analysis, [], sweep=pj.Sweep(hardware=[h100]))
     m_star = int(result.crossings.set_index("operator").loc["gate_proj", "m_star"])
     ridge = h100.peak_flops["bf16"] / h100.mem_bandwidth
     k, n = MODEL.hidden_size, MODEL.intermediate_size

@@ -271,7 +271,7 @@ def test_tables_use_fractions_and_an_integer_layer(two_layers):
 
 
 def test_a_figure_rounding_to_zero_prints_as_below_a_tenth_never_minus_zero():
-    from trace_roofline.outputs.report import _pct, tenths
+    from trace_roofline.outputs.text import pct, tenths
     assert [tenths(v) for v in (0.0, -0.0, 0.04, -0.04, 0.05, 12.34, -0.049999)] == [
         "0.0", "0.0", "<0.1", ">-0.1", "0.1", "12.3", ">-0.1"]
-    assert _pct(0.0004) == "<0.1%" and _pct(0.0) == "0.0%" and _pct(float("nan")) == "n/a"
+    assert pct(0.0004) == "<0.1%" and pct(0.0) == "0.0%" and pct(float("nan")) == "n/a"

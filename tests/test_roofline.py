@@ -16,7 +16,7 @@ from trace_roofline.model.hardware import Hardware, get_hardware
 from trace_roofline.model.models import get_model
 from trace_roofline.options import AnalysisOptions
 from trace_roofline.pipeline import TraceFacts, analyze
-from trace_roofline.roofline import extrapolate, place, reconcile, whole_model
+from trace_roofline.roofline import extrapolate, place, placement, reconcile, whole_model
 
 QWEN = get_model("qwen2.5-7b")
 H200 = get_hardware("h200-sxm")  # 989.4 TFLOP/s bf16, 4.8 TB/s
@@ -109,7 +109,7 @@ def test_per_layer_rows_sum_to_the_aggregate():
     assert sorted(per_layer["layer"].tolist()) == [0, 1]
     assert total["flops"] == per_layer["flops"].sum() and total["time_us"] == 16.0
     assert total["kernels"] == 2 and total["instances"] == 2
-    assert list(ops.columns) == list(roofline.OPERATOR_COLUMNS)
+    assert list(ops.columns) == list(placement.OPERATOR_COLUMNS)
 
 
 def test_conventions_change_only_attention():
@@ -409,7 +409,7 @@ def test_dtypes_without_a_listable_peak_borrow_the_main_dtypes():
     # no floating-point work at all: bf16's peak, else the highest listed
     assert roofline.peak_key(hw, "int64", None) == "bf16"
     assert roofline.peak_key(hardware({"fp16": 900.0, "fp8": 1800.0}), "int64", "int64") == "fp8"
-    assert roofline.peak_for(hw, "fp8") == 1978.9e12
+    assert placement.peak_for(hw, "fp8") == 1978.9e12
 
 
 def test_malformed_and_implausible_shapes_are_warnings_not_placements(tmp_path):

@@ -218,8 +218,8 @@ def project(args: argparse.Namespace) -> int:
     hardware = [get_hardware(h) for h in args.hardware] if args.hardware else None
     trace = load_trace(args.trace, progress=progress_bar())
     analysis = analyze_trace(trace, model, options=_options(args))
-    result = project.project(analysis, trace=trace, batch=args.batch, context=args.context,
-                             tokens=args.tokens, layers=args.layers, hardware=hardware,
+    result = project.project(analysis, trace=trace, sweep=project.Sweep(
+        args.batch, args.context, args.tokens, args.layers, hardware),
                              host_us=args.host_ms * 1e3 if args.host_ms is not None else None)
     text = project.format_projection(result)
     data = json.dumps(project.to_json(result), indent=2).encode() + b"\n"

@@ -18,7 +18,7 @@ from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware, trace_device
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.options import AnalysisOptions
-from trace_roofline.roofline import Analysis, model_part, place_costed
+from trace_roofline.roofline import Analysis, Subject, model_part, place_costed
 from trace_roofline.trace import Progress, Trace, load_trace
 from trace_roofline.trace import ncu as ncu_csv
 
@@ -149,8 +149,8 @@ def analyze(attributed: pd.DataFrame, model: ModelSpec | None = None,
     options, facts = options or AnalysisOptions(), facts or TraceFacts()
     costed = attach_costs(attributed, model, CostOptions(
         options.causal, options.attention_bytes, facts.group_size, facts.decoder))
-    return place_costed(costed, attributed, model, hardware, options, trace=facts.trace,
-                        measured=facts.measured, tp=facts.tp)
+    return place_costed(costed, attributed, options,
+                        Subject(model, hardware, facts.trace, facts.measured, facts.tp))
 
 
 def _analyze(att: Attributed, hardware: Hardware | None, options: AnalysisOptions) -> Analysis:

@@ -23,7 +23,9 @@ from trace_roofline.errors import InputError
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import Hardware
 from trace_roofline.model.models import ModelSpec, expected_linears
-from trace_roofline.roofline import Analysis, main_dtype, peak_for
+from trace_roofline.model.operators import Name
+from trace_roofline.roofline import Analysis
+from trace_roofline.roofline.placement import main_dtype, peak_for
 from trace_roofline.trace import Trace
 
 # torch.profiler's host cost per recorded CPU op or CUDA runtime call (µs): the median of
@@ -89,7 +91,7 @@ def measured_point(analysis: Analysis) -> Point:
     """The traced step's shape: batch, tokens and context (keys before the step) from its
     attention calls, the traced layers, the analysis's hardware."""
     rows = _phase_rows(analysis)[0]
-    attn = rows[rows["cost_kind"].eq("attention") & rows["B"].notna()]
+    attn = rows[rows["cost_kind"].eq(Name.ATTENTION) & rows["B"].notna()]
     if attn.empty:
         raise InputError(f"{analysis.trace}: no attention call with shapes: the step's batch "
                          "and context are unknown, nothing to project from")
@@ -97,43 +99,50 @@ def measured_point(analysis: Analysis) -> Point:
     return Point(b, s - t, t, _traced_layers(rows), analysis.hardware)
 
 
-def grid(analysis: Analysis, batch: Sequence[int] | None = None,
-         context: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
-         layers: int | None = None, hardware: Sequence[Hardware] | None = None) -> list[Point]:
-    """Every combination of the given values, the measured point's where one is not given."""
+@dataclass(frozen=True)
+class Sweep:
+    """The values a projection's grid combines (`grid`); one not given is the measured point's."""
+
+    batch: Sequence[int] | None = None
+    context: Sequence[int] | None = None
+    tokens: Sequence[int] | None = None
+    layers: int | None = None
+    hardware: Sequence[Hardware] | None = None
+
+
+def grid(analysis: Analysis, sweep: Sweep) -> list[Point]:
+    """Every combination of the values of `sweep`, the measured point's where one is not given."""
     m = measured_point(analysis)
-    return [Point(b, c, t, layers or m.layers, h) for h, b, c, t in product(
-        hardware or [cast(Hardware, m.hardware)], batch or [m.batch], context or [m.context],
-        tokens or [m.tokens])]
+    return [Point(b, c, t, sweep.layers or m.layers, h) for h, b, c, t in product(
+        sweep.hardware or [cast(Hardware, m.hardware)], sweep.batch or [m.batch],
+        sweep.context or [m.context], sweep.tokens or [m.tokens])]
 
 
 def project(analysis: Analysis, points: Sequence[Point] | None = None, *,
             trace: Trace | None = None, host_us: float | None = None,
-            batch: Sequence[int] | None = None, context: Sequence[int] | None = None,
-            tokens: Sequence[int] | None = None, layers: int | None = None,
-            hardware: Sequence[Hardware] | None = None) -> Projection:
+            sweep: Sweep = Sweep()) -> Projection:
     """The step of `analysis` (its phase with most device time, per forward pass) at each of
-    `points` (default: `grid` of batch, context, tokens, layers, hardware) and at the measured
-    point, marked. The host time per step is `host_us`, else the profiled step's in `trace`
-    less the profiler's cost (`host_time_us`), else none (the step is its device time)."""
+    `points` (default: the `grid` of `sweep`) and at the measured point, marked. The host time
+    per step is `host_us`, else the profiled step's in `trace` less the profiler's cost
+    (`host_time_us`), else none (the step is its device time)."""
     model = analysis.model
     if model is None:
         raise InputError(f"{analysis.trace}: projection needs `model` (the layout it "
                          "recomputes FLOPs and bytes from)", "model")
     rows, phase, passes = _phase_rows(analysis)
     m = measured_point(analysis)
-    if m.hardware is None and (points is None and not hardware
+    if m.hardware is None and (points is None and not sweep.hardware
                                or any(p.hardware is None for p in points or [])):
         raise InputError(f"{analysis.trace}: the trace names no GPU this tool knows: pass "
                          "`hardware`", "hardware")
-    wanted = list(points) if points is not None else grid(analysis, batch, context, tokens,
-                                                         layers, hardware)
+    wanted = list(points) if points is not None else grid(analysis, sweep)
     for p in wanted:
         _check(p)
     host, host_note = _host(trace, passes, host_us)
     costed = rows[rows["flops"].notna()]
     classes, default_eff = _classes(costed, cast(Hardware, m.hardware), passes)
     fixed = rows[rows["flops"].isna()].groupby("operator")["time_us"].sum() / passes
+    traced = _Traced(costed, classes, default_eff, fixed, model, m, passes)
     done: list[dict] = []
     ops: list[pd.DataFrame] = []
     seen: set[tuple] = set()
@@ -143,7 +152,7 @@ def project(analysis: Analysis, points: Sequence[Point] | None = None, *,
         if key in seen:
             continue
         seen.add(key)
-        per_op = _operators(costed, classes, default_eff, fixed, model, m, p, passes)
+        per_op = _operators(traced, p)
         done.append(_summary(per_op, p, m, host, first=not done))
         ops.append(per_op.assign(point=len(done) - 1))
     table = pd.DataFrame(done)
@@ -188,7 +197,7 @@ def _traced_layers(rows: pd.DataFrame) -> int:
     n = int(rows["layer"].nunique())
     if n:
         return n
-    attn = rows["cost_kind"].eq("attention")
+    attn = rows["cost_kind"].eq(Name.ATTENTION)
     return max(round(int(attn.sum()) / max(int(rows["step"].nunique()), 1)), 1)
 
 
@@ -296,7 +305,7 @@ def _scaled(costed: pd.DataFrame, model: ModelSpec, m: Point, p: Point
         & costed["M"].notna()
     if lin.any():
         r = costed[lin]
-        per_seq = (r["operator"].eq("lm_head") & (m.tokens > 1) & r["M"].eq(m.batch)).to_numpy()
+        per_seq = (r["operator"].eq(Name.LM_HEAD) & (m.tokens > 1) & r["M"].eq(m.batch)).to_numpy()
         new_m = np.where(per_seq, p.batch, np.maximum(np.rint(r["M"].to_numpy(float) * tok), 1))
         shapes = pd.DataFrame({"m": r["M"].astype(int).to_numpy(), "new": new_m.astype(int),
                                "k": r["K"].astype(int).to_numpy(), "n": r["N"].astype(int).to_numpy(),
@@ -306,7 +315,7 @@ def _scaled(costed: pd.DataFrame, model: ModelSpec, m: Point, p: Point
             formulas.gemm_bytes(s.new, s.k, s.n, 1.0, s.bias)
             / formulas.gemm_bytes(s.m, s.k, s.n, 1.0, s.bias)))
         f[lin], fb[lin] = ratio[:, 0], ratio[:, 1]
-    attn = costed["cost_kind"].eq("attention") & costed["B"].notna() & costed["n_q"].notna()
+    attn = costed["cost_kind"].eq(Name.ATTENTION) & costed["B"].notna() & costed["n_q"].notna()
     if attn.any():
         r = costed[attn]
         shapes = pd.DataFrame({c: r[c].astype(int).to_numpy() for c in
@@ -317,14 +326,15 @@ def _scaled(costed: pd.DataFrame, model: ModelSpec, m: Point, p: Point
 
         def attention(s: Any) -> tuple[float, float]:
             def cost(b: int, t: int, k: int) -> tuple[float, float]:
-                return (formulas.attention_flops(b, s.n_q, t, k, s.head_dim, s.causal),
-                        formulas.attention_bytes(b, s.n_q, s.n_kv, t, k, s.head_dim, 1.0))
+                a = formulas.AttentionShape(s.n_q, s.n_kv, t, k, s.head_dim, batch=b,
+                                            causal=s.causal)
+                return formulas.attention_flops(a), formulas.attention_bytes(a, 1.0)
             new, old = cost(s.nb, s.nt, s.ns), cost(s.B, s.T, s.S)
             return new[0] / old[0], new[1] / old[1]
 
         ratio = _per_distinct(shapes, attention)
         f[attn], fb[attn] = ratio[:, 0], ratio[:, 1]
-    cache = costed["operator"].eq("kv_cache") & (
+    cache = costed["operator"].eq(Name.KV_CACHE) & (
         costed["bytes"] >= 1.9 * m.batch * (m.context + m.tokens) * model.kv_size
         * model.bytes_per_element)
     keys = (p.batch * (p.context + p.tokens)) / (m.batch * (m.context + m.tokens))
@@ -342,13 +352,28 @@ def _per_distinct(shapes: pd.DataFrame, fn: Callable[[Any], tuple[float, float]]
     return np.array(values, dtype=float).reshape(-1, 2)[codes]
 
 
-def _operators(costed: pd.DataFrame, classes: pd.DataFrame, default_eff: float,
-               fixed: pd.Series, model: ModelSpec, m: Point, p: Point, passes: int
-               ) -> pd.DataFrame:
+@dataclass(frozen=True)
+class _Traced:
+    """What every projected point is scaled from: the phase's costed instances, their operators'
+    latency and efficiency (`_classes`, `default_eff` for the rest), the uncosted time per
+    operator and pass (`fixed`), the model, the measured point (`m`) and its passes."""
+
+    costed: pd.DataFrame
+    classes: pd.DataFrame
+    default_eff: float
+    fixed: pd.Series
+    model: ModelSpec
+    m: Point
+    passes: int
+
+
+def _operators(traced: _Traced, p: Point) -> pd.DataFrame:
     """Per operator at point `p`, per pass: FLOPs, bytes, time (kernels x latency + time at
     the roof / efficiency, `_classes`) and bound; uncosted time as traced (with layers)."""
+    costed, classes, fixed, m = traced.costed, traced.classes, traced.fixed, traced.m
+    default_eff, passes = traced.default_eff, traced.passes
     hw = cast(Hardware, p.hardware)
-    flops, nbytes = _scaled(costed, model, m, p)
+    flops, nbytes = _scaled(costed, traced.model, m, p)
     roof = _roof_us(flops, nbytes, costed["dtype"], hw, main_dtype(costed))
     g = pd.DataFrame({"operator": costed["operator"].to_numpy(), "flops": flops.to_numpy(),
                       "bytes": nbytes.to_numpy(), "roof": roof}).groupby("operator").sum() / passes
@@ -412,12 +437,13 @@ def _crossings(costed: pd.DataFrame, model: ModelSpec, m: Point, hws: dict[str, 
             ms = formulas.m_star(int(r.K), int(r.N), b, ridge, bias.get(str(r.operator), False))
             rows.append({"hardware": name, "operator": r.operator, "m_star": ms,
                          "batch_star": math.ceil(ms / m.tokens) if ms else None, "s_star": None})
-        if costed["cost_kind"].eq("attention").any():
-            s = formulas.s_star(model.num_heads, model.num_kv_heads, model.head_dim, b, ridge,
-                                cast(formulas.Causal, conventions.get("causal", "causal")),
-                                cast(formulas.AttentionBytes,
-                                     conventions.get("attention_bytes", "all")))
-            rows.append({"hardware": name, "operator": "attention", "m_star": None,
+        if costed["cost_kind"].eq(Name.ATTENTION).any():
+            heads = formulas.AttentionShape(
+                model.num_heads, model.num_kv_heads, 0, 0, model.head_dim,
+                causal=cast(formulas.Causal, conventions.get("causal", "causal")))
+            s = formulas.s_star(heads, b, ridge, cast(formulas.AttentionBytes,
+                                                      conventions.get("attention_bytes", "all")))
+            rows.append({"hardware": name, "operator": Name.ATTENTION, "m_star": None,
                          "batch_star": None, "s_star": s})
     return pd.DataFrame(rows, columns=["hardware", "operator", "m_star", "batch_star", "s_star"]
                         ).astype({"m_star": "Int64", "batch_star": "Int64", "s_star": "Int64"})

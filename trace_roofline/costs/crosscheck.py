@@ -11,6 +11,7 @@ import pandas as pd
 from trace_roofline import frames
 from trace_roofline.model import formulas, models, operators
 from trace_roofline.model.models import PRESETS, ModelSpec
+from trace_roofline.model.operators import Name
 
 TP_DEGREES = tuple(t for t in models.TP_DEGREES if t > 1)
 
@@ -51,7 +52,7 @@ def _linear_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray,
 
 def _attention_degrees(costed: pd.DataFrame, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
     """(checked, t) per attention instance with recorded heads."""
-    checked = (costed["cost_kind"].eq("attention") & costed["n_q"].notna()).to_numpy(bool)
+    checked = (costed["cost_kind"].eq(Name.ATTENTION) & costed["n_q"].notna()).to_numpy(bool)
     nq, nkv, d = (_int(costed[c]) for c in ("n_q", "n_kv", "head_dim"))
     t = np.where(d == model.head_dim, _degree(nq, np.full(len(nq), model.num_heads)), 0)
     kv = np.maximum(model.num_kv_heads // np.maximum(t, 1), 1)
@@ -110,7 +111,11 @@ def _tp_degrees(costed: pd.DataFrame, model: ModelSpec) -> set[int]:
 def fitting_presets(costed: pd.DataFrame) -> list[str]:
     """Each preset no instance contradicts and one at least is checked against, with its TP
     degree when sharded: ['qwen2.5-7b'], ['llama-3-8b (TP=4)']."""
-    distinct = frames.distinct_rows(costed, _CHECKED)[0]
+    return _fitting(frames.distinct_rows(costed, _CHECKED)[0])
+
+
+def _fitting(distinct: pd.DataFrame) -> list[str]:
+    """fitting_presets on rows of `costed[_CHECKED]`."""
     out = []
     for name, spec in PRESETS.items():
         degrees = _tp_degrees(distinct, spec)
@@ -132,14 +137,18 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
     neither): hidden_size, q_size, kv_size, intermediate_size, vocab_size, num_heads,
     num_kv_heads, head_dim (None where no operator shows it), the presets they fit
     (`fitting_presets`) and `match`: the first of them, else "custom"."""
-    lin = costed.loc[costed["cost_kind"].eq("gemm") & costed["operator"].isin(operators.LINEARS),
-                     ["operator", "K", "N", "time_us"]]
-    att = costed.loc[costed["cost_kind"].eq("attention") & costed["n_q"].notna(),
-                     ["operator", "n_q", "n_kv", "head_dim", "time_us"]]
+    # the distinct rows of the checked columns (a few dozen), each with its instances' time
+    distinct, codes = frames.distinct_rows(costed, _CHECKED)
+    distinct["time_us"] = costed["time_us"].groupby(codes, sort=True).sum().to_numpy()
+    lin = distinct.loc[distinct["cost_kind"].eq("gemm")
+                       & distinct["operator"].isin(operators.LINEARS),
+                       ["operator", "K", "N", "time_us"]]
+    att = distinct.loc[distinct["cost_kind"].eq(Name.ATTENTION) & distinct["n_q"].notna(),
+                       ["operator", "n_q", "n_kv", "head_dim", "time_us"]]
     if lin.empty and att.empty:
         return None
     kn = _modal(lin.astype({"K": "int64", "N": "int64"}), ["K", "N"])
-    heads = (_modal(att.assign(operator="attention"), ["n_q", "n_kv", "head_dim"])
+    heads = (_modal(att.assign(operator=Name.ATTENTION), ["n_q", "n_kv", "head_dim"])
              .iloc[0].astype(int).tolist() if len(att) else [None] * 3)
 
     def first(*picks: tuple[str, str, float]) -> int | None:
@@ -149,43 +158,43 @@ def inferred(costed: pd.DataFrame) -> dict[str, object] | None:
                 return int(kn.loc[op, col] * scale)
         return None
 
-    hidden = first(("q_proj", "K", 1), ("qkv_proj", "K", 1), ("gate_proj", "K", 1),
-                   ("up_proj", "K", 1), ("gate_up_proj", "K", 1), ("o_proj", "N", 1),
-                   ("down_proj", "N", 1), ("lm_head", "K", 1))
-    q = first(("q_proj", "N", 1), ("o_proj", "K", 1))
+    hidden = first((Name.Q_PROJ, "K", 1), (Name.QKV_PROJ, "K", 1), (Name.GATE_PROJ, "K", 1),
+                   (Name.UP_PROJ, "K", 1), (Name.GATE_UP_PROJ, "K", 1), (Name.O_PROJ, "N", 1),
+                   (Name.DOWN_PROJ, "N", 1), (Name.LM_HEAD, "K", 1))
+    q = first((Name.Q_PROJ, "N", 1), (Name.O_PROJ, "K", 1))
     if q is None and heads[0] is not None:
         q = heads[0] * heads[2]
-    kv = first(("k_proj", "N", 1), ("v_proj", "N", 1))
-    if kv is None and q is not None and "qkv_proj" in kn.index:
-        kv = (int(kn.loc["qkv_proj", "N"]) - q) // 2
+    kv = first((Name.K_PROJ, "N", 1), (Name.V_PROJ, "N", 1))
+    if kv is None and q is not None and Name.QKV_PROJ in kn.index:
+        kv = (int(kn.loc[Name.QKV_PROJ, "N"]) - q) // 2
     if kv is None and heads[1] is not None and heads[1] != heads[0]:  # (K, V expanded to every
         kv = heads[1] * heads[2]                                        # query head: unknown)
     d = heads[2]
-    fits = fitting_presets(costed)
+    fits = _fitting(distinct[_CHECKED])
     return {
         "hidden_size": hidden, "q_size": q, "kv_size": kv,
-        "intermediate_size": first(("gate_proj", "N", 1), ("up_proj", "N", 1),
-                                   ("down_proj", "K", 1), ("gate_up_proj", "N", 0.5)),
-        "vocab_size": first(("lm_head", "N", 1)),
+        "intermediate_size": first((Name.GATE_PROJ, "N", 1), (Name.UP_PROJ, "N", 1),
+                                   (Name.DOWN_PROJ, "K", 1), (Name.GATE_UP_PROJ, "N", 0.5)),
+        "vocab_size": first((Name.LM_HEAD, "N", 1)),
         # heads from the projection widths (attention may read K/V expanded to every head)
         "num_heads": q // d if q and d else heads[0],
         "num_kv_heads": kv // d if kv and d else heads[1], "head_dim": d,
-        "presets": fits, "match": fits[0] if fits else "custom", "layout": _layout(costed),
+        "presets": fits, "match": fits[0] if fits else "custom", "layout": _layout(distinct),
     }
 
 
 # (operators whose presence says the form, the form) of a layer's attention, then of its MLP
-_FORMS = ((("kv_b_proj", "kv_a_proj_with_mqa"), "MLA attention"),
-          (("qkv_proj",), "fused qkv"), (("k_proj",), "q/k/v"),
-          (("experts_gate_up", "experts_gate", "experts_down"), "routed experts"),
-          (("gate_up_proj",), "fused gated MLP"), (("gate_proj",), "gated MLP"),
-          (("up_proj",), "ungated MLP"))
+_FORMS = (((Name.KV_B_PROJ, Name.KV_A_PROJ_WITH_MQA), "MLA attention"),
+          ((Name.QKV_PROJ,), "fused qkv"), ((Name.K_PROJ,), "q/k/v"),
+          ((Name.EXPERTS_GATE_UP, "experts_gate", Name.EXPERTS_DOWN), "routed experts"),
+          ((Name.GATE_UP_PROJ,), "fused gated MLP"), ((Name.GATE_PROJ,), "gated MLP"),
+          ((Name.UP_PROJ,), "ungated MLP"))
 
 
 def _layout(costed: pd.DataFrame) -> str:
     """The forms of a layer the named operators show: 'q/k/v, gated MLP', 'MLA attention,
     routed experts, gated MLP', 'fused qkv, ungated MLP'."""
-    names = set(costed["operator"].astype(str))
+    names = set(costed["operator"].unique().astype(str))
     forms = [form for ops, form in _FORMS if names & set(ops)]
     mlp = [f for f in forms if f.endswith("MLP")]
     return ", ".join([f for f in forms if not f.endswith("MLP")] + mlp[:1])
@@ -201,7 +210,7 @@ def irregular_order(costed: pd.DataFrame) -> str | None:
     if not counted.any():
         return None
     layers = costed.loc[counted, ["step", "layer"]].groupby("step", dropna=False)["layer"].nunique()
-    attn = costed.loc[costed["cost_kind"].eq("attention"), ["step"]].groupby(
+    attn = costed.loc[costed["cost_kind"].eq(Name.ATTENTION), ["step"]].groupby(
         "step", dropna=False).size()
     attn = attn.reindex(layers.index, fill_value=0)
     bad = layers[(attn > 0) & (layers > attn)]
@@ -245,7 +254,7 @@ def generic_named(costed: pd.DataFrame) -> str | None:
         return None
     rows = costed.loc[named, ["step", "layer", "operator", "derivation", "cost_kind", "time_us"]]
     generic = rows["derivation"].eq("kernel")
-    signed = ~generic & rows["cost_kind"].isin(["gemm", "attention", "fused"])
+    signed = ~generic & rows["cost_kind"].isin(["gemm", Name.ATTENTION, "fused"])
     keys = [rows["step"].fillna(-1), rows["layer"].fillna(-1), rows["operator"]]
     unsigned = (generic.groupby(keys).transform("any")
                 & ~signed.groupby(keys).transform("any")).to_numpy(bool)
@@ -326,7 +335,7 @@ def _attention_against(rows: pd.DataFrame, model: ModelSpec, p: pd.DataFrame, ca
     wins = np.array([at.window(i) is not None for i in range(len(at.windows))] + [False])
     windowed = wins[np.where((layer >= 0) & (layer < len(at.windows)), layer, -1)]
     attn = rows[rows["operator"].eq(operators.ATTENTION.name).to_numpy(bool)
-                & rows["cost_kind"].isin(["attention", "gemm"]).to_numpy(bool)
+                & rows["cost_kind"].isin([Name.ATTENTION, "gemm"]).to_numpy(bool)
                 & ~rows["derivation"].eq("step").to_numpy(bool) & ~windowed]
     g = _per_pass(attn)
     s_known = p["S"].notna()

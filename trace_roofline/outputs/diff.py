@@ -88,9 +88,9 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
 
         ops = x.operators[x.operators["layer"].isna()]
         steps = x.costed.groupby("phase")["step"].nunique()
-        return _side(x.trace, ops, x.whole_by_phase,
-                     {p: max(int(steps.get(p, 0)), 1) for p in x.whole_by_phase},
-                     hardware_summary(x), _model(x.model, x.model_inferred))
+        return Side(x.trace, _rows(ops, x.whole_by_phase),
+                    {p: max(int(steps.get(p, 0)), 1) for p in x.whole_by_phase},
+                    hardware_summary(x), *_model(x.model, x.model_inferred))
     if not isinstance(x, Mapping):
         raise InputError(f"{label}: expected an Analysis or a report.json object")
     doc: Mapping[str, Any] = x  # JSON of any shape: what is not a report's raises below
@@ -104,8 +104,8 @@ def side(x: Analysis | Mapping[str, object] | Side, label: str = "input") -> Sid
         whole = {p: _percent(w) for p, w in dict(doc["whole_model_by_phase"]).items()}
         ops = ops[ops["layer"].isna()] if "layer" in ops else ops
         steps = {p: (int(w["steps"]) if w.get("steps") else None) for p, w in whole.items()}
-        return _side(str(doc.get("trace", label)), ops, whole, steps, doc.get("hardware"),
-                     _model(doc.get("model"), doc.get("model_inferred")))
+        return Side(str(doc.get("trace", label)), _rows(ops, whole), steps, doc.get("hardware"),
+                    *_model(doc.get("model"), doc.get("model_inferred")))
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{label}: not a trace_roofline report.json ({type(e).__name__}: {e})") from None
 
@@ -120,8 +120,8 @@ def _percent(rows):
     return {**rows, "pct_of_roof": None if fraction is None else fraction * 100.0}
 
 
-def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: dict,
-          hardware: dict | None, model: tuple[str | None, str] = (None, "none")) -> Side:
+def _rows(ops: pd.DataFrame, whole: Mapping[str, Mapping]) -> pd.DataFrame:
+    """A side's `rows`: the aggregated operator rows and a WHOLE row per phase."""
     missing = [c for c in ("phase", "operator", *_SIDE) if c not in ops]
     if missing:
         raise KeyError(f"operator rows lack {', '.join(missing)}")
@@ -130,7 +130,7 @@ def _side(trace: str, ops: pd.DataFrame, whole: Mapping[str, Mapping], steps: di
     rows = pd.concat([ops[["phase", "operator", *_SIDE]], totals], ignore_index=True)
     rows = rows.astype({"phase": "str", "operator": "str", "bound": "str",
                         **{k: "float64" for k in _SIDE if k != "bound"}})
-    return Side(trace, rows, steps, hardware, *model)
+    return rows
 
 
 def diff(a: Analysis | Mapping[str, object] | Side,

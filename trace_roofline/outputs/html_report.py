@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, SupportsFloat, SupportsInt, cast
 
 import pandas as pd
 
+from trace_roofline.costs.calculator import si
 from trace_roofline.outputs.plot import TRACE_COLOURS, axis_points, panel_groups, short_name
-from trace_roofline.outputs.report import (
+from trace_roofline.outputs.text import (
     duration,
     evidence_text,
     headroom_lines,
     roofline_step_line,
-    si,
 )
 from trace_roofline.roofline import Analysis, hardware_summary
 

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 
 from trace_roofline.errors import InputError
 from trace_roofline.files import open_regular
-from trace_roofline.roofline import Analysis, main_dtype, place_rows
+from trace_roofline.roofline import Analysis
+from trace_roofline.roofline.placement import main_dtype, place_rows
 from trace_roofline.trace import Trace
 
 CATEGORY = "trace_roofline"

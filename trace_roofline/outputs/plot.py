@@ -9,6 +9,7 @@ import math
 import os
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import SupportsFloat, cast
 
 import numpy as np
@@ -23,6 +24,7 @@ from trace_roofline.attribution.ranks import rank_info, rank_order
 from trace_roofline.costs.calculator import si
 from trace_roofline.errors import InputError
 from trace_roofline.model.hardware import Hardware
+from trace_roofline.model.operators import Name
 from trace_roofline.roofline import Analysis, hardware_summary, split_part
 
 PHASE_MARKERS = {"decode": "o", "prefill": "s", "unknown": "^"}
@@ -58,22 +60,19 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))  # room for the notes
     FigureCanvasAgg(fig)
     placed = []
-    skipped: dict[str, list[str]] = {}  # operator -> the traces where it is not plottable
-    off_axes: dict[str, list[str]] = {}  # operator -> the traces where it is outside the axes
-    declutter: set[int] = set()
+    chart = _Chart(title, many=len(panels) > 1, small=small, skipped={}, off_axes={},
+                   declutter=set())
     names = dict(zip(map(id, analyses), trace_labels(analyses), strict=True))
     for i, (hw, group, label_all) in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
-        points, roof_texts = _draw_panel(ax, group, hw, skipped, label_all, many=len(panels) > 1,
-                                         title=title, declutter=declutter,
-                                         names=[names[id(a)] for a in group], small=small,
-                                         off_axes=off_axes)
-        placed.append((ax, points, roof_texts))
+        panel = _Panel(group, hw, label_all, [names[id(a)] for a in group])
+        placed.append((ax, *_draw_panel(ax, panel, chart)))
+    skipped, off_axes, declutter = chart.skipped, chart.off_axes, chart.declutter
     fig.draw_without_rendering()
     fig.set_layout_engine("none")  # freeze the layout the labels are placed in
     for ax, points, roof_texts in placed:
         place_slope_label(fig, ax, points, roof_texts)
-        place_labels(fig, ax, points, roof_texts)
+        place_labels(fig, ax, points, Obstacles(roof_texts))
     notes = []
     if declutter:
         notes.append("labels: in a panel of more than two traces, each trace's "
@@ -135,42 +134,93 @@ def _panels(analyses: Sequence[Analysis], hardware: Hardware | None
     return panels
 
 
-def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict,
-                label_all: bool, many: bool, title: str | None, declutter: set[int],
-                names: list[str], small: bool = False,
-                off_axes: dict | None = None) -> tuple[list[dict], list]:
-    """One panel: roof, points, axes and legend; returns the points to label and the roof texts.
-    The operators not plottable go to `skipped`, those outside the axes to `off_axes`
-    (operator -> trace names)."""
-    off_axes = {} if off_axes is None else off_axes
+@dataclass(frozen=True)
+class _Panel:
+    """One panel: its analyses under one device (`hw`), their names, and whether every point
+    is labelled (`label_all`; else a small multiple)."""
+
+    analyses: list[Analysis]
+    hw: Hardware | None
+    label_all: bool
+    names: list[str]
+
+
+@dataclass(frozen=True)
+class _Chart:
+    """What the panels of one chart share: its title, whether it has several panels (`many`) of
+    small multiples (`small`), and what they found: the operators not plottable (`skipped`),
+    those outside the axes (`off_axes`: operator -> trace names), the labels per trace kept in
+    a crowded panel (`declutter`)."""
+
+    title: str | None
+    many: bool
+    small: bool
+    skipped: dict[str, list[str]]
+    off_axes: dict[str, list[str]]
+    declutter: set[int]
+
+
+def _draw_panel(ax, panel: _Panel, chart: _Chart) -> tuple[list[dict], list]:
+    """One panel: roof, points, axes and legend; returns the points to label and the roof texts."""
+    analyses, hw, names = panel.analyses, panel.hw, panel.names
     ax.set_xscale("log")
     ax.set_yscale("log")
-    points = _points(analyses, skipped)
+    points = _points(analyses, chart.skipped)
     summary = hardware_summary(analyses[0], hw)
     peak = cast(float, summary["peak_flops_per_s"]) if summary else None
     dtype = cast(str, summary["dtype"]) if summary else ""  # used only under a roof (peak)
+    points = _on_axes(ax, points, peak / hw.mem_bandwidth if hw and peak else None, peak)
+    off = [p for p in points if p.get("off")]
+    for p in off:  # too little time to set the axes, and outside them: said in the notes
+        chart.off_axes.setdefault(p["label"], []).append(names[p["trace"]])
+    points = [p for p in points if not p.get("off")]
+    roof_texts = draw_roof(ax, hw, peak, dtype) if hw is not None and peak else []
+    _hollow_coincident(points)
+    _scatter(ax, points)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
+    ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
+    ax.yaxis.set_major_formatter(rate_formatter())
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", alpha=0.08)
+    device = (f"{hw.name}: {si(peak, 'FLOP/s')} {dtype}, "
+              f"{si(hw.mem_bandwidth, 'B/s')}" if hw is not None and peak
+              else "no device given (no roofs: pass --hardware)")
+    points = _titled(ax, panel, chart, device, points)
+    points = _merge_labels(points, "ranks" if names[0].startswith("rank ") else "traces")
+    # In a grid of small multiples every legend sits inside its panel: one outside would
+    # widen its column and push the grid past the figure's right edge.
+    _legend(ax, analyses, _Legend(names, any("mx" in p for p in points), bool(roof_texts),
+                                  outside=panel.label_all and not chart.small,
+                                  titled=not panel.label_all))
+    return points, roof_texts
+
+
+def _on_axes(ax, points: list[dict], ridge: float | None, peak: float | None) -> list[dict]:
+    """Set the axes' limits from the points that hold enough time (`axis_points`), the ridge and
+    the peak; mark the points outside them `off`, and set the intensity-only points (no y)
+    just above the bottom edge."""
     core = [p for p, keep in zip(points, axis_points([p["rank"] for p in points],
                                                      [p["whole"] for p in points]), strict=True)
             if keep]
     xs = [p["x"] for p in core] + [p.get("mx", p["x"]) for p in core]
     ys = [p["y"] for p in core if p["y"] is not None]
-    ridge = peak / hw.mem_bandwidth if hw and peak else None
     x_lo = min(xs + ([ridge] if ridge else [])) / 4 if xs else 0.01
     x_hi = max(xs + ([ridge] if ridge else [])) * 10 if xs else 1e4
     y_hi = max(ys + ([peak] if peak else [])) * 4 if ys else 1e15
     y_lo = min(ys) / 6 if ys else 1e9
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
-    off = [p for p in points if not (x_lo <= p["x"] <= x_hi and x_lo <= p.get("mx", p["x"]) <= x_hi
-                                     and (p["y"] is None or y_lo <= p["y"] <= y_hi))]
-    for p in off:  # too little time to set the axes, and outside them: said in the notes
-        off_axes.setdefault(p["label"], []).append(names[p["trace"]])
-    points = [p for p in points if all(p is not q for q in off)]
-    for p in points:  # intensity-only points sit just above the bottom edge
-        if p["y"] is None:
+    for p in points:
+        if not (x_lo <= p["x"] <= x_hi and x_lo <= p.get("mx", p["x"]) <= x_hi
+                and (p["y"] is None or y_lo <= p["y"] <= y_hi)):
+            p["off"] = True
+        elif p["y"] is None:
             p["y"] = y_lo * (y_hi / y_lo) ** 0.025
-    roof_texts = draw_roof(ax, hw, peak, dtype) if hw is not None and peak else []
-    _hollow_coincident(points)
+    return points
+
+
+def _scatter(ax, points: list[dict]) -> None:
+    """Each point's marker; a measured intensity hollow, linked to its analytical point."""
     for p in points:
         if "mx" in p:  # measured intensity: hollow marker, dashed link to the analytical point
             ax.plot([p["x"], p["mx"]], [p["y"], p["y"]], ls="--", lw=0.8, color=p["c"], zorder=2)
@@ -182,35 +232,27 @@ def _draw_panel(ax, analyses: list[Analysis], hw: Hardware | None, skipped: dict
                    edgecolors=p["c"] if hollow else "white",
                    linewidths=1.6 if p["m"] == "*" else 1.4 if hollow else 0.6,
                    zorder=3 if p["whole"] else 5 if p.get("hollow") else 4, alpha=0.9)
-    ax.set_xlabel("arithmetic intensity (FLOP / byte, analytical minimum bytes)")
-    ax.set_ylabel("achieved FLOP/s (analytical FLOPs / measured time)")
-    ax.yaxis.set_major_formatter(rate_formatter())
-    ax.grid(True, which="major", alpha=0.3)
-    ax.grid(True, which="minor", alpha=0.08)
-    device = (f"{hw.name}: {si(peak, 'FLOP/s')} {dtype}, "
-              f"{si(hw.mem_bandwidth, 'B/s')}" if hw is not None and peak
-              else "no device given (no roofs: pass --hardware)")
-    if not label_all:  # a small multiple: the trace names the panel
+
+
+def _titled(ax, panel: _Panel, chart: _Chart, device: str, points: list[dict]) -> list[dict]:
+    """Title the panel; returns the points to label (in a small multiple or a crowded panel,
+    each trace's largest)."""
+    analyses, names = panel.analyses, panel.names
+    if not panel.label_all:  # a small multiple: the trace names the panel
         ax.set_title(f"{names[0]}\non {device}", fontsize=8)
-        points = _largest(points, SMALL_MULTIPLE_LABELS)
-    else:
-        run = short_name(os.path.dirname(analyses[0].trace))
-        what = (("rank(s) of " + run if run else "rank(s)")
-                if names[0].startswith("rank ") and len(analyses) > 1 else "trace(s)")
-        ax.set_title(title or f"Roofline of {len(analyses)} {what} on {device}",
-                     fontsize=11 if not many else 9)
-        if len(analyses) > 2:  # a pile of labels otherwise: each trace's largest operators
-            per_trace = max(3, PANEL_LABELS // len(analyses) - 1)
-            if sum(not p["whole"] for p in points) > per_trace * len(analyses):
-                declutter.add(per_trace)
-                points = [p for t in dict.fromkeys(p["trace"] for p in points)
-                          for p in _largest([p for p in points if p["trace"] == t], per_trace)]
-    points = _merge_labels(points, "ranks" if names[0].startswith("rank ") else "traces")
-    # In a grid of small multiples every legend sits inside its panel: one outside would
-    # widen its column and push the grid past the figure's right edge.
-    _legend(ax, analyses, any("mx" in p for p in points), bool(roof_texts),
-            outside=label_all and not small, names=names, titled=not label_all)
-    return points, roof_texts
+        return _largest(points, SMALL_MULTIPLE_LABELS)
+    run = short_name(os.path.dirname(analyses[0].trace))
+    what = (("rank(s) of " + run if run else "rank(s)")
+            if names[0].startswith("rank ") and len(analyses) > 1 else "trace(s)")
+    ax.set_title(chart.title or f"Roofline of {len(analyses)} {what} on {device}",
+                 fontsize=11 if not chart.many else 9)
+    if len(analyses) > 2:  # a pile of labels otherwise: each trace's largest operators
+        per_trace = max(3, PANEL_LABELS // len(analyses) - 1)
+        if sum(not p["whole"] for p in points) > per_trace * len(analyses):
+            chart.declutter.add(per_trace)
+            return [p for t in dict.fromkeys(p["trace"] for p in points)
+                    for p in _largest([p for p in points if p["trace"] == t], per_trace)]
+    return points
 
 
 def _merge_labels(points: list[dict], what: str) -> list[dict]:
@@ -291,7 +333,7 @@ def _points(analyses: Sequence[Analysis], skipped: dict[str, list[str]]) -> list
         for r in ops.itertuples():
             x, y = r.intensity, r.achieved_flops_per_s
             if not (pos(x) and pos(y)):
-                if r.operator != "unattributed" and r.flops == r.flops:
+                if r.operator != Name.UNATTRIBUTED and r.flops == r.flops:
                     skipped.setdefault(r.operator, []).append(short_name(a.trace))
                 continue
             share = r.time_share if pos(r.time_share) else 0.0
@@ -422,14 +464,24 @@ def rate_formatter():
     return FuncFormatter(fmt)
 
 
-def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
-            outside: bool = True, names: Sequence[str] | None = None,
-            titled: bool = False) -> None:
-    """Traces (`names`, default their file stems), phases of a mixed trace and symbols; to the
-    right of the axes (`outside`) or, in a small multiple, small in its upper left, where
-    nothing is attainable."""
+@dataclass(frozen=True)
+class _Legend:
+    """What a panel's legend shows besides its traces (`names`): measured links, a roof; and
+    where: right of the axes (`outside`) or small in its upper left, without the trace's entry
+    when the panel's title names it (`titled`)."""
+
+    names: Sequence[str]
+    measured: bool
+    roof: bool
+    outside: bool
+    titled: bool
+
+
+def _legend(ax, analyses: Sequence[Analysis], shown: _Legend) -> None:
+    """Traces, phases of a mixed trace and symbols; to the right of the axes or, in a small
+    multiple, small in its upper left, where nothing is attainable."""
     handles = []
-    names = names or [short_name(a.trace) for a in analyses]
+    names, measured, roof, outside = shown.names, shown.measured, shown.roof, shown.outside
     for i, a in enumerate(analyses):
         phases = sorted(set(a.operators["phase"].dropna()))
         colour, marker = _style(i, a, phases[0] if phases else "unknown")
@@ -455,45 +507,46 @@ def _legend(ax, analyses: Sequence[Analysis], measured: bool, roof: bool,
                   borderaxespad=0.0, framealpha=0.9)
     else:  # above the memory slope nothing is attainable: the upper left stays free of points
         # (a small multiple's title names its trace: no entry for it)
-        ax.legend(handles=handles[1:] if titled else handles, loc="upper left", fontsize=6,
+        ax.legend(handles=handles[1:] if shown.titled else handles, loc="upper left", fontsize=6,
                   framealpha=0.9)
 
 
-def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
-                 avoid: Sequence[dict] = (), avoid_lines: Sequence[ArrayLike] = ()) -> None:
+@dataclass(frozen=True)
+class Obstacles:
+    """What labels must not cover besides the labelled points: texts already placed (`texts`,
+    the roof's), unlabelled markers ({x, y, s}: the diff chart's A side) and polylines in data
+    coordinates (its arrows)."""
+
+    texts: list
+    markers: Sequence[dict] = ()
+    lines: Sequence[ArrayLike] = ()
+
+
+@dataclass(frozen=True)
+class _Room:
+    """Where a label may go: inside `frame`, over none of the boxes `taken` or `marks`, crossing
+    none of the sampled `lines` or `leaders` (display coordinates)."""
+
+    frame: Bbox
+    taken: list[Bbox]
+    marks: list[Bbox]
+    lines: np.ndarray
+    leaders: np.ndarray
+
+
+def place_labels(fig: Figure, ax, points: list[dict], obstacles: Obstacles) -> None:
     """Greedy placement: biggest points first, each label at the nearest candidate offset whose
-    box overlaps no placed label, marker, roof line or roof text, the legend or the axes edge;
-    a leader line joins a label set away from its point. `avoid` are unlabelled markers
-    ({x, y, s}: the diff chart's A side) and `avoid_lines` polylines in data coordinates (its
-    arrows) that labels must not cover either. Where no spot is free, the candidate inside
-    the axes with the fewest overlaps."""
+    box overlaps no placed label, marker, roof line or roof text (`obstacles`), the legend or
+    the axes edge; a leader line joins a label set away from its point. Where no spot is free,
+    the candidate inside the axes with the fewest overlaps."""
     renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # the figures are drawn by Agg
     px_per_pt = fig.dpi / 72.0
     frame = ax.get_window_extent(renderer)
-    legend = ax.get_legend()
-    taken: list[Bbox] = [t.get_window_extent(renderer).padded(4) for t in fixed
-                         if not t.get_rotation()]
-    if legend:
-        taken.append(legend.get_window_extent(renderer))
-    # Every line (roof, ridge, measured links), sampled densely in display space; a rotated
-    # text (the slope label) is a band along its box's diagonal, not its whole bounding box.
-    segs = [_densify(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()]
-    segs += [_densify(ax.transData.transform(np.asarray(line, dtype=float)))
-             for line in avoid_lines]
-    for t in fixed:
-        if t.get_rotation() and 0 < t.get_rotation() < 90:
-            b = t.get_window_extent(renderer)
-            segs += [_densify(np.array([[b.x0, b.y0 + dy], [b.x1, b.y1 + dy]]))
-                     for dy in (-9, -4.5, 0, 4.5, 9)]
-    lines = np.concatenate(segs) if segs else np.empty((0, 2))
+    taken, lines = _obstacle_boxes(ax, renderer, obstacles)
     centres = [ax.transData.transform((p["x"], p["y"])) for p in points]
-    marks = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
-             for (cx, cy), p in zip(centres, points, strict=True)
-             for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
-    others = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
-              for p in avoid if p.get("y") is not None
-              for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
-              for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
+    marks = _marker_boxes(ax, points, px_per_pt)
+    others = _marker_boxes(ax, [p for p in obstacles.markers if p.get("y") is not None],
+                           px_per_pt)
     order = sorted(range(len(points)), key=lambda i: -points[i]["rank"])
     leaders = np.empty((0, 2))  # the placed labels' leader lines: no later label covers one
     for i in order:
@@ -502,41 +555,10 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
         text = ax.text(0, 0, p["label"], fontsize=size, weight="bold" if p["whole"] else None)
         ext = text.get_window_extent(renderer)
         text.remove()
-        w, h = ext.width, ext.height
         own = math.sqrt(p["s"]) / 2
-        best, fallback = None, None
-        for radius in _RADII:
-            for angle in _ANGLES:
-                dx = (radius + own) * math.cos(math.radians(angle))
-                dy = (radius + own) * math.sin(math.radians(angle))
-                ha = "left" if dx > 1 else "right" if dx < -1 else "center"
-                x0 = cx + dx * px_per_pt - {"left": 0, "right": w, "center": w / 2}[ha]
-                y0 = cy + dy * px_per_pt - h / 2
-                box = Bbox.from_extents(x0 - 1, y0 - 1, x0 + w + 1, y0 + h + 1)
-                inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
-                          and box.y1 <= frame.y1)
-                if not inside:
-                    continue
-                leader = np.linspace((cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)
-                clashes = (sum(box.overlaps(b) for b in taken)
-                           + sum(box.overlaps(m) for j, m in enumerate(marks) if j != i)
-                           + sum(box.overlaps(m) for m in others)
-                           + _crosses(box, lines) + _crosses(box, leaders)
-                           + sum(_crosses(b, leader) for b in taken))
-                if not clashes:
-                    best = (dx, dy, ha, box)
-                    break
-                if fallback is None or clashes < fallback[0]:
-                    fallback = (clashes, (dx, dy, ha, box))
-            if best:
-                break
-        if best is None and fallback is not None:  # crowded everywhere: the fewest overlaps
-            best = fallback[1]
-        if best is None:  # no spot inside the axes at all: to the right
-            dx = (_RADII[0] + own)
-            x0 = cx + dx * px_per_pt
-            best = (dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2))
-        dx, dy, ha, box = best
+        room = _Room(frame, taken, [m for j, m in enumerate(marks) if j != i] + others, lines,
+                     leaders)
+        dx, dy, ha, box = _spot((cx, cy), (ext.width, ext.height), own, px_per_pt, room)
         leaders = np.concatenate([leaders, np.linspace(
             (cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)[2:-2]])
         # Every label has a leader line to its point: a label between two points is never read
@@ -547,6 +569,68 @@ def place_labels(fig: Figure, ax, points: list[dict], fixed: list,
                     arrowprops={"arrowstyle": "-", "color": p["c"], "lw": 0.6, "alpha": 0.7,
                                 "shrinkA": 1, "shrinkB": own * 0.9})
         taken.append(box)
+
+
+def _obstacle_boxes(ax, renderer, obstacles: Obstacles) -> tuple[list[Bbox], np.ndarray]:
+    """The boxes of the fixed texts and the legend, and every line (roof, ridge, measured links,
+    `obstacles.lines`) sampled densely in display space; a rotated text (the slope label) is a
+    band along its box's diagonal, not its whole bounding box."""
+    taken: list[Bbox] = [t.get_window_extent(renderer).padded(4) for t in obstacles.texts
+                         if not t.get_rotation()]
+    legend = ax.get_legend()
+    if legend:
+        taken.append(legend.get_window_extent(renderer))
+    segs = [_densify(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()]
+    segs += [_densify(ax.transData.transform(np.asarray(line, dtype=float)))
+             for line in obstacles.lines]
+    for t in obstacles.texts:
+        if t.get_rotation() and 0 < t.get_rotation() < 90:
+            b = t.get_window_extent(renderer)
+            segs += [_densify(np.array([[b.x0, b.y0 + dy], [b.x1, b.y1 + dy]]))
+                     for dy in (-9, -4.5, 0, 4.5, 9)]
+    return taken, np.concatenate(segs) if segs else np.empty((0, 2))
+
+
+def _marker_boxes(ax, points: Sequence[dict], px_per_pt: float) -> list[Bbox]:
+    """The display box of each point's marker ({x, y, s}), a pixel wider."""
+    return [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
+            for p in points for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
+            for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
+
+
+def _spot(centre: tuple[float, float], extent: tuple[float, float], own: float,
+          px_per_pt: float, room: _Room) -> tuple[float, float, str, Bbox]:
+    """(dx, dy in points, alignment, box) of a label `extent` wide and high for a marker of
+    radius `own` at `centre`: the nearest free candidate, else the fewest clashes inside the
+    axes, else to the right."""
+    (cx, cy), (w, h), frame = centre, extent, room.frame
+    fallback = None
+    for radius in _RADII:
+        for angle in _ANGLES:
+            dx = (radius + own) * math.cos(math.radians(angle))
+            dy = (radius + own) * math.sin(math.radians(angle))
+            ha = "left" if dx > 1 else "right" if dx < -1 else "center"
+            x0 = cx + dx * px_per_pt - {"left": 0, "right": w, "center": w / 2}[ha]
+            y0 = cy + dy * px_per_pt - h / 2
+            box = Bbox.from_extents(x0 - 1, y0 - 1, x0 + w + 1, y0 + h + 1)
+            inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
+                      and box.y1 <= frame.y1)
+            if not inside:
+                continue
+            leader = np.linspace((cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)
+            clashes = (sum(box.overlaps(b) for b in room.taken)
+                       + sum(box.overlaps(m) for m in room.marks)
+                       + _crosses(box, room.lines) + _crosses(box, room.leaders)
+                       + sum(_crosses(b, leader) for b in room.taken))
+            if not clashes:
+                return dx, dy, ha, box
+            if fallback is None or clashes < fallback[0]:
+                fallback = (clashes, (dx, dy, ha, box))
+    if fallback is not None:  # crowded everywhere: the fewest overlaps
+        return fallback[1]
+    dx = _RADII[0] + own  # no spot inside the axes at all: to the right
+    x0 = cx + dx * px_per_pt
+    return dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2)
 
 
 def _densify(pts: np.ndarray, step: float = 3.0) -> np.ndarray:
@@ -600,13 +684,13 @@ def projection_figure(points: pd.DataFrame, operators: pd.DataFrame, swept: str,
     ops = operators.assign(ms=operators["time_us"] / 1e3)
     top = ops.groupby("operator")["ms"].sum().sort_values(ascending=False, kind="stable")
     named = list(top.index[:PROJECTION_OPERATORS])
-    ops["name"] = ops["operator"].where(ops["operator"].isin(named), "other")
+    ops["name"] = ops["operator"].where(ops["operator"].isin(named), Name.OTHER)
     table = ops.pivot_table(index="point", columns="name", values="ms", aggfunc="sum",
                             fill_value=0.0).reindex(order)
     pos = np.arange(len(order))
     bottom = np.zeros(len(order))
     colours = [*TRACE_COLOURS, "#17becf", "#bcbd22", "#e377c2", "#7f7f7f"]
-    for i, name in enumerate([*named, *(["other"] if "other" in table else [])]):
+    for i, name in enumerate([*named, *([Name.OTHER] if Name.OTHER in table else [])]):
         share = table[name].to_numpy(float) / np.maximum(table.sum(axis=1).to_numpy(float), 1e-12)
         bars.bar(pos, share * 100.0, bottom=bottom, color=colours[i % len(colours)], label=name)
         bottom += share * 100.0

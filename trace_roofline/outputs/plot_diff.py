@@ -17,6 +17,7 @@ from trace_roofline.model.hardware import Hardware
 from trace_roofline.outputs.diff import WHOLE, Side
 from trace_roofline.outputs.plot import (
     PHASE_MARKERS,
+    Obstacles,
     draw_roof,
     place_labels,
     place_slope_label,
@@ -120,9 +121,9 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
     fig.set_layout_engine("none")  # freeze the layout the labels are placed in
     place_slope_label(fig, ax, points + [{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
                       roof_texts)
-    place_labels(fig, ax, points, roof_texts,
-                 avoid=[{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
-                 avoid_lines=[[(v[0], v[1]), (v[2], v[3])] for v in arrows])
+    place_labels(fig, ax, points, Obstacles(
+        roof_texts, markers=[{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
+        lines=[[(v[0], v[1]), (v[2], v[3])] for v in arrows]))
     if skipped:
         note = "not on the log axes (0 FLOPs or no time): " + ", ".join(dict.fromkeys(skipped))
         fig.text(0.01, 0.005, textwrap.fill(note, 200), fontsize=7, color="0.3", ha="left",
