@@ -215,7 +215,7 @@ def _table(results: dict, total: int) -> None:
         speed = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
                  if ratios else "-")
         print(f"| {cpus} | {name} | {len(ok)} | {med:.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
-              f"{speed} | {total / 1e6 / med:.0f} | {statistics.median(x['cpu_s'] for x in ok):.1f} "
+              f"{speed} | {total / 1e6 / med:.1f} | {statistics.median(x['cpu_s'] for x in ok):.1f} "
               f"| {max(x['processes'] for x in ok)} | {', '.join(str(x['other_cpu_s']) for x in ok)} "
               f"| {r.get('tree', {}).get('tree_mb', '-')} |")
 
