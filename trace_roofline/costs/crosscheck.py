@@ -115,13 +115,16 @@ def fitting_presets(costed: pd.DataFrame) -> list[str]:
 
 
 def _fitting(distinct: pd.DataFrame) -> list[str]:
-    """fitting_presets on rows of `costed[_CHECKED]`."""
+    """fitting_presets on rows of `costed[_CHECKED]`: a preset fits where every checked row
+    shows one TP degree (0: a contradiction, `_checks`)."""
     out = []
     for name, spec in PRESETS.items():
-        degrees = _tp_degrees(distinct, spec)
-        if len(degrees) == 1 and _checks(distinct, spec).isna().all():
-            t = degrees.pop()
-            out.append(name if t == 1 else f"{name} (TP={t})")
+        lin, t_lin = _linear_degrees(distinct, spec)
+        att, t_att = _attention_degrees(distinct, spec)
+        t = np.concatenate([t_lin[lin], t_att[att]])
+        degrees = np.unique(t)
+        if len(degrees) == 1 and degrees[0] > 0:
+            out.append(name if degrees[0] == 1 else f"{name} (TP={int(degrees[0])})")
     return out
 
 
