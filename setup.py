@@ -4,4 +4,5 @@ built (no C compiler), the install still succeeds and traces are decoded by msgs
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("trace_roofline.trace._scan", ["trace_roofline/trace/_scan.c"],
-                             optional=True, extra_compile_args=["-O2"])])
+                             depends=["trace_roofline/trace/_fields.h"],  # (generated: fields.py)
+                             optional=True, extra_compile_args=["-O3"])])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.builders import SAMPLES, check_batch, gpu_trace
 from trace_roofline.errors import InputError
-from trace_roofline.trace import SCHEMAS, columns, decode, load_trace, parallel
+from trace_roofline.trace import SCHEMAS, columns, decode, fields, load_trace, parallel
 from trace_roofline.trace import read as trace_read
 
 _scan = pytest.importorskip("trace_roofline.trace._scan",
@@ -729,6 +729,15 @@ def test_known_keys_are_found_by_their_hash():
     """Both key lookups (event keys, args keys) hash every key to a slot of its own: a key added
     later that collides would silently fall back to the slower linear search."""
     assert _scan.HASHED_LOOKUPS == 1
+
+
+def test_the_scanners_field_table_is_generated_from_fields_py():
+    """`_fields.h` is `fields.c_header()` (after editing fields.py: `python -m
+    trace_roofline.trace.fields`), and the build in use reads the columns fields.py declares."""
+    assert fields.HEADER.read_text() == fields.c_header()
+    assert (_scan.I32_COLUMNS, _scan.F64_COLUMNS, _scan.I64_COLUMNS) == (
+        fields.I32_COLUMNS, fields.F64_COLUMNS, fields.I64_COLUMNS)
+    assert columns.SCANNER is _scan.Scanner
 
 
 def test_a_scan_releases_the_gil():

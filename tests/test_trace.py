@@ -1,6 +1,7 @@
 """trace_roofline.trace: tables, dtypes and schema variants on synthetic Kineto traces and on every committed
 real trace."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -729,10 +730,10 @@ def test_the_faster_process_decodes_more(tmp_path, both, monkeypatch, slow):
     n = serial.meta["event_count"]
     parent, real_parse = os.getpid(), parallel.parse_span  # (the fixture's counting wrapper)
 
-    def parse(p, w, start, end, acc, progress, **kw):
+    def parse(r, start, end):
         if (os.getpid() == parent) == (slow == "parent"):
-            progress = lambda *a: time.sleep(0.01)  # noqa: E731 (after each batch)
-        return real_parse(p, w, start, end, acc, progress, **kw)
+            r = dataclasses.replace(r, progress=lambda *a: time.sleep(0.01))  # (after each batch)
+        return real_parse(r, start, end)
 
     monkeypatch.setattr(parallel, "parse_span", parse)
     two = both(path, "two")

@@ -27,6 +27,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* Words are read with native loads as little-endian words (key words, hashes, plain_run): a
  * big-endian build would miss every key silently, so it does not build (the install then goes
@@ -39,12 +42,31 @@
 #define MISSING INT64_MIN
 #define MAX_DEPTH 64
 
-enum { S_PH, S_CAT, S_NAME, R_DEVICE, R_CPU, I32_COLUMNS };
-enum { F_TS, F_DUR, F64_COLUMNS };
-enum { I_PID, I_TID, I_ID, I_DEVICE, I_STREAM, I_CORRELATION, I_EXTERNAL, I_EXTERNAL_LEGACY,
-       I_PYTHON_ID, I_PYTHON_PARENT, I64_COLUMNS };
-/* raw argument values: device key = grid \x01 block; cpu key = the five below, in this order */
-enum { A_GRID, A_BLOCK, A_DIMS, A_DIMS_LEGACY, A_TYPES, A_CONCRETE, A_STRIDES, RAW_ARGS };
+/* K_INT: an int64; _NULL: or null (absent); _STR: or a string, read as columns.as_int reads it
+ * when it holds no digit (absent); one with a digit is declined. */
+typedef enum { K_STR, K_F64, K_INT_STR_NULL, K_INT_STR, K_INT_NULL, K_INT, K_RAW, K_ARGS } Kind;
+
+typedef struct {
+    const char *key;
+    size_t len;
+    Kind kind;
+    int column;      /* i32 / f64 / i64 column, or raw argument index */
+    uint64_t w0, w1; /* the key's bytes as two words (prepare_fields) */
+} Field;
+
+#define MAX_RAW_KEY 16
+typedef struct { /* a table's raw key: its raw arguments, joined with \x01 in this order */
+    int column;  /* its i32 column */
+    int count;
+    int args[MAX_RAW_KEY];
+} RawKey;
+
+/* The column enums (S_ string codes, R_ raw keys; F_ floats; I_ ints; A_ raw arguments), their
+ * names for Python, EVENT_FIELDS, ARGS_FIELDS and RAW_KEYS: generated from fields.py. */
+#include "_fields.h"
+#define N_EVENT_FIELDS (sizeof EVENT_FIELDS / sizeof *EVENT_FIELDS)
+#define N_ARGS_FIELDS (sizeof ARGS_FIELDS / sizeof *ARGS_FIELDS)
+#define N_RAW_KEYS (sizeof RAW_KEYS / sizeof *RAW_KEYS)
 
 /* ---------------------------------------------------------------- interning tables */
 
@@ -206,6 +228,14 @@ static int32_t table_code(Table *t, const char *s, size_t n) {
     return (int32_t)t->n++;
 }
 
+/* table_code, first trying `*last` (a column's previous code: events in a row often repeat
+ * their phase, category or name), which it then holds. */
+static inline int32_t table_code_at(Table *t, const char *s, size_t n, int32_t *last) {
+    int32_t c = *last;
+    if (c >= 0 && t->at[c + 1] - t->at[c] == n && memcmp(t->arena + t->at[c], s, n) == 0) return c;
+    return *last = table_code(t, s, n);
+}
+
 /* The keys added since the last call, as a list of bytes. */
 static PyObject *table_new_keys(Table *t) {
     PyObject *out = PyList_New((Py_ssize_t)(t->n - t->handed));
@@ -234,6 +264,7 @@ typedef struct {
     char *key;   /* scratch for raw keys */
     size_t key_room;
     int32_t absent[RAW_ARGS + 1]; /* by key width: the code of the key with no value, or -1 */
+    int32_t last[I32_COLUMNS];    /* by column: the code last read, or -1 (see table_code_at) */
     int busy;                     /* a scan is running (without the GIL) */
 } Scanner;
 
@@ -246,8 +277,25 @@ typedef struct {
 
 static const unsigned char IS_WS[256] = {[' '] = 1, ['\n'] = 1, ['\r'] = 1, ['\t'] = 1};
 
+/* Whitespace runs: a Kineto file indents each key on its own line, so a run is often a
+ * newline and a few spaces; 16 bytes are classified at once where SSE2 is (every x86-64). */
 static inline void skip_ws(Lex *x) {
     const char *p = x->p, *end = x->end;
+#ifdef __SSE2__
+    if (p < end && IS_WS[(unsigned char)*p]) {
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            __m128i ws = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n'))),
+                                      _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('\r')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\t'))));
+            unsigned other = ~(unsigned)_mm_movemask_epi8(ws) & 0xFFFF;
+            if (other) {
+                x->p = p + __builtin_ctz(other);
+                return;
+            }
+            p += 16;
+        }
+    }
+#endif
     while (p < end && IS_WS[(unsigned char)*p]) p++;
     x->p = p;
 }
@@ -270,6 +318,16 @@ static inline int hexval(char c) {
 /* The first byte at or after p that is not plain string content ('"', '\\', a control
  * character or a non-ASCII byte), or end: eight bytes at a time. */
 static inline const char *plain_run(const char *p, const char *end) {
+#ifdef __SSE2__
+    while (end - p >= 16) { /* (signed bytes below 0x20: control characters and non-ASCII) */
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                                   _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+        unsigned m = (unsigned)_mm_movemask_epi8(hit);
+        if (m) return p + __builtin_ctz(m);
+        p += 16;
+    }
+#endif
     while (end - p >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -284,7 +342,7 @@ static inline const char *plain_run(const char *p, const char *end) {
 }
 
 /* A string at x->p (its opening quote): its content [*s, *s + *n), whether it has escapes. */
-static int lex_string(Lex *x, const char **s, size_t *n, int *escaped) {
+static inline __attribute__((always_inline)) int lex_string(Lex *x, const char **s, size_t *n, int *escaped) {
     const char *p = x->p + 1, *end = x->end;
     int esc = 0;
     for (;;) {
@@ -322,6 +380,40 @@ static int lex_string(Lex *x, const char **s, size_t *n, int *escaped) {
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+/* Whether the 8 bytes of word w are all ASCII digits. */
+static inline int eight_digits(uint64_t w) {
+    return ((w & 0xF0F0F0F0F0F0F0F0ull) | (((w + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ==
+           0x3333333333333333ull;
+}
+
+/* The value of eight ASCII digits (word w, the first digit in its low byte). */
+static inline uint64_t eight_value(uint64_t w) {
+    w -= 0x3030303030303030ull;
+    w = w * 10 + (w >> 8);
+    return (((w & 0x000000FF000000FFull) * (100 + (1000000ull << 32))) +
+            (((w >> 16) & 0x000000FF000000FFull) * (1 + (10000ull << 32)))) >> 32;
+}
+
+/* The digits from p on appended to *m (*over set, and *m left, once it would pass
+ * UINT64_MAX - 9 before a digit); the first byte after them. Eight at a time while *m is
+ * small enough for eight more. */
+static inline const char *digits(const char *p, const char *end, uint64_t *m, int *over) {
+    uint64_t v = *m;
+    while (end - p >= 8 && v < 100000000000ull) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        if (!eight_digits(w)) break;
+        v = v * 100000000ull + eight_value(w);
+        p += 8;
+    }
+    for (; p < end && (unsigned char)(*p - '0') < 10; p++) {
+        if (v > (UINT64_MAX - 9) / 10) *over = 1;
+        else v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *m = v;
+    return p;
+}
+
 /* A number at x->p, validated. With `want`: *is_int (no fraction or exponent; then *iv is its
  * value and *fits whether it is within int64) and *dv (its value as the nearest double);
  * without, the outputs are not touched (they may be NULL). */
@@ -338,23 +430,16 @@ static int lex_number(Lex *x, int want, int *is_int, int *fits, int64_t *iv, dou
     if (*p == '0') {
         p++;
     } else {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (m > (UINT64_MAX - 9) / 10) over = 1;
-            else m = m * 10 + (uint64_t)(*p - '0');
-            p++;
-        }
+        p = digits(p, end, &m, &over);
     }
     int frac = 0, exp10 = 0, integral = 1;
     if (p < end && *p == '.') {
         integral = 0;
         p++;
         if (p >= end || *p < '0' || *p > '9') return decline(x, "a bad number");
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (m > (UINT64_MAX - 9) / 10) over = 1;
-            else m = m * 10 + (uint64_t)(*p - '0');
-            frac++;
-            p++;
-        }
+        const char *f = p;
+        p = digits(p, end, &m, &over);
+        frac = (int)(p - f);
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         integral = 0;
@@ -475,42 +560,6 @@ static int skip_value(Lex *x, int depth) {
 
 /* ---------------------------------------------------------------- fields */
 
-/* K_INT: an int64; _NULL: or null (absent); _STR: or a string, read as columns.as_int reads it
- * when it holds no digit (absent); one with a digit is declined. */
-typedef enum { K_STR, K_F64, K_INT_STR_NULL, K_INT_STR, K_INT_NULL, K_INT, K_RAW, K_ARGS } Kind;
-
-typedef struct {
-    const char *key;
-    size_t len;
-    Kind kind;
-    int column;      /* i32 / f64 / i64 column, or raw argument index */
-    uint64_t w0, w1; /* the key's bytes as two words (prepare_fields) */
-} Field;
-
-static Field EVENT_FIELDS[] = {
-    {"ph", 2, K_STR, S_PH},           {"cat", 3, K_STR, S_CAT},          {"name", 4, K_STR, S_NAME},
-    {"pid", 3, K_INT_STR_NULL, I_PID}, {"tid", 3, K_INT_STR_NULL, I_TID},  {"ts", 2, K_F64, F_TS},
-    {"dur", 3, K_F64, F_DUR},         {"id", 2, K_INT_STR_NULL, I_ID},    {"args", 4, K_ARGS, 0},
-};
-static Field ARGS_FIELDS[] = {
-    {"External id", 11, K_INT, I_EXTERNAL},
-    {"external id", 11, K_INT, I_EXTERNAL_LEGACY},
-    {"correlation", 11, K_INT, I_CORRELATION},
-    {"device", 6, K_INT, I_DEVICE},
-    {"stream", 6, K_INT_STR, I_STREAM},
-    {"grid", 4, K_RAW, A_GRID},
-    {"block", 5, K_RAW, A_BLOCK},
-    {"Input Dims", 10, K_RAW, A_DIMS},
-    {"Input dims", 10, K_RAW, A_DIMS_LEGACY},
-    {"Input type", 10, K_RAW, A_TYPES},
-    {"Concrete Inputs", 15, K_RAW, A_CONCRETE},
-    {"Input Strides", 13, K_RAW, A_STRIDES},
-    {"Python id", 9, K_INT_NULL, I_PYTHON_ID},
-    {"Python parent id", 16, K_INT_NULL, I_PYTHON_PARENT},
-};
-#define N_EVENT_FIELDS (sizeof EVENT_FIELDS / sizeof *EVENT_FIELDS)
-#define N_ARGS_FIELDS (sizeof ARGS_FIELDS / sizeof *ARGS_FIELDS)
-
 /* Key bytes [off, off + 8) of s[:n] as a little-endian word, zero past n. */
 static inline uint64_t key_word(const char *s, size_t n, size_t off) {
     uint64_t w = 0;
@@ -621,7 +670,7 @@ static int read_field(Scanner *sc, Lex *x, const Field *f, Row *r, RawArgs *ra, 
         if (c != '"') return decline(x, "a string field of another type");
         if (lex_string(x, &s, &n, &esc) < 0) return -1;
         {
-            int32_t code = table_code(&sc->strings, s, n);
+            int32_t code = table_code_at(&sc->strings, s, n, &sc->last[f->column]);
             if (code < 0) return decline(x, "out of memory");
             r->i32[f->column * r->n + r->row] = code + 1;
         }
@@ -733,15 +782,32 @@ static int reserve(Scanner *sc, size_t events, size_t used) {
     return 0;
 }
 
-/* The raw key of args fields `idx` (count of them) joined with \x01; its code. */
-static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int count) {
+static const char SEPARATORS[MAX_RAW_KEY] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* Whether raw key `c` of table `t` is the parts `idx` (count of them) joined with \x01. */
+static inline int same_raw_key(const Table *t, int32_t c, const RawArgs *ra, const int *idx, int count) {
+    const char *k = t->arena + t->at[c], *kend = t->arena + t->at[c + 1];
+    for (int i = 0; i < count; i++) {
+        size_t n = ra->raw_len[idx[i]];
+        if (i && (k >= kend || *k++ != '\x01')) return 0;
+        if ((size_t)(kend - k) < n || (n && memcmp(k, ra->raw[idx[i]], n) != 0)) return 0;
+        k += n;
+    }
+    return k == kend;
+}
+
+/* The code of raw key `rk` of the event whose raw arguments are `ra`: its values joined with
+ * \x01 (`*last`, the column's previous code, tried first, then set). */
+static int32_t raw_code(Scanner *sc, const RawArgs *ra, const RawKey *rk, int32_t *last) {
+    const int *idx = rk->args, count = rk->count;
     int present = 0;
     for (int i = 0; i < count; i++) present |= ra->raw_len[idx[i]] != 0;
     if (!present) { /* (the key of none: count - 1 separators, interned once) */
         int32_t *absent = &sc->absent[count];
-        if (*absent < 0) *absent = table_code(&sc->raws, "\x01\x01\x01\x01\x01\x01\x01", (size_t)(count - 1));
+        if (*absent < 0) *absent = table_code(&sc->raws, SEPARATORS, (size_t)(count - 1));
         return *absent;
     }
+    if (*last >= 0 && same_raw_key(&sc->raws, *last, ra, idx, count)) return *last;
     size_t need = (size_t)count;
     for (int i = 0; i < count; i++) need += ra->raw_len[idx[i]];
     if (need > sc->key_room) {
@@ -756,11 +822,8 @@ static int32_t raw_code(Scanner *sc, const RawArgs *ra, const int *idx, int coun
         if (ra->raw_len[idx[i]]) memcpy(sc->key + k, ra->raw[idx[i]], ra->raw_len[idx[i]]); /* (else NULL) */
         k += ra->raw_len[idx[i]];
     }
-    return table_code(&sc->raws, sc->key, k);
+    return *last = table_code(&sc->raws, sc->key, k);
 }
-
-static const int DEVICE_RAW[] = {A_GRID, A_BLOCK};
-static const int CPU_RAW[] = {A_DIMS, A_DIMS_LEGACY, A_TYPES, A_CONCRETE, A_STRIDES};
 
 /* Events of text [p, end) into the column blocks (laid out for sc->room rows, grown as
  * needed); their number, or -1. */
@@ -774,16 +837,16 @@ static Py_ssize_t scan_events(Scanner *sc, Lex *x) {
         size_t room = sc->room;
         Row r = {sc->i32, sc->f64, sc->i64, room, row};
         for (int c = 0; c < I32_COLUMNS; c++) sc->i32[c * room + row] = 0;
-        sc->f64[F_TS * room + row] = NAN;
-        sc->f64[F_DUR * room + row] = NAN;
+        for (int c = 0; c < F64_COLUMNS; c++) sc->f64[c * room + row] = NAN;
         for (int c = 0; c < I64_COLUMNS; c++) sc->i64[c * room + row] = MISSING;
         RawArgs ra;
-        memset(&ra, 0, sizeof ra);
+        memset(ra.raw_len, 0, sizeof ra.raw_len); /* (raw[i] is read only where raw_len[i] is set) */
         if (read_fields(sc, x, &EVENT_LOOKUP, &r, &ra, 1) < 0) return -1;
-        int32_t dev = raw_code(sc, &ra, DEVICE_RAW, 2), cpu = raw_code(sc, &ra, CPU_RAW, 5);
-        if (dev < 0 || cpu < 0) return decline(x, "out of memory");
-        sc->i32[R_DEVICE * room + row] = dev;
-        sc->i32[R_CPU * room + row] = cpu;
+        for (size_t k = 0; k < N_RAW_KEYS; k++) {
+            int32_t code = raw_code(sc, &ra, &RAW_KEYS[k], &sc->last[RAW_KEYS[k].column]);
+            if (code < 0) return decline(x, "out of memory");
+            sc->i32[RAW_KEYS[k].column * room + row] = code;
+        }
         row++;
         skip_ws(x);
         if (x->p >= x->end) return (Py_ssize_t)row;
@@ -867,8 +930,10 @@ static void Scanner_dealloc(Scanner *sc) {
 
 static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Scanner *sc = (Scanner *)PyType_GenericNew(type, args, kwds);
-    if (sc)
+    if (sc) {
         for (int i = 0; i <= RAW_ARGS; i++) sc->absent[i] = -1;
+        for (int i = 0; i < I32_COLUMNS; i++) sc->last[i] = -1;
+    }
     return (PyObject *)sc;
 }
 
@@ -903,6 +968,20 @@ static int add_constant(PyObject *m, const char *name, PyObject *value) {
     int r = value ? PyModule_AddObjectRef(m, name, value) : -1;
     Py_XDECREF(value);
     return r;
+}
+
+/* A tuple of the `n` strings `v`. */
+static PyObject *names(const char *const *v, int n) {
+    PyObject *out = PyTuple_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(v[i]);
+        if (!s) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, s);
+    }
+    return out;
 }
 
 /* The SipHash key, from os.urandom (a forked worker keeps its parent's: still secret). */
@@ -943,12 +1022,10 @@ PyMODINIT_FUNC PyInit__scan(void) {
         Py_DECREF(m);
         return NULL;
     }
-    /* the columns of scan()'s three blocks, by the field paths of columns.py */
-    if (add_constant(m, "I32_COLUMNS", Py_BuildValue("(sssss)", "ph", "cat", "name", "raw.device", "raw.cpu_ops")) < 0 ||
-        add_constant(m, "F64_COLUMNS", Py_BuildValue("(ss)", "ts", "dur")) < 0 ||
-        add_constant(m, "I64_COLUMNS", Py_BuildValue("(ssssssssss)", "pid", "tid", "id", "args.device", "args.stream",
-                                                     "args.correlation", "args.external_id", "args.external_id_legacy",
-                                                     "args.python_id", "args.python_parent_id")) < 0) {
+    /* the columns of scan()'s three blocks, by the field paths of fields.py */
+    if (add_constant(m, "I32_COLUMNS", names(I32_NAMES, I32_COLUMNS)) < 0 ||
+        add_constant(m, "F64_COLUMNS", names(F64_NAMES, F64_COLUMNS)) < 0 ||
+        add_constant(m, "I64_COLUMNS", names(I64_NAMES, I64_COLUMNS)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
@@ -22,6 +23,8 @@ try:
     import trace_roofline.trace._scan as _scan
 except ImportError:  # (not built: no C compiler at install)
     _scan = None
+from trace_roofline.trace import fields
+from trace_roofline.trace.fields import TABLES
 from trace_roofline.trace.schema import FLOW_PH, MAX_DUR_US, MAX_TS_US, MISSING, SKIP_REASONS, build_tables
 
 # Table codes. Device kinds first so that kind = code - 1.
@@ -62,64 +65,12 @@ class _CatTable(dict):
 _PH_CODES = {"X": 1, "s": 2, "f": 3}
 # The compiled scanner's type (see Accumulator.scan), None where it is not built; tests and
 # benchmarks set it to None to read the msgspec way alone.
-SCANNER = _scan.Scanner if _scan is not None else None
+# A build whose columns are not fields.py's (stale) is not used either.
+_SCANNED = (fields.I32_COLUMNS, fields.F64_COLUMNS, fields.I64_COLUMNS)
+SCANNER = _scan.Scanner if _scan is not None and (
+    _scan.I32_COLUMNS, _scan.F64_COLUMNS, _scan.I64_COLUMNS) == _SCANNED else None
 _ABSENT = {None: MISSING}  # flows: ph code - 2 indexes FLOW_PH
 
-# Per table: output column -> (attribute paths on decode._Event, converter). A second path fills the rows
-# where the first is absent (legacy spelling, or pid/tid standing in for device/stream).
-# Converters: int (Int64), str (categorical), raw (JSON text, categorical; args fields only),
-# ph (reuses the codes read to classify the event). ts/dur are shared by every table.
-_EXT = ("args.external_id", "args.external_id_legacy")
-_FIELDS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
-    "device": {
-        "name": (("name",), "str"),
-        "pid": (("pid",), "int"),
-        "device": (("args.device", "pid"), "int"),
-        "stream": (("args.stream", "tid"), "int"),
-        "correlation": (("args.correlation",), "int"),
-        "external_id": (_EXT, "int"),
-        "grid": (("args.grid",), "raw"),
-        "block": (("args.block",), "raw"),
-    },
-    "cpu_ops": {
-        "name": (("name",), "str"),
-        "pid": (("pid",), "int"),
-        "tid": (("tid",), "int"),
-        "external_id": (_EXT, "int"),
-        "input_dims": (("args.input_dims", "args.input_dims_legacy"), "raw"),
-        "input_types": (("args.input_types",), "raw"),
-        "concrete_inputs": (("args.concrete_inputs",), "raw"),
-        "input_strides": (("args.input_strides",), "raw"),
-    },
-    "runtime": {
-        "name": (("name",), "str"),
-        "pid": (("pid",), "int"),
-        "tid": (("tid",), "int"),
-        "correlation": (("args.correlation",), "int"),
-        "external_id": (_EXT, "int"),
-    },
-    "annotations": {
-        "name": (("name",), "str"),
-        "cat": (("cat",), "str"),
-        "pid": (("pid",), "int"),
-        "tid": (("tid",), "int"),
-        "external_id": (_EXT, "int"),
-    },
-    "python_frames": {
-        "name": (("name",), "str"),
-        "pid": (("pid",), "int"),
-        "tid": (("tid",), "int"),
-        "python_id": (("args.python_id",), "int"),
-        "parent_id": (("args.python_parent_id",), "int"),
-    },
-    "flows": {
-        "id": (("id",), "int"),
-        "ph": (("ph",), "ph"),
-        "cat": (("cat",), "str"),
-        "pid": (("pid",), "int"),
-        "tid": (("tid",), "int"),
-    },
-}
 _TABLE_CODES = {
     "device": (_KERNEL, _MEMCPY, _MEMSET),
     "cpu_ops": (_CPU_OP,),
@@ -131,11 +82,11 @@ _TABLE_CODES = {
 
 
 _ts_of, _dur_of, _cat_of, _ph_of, _args_of = (attrgetter(a) for a in ("ts", "dur", "cat", "ph", "args"))
-# table code -> index of its table in _FIELDS (0 for the unkept code 0: never looked up)
+# table code -> index of its table in TABLES (0 for the unkept code 0: never looked up)
 _TABLE_OF_CODE = np.zeros(_FLOW + 1, dtype=np.int64)
 for _i, _codes in enumerate(_TABLE_CODES.values()):
     _TABLE_OF_CODE[list(_codes)] = _i
-_WITH_ARGS = {t for t, fields in _FIELDS.items()
+_WITH_ARGS = {t for t, fields in TABLES.items()
               if any(p.startswith("args.") for paths, _ in fields.values() for p in paths)}
 
 
@@ -205,16 +156,26 @@ def _room(a: np.ndarray, n: int, fill: int) -> np.ndarray:
     return grown
 
 
-def _chunk(table: str, event_id: np.ndarray, ts: np.ndarray, dur: np.ndarray, t: np.ndarray,
-           ph: np.ndarray) -> dict[str, np.ndarray]:
-    """A table's chunk with the columns every way of reading fills alike (ids, times, and the
-    flows' phase or the device rows' kind, from their codes)."""
-    chunk = {"event_id": event_id, "ts_us": ts, "dur_us": dur}
-    if table == "flows":
-        chunk["ph"] = (ph - 2).astype(np.int8)
-    if table == "device":
-        chunk["kind"] = (t - _KERNEL).astype(np.int8)
-    return chunk
+@dataclass(frozen=True)
+class _Kept:
+    """A batch's kept events: their numbers in the file, times, and table and phase codes."""
+
+    event_id: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    table_code: np.ndarray
+    phase: np.ndarray
+
+    def chunk(self, table: str, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """`table`'s chunk of `rows` (of these events) with the columns every way of reading
+        fills alike (ids, times, and the flows' phase or the device rows' kind, from their
+        codes)."""
+        chunk = {"event_id": self.event_id[rows], "ts_us": self.ts[rows], "dur_us": self.dur[rows]}
+        if table == "flows":
+            chunk["ph"] = (self.phase[rows] - 2).astype(np.int8)
+        if table == "device":
+            chunk["kind"] = (self.table_code[rows] - _KERNEL).astype(np.int8)
+        return chunk
 
 
 class _Codes(dict):
@@ -327,15 +288,15 @@ class Accumulator:
         self.cat_table = _CatTable()
         self.skipped = dict.fromkeys(SKIP_REASONS, 0)
         self.partly_read = 0
-        self.chunks: dict[str, list[dict]] = {t: [] for t in _FIELDS}
+        self.chunks: dict[str, list[dict]] = {t: [] for t in TABLES}
         self.getters = {
             t: {c: (tuple(_getter(a) for a in paths), conv)
                 for c, (paths, conv) in fields.items() if conv != "raw"}
-            for t, fields in _FIELDS.items()
+            for t, fields in TABLES.items()
         }
         self.interners = {
             (t, c): _Interner()
-            for t, fields in _FIELDS.items()
+            for t, fields in TABLES.items()
             for c, (_, conv) in fields.items()
             if conv == "str"
         }
@@ -347,7 +308,7 @@ class Accumulator:
         self._raws: list[bytes] = []  # scanner raw code -> key
         self.raw_groups = {
             t: _RawGroup({c: paths for c, (paths, conv) in fields.items() if conv == "raw"})
-            for t, fields in _FIELDS.items()
+            for t, fields in TABLES.items()
             if any(conv == "raw" for _, conv in fields.values())
         }
 
@@ -365,10 +326,10 @@ class Accumulator:
         m = len(evs)
         ts = np.fromiter(map(_ts_of, evs), np.float64, m)
         dur = np.fromiter(map(_dur_of, evs), np.float64, m)
-        t, ph = tab[idx], ph[idx]
-        order, bounds = self._grouped(t, ts, dur)
+        kept = _Kept(start + idx, ts, dur, tab[idx], ph[idx])
+        order, bounds = self._grouped(kept.table_code, ts, dur)
         grouped = list(map(evs.__getitem__, order.tolist()))
-        for k, table in enumerate(_FIELDS):
+        for k, table in enumerate(TABLES):
             lo, hi = bounds[k], bounds[k + 1]
             if lo == hi:
                 continue
@@ -376,7 +337,7 @@ class Accumulator:
             # the rows' events, and their args (None for a table without args: never read then)
             sub: dict[str, Any] = {"event": grouped[lo:hi]}
             sub["args"] = list(map(_args_of, sub["event"])) if table in _WITH_ARGS else None
-            chunk = _chunk(table, start + idx[rows], ts[rows], dur[rows], t[rows], ph[rows])
+            chunk = kept.chunk(table, rows)
             for col, (getters, conv) in self.getters[table].items():
                 if conv == "int":
                     chunk[col] = _int_column(sub, getters)
@@ -410,9 +371,9 @@ class Accumulator:
         self.skipped["far"] += int(np.count_nonzero(far & ~(missing | negative | huge)))
         valid = ~(missing | negative | huge | far)
         # group the rows by table (stable: file order within a table), one slice per table
-        table_of = np.where(valid, _TABLE_OF_CODE[t], len(_FIELDS))
+        table_of = np.where(valid, _TABLE_OF_CODE[t], len(TABLES))
         order = np.argsort(table_of, kind="stable")
-        return order, np.searchsorted(table_of[order], np.arange(len(_FIELDS) + 1)).tolist()
+        return order, np.searchsorted(table_of[order], np.arange(len(TABLES) + 1)).tolist()
 
     def scan(self, buf, lo: int, hi: int, start: int) -> int | None:
         """Append the columns of the events in buf[lo:hi] (a JSON array's content), numbered
@@ -429,26 +390,25 @@ class Accumulator:
         if not n:
             return 0
         strs = dict(zip(_scan.I32_COLUMNS, np.frombuffer(i32, np.int32).reshape(-1, n), strict=True))
-        floats = np.frombuffer(f64, np.float64).reshape(-1, n)
+        floats = dict(zip(_scan.F64_COLUMNS, np.frombuffer(f64, np.float64).reshape(-1, n), strict=True))
         ints = dict(zip(_scan.I64_COLUMNS, np.frombuffer(i64, np.int64).reshape(-1, n), strict=True))
         tab, ph = self._cat_lut[strs["cat"]], self._ph_lut[strs["ph"]]
         idx = np.flatnonzero(self._kept(tab, ph))
         if not len(idx):
             return n
-        t, ph = tab[idx], ph[idx]
-        ts, dur = floats[0, idx], floats[1, idx]
-        order, bounds = self._grouped(t, ts, dur)
-        for k, table in enumerate(_FIELDS):
+        kept = _Kept(start + idx, floats["ts"][idx], floats["dur"][idx], tab[idx], ph[idx])
+        order, bounds = self._grouped(kept.table_code, kept.ts, kept.dur)
+        for k, table in enumerate(TABLES):
             if bounds[k] < bounds[k + 1]:
                 rows = order[bounds[k] : bounds[k + 1]]
-                chunk = _chunk(table, start + idx[rows], ts[rows], dur[rows], t[rows], ph[rows])
+                chunk = kept.chunk(table, rows)
                 self.chunks[table].append(self._scanned(table, chunk, idx[rows], strs, ints))
         return n
 
     def _scanned(self, table: str, chunk: dict, at: np.ndarray, strs: dict, ints: dict) -> dict:
         """`chunk` of `table` completed from the scanner's columns (`strs`: string and raw-key
         codes, `ints`) at the batch's rows `at`."""
-        for col, (paths, conv) in _FIELDS[table].items():
+        for col, (paths, conv) in TABLES[table].items():
             if conv == "int":
                 chunk[col] = _scanned_ints(ints, paths, at)
             elif conv == "str":

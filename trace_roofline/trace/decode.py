@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from trace_roofline.errors import InputError
 from trace_roofline.trace.columns import Accumulator, as_int
+from trace_roofline.trace.fields import ARGS, EVENT, INT_KINDS, Field
 from trace_roofline.trace.read import Buffer, Document, Window
 from trace_roofline.trace.schema import MISSING, Progress
 
@@ -37,67 +39,37 @@ CUT = re.compile(rb"\}(" + _WS + rb"," + _WS + rb")\{")  # a boundary between tw
 _END = re.compile(rb"\}" + _WS + rb"\]")  # the last event and the array's closing bracket
 _EVENTS_KEY = re.compile(rb'"traceEvents"' + _WS + rb":" + _WS + rb"\[")
 
-# Typed structs holding only the fields we use. Missing ints decode to MISSING.
+# Typed structs holding only the fields we read (fields.py), derived from it. Missing ints
+# decode to MISSING.
 _I64 = Annotated[int, msgspec.Meta(ge=MISSING + 1, le=2**63 - 1)]
 _NO_RAW = msgspec.Raw()
+_TYPES: dict[str, tuple[Any, Any]] = {  # kind -> (type, default)
+    "str": (str | None, None),
+    "float": (float, math.nan),
+    "int": (_I64, MISSING),
+    "int|null": (_I64 | None, MISSING),
+    "int|str": (_I64 | str, MISSING),
+    "int|str|null": (_I64 | str | None, MISSING),
+    "raw": (msgspec.Raw, _NO_RAW),
+}
 
 
-def _f(name: str) -> Any:
-    return msgspec.field(default=MISSING, name=name)
+def _struct(name: str, declared: tuple[Field, ...], types: dict[str, tuple[Any, Any]],
+            frozen: bool = False) -> Any:
+    """A GC-free msgspec Struct type of the `declared` fields whose kind `types` maps."""
+    spec = [(f.attr, types[f.kind][0], msgspec.field(default=types[f.kind][1], name=f.key))
+            for f in declared if f.kind in types]
+    return msgspec.defstruct(name, spec, gc=False, frozen=frozen)
 
 
-def _raw(name: str) -> Any:
-    return msgspec.field(default=_NO_RAW, name=name)
-
-
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    external_id: _I64 = _f("External id")
-    external_id_legacy: _I64 = _f("external id")
-    correlation: _I64 = MISSING
-    device: _I64 = MISSING
-    stream: _I64 | str = MISSING  # ROCm runtime events write "0x0"
-    grid: msgspec.Raw = _NO_RAW
-    block: msgspec.Raw = _NO_RAW
-    input_dims: msgspec.Raw = _raw("Input Dims")
-    input_dims_legacy: msgspec.Raw = _raw("Input dims")
-    input_types: msgspec.Raw = _raw("Input type")
-    concrete_inputs: msgspec.Raw = _raw("Concrete Inputs")
-    input_strides: msgspec.Raw = _raw("Input Strides")
-    python_id: _I64 | None = _f("Python id")
-    python_parent_id: _I64 | None = _f("Python parent id")
-
-
-_NO_ARGS = _Args()
-
-
-class _Event(msgspec.Struct, gc=False):
-    ph: str | None = None
-    cat: str | None = None
-    name: str | None = None
-    pid: _I64 | str | None = None
-    tid: _I64 | str | None = None
-    ts: float = math.nan
-    dur: float = math.nan
-    id: _I64 | str | None = None
-    args: _Args = _NO_ARGS
-
-
-class _EventLenient(msgspec.Struct, gc=False):
-    """Retry shape for an event with malformed args or ids: keep its timing, drop its links.
-
-    Only what defines the event (ph, cat, name, ts, dur) must be well typed; pid/tid/id that
-    are not integers (or strings of one) end up <NA> (`as_int`, applied at once, so that the
-    columns only ever see ints, strings and None).
-    """
-
-    ph: str | None = None
-    cat: str | None = None
-    name: str | None = None
-    pid: Any = None
-    tid: Any = None
-    ts: float = math.nan
-    dur: float = math.nan
-    id: Any = None
+_Args = _struct("_Args", ARGS, _TYPES, frozen=True)
+_Event = _struct("_Event", EVENT, {**_TYPES, "args": (_Args, _Args())})
+# Retry shape for an event with malformed args or ids: keep its timing, drop its links. Only
+# what defines the event (ph, cat, name, ts, dur) must be well typed; ints that are not
+# integers (or strings of one) end up <NA> (`as_int`, applied at once, so that the columns
+# only ever see ints, strings and None).
+_EventLenient = _struct("_EventLenient", EVENT, {**_TYPES, **{k: (Any, None) for k in INT_KINDS}})
+_LENIENT_INTS = [f.attr for f in EVENT if f.kind in INT_KINDS]
 
 
 class _Top(msgspec.Struct, gc=False):
@@ -107,7 +79,7 @@ class _Top(msgspec.Struct, gc=False):
 _TOP_EVENTS = msgspec.json.Decoder(_Top)
 TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
-_BATCH = msgspec.json.Decoder(list[_Event])
+_BATCH = msgspec.json.Decoder(list[_Event])  # type: ignore[valid-type]  # (a type made at import)
 _ONE = msgspec.json.Decoder(_Event)
 _ONE_LENIENT = msgspec.json.Decoder(_EventLenient)
 
@@ -127,7 +99,7 @@ def decode_spans(doc: Document, progress: Progress | None) -> tuple[dict, int, A
     start, end, meta = bounds
     acc = Accumulator()
     with doc.window(start - 1) as w:
-        n = parse_span(doc.path, w, start, end, acc, progress)
+        n = parse_span(Reading(doc.path, w, acc, progress), start, end)
     return None if n is None else (meta, n, acc)
 
 
@@ -217,22 +189,34 @@ def events_end(buf, d: int) -> tuple[int, bool] | None:
     return None
 
 
-def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
-               progress: Progress | None,
-               claim: Callable[[int, int], int] | None = None) -> int | None:
+@dataclass(frozen=True)
+class Reading:
+    """How a span of events is read: the document's `path` (named in errors), the window `w`
+    its bytes come through, the columns `acc` they go to, and the optional `progress` and
+    `claim` (see parse_span)."""
+
+    path: Path
+    w: Window
+    acc: Accumulator
+    progress: Progress | None = None
+    claim: Callable[[int, int], int] | None = None
+
+
+def parse_span(r: Reading, start: int, end: int) -> int | None:
     """Decode the events in document bytes [start, end) (a JSON array's content: separators,
-    or the array's own brackets, at bytes start - 1 and end), read through `w`, batch by batch
-    into `acc`, numbering them from 0; the number of events, or None when some batch is not
-    valid JSON, holds an event the decoder rejects or is cut short (the caller then reads the
-    document the Raw way, for its one true error). A batch ends at the first CUT BATCH_BYTES or
-    more past its start; when that range does not decode (a CUT inside an event: in a string,
-    or an array of objects in its args), at the first CUT BATCH_BYTES or more further, up to
-    _RETRIES times. `claim(stop, after)`, when given, is asked for each batch's bytes before
-    they are decoded (up to the separator at `stop`, the next event at `after`) and answers
-    where the span ends now: `stop`, or less where another process has the rest
-    (parallel.Claims); the span, and this batch, then end there."""
+    or the array's own brackets, at bytes start - 1 and end), read through `r.w`, batch by
+    batch into `r.acc`, numbering them from 0; the number of events, or None when some batch
+    is not valid JSON, holds an event the decoder rejects or is cut short (the caller then
+    reads the document the Raw way, for its one true error). A batch ends at the first CUT
+    BATCH_BYTES or more past its start; when that range does not decode (a CUT inside an
+    event: in a string, or an array of objects in its args), at the first CUT BATCH_BYTES or
+    more further, up to _RETRIES times. `r.claim(stop, after)`, when given, is asked for each
+    batch's bytes before they are decoded (up to the separator at `stop`, the next event at
+    `after`) and answers where the span ends now: `stop`, or less where another process has
+    the rest (parallel.Claims); the span, and this batch, then end there."""
+    w, claim, progress = r.w, r.claim, r.progress
     pos, n, total = start, 0, end - start
-    step = BATCH_BYTES if acc.scanner is None else SCAN_BATCH_BYTES
+    step = BATCH_BYTES if r.acc.scanner is None else SCAN_BATCH_BYTES
     while pos < end:
         stop = pos
         for _ in range(_RETRIES):
@@ -242,7 +226,7 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
                 end = stop = after = ends
             if stop <= pos:  # (claimed by the other process, up to here)
                 return n
-            got = _read_range(p, w, pos, stop, acc, n)
+            got = _read_range(r, pos, stop, n)
             if got is not None or stop >= end:
                 break
         if got is None:
@@ -254,11 +238,12 @@ def parse_span(p: Path, w: Window, start: int, end: int, acc: Accumulator,
     return n
 
 
-def _read_range(p: Path, w: Window, start: int, stop: int, acc: Accumulator, first: int) -> int | None:
-    """Add the events of document bytes [start, stop), a JSON array's content, to `acc`,
+def _read_range(r: Reading, start: int, stop: int, first: int) -> int | None:
+    """Add the events of document bytes [start, stop), a JSON array's content, to `r.acc`,
     numbered from `first`: by the compiled scanner, or where it declines by msgspec. Their
     number, or None if the bytes are not such a content (or hold an event the decoder
     rejects, or the text ends first)."""
+    p, w, acc = r.path, r.w, r.acc
     if not w.fill(start - 1, stop + 1):
         return None
     got = acc.scan(w.buf, start - w.lo, stop - w.lo, first)
@@ -450,6 +435,6 @@ def _decode_each(p: Path, batch: Sequence, start: int, acc: Accumulator) -> list
             out.append(_PLACEHOLDER)
             continue
         acc.partly_read += 1
-        out.append(_Event(ev.ph, ev.cat, ev.name, as_int(ev.pid), as_int(ev.tid), ev.ts, ev.dur,
-                          as_int(ev.id)))
+        kept = msgspec.structs.asdict(ev)
+        out.append(_Event(**{**kept, **{k: as_int(kept[k]) for k in _LENIENT_INTS}}))
     return out

@@ -26,6 +26,7 @@ from trace_roofline.trace.decode import (
     CUT,
     HEAD_BYTES,
     SEARCH_BYTES,
+    Reading,
     document_bounds,
     events_start,
     parse_span,
@@ -144,7 +145,7 @@ def parse_streamed(doc: Document, progress: Progress | None, workers: int | None
             return stop if state["bounds"] is None else min(stop, state["bounds"][1])
 
         with doc.window(start - 1) as w:
-            n = parse_span(doc.path, w, start, doc.size, acc, progress, claim=claim)
+            n = parse_span(Reading(doc.path, w, acc, progress, claim), start, doc.size)
         bounds = state["bounds"]
         if bounds is None or bounds[0] != start:
             return None
@@ -322,8 +323,8 @@ class Worker:
             progress(stage, min(done, total - 1), total)
 
         with doc.window(start - 1) as w:
-            n = parse_span(doc.path, w, start, end, acc, halfway if progress else None,
-                           claim=self.claims.parent)
+            n = parse_span(Reading(doc.path, w, acc, halfway if progress else None, self.claims.parent),
+                           start, end)
         return self.collect(n, acc, start, end, progress)
 
     def collect(self, n: int | None, acc: Accumulator, start: int, end: int,
@@ -371,7 +372,7 @@ def _work(doc: Document, claims: Claims, up) -> None:
             break
         acc = Accumulator()
         with doc.window(seg[0] - 1) as w:
-            n = parse_span(doc.path, w, seg[0], seg[1], acc, None)
+            n = parse_span(Reading(doc.path, w, acc), seg[0], seg[1])
         if n is None:
             return _send(up, Failed())
         _send(up, Segment(acc.export(), n))
