@@ -11,8 +11,8 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES, Op, attributed
-from trace_roofline.costs import shapes
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs import attention
+from trace_roofline.costs.attach import CostOptions, attach_costs
 from trace_roofline.outputs import html_report, report
 
 FLEX = SAMPLES / "training_h100" / "flex-attention-2l_prefill_b1_t512_h100.json.gz"
@@ -86,9 +86,9 @@ def test_tiled_pairs_by_hand():
     """A causal flash kernel over T = S = 512 in 128-tiles: query tiles see 128, 256, 384, 512
     keys, 128·1280 = 163,840 pairs (useful: 512·513/2 = 131,328; all: 262,144); decode T = 1
     sees S; T = 200 (tiles of 128 and 72 rows) over S = 200: 128·128 + 72·200 = 30,784."""
-    assert shapes._tiled_pairs(512, 512) == 163_840
-    assert shapes._tiled_pairs(1, 1024) == 1024
-    assert shapes._tiled_pairs(200, 200) == 128 * 128 + 72 * 200
+    assert attention.tiled_pairs(512, 512) == 163_840
+    assert attention.tiled_pairs(1, 1024) == 1024
+    assert attention.tiled_pairs(200, 200) == 128 * 128 + 72 * 200
 
 
 def test_flex_attention_pairs_executed_and_useful():
@@ -104,8 +104,8 @@ def test_flex_attention_pairs_executed_and_useful():
 
 
 def _costed(ops: list[Op], causal: str = "causal", decoder: bool = True):
-    return attach_costs(attributed(ops), tr.get_model("qwen2.5-7b"), causal=causal,
-                        decoder=decoder)
+    return attach_costs(attributed(ops), tr.get_model("qwen2.5-7b"),
+                        CostOptions(causal=causal, decoder=decoder))
 
 
 def test_eager_and_math_attention_execute_every_pair():

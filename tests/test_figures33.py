@@ -14,7 +14,7 @@ import pytest
 
 import trace_roofline as tr
 from tests.builders import SAMPLES
-from trace_roofline.costs import crosscheck, shapes
+from trace_roofline.costs import attach, call, crosscheck
 from trace_roofline.outputs import report
 from trace_roofline.pipeline import analyze_trace_kernels, attribute_trace
 from trace_roofline.roofline.placement import OPERATOR_COLUMNS
@@ -61,8 +61,8 @@ def test_encoder_eager_attention_counts_every_pair():
     kernels, _, _ = attribute_trace(tr.load_trace(path))
     named = kernels.assign(operator=kernels["operator"].where(
         ~kernels["op_name"].eq("aten::bmm"), "attention"))
-    as_encoder = shapes.attach_costs(named, None, decoder=False)
-    as_decoder = shapes.attach_costs(named, None, decoder=True)
+    as_encoder = attach.attach_costs(named, None, attach.CostOptions(decoder=False))
+    as_decoder = attach.attach_costs(named, None, attach.CostOptions(decoder=True))
     enc = as_encoder[as_encoder["operator"].eq("attention") & as_encoder["cost_kind"].eq("gemm")]
     dec = as_decoder[as_decoder["operator"].eq("attention") & as_decoder["cost_kind"].eq("gemm")]
     assert enc["flops"].sum() == right
@@ -168,12 +168,12 @@ def test_cpu_trace_gets_no_gpu_placement():
 def test_derivation_column_in_every_table():
     """`derivation` in the costed and operator tables, the CSV/Parquet tables and its values
     from shapes.DERIVATIONS; a serving step's attention is `step`, an uncosted row `unknown`."""
-    assert "derivation" in shapes.COSTED_COLUMNS and "derivation" in OPERATOR_COLUMNS
+    assert "derivation" in attach.COSTED_COLUMNS and "derivation" in OPERATOR_COLUMNS
     a = _analysis(str(SAMPLES / "serving" / "sglang_qwen3-8b_decode_mi300x"
                       / "sglang_Qwen3-8B_decode.json.gz"),
                   str(SAMPLES / "serving" / "configs" / "qwen3-8b" / "config.json"))
     c = a.costed
-    assert set(c["derivation"]) <= set(shapes.DERIVATIONS)
+    assert set(c["derivation"]) <= set(call.DERIVATIONS)
     assert set(c.loc[c["operator"].eq("attention") & c["cost_kind"].eq("attention"),
                      "derivation"]) == {"step"}
     assert (c.loc[c["flops"].isna(), "derivation"] == "unknown").all()
@@ -256,7 +256,7 @@ def test_replayed_attention_with_a_captures_shapes_costed_from_the_step():
     for col, value in fa.items():
         shaped[col] = shaped[col].astype(object)
         shaped.loc[rows, col] = value
-    costed = shapes.attach_costs(shaped, att.model)
+    costed = attach.attach_costs(shaped, att.model)
     step = costed[costed["operator"].eq("attention")]
     before = a.costed[a.costed["operator"].eq("attention")]
     assert set(step["derivation"]) == {"step"}

@@ -9,7 +9,7 @@ import pytest
 
 from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, gpu_trace, qwen_layer, write
 from trace_roofline import roofline
-from trace_roofline.costs.shapes import attach_costs
+from trace_roofline.costs.attach import attach_costs
 from trace_roofline.errors import InputError
 from trace_roofline.model import formulas
 from trace_roofline.model.hardware import Hardware, get_hardware
