@@ -93,7 +93,7 @@ def add_analyze(sub: argparse._SubParsersAction) -> None:
                    help="keys S each decode query attends to, with --batch (default: none)")
     _add_run_args(p)
     add_convention_args(p)
-    p.set_defaults(func=analyze, tune_memory=False)  # (tuned once the work starts)
+    p.set_defaults(func=run_analyze, tune_memory=False)  # (tuned once the work starts)
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -132,7 +132,7 @@ class Job:
     inputs: list[str | None]
 
 
-def analyze(args: argparse.Namespace) -> int:
+def run_analyze(args: argparse.Namespace) -> int:
     """Print (and write) the analyses of the traces, or their cached answer."""
     job = checked(args)
     answers = None if args.no_cache or args.perfetto else CacheDir()

@@ -1,5 +1,5 @@
 """The commands besides `analyze` (cli_analyze.py): `intensity`, `diff`, `project` and `cache`,
-each its arguments (`add_<command>`) and its run (`<command>`)."""
+each its arguments (`add_<command>`) and its run (`run_<command>`)."""
 
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ def add_intensity(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fused", action="store_true", help="fused qkv_proj / gate_up_proj layout")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     add_convention_args(p, lesson=True)
-    p.set_defaults(func=intensity)
+    p.set_defaults(func=run_intensity)
 
 
-def intensity(args: argparse.Namespace) -> int:
+def run_intensity(args: argparse.Namespace) -> int:
     from trace_roofline.costs import calculator
 
     causal, attention_bytes = conventions(args)
@@ -93,7 +93,7 @@ def add_diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="directory for diff.csv/.json/.md and diff.png (default: print only)")
     add_force_arg(p, layers=False)
     add_convention_args(p)
-    p.set_defaults(func=diff)
+    p.set_defaults(func=run_diff)
 
 
 def _diff_side(path: str, args: argparse.Namespace, label: str):
@@ -133,7 +133,7 @@ def _options(args: argparse.Namespace) -> AnalysisOptions:
 _REPORT_HEAD = re.compile(rb'\A\s*\{\s*"(?:traces?|schema_version)"\s*:')
 
 
-def diff(args: argparse.Namespace) -> int:
+def run_diff(args: argparse.Namespace) -> int:
     from trace_roofline.outputs import diff, report
 
     out = out_dir(args.out)
@@ -199,10 +199,10 @@ def add_project(sub: argparse._SubParsersAction) -> None:
                                  "(default: print only)")
     add_force_arg(p, layers=False)
     add_convention_args(p)
-    p.set_defaults(func=project)
+    p.set_defaults(func=run_project)
 
 
-def project(args: argparse.Namespace) -> int:
+def run_project(args: argparse.Namespace) -> int:
     from trace_roofline import project
     from trace_roofline.outputs.plot import projection_figure
     from trace_roofline.pipeline import analyze_trace
@@ -249,10 +249,10 @@ def add_cache(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", choices=["info", "clear"],
                    help="info: location, size and the count of each kind of entry; clear: delete "
                         "every entry")
-    p.set_defaults(func=cache, tune_memory=False)
+    p.set_defaults(func=run_cache, tune_memory=False)
 
 
-def cache(args: argparse.Namespace) -> int:
+def run_cache(args: argparse.Namespace) -> int:
     from trace_roofline.cachedir import CacheDir
 
     cache = CacheDir()
