@@ -96,7 +96,7 @@ def explain(inst: pd.DataFrame, gemm: pd.Series, qk_norm: bool | None = None,
     in_fused = flags["fused_moe"]
     by_name = flags["fused_op"] | (in_fused & (flags["topk"] | flags["dispatch"]
                                                | (flags["acc"] & flags["rank3"])))  # MoE ops
-    loss = g.before.isin([Name.LM_HEAD]) & flags["loss"]
+    loss = g.before.isin([Name.LM_HEAD]) & flags["loss_op"]
     evidence = first_match([(g.is_anchor & g.known, "shape"),  # a GEMM matched to a linear
                             (g.is_anchor | flags["emb"] | by_name | loss,
                              "kernel_name")],  # op names
@@ -136,7 +136,7 @@ def _fused_moe_rules(g: Gaps) -> list[Rule]:
         (flags["fused_op"], Name.EXPERTS_GATE_UP),  # its fused_moe_kernel launches: attribute.py
         (in_fused & flags["topk"], Name.ROUTER),
         (in_fused & flags["dispatch"], Name.MOE_DISPATCH),
-        (in_fused & flags["act"], Name.EXPERTS_ACT),
+        (in_fused & flags["activation"], Name.EXPERTS_ACT),
         (in_fused & flags["acc"] & flags["rank3"], Name.MOE_COMBINE),  # moe_sum, a sum over top-k
         (in_fused, Name.ROUTER),  # casts and renormalisation of the routing weights
     ]
@@ -243,8 +243,8 @@ def _layer_rules(g: Gaps, m: _Marks, placement: Placement | None) -> list[Rule]:
         (after_down & m.before_norm, Name.RESIDUAL),
         (after_down, Name.FINAL_NORM),
         (before.isin(["", Name.EMBEDDING]) & flags["emb"], Name.EMBEDDING),
-        (after_head & g.regions.any(flags["loss"]), Name.LOSS),  # a training step's loss
-        (after_head & flags["sampling"], Name.SAMPLING),
+        (after_head & g.regions.any(flags["loss_op"]), Name.LOSS),  # a training step's loss
+        (after_head & flags["sampling_op"], Name.SAMPLING),
     ]
 
 

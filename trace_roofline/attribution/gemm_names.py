@@ -5,6 +5,8 @@ Design notes: docs/design.md ("trace_roofline/attribution/gemm_names.py").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -12,17 +14,35 @@ from trace_roofline.attribution.gemm_operands import WEIGHT_FIRST
 from trace_roofline.attribution.naming import Names, per_value
 from trace_roofline.attribution.op_families import classify
 from trace_roofline.model import operators
-from trace_roofline.model.operators import Stage
+from trace_roofline.model.operators import Name, Stage
 
 PROJ_IN = operators.at_stage(Stage.QKV)  # a layer opens with these
 MLP_IN = operators.at_stage(Stage.MLP_IN)
 # GEMMs of an operator named differently while positions are worked out (their regions
 # differ), then renamed: the shared expert's sigmoid gate is router work; HF 4.x's separate
 # expert gate (w1) and up (w3) projections are experts_gate_up
-SUB_LINEARS = {"shared_expert_gate": "router", "experts_gate": "experts_gate_up",
-               "experts_up": "experts_gate_up"}
+SUB_LINEARS = {"shared_expert_gate": Name.ROUTER, "experts_gate": Name.EXPERTS_GATE_UP,
+               "experts_up": Name.EXPERTS_GATE_UP}
 LINEAR_ORDER = (*operators.LINEARS, "experts_gate", "experts_up", "shared_expert_gate")
-_EXPERT_LINEARS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
+_EXPERT_LINEARS = (Name.EXPERTS_GATE_UP, "experts_gate", "experts_up", Name.EXPERTS_DOWN)
+
+
+@dataclass(frozen=True)
+class _Cycles:
+    """The weight GEMM rows of an instance table and their names as `name_gemms` cycles them:
+    per row its distinct (K, N, W) `pair`, whose cycle is names[start:start + size]; `codes`
+    (per instance, into `names`) and `names` are updated in place as rules rename rows."""
+
+    rows: np.ndarray  # the GEMM rows (instances with a K)
+    codes: np.ndarray  # per instance, an index into names (-1: no name)
+    names: list[str]
+    pair: np.ndarray  # per GEMM row, its distinct (K, N, W)
+    start: np.ndarray  # per pair, where its cycle starts in names
+    size: np.ndarray  # per pair, its cycle's length
+
+    def cycle(self, p: int) -> list[str]:
+        """The names pair p cycles through."""
+        return self.names[self.start[p]:self.start[p] + self.size[p]]
 
 
 def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -> pd.Series:
@@ -62,29 +82,29 @@ def name_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]] | None) -
             start[p], size[p] = len(names), len(cycle)
             names.extend(cycle)
         codes[rows] = start[pair] + occ % size[pair]
-        _around_attention(inst, rows, codes, names, pair, start, size)
-        _routed_or_shared(inst, rows, codes, names, pair, start, size)
+        cycles_of = _Cycles(rows, codes, names, pair, start, size)
+        _around_attention(inst, cycles_of)
+        _routed_or_shared(inst, cycles_of)
     unique, cats = pd.factorize(np.asarray(names, dtype=object))
     return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, unique[codes], -1), cats),
                      index=inst.index)
 
 
-def _routed_or_shared(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
-                      names: list[str], pair: np.ndarray, start: np.ndarray,
-                      size: np.ndarray) -> None:
+def _routed_or_shared(inst: pd.DataFrame, cyc: _Cycles) -> None:
     """Name the GEMMs of a (K, N) that routed experts share with another linear (a shared
     expert as wide as a routed one, DeepSeek's and GLM-4-MoE's) by how they run, not by how
     often the shape recurs: a GEMM over stacked expert weights (`_grouped_mm`, a batched
     expert GEMM: column WE) is a routed expert's; where the trace runs its routed experts so,
     a plain GEMM of that (K, N) is the other linear's (the shared expert's), or `linear[K×N]`
     where the layout has none. A trace that runs its experts as plain GEMMs (a loop over
-    experts) keeps its cycle. Updates `codes` (into `names`, extended)."""
+    experts) keeps its cycle. Updates the cycles' codes (into their names, extended)."""
+    rows, codes, names, pair, start = cyc.rows, cyc.codes, cyc.names, cyc.pair, cyc.start
     if "WE" not in inst or not ((inst["WE"].to_numpy() >= 0) & (codes >= 0)).any():
         return  # no expert runs over stacked weights
     stacked = inst["WE"].to_numpy()[rows] >= 0
     grp = inst["grp"].to_numpy()[rows]
     for p in range(len(start)):
-        cycle = names[start[p]:start[p] + size[p]]
+        cycle = cyc.cycle(p)
         routed = [start[p] + i for i, x in enumerate(cycle) if x in _EXPERT_LINEARS]
         other = [start[p] + i for i, x in enumerate(cycle) if x not in _EXPERT_LINEARS]
         if not routed:
@@ -100,19 +120,18 @@ def _routed_or_shared(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
             codes[rows[at]] = np.asarray(choice)[occ % len(choice)]
 
 
-def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
-                      names: list[str], pair: np.ndarray, start: np.ndarray,
-                      size: np.ndarray) -> None:
+def _around_attention(inst: pd.DataFrame, cyc: _Cycles) -> None:
     """Name the GEMMs of a (K, N) that o_proj shares with input projections (MHA's q, k, v
     and o alike) by the layout's order around attention, not by how often the shape recurs:
     after an attention call its first such GEMM is o_proj; the next ones, after the pass's
     end if one comes between (an embedding, the lm_head), are the next call's q, k, v in
     order. One before that end (an LM head's transform, a pooler), one past the layout's
     projections or one no call follows is no projection: `linear[K×N]`.
-    `pair`: each GEMM row's distinct (K, N, W), whose cycle is names[start:start + size].
-    Updates `codes` (into `names`, extended); a group without attention keeps its cycle."""
-    mixed = [p for p in range(len(start)) if "o_proj" in names[start[p]:start[p] + size[p]]
-             and PROJ_IN & set(names[start[p]:start[p] + size[p]])]
+    Updates the cycles' codes (into their names, extended); a group without attention keeps its
+    cycle."""
+    rows, codes, names, pair, start = cyc.rows, cyc.codes, cyc.names, cyc.pair, cyc.start
+    mixed = [p for p in range(len(start))
+             if Name.O_PROJ in cyc.cycle(p) and PROJ_IN & set(cyc.cycle(p))]
     if not mixed:
         return
     flags = classify(inst)
@@ -121,7 +140,7 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
         attn &= ~((inst["WE"].to_numpy() >= 0) & (codes >= 0))
     grp = inst["grp"].to_numpy()
     head = np.zeros(len(inst), dtype=bool)  # a pass's end: the lm_head GEMM, an embedding
-    head[rows] = np.asarray(names, dtype=object)[codes[rows]] == "lm_head"
+    head[rows] = np.asarray(names, dtype=object)[codes[rows]] == Name.LM_HEAD
     marked = np.zeros(len(inst), dtype=bool)
     marked[rows] = True
     marked = np.flatnonzero(marked | attn)  # GEMMs and attention ops, in their group's order
@@ -136,7 +155,7 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
     nxt = grp * (len(inst) + 1) + seen + 1
     ends_next = at_open.reindex(nxt).fillna(-1).to_numpy(dtype=np.int64)
     for p in mixed:
-        cycle = names[start[p]:start[p] + size[p]]
+        cycle = cyc.cycle(p)
         proj = np.array([cycle.index(x) for x in cycle if x in PROJ_IN])
         at = rows[pair == p]
         a, tail = seen[at], ends[at] != ends_next[at]  # tail: a pass ends before the call
@@ -144,7 +163,7 @@ def _around_attention(inst: pd.DataFrame, rows: np.ndarray, codes: np.ndarray,
         r = pd.Series(at).groupby(key).cumcount().to_numpy()  # from the call before
         o = (a > 0) & (r == 0)  # its o_proj
         lead = pd.Series(~o & ~tail).groupby(key).cumsum().to_numpy() - 1  # the next call's
-        own = np.where(o, cycle.index("o_proj"),
+        own = np.where(o, cycle.index(Name.O_PROJ),
                        np.where(~tail & (lead < len(proj)), proj[np.clip(lead, 0, len(proj) - 1)],
                                 -1))
         names.append(_shape_of(inst, at[0]))
@@ -179,7 +198,7 @@ def _expert_weights(inst: pd.DataFrame, linears: dict[str, tuple[int, int]]) -> 
     if "WK" not in inst or not (inst["WK"] >= 0).any():
         return out
     wk, wn, experts = inst["WK"].to_numpy(), inst["WN"].to_numpy(), inst["WE"].to_numpy()
-    count = linears.get("router", (0, -1))[1]
+    count = linears.get(Name.ROUTER, (0, -1))[1]
     base = Names.of(inst["op_name"]).mapped(operators.base_names)
     is_index, is_bmm = base.isin(["index"]), base.isin(["bmm"])
     weight_first = is_bmm.copy()  # (the regex once per distinct bmm's dims, not per row)

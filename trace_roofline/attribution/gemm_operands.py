@@ -6,30 +6,48 @@ Design notes: docs/design.md ("trace_roofline/attribution/gemm_operands.py").
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from trace_roofline.frames import distinct_codes
-from trace_roofline.model import kernels, operators
+from trace_roofline.model import gemms, kernels, operators
+from trace_roofline.model.gemms import Signature
 from trace_roofline.trace.decode import decode_args
 
 INTS = r"\[\s*((?:-?\d+\s*,\s*)*-?\d+)?\s*\]"  # a JSON list of ints (maybe empty)
 PAIR = r"\[\s*(\d+)\s*,\s*(\d+)\s*\]"
-SEP = r"\s*,\s*"
-_GEMM_TEXT = {  # op -> (regex on the raw Input Dims text, group of the activation, K, N)
-    "mm": (re.compile(r"^\[\s*" + INTS + SEP + PAIR), 1, 2, 3),
-    "_scaled_mm": (re.compile(r"^\[\s*" + INTS + SEP + PAIR), 1, 2, 3),
-    "matmul": (re.compile(r"^\[\s*" + INTS + SEP + PAIR + r"\s*\]$"), 1, 2, 3),
-    "addmm": (re.compile(r"^\[\s*" + INTS + SEP + INTS + SEP + PAIR), 2, 3, 4),
-    "_addmm_activation": (re.compile(r"^\[\s*" + INTS + SEP + INTS + SEP + PAIR), 2, 3, 4),
-    "linear": (re.compile(r"^\[\s*" + INTS + SEP + PAIR), 1, 3, 2),  # weight is [N, K]
-    "gemm_a16w16": (re.compile(r"^\[\s*" + INTS + SEP + PAIR), 1, 3, 2),  # aiter: as linear
-    # grouped GEMM of all experts: [S, K] x [E, K, N] with per-expert offsets
-    "_grouped_mm": (re.compile(r"^\[\s*" + INTS + SEP + r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"),
-                    1, 3, 4),
-}
 TRIPLE = r"\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]"
+SEP = r"\s*,\s*"
+
+
+@dataclass(frozen=True)
+class OperandText:
+    """Where a GEMM op's operands sit in its raw Input Dims text: a regex and its groups."""
+
+    regex: re.Pattern[str]
+    activation: int  # the group of the activation's dims (a list of ints)
+    k: int
+    n: int
+
+
+def operand_text(sig: Signature) -> OperandText:
+    """The regex reading K and N of a GEMM of signature `sig` (gemms.SIGNATURES): the arguments
+    before the activation (a bias), the activation, then the weight, [K, N] or [N, K] (or every
+    expert's [E, K, N]). An op whose activation may be of any rank and takes no bias (matmul)
+    has its weight last: a matmul of two activations is no weight GEMM."""
+    lead = (INTS + SEP) * sig.activation
+    weight = TRIPLE if sig.experts else PAIR
+    end = r"\s*\]$" if sig.activation_any_rank and sig.bias is None else ""
+    act = sig.activation + 1
+    w0, w1 = (act + 2, act + 3) if sig.experts else (act + 1, act + 2)
+    k, n = (w1, w0) if sig.weight_nk else (w0, w1)
+    return OperandText(re.compile(r"^\[\s*" + lead + INTS + SEP + weight + end), act, k, n)
+
+
+# the weight GEMMs of one weight per call (or every expert's, stacked), by op
+_GEMM_TEXT = {op: operand_text(sig) for op, sig in gemms.SIGNATURES.items() if not sig.batched}
 # Expert weights outside a weight GEMM: (regex, group of the leading count, of N, of K)
 WEIGHT_FIRST = re.compile(r"^\[\s*" + TRIPLE + SEP + r"\[\s*\d+\s*,\s*\d+\s*,\s*1\s*\]")
 # every expert over its slice of tokens: [E, M, K] x [E, K, N] (Llama 4's experts)
@@ -41,7 +59,8 @@ _EXPERT_WEIGHT_TEXT = {
     # the gather of those weights from all experts': [E, N, K][ids] (indices are not recorded)
     "index": (re.compile(r"^\[\s*" + TRIPLE + SEP + r"\[\s*\]"), 1, 2, 3),
     # the experts' weights [E, K, N] of a grouped GEMM (count E)
-    "_grouped_mm": (re.compile(r"^\[\s*" + INTS + SEP + TRIPLE), 2, 4, 3),
+    "_grouped_mm": (_GEMM_TEXT["_grouped_mm"].regex, _GEMM_TEXT["_grouped_mm"].activation + 1,
+                    _GEMM_TEXT["_grouped_mm"].n, _GEMM_TEXT["_grouped_mm"].k),
     # an engine's fused MoE op: hidden [M, H], w13 [E, 2I, H], ... (count E)
     **dict.fromkeys(("inplace_fused_experts", "outplace_fused_experts"),
                     (re.compile(r"^\[\s*" + INTS + SEP + TRIPLE), 2, 3, 4)),
@@ -62,7 +81,8 @@ def gemm_kn(op_base: pd.Series, dims_text: pd.Series
     n = k.copy()
     w = np.ones(len(op_base), dtype=np.int64)
     text = dims_text.astype("string").fillna("")
-    for op, (rx, ga, gk, gn) in _GEMM_TEXT.items():
+    for op, (rx, ga, gk, gn) in ((op, (t.regex, t.activation, t.k, t.n))
+                                 for op, t in _GEMM_TEXT.items()):
         rows = (op_base == op).to_numpy()
         if not rows.any():
             continue

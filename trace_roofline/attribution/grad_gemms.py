@@ -13,15 +13,23 @@ import pandas as pd
 from trace_roofline.attribution.gemm_names import LINEAR_ORDER, SUB_LINEARS
 from trace_roofline.attribution.gemm_operands import INTS, PAIR, SEP
 from trace_roofline.attribution.naming import base_name, per_value
-from trace_roofline.model import operators
+from trace_roofline.model import gemms, operators
+from trace_roofline.model.gemms import Signature
 
 # a 2-D GEMM's operands: mm [a0, a1] x [b0, b1], addmm (bias, [a0, a1], [b0, b1])
 # and a `_grouped_mm`'s backward: [a0, a1] x [E, b0, b1] (grad-input) or [a0, a1] x [b0, b1]
 # (grad-weight, an [E, a0, b1] output)
-_MM_TEXT = {"mm": re.compile(r"^\[\s*" + PAIR + SEP + PAIR),
-            "addmm": re.compile(r"^\[\s*" + INTS + SEP + PAIR + SEP + PAIR),
-            "_grouped_mm": re.compile(r"^\[\s*" + PAIR + SEP + r"\[\s*(?:\d+\s*,\s*)?(\d+)\s*,"
-                                      r"\s*(\d+)\s*\]")}
+_MAYBE_EXPERTS = r"\[\s*(?:\d+\s*,\s*)?(\d+)\s*,\s*(\d+)\s*\]"  # [b0, b1] or [E, b0, b1]
+
+
+def _operands_text(sig: Signature) -> re.Pattern[str]:
+    """The regex of a backward GEMM's two operands after those before its activation (gemms
+    SIGNATURES: a bias): groups a0, a1, b0, b1 last."""
+    return re.compile(r"^\[\s*" + (INTS + SEP) * sig.activation + PAIR + SEP
+                      + (_MAYBE_EXPERTS if sig.experts else PAIR))
+
+
+_MM_TEXT = {op: _operands_text(gemms.SIGNATURES[op]) for op in ("mm", "addmm", "_grouped_mm")}
 
 
 def backward_gemms(inst: pd.DataFrame, linears: dict[str, tuple[int, int]],

@@ -13,7 +13,7 @@ from trace_roofline.attribution.anchor_regions import Gaps
 from trace_roofline.attribution.gemm_names import SUB_LINEARS
 from trace_roofline.attribution.naming import Names, first_match
 from trace_roofline.model import operators
-from trace_roofline.model.operators import Name
+from trace_roofline.model.operators import Name, Stage
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,18 @@ class Context:
 # pseudo-stages of anchors for `_explained`: a decoder layer's STAGES, every MoE GEMM between
 # the MLP's input and output, the model-level ones outside; NONE_P / NONE_N: no anchor before /
 # after in the sequence
+_QKV, _ATTN, _O, _MLP_IN, _MLP_OUT = (
+    float(s) for s in (Stage.QKV, Stage.ATTENTION, Stage.O_PROJ, Stage.MLP_IN, Stage.MLP_OUT))
 _MOE_STAGE = 5.5
 _NONE_P, _EMB, _HEAD, _NONE_N = -2.0, -1.0, 7.0, 8.0
 # which next anchor each anchor's gap may end at (a later stage with no anchor stage between,
 # the next layer after the MLP, the model's end, the next pass after the lm_head)
 _NEXT: dict[float, set[float]] = {
-    _NONE_P: {1.0, _HEAD, _EMB}, _EMB: {1.0, _HEAD}, _HEAD: {1.0, _HEAD, _EMB, _NONE_N},
-    1.0: {1.0, 2.0}, 2.0: {2.0, 3.0}, 3.0: {5.0, _MOE_STAGE},
-    5.0: {5.0, 6.0, _MOE_STAGE}, _MOE_STAGE: {_MOE_STAGE, 6.0, 1.0, _HEAD, _NONE_N},
-    6.0: {1.0, _HEAD, _NONE_N, _MOE_STAGE},
+    _NONE_P: {_QKV, _HEAD, _EMB}, _EMB: {_QKV, _HEAD}, _HEAD: {_QKV, _HEAD, _EMB, _NONE_N},
+    _QKV: {_QKV, _ATTN}, _ATTN: {_ATTN, _O}, _O: {_MLP_IN, _MOE_STAGE},
+    _MLP_IN: {_MLP_IN, _MLP_OUT, _MOE_STAGE},
+    _MOE_STAGE: {_MOE_STAGE, _MLP_OUT, _QKV, _HEAD, _NONE_N},
+    _MLP_OUT: {_QKV, _HEAD, _NONE_N, _MOE_STAGE},
 }
 
 
@@ -63,11 +66,11 @@ def _explained(ctx: Context) -> np.ndarray:
     ok = np.zeros(len(sp), dtype=bool)
     for a, nexts in _NEXT.items():
         ok |= (sp == a) & np.isin(sn, list(nexts))
-    ok |= (sp == 1.0) & (sn == 3.0) & (ctx.attn_core < ctx.gaps.regions.past)
+    ok |= (sp == _QKV) & (sn == _O) & (ctx.attn_core < ctx.gaps.regions.past)
     # an engine's fused MoE op (named by its op name, no GEMM anchor) is the layer's MLP
-    ok |= (sp == 3.0) & np.isin(sn, [1.0, _HEAD, _NONE_N]) & ctx.gaps.regions.any(ctx.by_name)
+    ok |= (sp == _O) & np.isin(sn, [_QKV, _HEAD, _NONE_N]) & ctx.gaps.regions.any(ctx.by_name)
     same_call = ~ctx.gaps.regions.any(ctx.gaps.flags["gemmop"] | ctx.gaps.flags["normcore"])
-    return ok & ~((sp == 2.0) & (sn == 2.0) & ~same_call)
+    return ok & ~((sp == _ATTN) & (sn == _ATTN) & ~same_call)
 
 
 def honest(ctx: Context, name: Names, evidence: Names) -> tuple[Names, Names, Names]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from trace_roofline.model import layouts
+from trace_roofline.model.operators import Name
 from trace_roofline.trace.decode import decode_args
 
 Counts = dict[tuple[int, int], int]  # GEMM (K, N) -> how many ran
@@ -93,7 +94,7 @@ def infer_layout(c: Counts, g: Geometry, h: int, calls: int) -> dict[str, tuple[
     wider = [n for (k, n) in c if k == h and (k, n) not in used and n > max(n for _, n in used)]
     if not wider:  # no lm_head: an encoder's layers (BERT's) have these forms too
         return None
-    return out | {"lm_head": (h, max(wider))}
+    return out | {Name.LM_HEAD: (h, max(wider))}
 
 
 def _attention(c: Counts, g: Geometry, h: int, calls: int) -> dict[str, tuple[int, int]] | None:
@@ -103,25 +104,25 @@ def _attention(c: Counts, g: Geometry, h: int, calls: int) -> dict[str, tuple[in
     kv = q (and o too, when o = q: (H, H))."""
     if (g.o, h) not in c or calls <= 0:
         return None
-    o = {"o_proj": (g.o, h)}
+    o = {Name.O_PROJ: (g.o, h)}
     per = {kn: cnt / calls for kn, cnt in c.items()}
     if (h, g.q) in c:
         on_q = 1 + ((g.o, h) == (h, g.q))  # q_proj, and o_proj when they share a shape
         kv = [n for (k, n) in c if k == h and n % g.qk_dim == 0 and n <= g.q
               and per[(h, n)] >= (on_q + 2 if n == g.q else 2)]
         if kv:
-            return {"q_proj": (h, g.q), "k_proj": (h, max(kv)), "v_proj": (h, max(kv))} | o
+            return {Name.Q_PROJ: (h, g.q), Name.K_PROJ: (h, max(kv)), Name.V_PROJ: (h, max(kv))} | o
     fused = [n for (k, n) in c if k == h and n > g.q and (n - g.q) % (2 * g.qk_dim) == 0
              and n - g.q <= 2 * g.q and per[(h, n)] == 1]
     if fused:
-        return {"qkv_proj": (h, min(fused))} | o
+        return {Name.QKV_PROJ: (h, min(fused))} | o
     for (r, n) in sorted(c):  # MLA: kv_b_proj (r, heads·(nope + v)), kv_a (H, r + rope)
         nope = n // g.q_heads - g.v_dim if n % g.q_heads == 0 else 0
         if r < h and 0 < nope < g.qk_dim and (h, r + g.qk_dim - nope) in c and (h, g.q) in c:
-            return {"q_proj": (h, g.q), "kv_a_proj_with_mqa": (h, r + g.qk_dim - nope),
-                    "kv_b_proj": (r, n)} | o
+            return {Name.Q_PROJ: (h, g.q), Name.KV_A_PROJ_WITH_MQA: (h, r + g.qk_dim - nope),
+                    Name.KV_B_PROJ: (r, n)} | o
     if (h, g.q) in c:  # k and v in a form of their own (Inductor's one GEMM for both)
-        return {"q_proj": (h, g.q)} | o
+        return {Name.Q_PROJ: (h, g.q)} | o
     return None
 
 
@@ -133,9 +134,9 @@ def _mlp(c: Counts, h: int, used: set[tuple[int, int]]) -> dict[str, tuple[int, 
                                  if kn[1] == h and kn[0] != h and kn not in used),
                                 key=lambda kc: (-kc[1], -kc[0][0])):
         if c.get((h, 2 * i), 0) >= down:
-            return {"gate_up_proj": (h, 2 * i), "down_proj": (i, h)}
+            return {Name.GATE_UP_PROJ: (h, 2 * i), Name.DOWN_PROJ: (i, h)}
         if c.get((h, i), 0) >= 2 * down:
-            return {"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+            return {Name.GATE_PROJ: (h, i), Name.UP_PROJ: (h, i), Name.DOWN_PROJ: (i, h)}
         if c.get((h, i), 0) == down:
-            return {"up_proj": (h, i), "down_proj": (i, h)}
+            return {Name.UP_PROJ: (h, i), Name.DOWN_PROJ: (i, h)}
     return {}

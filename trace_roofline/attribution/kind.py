@@ -15,6 +15,7 @@ import pandas as pd
 
 from trace_roofline.attribution import naming, tp
 from trace_roofline.model import layouts, operators
+from trace_roofline.model.operators import Name
 from trace_roofline.trace.decode import decode_args
 
 
@@ -63,7 +64,7 @@ def judge(att: pd.DataFrame) -> Verdict:
             dtype=object))
     if "padding" in calls:  # a square mask built as a padding mask's outer product
         calls = calls[calls != "masked"]
-    patches = bool(base.isin(_PATCH_CONVS).any() and not base.eq("embedding").any())
+    patches = bool(base.isin(_PATCH_CONVS).any() and not base.eq(Name.EMBEDDING).any())
     if not patches and np.isin(calls, ["decode"]).any():
         return DECODER
     if np.isin(calls, ["causal", "masked"]).any():
@@ -83,7 +84,7 @@ def _lm_head(att: pd.DataFrame, base: pd.Series) -> bool:
     """Whether a language model's head can have run: no embedding table is recorded (a layer's
     trace), or some GEMM's N is most of an embedding table's V (its rows: the vocabulary, which
     may also hold prompt or padding rows the head does not score: CPM-Ant's)."""
-    emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].astype("string")
+    emb = att.loc[base.eq(Name.EMBEDDING).to_numpy(dtype=bool), "input_dims"].astype("string")
     vocab = {d[0][0] for d in (decode_args(x) for x in emb.dropna().unique())
              if d and isinstance(d[0], list) and len(d[0]) == 2}
     if not vocab:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from trace_roofline.model.models import ModelSpec
+from trace_roofline.model.operators import Name
 
 
 def with_moe_linears(linears: dict[str, tuple[int, int]],
@@ -30,8 +31,8 @@ def infer_moe_linears(kn: pd.DataFrame, grouped: pd.DataFrame) -> dict[str, tupl
     h = hidden_size(kn)
     out: dict[str, tuple[int, int]] = {}
     for e, k, n in grouped[["E", "K", "N"]].drop_duplicates().itertuples(index=False):
-        out["experts_down" if n == h else "experts_gate_up"] = (int(k), int(n))
-        out["router"] = (h, int(e))
+        out[Name.EXPERTS_DOWN if n == h else Name.EXPERTS_GATE_UP] = (int(k), int(n))
+        out[Name.ROUTER] = (h, int(e))
     if ((kn["K"] == h) & (kn["N"] == 1)).any():
         out["shared_expert_gate"] = (h, 1)
     return out
@@ -87,7 +88,7 @@ def infer_linears(kn: pd.DataFrame, calls: int = 0) -> dict[str, tuple[int, int]
     used = set(out.values())
     rest = [n for (k, n) in c if k == h and (k, n) not in used]
     if rest and max(rest) > max(n for _, n in used):
-        out["lm_head"] = (h, max(rest))
+        out[Name.LM_HEAD] = (h, max(rest))
     return out
 
 
@@ -101,20 +102,20 @@ def _attention_linears(c: dict[tuple[int, int], int], h: int, unit: int, calls: 
     q = min(o, key=lambda kc: (abs(kc[1] / (2 if kc[0] == h else 1) - unit), kc[0] == h))[0] \
         if o else h
     if c.get((h, q), 0) >= (2 * unit if q == h else 1):
-        out["q_proj"] = (h, q)
+        out[Name.Q_PROJ] = (h, q)
         kv = [(n, cnt) for (k, n), cnt in c.items() if k == h and n < q and cnt >= 2 * unit]
         if kv:
             n_kv = min(kv, key=lambda nc: abs(nc[1] - 2 * unit))[0]
-            out["k_proj"] = out["v_proj"] = (h, n_kv)
+            out[Name.K_PROJ] = out[Name.V_PROJ] = (h, n_kv)
         elif q == h and c[(h, h)] >= 4 * unit:
-            out["k_proj"] = out["v_proj"] = (h, h)
+            out[Name.K_PROJ] = out[Name.V_PROJ] = (h, h)
     else:
         fused_qkv = [n for (k, n), cnt in c.items() if k == h and n > q and (n - q) % 2 == 0
                      and cnt == c.get((q, h), 0)  # as often as o_proj (not the lm_head)
                      and not any(n in (i, 2 * i) for i in mlps)]  # (not an MLP's up)
         if fused_qkv:
-            out["qkv_proj"] = (h, min(fused_qkv))
-    out["o_proj"] = (q, h)
+            out[Name.QKV_PROJ] = (h, min(fused_qkv))
+    out[Name.O_PROJ] = (q, h)
     return out
 
 
@@ -126,7 +127,7 @@ def _router(c: dict[tuple[int, int], int], h: int, calls: int,
     if c.get((h, 1), calls + 1) <= calls and (h, 1) not in used:
         out["shared_expert_gate"] = (h, 1)
     if per_call := _per_call(c, h, calls, used):
-        out["router"] = (h, per_call[0])
+        out[Name.ROUTER] = (h, per_call[0])
     return out
 
 
@@ -147,12 +148,12 @@ def _attention_runs_per_call(linears: dict[str, tuple[int, int]],
     MLP this is all that tells a decoder layer's GEMMs from others (a matmul loop); with one
     it keeps a MoE layer's shared expert from passing for q and o."""
     shapes = list(linears.values())
-    return ("k_proj" in linears or "qkv_proj" in linears) and all(
+    return (Name.K_PROJ in linears or Name.QKV_PROJ in linears) and all(
         counts.get(shape, 0) == calls * shapes.count(shape) for shape in shapes)
 
 
-_DENSE_MLP = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
-_EXPERTS_MLP = ("experts_gate", "experts_up", "experts_gate_up", "experts_down")
+_DENSE_MLP = (Name.GATE_PROJ, Name.UP_PROJ, Name.GATE_UP_PROJ, Name.DOWN_PROJ)
+_EXPERTS_MLP = ("experts_gate", "experts_up", Name.EXPERTS_GATE_UP, Name.EXPERTS_DOWN)
 
 
 def _mlp_linears(h: int, i: int, fused: bool, names: tuple[str, str, str, str]

@@ -15,7 +15,7 @@ from trace_roofline.frames import distinct_codes, factorized
 from trace_roofline.model import operators
 
 
-def _factorized(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+def factorized_names(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """(codes, distinct values) of a column (frames.factorized): codes index the distinct
     values (an object array); missing is one more distinct value, the last."""
     codes, uniques = factorized(values)
@@ -27,9 +27,9 @@ def distinct_values(values: pd.Series | pd.DataFrame) -> tuple[np.ndarray, pd.Se
     """The distinct values of a column (a string Series), or the distinct rows of several (a
     DataFrame of string columns), and per row the index of its own."""
     if isinstance(values, pd.Series):
-        codes, uniques = _factorized(values)
+        codes, uniques = factorized_names(values)
         return codes, pd.Series(uniques, dtype=object).astype("string")
-    parts = [_factorized(values[c]) for c in values.columns]
+    parts = [factorized_names(values[c]) for c in values.columns]
     codes, first = distinct_codes([col_codes for col_codes, _ in parts])
     return codes, pd.DataFrame({
         c: pd.Series(col_uniques[col_codes[first]], dtype=object).astype("string")
@@ -56,7 +56,7 @@ class Names:
     @classmethod
     def of(cls, values: pd.Series) -> Names:
         """The names of a column (missing: "")."""
-        codes, uniques = _factorized(values)
+        codes, uniques = factorized_names(values)
         return cls(codes, np.where(pd.isna(uniques), "", uniques).astype(object))
 
     def isin(self, names: Iterable[str]) -> np.ndarray:

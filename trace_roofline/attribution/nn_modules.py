@@ -6,12 +6,14 @@ Design notes: docs/design.md ("trace_roofline/attribution/nn_modules.py").
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from trace_roofline.attribution.naming import Names, Rule, first_match, per_value
 from trace_roofline.attribution.nest import Nest
+from trace_roofline.model.operators import Name
 
 MODULE_KINDS = {
     "layer": re.compile(r"(?:DecoderLayer|EncoderLayer|TransformerLayer|Block)$"),
@@ -19,12 +21,20 @@ MODULE_KINDS = {
     "mlp": re.compile(r"MLP$|Mlp$|FeedForward$|FFN$"),
     "linear": re.compile(r"Linear$"),
     "norm": re.compile(r"Norm$|RMSNorm|LayerNorm"),
-    "rope": re.compile(r"Rotary"),
+    "rotary": re.compile(r"Rotary"),
     "emb": re.compile(r"Embedding$"),
-    "act": re.compile(r"Activation$|^SiLU$|^GELU$|AndMul$|^Act"),
+    "activation": re.compile(r"Activation$|^SiLU$|^GELU$|AndMul$|^Act"),
 }
+_SPECIFIC_FIRST = ("linear", "rotary", "emb", "norm", "activation", "mlp", "attn", "layer")
 # vLLM-style parallel linears name their role in the class
-LINEAR_CLASSES = {"QKVParallelLinear": "qkv_proj", "MergedColumnParallelLinear": "gate_up_proj"}
+LINEAR_CLASSES = {"QKVParallelLinear": Name.QKV_PROJ, "MergedColumnParallelLinear": Name.GATE_UP_PROJ}
+# a module's linears by call order, for its number of linears
+_ATTENTION_LINEARS = {4: (Name.Q_PROJ, Name.K_PROJ, Name.V_PROJ, Name.O_PROJ),
+                      2: (Name.QKV_PROJ, Name.O_PROJ)}
+_MLP_LINEARS = {3: (Name.GATE_PROJ, Name.UP_PROJ, Name.DOWN_PROJ),
+                2: (Name.GATE_UP_PROJ, Name.DOWN_PROJ)}
+# inside attention but no submodule: what position says, when it is one of these
+_BY_POSITION = [Name.Q_NORM, Name.K_NORM, Name.ROPE, Name.KV_CACHE, Name.ATTENTION]
 
 
 def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
@@ -36,11 +46,31 @@ def module_frames(frames: pd.DataFrame) -> pd.DataFrame:
     m["cls"] = parts["cls"].fillna("")
     m["idx"] = pd.to_numeric(parts["idx"], errors="coerce").astype("Int64")
     kind = pd.Series("", index=m.index, dtype="string")
-    for k in ("linear", "rope", "emb", "norm", "act", "mlp", "attn", "layer"):  # specific first
+    for k in _SPECIFIC_FIRST:
         hit = (kind == "") & m["cls"].str.contains(MODULE_KINDS[k])
         kind = kind.mask(hit, k)
     m["kind"] = kind
     return m.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class _Modules:
+    """The module frames of each kind, and per instance the innermost of each around it."""
+
+    frames: dict[str, pd.DataFrame]
+    nests: dict[str, Nest]
+    around: dict[str, np.ndarray]  # per instance, the index of the innermost frame (-1: none)
+
+    def parent_of(self, child: pd.DataFrame, kind: str) -> np.ndarray:
+        """Per frame of `child`, the index of the innermost frame of `kind` around it."""
+        return self.nests[kind].innermost(child["s"].to_numpy(), child["key"].to_numpy())
+
+    def pick(self, kind: str, names: Names | str) -> Names:
+        """Per instance, the name of the innermost module of `kind` around it ("" if none)."""
+        idx = self.around[kind]
+        if isinstance(names, str):
+            return Names((idx < 0).astype(np.intp), np.asarray([names, ""], dtype=object))
+        return Names(np.append(names.codes, len(names.vocab))[idx], np.append(names.vocab, ""))
 
 
 def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
@@ -61,87 +91,86 @@ def module_names(inst_t: np.ndarray, inst_key: np.ndarray, frames: pd.DataFrame,
     layer = pd.Series(pd.NA, index=position.index, dtype="Int64")
     if frames.empty or n == 0:
         return pd.Series(pd.Categorical.from_codes(np.full(n, -1), []), index=position.index), layer
-    sub, hit = {}, {}
-    for kind in ("layer", "attn", "mlp", "linear", "norm", "rope", "emb", "act"):
+    sub, nests, around = {}, {}, {}
+    for kind in MODULE_KINDS:
         f = frames[frames["kind"] == kind].reset_index(drop=True)
         sub[kind] = f
-        nest = Nest(f["s"].to_numpy(), f["e"].to_numpy(), f["key"].to_numpy())
-        hit[kind] = (nest, nest.innermost(inst_t, inst_key))
-
-    def parent_of(child: pd.DataFrame, kind: str) -> np.ndarray:
-        return hit[kind][0].innermost(child["s"].to_numpy(), child["key"].to_numpy())
-
-    lin = sub["linear"].copy()
-    lin_name = Names(np.zeros(len(lin), np.intp), np.asarray([""], dtype=object))
-    if len(lin):
-        pa, pm, pl = parent_of(lin, "attn"), parent_of(lin, "mlp"), parent_of(lin, "layer")
-        parent = np.where(pa >= 0, pa, np.where(pm >= 0, 10**12 + pm, -1))
-        lin["_parent"], lin["_order"] = parent, lin["s"]
-        srt = lin.sort_values(["_parent", "_order"])
-        rank = srt.groupby("_parent").cumcount().reindex(lin.index).to_numpy()
-        size = lin.groupby("_parent")["s"].transform("size").to_numpy()
-        in_a, in_m, in_l = pa >= 0, pm >= 0, pl >= 0
-        in_mlp = in_m & ~in_a
-
-        def by_order(names: tuple[str, ...]) -> Names:
-            return Names(np.minimum(rank, len(names) - 1), np.asarray(names, dtype=object))
-
-        cls = Names.of(lin["cls"])
-        last = rank == size - 1  # other sizes: only the output projection is sure
-        rules: list[Rule] = [
-            (cls.isin(LINEAR_CLASSES), cls.renamed(LINEAR_CLASSES)),  # the class says its role
-            # by call order inside the parent, for the parent's number of linears
-            (in_a & (size == 4), by_order(("q_proj", "k_proj", "v_proj", "o_proj"))),
-            (in_a & (size == 2), by_order(("qkv_proj", "o_proj"))),
-            (in_mlp & (size == 3), by_order(("gate_proj", "up_proj", "down_proj"))),
-            (in_mlp & (size == 2), by_order(("gate_up_proj", "down_proj"))),
-            (in_a & last, "o_proj"),
-            (in_mlp & last, "down_proj"),
-            # a Linear outside every decoder layer (when the model has some) is the LM head
-            (~in_a & ~in_m & ~in_l & (len(sub["layer"]) > 0), "lm_head"),
-        ]
-        lin_name = first_match(rules, "")
-    nrm = sub["norm"]
-    nrm_name = Names(np.zeros(len(nrm), np.intp), np.asarray([""], dtype=object))
-    if len(nrm):
-        pl, pa = parent_of(nrm, "layer"), parent_of(nrm, "attn")
-        start = pd.Series(nrm["s"].to_numpy())
-        # the layer's own norms rank among themselves, q/k norms inside attention apart
-        rank = start.where(pa < 0).groupby(pl).rank(method="first").to_numpy() - 1
-        in_attn = start.groupby(pa).rank(method="first").to_numpy() - 1
-        rules = [
-            # inside attention: q's norm, then k's (HF Qwen3 q_norm, k_norm), not layer norms
-            ((pa >= 0) & (in_attn == 0), "q_norm"),
-            ((pa >= 0) & (in_attn == 1), "k_norm"),
-            (pa >= 0, ""),
-            (pl < 0, "final_norm"),  # outside every decoder layer
-            (rank == 0, "input_norm"),  # a layer's 1st norm
-            (rank == 1, "post_attention_norm"),  # its 2nd
-        ]
-        nrm_name = first_match(rules, "")
-
-    def pick(kind: str, names: Names | str) -> Names:
-        """Per instance, the name of the innermost module of `kind` around it ("" if none)."""
-        idx = hit[kind][1]
-        if isinstance(names, str):
-            return Names((idx < 0).astype(np.intp), np.asarray([names, ""], dtype=object))
-        return Names(np.append(names.codes, len(names.vocab))[idx], np.append(names.vocab, ""))
-
+        nests[kind] = Nest(f["s"].to_numpy(), f["e"].to_numpy(), f["key"].to_numpy())
+        around[kind] = nests[kind].innermost(inst_t, inst_key)
+    mods = _Modules(sub, nests, around)
     pos = Names.of(position)
-    by_pos = np.isin(pos.vocab, ["q_norm", "k_norm", "rope", "kv_cache", "attention"])
-    in_attn = Names(np.where(hit["attn"][1] >= 0, pos.codes, len(pos.vocab)),
-                    np.append(np.where(by_pos, pos.vocab, "attention"), ""))
+    by_pos = np.isin(pos.vocab, _BY_POSITION)
+    in_attn = Names(np.where(around["attn"] >= 0, pos.codes, len(pos.vocab)),
+                    np.append(np.where(by_pos, pos.vocab, Name.ATTENTION), ""))
     # the innermost module of each kind around the instance that names it, most specific first
     candidates = [
-        pick("linear", lin_name), pick("norm", nrm_name), pick("emb", "embedding"),
-        pick("rope", "rope"), pick("act", "act"),
+        mods.pick("linear", _linear_names(mods)), mods.pick("norm", _norm_names(mods)),
+        mods.pick("emb", Name.EMBEDDING), mods.pick("rotary", Name.ROPE),
+        mods.pick("activation", Name.ACT),
         in_attn,  # inside attention, no submodule
-        pick("mlp", "act"),  # inside the MLP, no Linear
-        pick("layer", "residual"),  # inside the layer only
+        mods.pick("mlp", Name.ACT),  # inside the MLP, no Linear
+        mods.pick("layer", Name.RESIDUAL),  # inside the layer only
     ]
     name = first_match([(~c.isin([""]), c) for c in candidates], "").categorical()
-    li = hit["layer"][1]
+    li = around["layer"]
     idx = sub["layer"]["idx"].to_numpy(dtype="float64", na_value=np.nan)
     lay = np.where(li >= 0, idx[np.maximum(li, 0)] if len(idx) else np.nan, np.nan)
     layer[:] = pd.array(np.where(np.isnan(lay), pd.NA, lay), dtype="Int64") if n else layer
     return pd.Series(name, index=position.index), layer
+
+
+def _linear_names(mods: _Modules) -> Names:
+    """Per Linear frame, its operator: by its class when it says, else by its call order inside
+    its attention or MLP; outside every decoder layer the LM head."""
+    lin = mods.frames["linear"].copy()
+    if not len(lin):
+        return Names(np.zeros(0, np.intp), np.asarray([""], dtype=object))
+    pa, pm = mods.parent_of(lin, "attn"), mods.parent_of(lin, "mlp")
+    pl = mods.parent_of(lin, "layer")
+    parent = np.where(pa >= 0, pa, np.where(pm >= 0, 10**12 + pm, -1))
+    lin["_parent"], lin["_order"] = parent, lin["s"]
+    srt = lin.sort_values(["_parent", "_order"])
+    rank = srt.groupby("_parent").cumcount().reindex(lin.index).to_numpy()
+    size = lin.groupby("_parent")["s"].transform("size").to_numpy()
+    in_a, in_m, in_l = pa >= 0, pm >= 0, pl >= 0
+    in_mlp = in_m & ~in_a
+
+    def by_order(names: tuple[str, ...]) -> Names:
+        return Names(np.minimum(rank, len(names) - 1), np.asarray(names, dtype=object))
+
+    cls = Names.of(lin["cls"])
+    last = rank == size - 1  # other sizes: only the output projection is sure
+    rules: list[Rule] = [
+        (cls.isin(LINEAR_CLASSES), cls.renamed(LINEAR_CLASSES)),  # the class says its role
+        # by call order inside the parent, for the parent's number of linears
+        *((in_a & (size == k), by_order(names)) for k, names in _ATTENTION_LINEARS.items()),
+        *((in_mlp & (size == k), by_order(names)) for k, names in _MLP_LINEARS.items()),
+        (in_a & last, Name.O_PROJ),
+        (in_mlp & last, Name.DOWN_PROJ),
+        # a Linear outside every decoder layer (when the model has some) is the LM head
+        (~in_a & ~in_m & ~in_l & (len(mods.frames["layer"]) > 0), Name.LM_HEAD),
+    ]
+    return first_match(rules, "")
+
+
+def _norm_names(mods: _Modules) -> Names:
+    """Per norm frame, its operator: inside attention q's then k's norm; in a layer its 1st
+    and 2nd norms; outside every layer the final norm."""
+    nrm = mods.frames["norm"]
+    if not len(nrm):
+        return Names(np.zeros(0, np.intp), np.asarray([""], dtype=object))
+    pl, pa = mods.parent_of(nrm, "layer"), mods.parent_of(nrm, "attn")
+    start = pd.Series(nrm["s"].to_numpy())
+    # the layer's own norms rank among themselves, q/k norms inside attention apart
+    rank = start.where(pa < 0).groupby(pl).rank(method="first").to_numpy() - 1
+    in_attn = start.groupby(pa).rank(method="first").to_numpy() - 1
+    rules: list[Rule] = [
+        # inside attention: q's norm, then k's (HF Qwen3 q_norm, k_norm), not layer norms
+        ((pa >= 0) & (in_attn == 0), Name.Q_NORM),
+        ((pa >= 0) & (in_attn == 1), Name.K_NORM),
+        (pa >= 0, ""),
+        (pl < 0, Name.FINAL_NORM),  # outside every decoder layer
+        (rank == 0, Name.INPUT_NORM),  # a layer's 1st norm
+        (rank == 1, Name.POST_ATTENTION_NORM),  # its 2nd
+    ]
+    return first_match(rules, "")

@@ -5,13 +5,20 @@ Design notes: docs/design.md ("trace_roofline/attribution/op_families.py").
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
 import pandas as pd
 
-from trace_roofline.attribution.naming import Names, base_name, distinct_values, per_value
+from trace_roofline.attribution.naming import (
+    Names,
+    base_name,
+    distinct_values,
+    factorized_names,
+)
 from trace_roofline.model import gemms, kernels, operators
+from trace_roofline.model.operators import Name
 
 # Op families, by the op's base name (after the last "::"); attention and embedding ops are
 # recognised by the vocabulary (operators.py).
@@ -51,7 +58,7 @@ SAMPLING_OPS = {"softmax", "_softmax", "_safe_softmax", "topk",
                 "exponential_", "uniform_", "_to_copy", "to", "float", "lt", "where", "sub",
                 "apply_penalties", "apply_repetition_penalties_", "top_k_top_p_sampling_from_probs",
                 "top_p_sampling_from_probs", "sampling_from_probs", "min_p_sampling_from_probs"}
-SAMPLING_ROLES = {"sampling", "softmax", "sort_scan"}
+SAMPLING_ROLES = {Name.SAMPLING, "softmax", "sort_scan"}  # (kernels.ROLES)
 # MoE: token permutation ops that open the dispatch after the router's top-k (as the op or the
 # outermost op around it: sort's own copies; its arange, which opens it in a kernel sequence),
 # the router's top-k, and the ops that accumulate
@@ -67,6 +74,10 @@ ACCUMULATE_OPS = {"index_add", "index_add_", "scatter_add", "scatter_add_", "sca
 _ACTIVATION = re.compile(r"\[\s*\d+\s*(?:,\s*\d+\s*){1,},\s*(?:[2-9]|\d{2,})\s*\]")  # >= 3-D, last > 1
 # the first two arguments are both tensors (a residual add, not a norm's add of its epsilon)
 _BINARY = re.compile(r"^\[\s*\[\s*\d[\d\s,]*\]\s*,\s*\[\s*\d[\d\s,]*\]")
+_EMPTY = re.compile(r"\[\s*\]")  # an argument that is no tensor
+_DIGIT, _INT = re.compile(r"\d"), re.compile(r"\d+")
+_FIRST_ARG = re.compile(r"^\[\s*\[([\d\s,]*)\]")  # the first argument's dims
+_RANK3_FIRST = re.compile(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")
 _DIMS_4D = re.compile(r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")  # [B, heads, S, d]
 _BATCHED = re.compile(r"^\[\s*\[\s*\d+\s*(?:,\s*\d+\s*){2,3}\]\s*,\s*\[\s*\d+\s*(?:,\s*\d+\s*){1,2}"
                       r",\s*(?:[2-9]|\d{2,})\s*\]")
@@ -79,7 +90,11 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
     base = base_name(names).fillna("")
     triton = base.str.match(operators.TRITON_KERNEL_OP)
     role = kernels.roles(base).astype(str)  # an engine's op named like its kernel, Inductor's
-    fuses = {k: kernels.inductor_fuses(base, k) for k in kernels.INDUCTOR_FUSES}
+    tri = triton.to_numpy(dtype=bool)
+    fuses = {k: np.zeros(len(base), dtype=bool) for k in kernels.INDUCTOR_FUSES}
+    if tri.any():  # (only Inductor kernels fuse anything)
+        for k, fused in fuses.items():
+            fused[tri] = kernels.inductor_fuses(base[tri], k).to_numpy(dtype=bool)
     knorm = role.isin(["norm", "fused_add_norm"])
     return pd.DataFrame({
         "triton": triton,
@@ -87,18 +102,18 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "emb": operators.recognise(operators.EMBEDDING, base),
         "normcore": base.isin(NORM_CORE_OPS) | fuses["norm"] | knorm,
         "normopen": base.isin(NORM_OPEN_OPS) | fuses["norm"] | knorm,
-        "rotary": base.isin(ROTARY_OPS) | fuses["rope"] | role.eq("rope"),
+        "rotary": base.isin(ROTARY_OPS) | fuses[Name.ROPE] | role.eq(Name.ROPE),
         "mul": base == "mul",
         "addnorm": base.isin(ADD_NORM_OPS) | role.eq("fused_add_norm"),
         "cast": base.isin(CAST_OPS),
-        "ropecore": base.isin(ROPE_CORE_OPS) | fuses["rope"] | role.eq("rope"),
+        "ropecore": base.isin(ROPE_CORE_OPS) | fuses[Name.ROPE] | role.eq(Name.ROPE),
         "cossin": base.isin({"cos", "sin"}),
-        "kvwrite": base.isin(KV_WRITE_OPS) | (fuses["store"] & ~fuses["rope"])
+        "kvwrite": base.isin(KV_WRITE_OPS) | (fuses["store"] & ~fuses[Name.ROPE])
         | role.eq("kv_cache_write"),
         "kvonly": base.isin(KV_ONLY_OPS) | role.eq("kv_cache_write"),
         "tristore": fuses["store"],
         "tricat": fuses["cat"],
-        "act": base.isin(ACT_OPS) | fuses["act"] | role.eq("activation"),
+        "activation": base.isin(ACT_OPS) | fuses[Name.ACT] | role.eq("activation"),
         "softmax": base.isin(SOFTMAX_OPS) | fuses["softmax"],
         "tribmm": fuses["bmm"],
         "bgemm": base.isin(BATCHED_GEMM_OPS),
@@ -110,8 +125,8 @@ def _op_flags(names: pd.Series) -> pd.DataFrame:
         "sync": base.isin(SYNC_OPS),
         "add": base == "add",
         "sigmoid": base.isin({"sigmoid", "sigmoid_"}),
-        "sampling": base.isin(SAMPLING_OPS) | role.isin(SAMPLING_ROLES),
-        "loss": base.isin(LOSS_OPS) | role.eq("loss"),
+        "sampling_op": base.isin(SAMPLING_OPS) | role.isin(SAMPLING_ROLES),
+        "loss_op": base.isin(LOSS_OPS) | role.eq(Name.LOSS),
         "fused_moe": operators.recognise(operators.FUSED_EXPERTS, base),
     })
 
@@ -126,29 +141,63 @@ def classify(inst: pd.DataFrame) -> dict[str, np.ndarray]:
     return {col: flags[codes] for col, flags in _classify_distinct(distinct).items()}
 
 
+@functools.lru_cache(maxsize=4)
+def _flags_of_names(names: tuple[str | None, ...]) -> dict[str, np.ndarray]:
+    """_op_flags of distinct op names (None: missing), kept for the next call on the same names
+    (name_gemms and explain classify the same instances)."""
+    return {c: v.to_numpy(dtype=bool)
+            for c, v in _op_flags(pd.Series(names, dtype=object).astype("string")).items()}
+
+
+def _name_flags(op_name: pd.Series, top_name: pd.Series
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """_op_flags of each op name and each outermost op name, once per distinct name of both."""
+    codes, names = factorized_names(pd.concat([op_name, top_name], ignore_index=True))
+    flags = _flags_of_names(tuple(names.tolist()))
+    op, top = codes[:len(op_name)], codes[len(op_name):]
+    return {c: v[op] for c, v in flags.items()}, {c: v[top] for c, v in flags.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _dims_of_texts(texts: tuple[str | None, ...]) -> pd.DataFrame:
+    """dims_flags of distinct Input Dims texts, kept for the next call on the same texts."""
+    return dims_flags(pd.Series(texts, dtype=object).astype("string"))
+
+
+def _attention(op: dict[str, np.ndarray], top: dict[str, np.ndarray],
+               top_name: pd.Series) -> np.ndarray:
+    """Whether the op is attention, or inside one (classify's `attn`): the vocabulary's
+    attention ops or an op named like an attention kernel family (aiter::mha_batch_prefill).
+    An engine's dispatching attention op does not make the ops inside it attention: they are
+    instances of their own (attribute.py), a cache write among them."""
+    dispatch = top_name.isin(operators.ATTENTION_DISPATCH).to_numpy(dtype=bool)
+    return op["attn"] | (top["attn"] & ~dispatch)
+
+
 def _classify_distinct(rows: pd.DataFrame) -> dict[str, np.ndarray]:
-    op = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["op_name"], _op_flags).items()}
-    top = {c: v.to_numpy(dtype=bool) for c, v in per_value(rows["top_name"], _op_flags).items()}
-    dims = dims_flags(rows["input_dims"])
-    has4d, grows, only4d = (dims[c].to_numpy(dtype=bool) for c in ("has4d", "grows", "only4d"))
+    op, top = _name_flags(rows["op_name"], rows["top_name"])
+    dcodes, texts = factorized_names(rows["input_dims"])
+    dims = {c: v.to_numpy(dtype=np.int64 if c in ("rank0", "last0") else bool)[dcodes]
+            for c, v in _dims_of_texts(tuple(texts.tolist())).items()}
+    has4d, grows, only4d = (dims[c] for c in ("has4d", "grows", "only4d"))
     out = {c: v for c, v in op.items() if c not in ("tristore", "tricat", "tribmm")}
-    for col in ("attn", "emb", "normcore", "kvonly", "act", "softmax", "dispatch", "fused_moe",
-                "loss"):
+    for col in ("attn", "emb", "normcore", "kvonly", "activation", "softmax", "dispatch",
+                "fused_moe", "loss_op"):
         out[col] = op[col] | top[col]
-    out["attn"] = per_value(rows[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
+    out["attn"] = _attention(op, top, rows["top_name"])
     out["cast"] = top["cast"]
     out["fused_op"] = op["fused_moe"]  # the engine's fused MoE op itself (not one inside it)
     out["kvwrite"] = top["kvwrite"] | (op["kvwrite"] & op["triton"])
     out["kvonly"] = out["kvonly"] | (op["tristore"] & has4d) | (op["tricat"] & grows)
     out["attnprep"] = op["triton"] & ~out["kvonly"] & only4d
-    out["rank3"] = dims["rank3"].to_numpy(dtype=bool)
-    out["binary"] = dims["binary"].to_numpy(dtype=bool)
+    out["rank3"] = dims["rank3"]
+    out["binary"] = dims["binary"]
     # an eager attention's Q·Kᵀ or P·V: a batched matmul op, or an Inductor kernel that fused a
     # bmm over two activations of 3-D or more (Gemma-2's soft-capped, gpt-oss's sink attention)
-    out["batched"] = (dims["batched"].to_numpy(dtype=bool) & (op["bgemm"] | op["matmul"])) | (
-        op["tribmm"] & dims["activations"].to_numpy(dtype=bool))
-    out["rank0"] = dims["rank0"].to_numpy(dtype=np.int64)
-    out["last0"] = dims["last0"].to_numpy(dtype=np.int64)
+    out["batched"] = (dims["batched"] & (op["bgemm"] | op["matmul"])) | (
+        op["tribmm"] & dims["activations"])
+    out["rank0"] = dims["rank0"]
+    out["last0"] = dims["last0"]
     return out
 
 
@@ -164,7 +213,7 @@ def dims_flags(dims: pd.Series) -> pd.DataFrame:
     Inductor kernel's bmm multiplies, not RoPE's [1, d/2, 1] x [1, 1, S] table)."""
     text = dims.fillna("")
     has4d = text.str.contains(_DIMS_4D)
-    rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(r"\[\s*\]", "", regex=True)
+    rest = text.str.replace(_DIMS_4D, "", regex=True).str.replace(_EMPTY, "", regex=True)
     four = text.str.findall(_DIMS_4D)  # one Python pass per distinct text, not per event
 
     def appended(found: list[str]) -> bool:
@@ -173,10 +222,10 @@ def dims_flags(dims: pd.Series) -> pd.DataFrame:
                    for a in shapes for b in shapes)
 
     grows = [appended(f) if isinstance(f, list) and len(f) > 1 else False for f in four]
-    first = text.str.extract(r"^\[\s*\[([\d\s,]*)\]")[0].fillna("").str.findall(r"\d+")
-    return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(r"\d"),
+    first = text.str.extract(_FIRST_ARG)[0].fillna("").str.findall(_INT)
+    return pd.DataFrame({"has4d": has4d, "only4d": has4d & ~rest.str.contains(_DIGIT),
                          "grows": pd.Series(grows, index=text.index, dtype=bool),
-                         "rank3": text.str.contains(r"^\[\s*\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"),
+                         "rank3": text.str.contains(_RANK3_FIRST),
                          "binary": text.str.contains(_BINARY),
                          "rank0": first.str.len().astype("int64"),
                          "batched": text.str.contains(_BATCHED),
@@ -191,35 +240,29 @@ def attention_calls(inst: pd.DataFrame) -> int:
     that does not dispatch to others: SDPA's math path launches several kernels)."""
     if not len(inst):
         return 0
-    attn = per_value(inst[["op_name", "top_name"]], _attention_ops).to_numpy(dtype=bool)
+    attn = _attention(*_name_flags(inst["op_name"], inst["top_name"]), inst["top_name"])
     grp = inst["grp"].to_numpy()
     opens = attn.copy()
     opens[1:] &= ~attn[:-1] | (grp[1:] != grp[:-1])
     return int(opens.sum())
 
 
-def _is_attention(base: pd.Series) -> pd.Series:
-    """Whether each op base name is attention: the vocabulary's attention ops, or an op named
-    like an attention kernel family (aiter::mha_batch_prefill)."""
-    role = kernels.roles(base.fillna("")).astype(str)
-    return operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES)
+# the flags a kernel's role (kernels.ROLES; RoPE's is spelt as the operator) raises
+_ROLE_FLAGS: list[tuple[str, frozenset[str] | set[str]]] = [
+    ("attn", kernels.ATTENTION_ROLES), ("gemmop", kernels.GEMM_ROLES),
+    ("normcore", {"norm", "fused_add_norm"}), ("normopen", {"norm", "fused_add_norm"}),
+    ("addnorm", {"fused_add_norm"}), ("rotary", {Name.ROPE}), ("ropecore", {Name.ROPE}),
+    ("kvonly", {"kv_cache_write"}), ("kvwrite", {"kv_cache_write"}),
+    ("activation", {"activation"}), ("sampling_op", SAMPLING_ROLES),
+]
 
 
-def _attention_ops(rows: pd.DataFrame) -> pd.Series:
-    """Per distinct (op_name, top_name): whether the op is attention, or inside one (classify's
-    `attn`). An engine's dispatching attention op does not make the ops inside it attention:
-    they are instances of their own (attribute.py), a cache write among them."""
-    op, top = (_is_attention(base_name(rows[c])) for c in ("op_name", "top_name"))
-    dispatch = rows["top_name"].isin(operators.ATTENTION_DISPATCH)
-    return (op | (top & ~dispatch)).astype(bool)
-
-
-def with_roles(F: dict[str, np.ndarray], inst: pd.DataFrame) -> dict[str, np.ndarray]:
+def with_roles(flags: dict[str, np.ndarray], inst: pd.DataFrame) -> dict[str, np.ndarray]:
     """classify()'s flags with the instance's own kernel role (inst["role"], kernels.ROLES, when
     the table has it) counted like its op name: an attention kernel is attention, a GEMM
     kernel a GEMM, a (fused add) RMSNorm kernel a norm, ..."""
     if "role" not in inst:
-        return F
+        return flags
     col = inst["role"]
     if isinstance(col.dtype, pd.CategoricalDtype):  # codes as they are: no string per row
         codes = col.cat.codes.to_numpy()
@@ -227,12 +270,7 @@ def with_roles(F: dict[str, np.ndarray], inst: pd.DataFrame) -> dict[str, np.nda
         role = Names(np.where(codes < 0, len(vocab) - 1, codes), vocab)
     else:
         role = Names.of(col.astype("string"))
-    out = dict(F)
-    for flag, roles in (("attn", kernels.ATTENTION_ROLES), ("gemmop", kernels.GEMM_ROLES),
-                        ("normcore", {"norm", "fused_add_norm"}),
-                        ("normopen", {"norm", "fused_add_norm"}), ("addnorm", {"fused_add_norm"}),
-                        ("rotary", {"rope"}), ("ropecore", {"rope"}),
-                        ("kvonly", {"kv_cache_write"}), ("kvwrite", {"kv_cache_write"}),
-                        ("act", {"activation"}), ("sampling", SAMPLING_ROLES)):
-        out[flag] = F[flag] | role.isin(roles)
+    out = dict(flags)
+    for flag, roles in _ROLE_FLAGS:
+        out[flag] = flags[flag] | role.isin(roles)
     return out

@@ -18,6 +18,7 @@ import pandas as pd
 from trace_roofline.attribution import gemm_names, gemm_operands, naming, op_families
 from trace_roofline.model import contracts, kernels, operators
 from trace_roofline.model.models import ModelSpec, expected_linears
+from trace_roofline.model.operators import Name
 
 OTHER = operators.OTHER.name
 BROKEN = "breaks its name's contract: "  # the reasons of demoted rows contain it
@@ -50,8 +51,8 @@ def _work(d: pd.DataFrame) -> pd.Series:
         base.isin(op_families.BATCHED_GEMM_OPS) & dims["rank3"])
     rules: list[tuple[pd.Series, str]] = [  # first match wins
         (operators.recognise(operators.ATTENTION, base) | role.isin(kernels.ATTENTION_ROLES),
-         "attention"),
-        (base.isin(_LOSS_OPS) | role.eq("loss") | base.str.contains(_FUSED_LOSS), "loss"),
+         Name.ATTENTION),
+        (base.isin(_LOSS_OPS) | role.eq(Name.LOSS) | base.str.contains(_FUSED_LOSS), Name.LOSS),
         (operators.collective_of(base).notna() | role.eq("collective"), "collective"),
         # an engine's fused MoE op runs routing and finalize kernels too: those by their role
         (base.isin(_GROUPED_OPS) | role.eq("moe_gemm") | (
@@ -125,7 +126,7 @@ def verify(att: pd.DataFrame, model: ModelSpec | None, *, decoder: bool = True) 
 
 
 _NORMS = [n for n, c in contracts.CONTRACTS.items()  # the norm names (not residual, not any)
-          if "norm" in c.holds and n != "residual" and c.holds != frozenset(contracts.WORK)]
+          if "norm" in c.holds and n != Name.RESIDUAL and c.holds != frozenset(contracts.WORK)]
 
 
 def _codes(kinds) -> np.ndarray:
@@ -150,10 +151,10 @@ def _facts(att: pd.DataFrame, w: np.ndarray, model: ModelSpec | None, decoder: b
     own = np.ones(len(att), dtype=bool)
     if model is not None and "model" in att and att["model"].notna().any():
         own = (att["model"].isna() | att["model"].eq(model.name)).to_numpy(dtype=bool)
-    emb = att.loc[base.eq("embedding").to_numpy(dtype=bool), "input_dims"].dropna().unique()
+    emb = att.loc[base.eq(Name.EMBEDDING).to_numpy(dtype=bool), "input_dims"].dropna().unique()
     vocab = pd.Series(emb, dtype="string").str.extract(r"^\[\s*\[\s*(\d+)\s*,\s*\d+\s*\]")[0]
     facts = Facts(model, own, frozenset(int(v) for v in vocab.dropna()),
-                  bool((w == _codes(["loss"])[0]).any()), decoder)
+                  bool((w == _codes([Name.LOSS])[0]).any()), decoder)
     if model is None:
         return facts
     shapes = _shapes(model)
@@ -223,9 +224,9 @@ def _shapes(model: ModelSpec) -> dict[str, set[tuple[int, int]]]:
         if fused not in out and all(p in out for p in parts):
             (k, _), = out[parts[0]]
             out[fused] = {(k, sum(next(iter(out[p]))[1] for p in parts))}
-    if "lm_head" in out:
-        (k, v), = out["lm_head"]
-        out["lm_head"] = {(k, p) for p in _padded(v)}
+    if Name.LM_HEAD in out:
+        (k, v), = out[Name.LM_HEAD]
+        out[Name.LM_HEAD] = {(k, p) for p in _padded(v)}
     for name, (k, n, _) in model.moe_linears().items():
         out.setdefault(gemm_names.SUB_LINEARS.get(name, name), set()).add((k, n))
     return out
