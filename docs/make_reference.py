@@ -1,5 +1,5 @@
 """Write docs/reference.md from the code: the operator vocabulary with its contracts, the kernel
-families, the model families and the CLI's commands and flags.
+families, the model families, the CLI's commands and flags, and every module of the package.
 
     python docs/make_reference.py            # rewrite docs/reference.md
     python docs/make_reference.py --check    # exit 1 when the committed file is stale
@@ -10,6 +10,7 @@ tests/test_reference_docs.py runs the check, so the reference cannot drift from 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from trace_roofline import cli
 from trace_roofline.model import contracts, families, kernels, operators
 
 OUT = Path(__file__).with_name("reference.md")
+PACKAGE = Path(__file__).resolve().parents[1] / "trace_roofline"
 
 
 def _cell(text: object) -> str:
@@ -86,10 +88,22 @@ def _commands() -> list[str]:
     return out
 
 
+def _modules() -> list[str]:
+    rows = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        first = " ".join(doc.split("\n\n", 1)[0].split())
+        rows.append((f"`{path.relative_to(PACKAGE.parent)}`", first))
+    return ["## Modules", "",
+            "Every module of the package with the first paragraph of its docstring "
+            "(docs/architecture.md says how the stages fit).", "",
+            *_table(("module", "what it holds"), rows)]
+
+
 def render() -> str:
     lines = ["# Reference", "",
              "Generated from the code by `python docs/make_reference.py`; do not edit by hand.", "",
-             *_operators(), *_kernel_families(), *_model_families(), *_commands()]
+             *_operators(), *_kernel_families(), *_model_families(), *_commands(), *_modules()]
     return "\n".join(lines).rstrip() + "\n"
 
 

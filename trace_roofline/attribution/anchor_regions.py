@@ -1,6 +1,6 @@
 """Op instances cut at their anchors (matched GEMMs, attention, embedding) into regions.
 
-Design notes: docs/design.md ("trace_roofline/attribution/explain.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Naming every op instance from its anchors (matched GEMMs, attention, embedding) and its place.
 
-Design notes: docs/design.md ("trace_roofline/attribution/explain.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

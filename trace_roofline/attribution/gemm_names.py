@@ -1,6 +1,6 @@
 """Weight GEMMs named by their (K, N): the linears of the layout, in the order they recur.
 
-Design notes: docs/design.md ("trace_roofline/attribution/gemm_names.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """(K, N) of weight GEMMs and of expert weights, read from the raw Input Dims text.
 
-Design notes: docs/design.md ("trace_roofline/attribution/gemm_operands.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

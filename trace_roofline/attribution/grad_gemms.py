@@ -1,6 +1,6 @@
 """A training step's backward GEMMs named after the linear they differentiate (`q_proj.grad`).
 
-Design notes: docs/design.md ("trace_roofline/attribution/grad_gemms.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

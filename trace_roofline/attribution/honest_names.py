@@ -1,6 +1,6 @@
 """Honest naming: position fills the gaps between anchors, never a GEMM's or an attention's name.
 
-Design notes: docs/design.md ("trace_roofline/attribution/explain.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A layer's linears (K, N) from a model, or inferred from a trace's GEMM counts.
 
-Design notes: docs/design.md ("trace_roofline/attribution/layer_linears.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Naming op instances from the nn.Module frames around them (with_stack=True traces).
 
-Design notes: docs/design.md ("trace_roofline/attribution/nn_modules.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Op families by an op's name, its outermost op's, its kernel's role and its Input Dims text.
 
-Design notes: docs/design.md ("trace_roofline/attribution/op_families.py").
+Design notes: docs/design.md ("trace_roofline/attribution/naming.py").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The GEMM signature table: where each GEMM op's operands sit in its recorded arguments.
 
 One table read by naming (K, N from the Input Dims text), costs (FLOPs and bytes) and graphs
-(the calls a replayed kernel stands for). Design notes: docs/design.md ("model/gemms.py").
+(the calls a replayed kernel stands for). Design notes: docs/design.md ("trace_roofline/model/gemms.py").
 """
 
 from __future__ import annotations
