@@ -196,8 +196,8 @@ def _side(trace: str, model: str | None, hardware: dict | None, flops: float = 1
                          "bytes": flops, "intensity": 1.0, "achieved_flops_per_s": flops / time * 1e6,
                          "pct_of_roof": 50.0, "bound": "memory"}])
     whole = {"decode": {k: ops.iloc[0][k] for k in ops.columns if k not in ("phase", "operator")}}
-    return diffmod._side(trace, ops, whole, {"decode": 1}, hardware,
-                         (model, "shapes" if model else "none"))
+    return diffmod.Side(trace, diffmod._rows(ops, whole), {"decode": 1}, hardware, model,
+                        "shapes" if model else "none")
 
 
 def test_diff_says_different_model_and_workload_before_the_table():
