@@ -1,4 +1,4 @@
-"""Figures each worked out by hand on a committed trace with the right figure worked out by hand:
+"""Figures worked out by hand, each on a committed trace:
 attention from its geometry (an encoder's eager attention over every pair, MLA's d_qk and d_v
 apart, flex attention's template from the layout and T), a compiled gather's bytes, no GPU
 placement for a trace of CPU ops, each figure's derivation and the cross-check against the
