@@ -904,7 +904,7 @@ def test_random_traces_conserve_and_link(tmp_path, k):
     for row, e in zip(a.itertuples(), raw, strict=True):
         if "External id" not in e["args"] and e["args"]["correlation"] not in corr_known:
             # (or, launched before the window -- correlation id below the first launch, done
-            # before the first linked kernel -- the before_window bucket of issue 25)
+            # before the first linked kernel -- the before_window bucket)
             assert pd.isna(row.op_id) and row.operator in ("unattributed", "before_window")
         else:
             assert not pd.isna(row.op_id)

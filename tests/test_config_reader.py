@@ -1,6 +1,6 @@
 """Reading any decoder's config.json (model/config_reader.py, model/families.py): its fields
 under their spellings, what the reader assumed, a family added as one entry, and bad values as
-one-line InputErrors naming the field (issue 35)."""
+one-line InputErrors naming the field."""
 
 from __future__ import annotations
 

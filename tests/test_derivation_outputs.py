@@ -1,4 +1,4 @@
-"""Issue 33, outputs and figure honesty: each figure's derivation in every output, rows above
+"""Outputs and figure honesty: each figure's derivation in every output, rows above
 their roof explained and kept out of the whole model, attention's executed and useful pairs,
 and one attention figure for a CUDA-graph decode whichever way its shapes came."""
 

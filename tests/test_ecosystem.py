@@ -1,4 +1,4 @@
-"""The ecosystem sweep's oracle (workloads/ecosystem.py, issue 32): truths from the module tree
+"""The ecosystem sweep's oracle (workloads/ecosystem.py): truths from the module tree
 of small families built and profiled for real, the contradiction table, and (exhaustive) the
 whole sweep of the installed transformers' families."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 items 1-2: every name carries its evidence, fallbacks are counted as fallbacks, and
+"""Every name carries its evidence, fallbacks are counted as fallbacks, and
 what the analyzer cannot explain is said before the table: shapes contradicting --model (an
 error unless --force; TP shards accepted), the model the shapes show, no decoder layer, uncosted
 time and a withheld whole model, an irregular operator order."""

@@ -238,7 +238,7 @@ def test_cross_check_attention_against_its_geometry():
 # ------------------------------------------------------- serving steps: the step's own sums
 def test_replayed_attention_with_a_captures_shapes_costed_from_the_step():
     """A replayed attention named from a graph capture carries the capture's shapes (its batch),
-    not this step's (issue 33: a vLLM mixed step's attention read 17 GFLOP from them, its
+    not this step's (a vLLM mixed step's attention read 17 GFLOP from them, its
     annotation's Σq·k terms 773-997 GFLOP). The gpt-oss FULL decode with its attention ops
     given a capture's costable shapes (one causal sequence of 32 tokens) is still costed from
     the step annotation: the same FLOPs as the unshaped ops, derivation `step`."""

@@ -1,4 +1,4 @@
-"""Honest naming (issue 25): position only fills gaps between anchored names; a GEMM is named by
+"""Honest naming: position only fills gaps between anchored names; a GEMM is named by
 its shape (or module / annotation), an attention by its op or kernel family; a trace no decoder
 layout explains names nothing as a decoder and says why; training steps, sampling and kernels
 from before the profiled window are buckets of their own."""
@@ -70,7 +70,7 @@ def test_reason_is_declared_once():
 
 def test_inductor_gemm_templates_are_named_by_their_shape(build):
     """max-autotune's triton_tem_fused_mm_* kernels: (K, N) from their arguments, never
-    `attention` by position (issue 25: 89% attention)."""
+    `attention` by position (it once named 89% attention)."""
     k = Kineto()
     with k.ann("ProfilerStep#1"):
         for _ in range(2):
@@ -152,7 +152,7 @@ def test_non_decoders_carry_no_decoder_names(name):
 
 def test_an_encoder_carries_no_decoder_names(build):
     """A BERT-shaped encoder (q, k, v, o all H x H, an ungated MLP H -> 4H -> H, LayerNorm,
-    SDPA): its GEMMs fit no decoder, so nothing is q_norm / attention / q_proj (issue 25: 93%
+    SDPA): its GEMMs fit no decoder, so nothing is q_norm / attention / q_proj (it once named 93%
     under decoder names)."""
     k = Kineto()
     h = 128

@@ -1,4 +1,4 @@
-"""Issue 27, the cache and the outputs: no stale result, no code run from the cache, no crash on a
+"""The cache and the outputs: no stale result, no code run from the cache, no crash on a
 malformed manifest, no input overwritten, no user file deleted by `cache clear`, no mixed set or
 temporary left by a killed run (docs/security.md, "Cache and outputs").
 

@@ -1,4 +1,4 @@
-"""Hostile and unlucky inputs to the ingest path (issue 27; docs/security.md says what is
+"""Hostile and unlucky inputs to the ingest path (docs/security.md says what is
 guaranteed): crafted hash collisions do not make the parse quadratic, a '{' inside a string
 reserves no column memory, a full $TMPDIR falls back to one process instead of a SIGBUS, a trace
 replaced or rewritten while it is read never mixes two files' events, and the compiled scanner

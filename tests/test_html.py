@@ -124,7 +124,7 @@ def _qwen_config(name: str) -> dict:
 
 
 def test_config_and_trace_strings_are_escaped(tmp_path):
-    """Issue 35 row 8: a config's `_name_or_path` (and a trace's file name) holding markup is
+    """A config's `_name_or_path` (and a trace's file name) holding markup is
     shown as text, never run: no tag of theirs reaches the page unescaped."""
     import json
 

@@ -34,7 +34,7 @@ EXAMPLES: dict[str, list[str]] = {
     "inductor_grouped_mm_template": [
         "triton_tem_fused__grouped_mm__to_copy__unsafe_view_add_embedding_mean_mul_pow_rsqrt_t_"
         "view_9"],
-    "inductor_mm_template": ["triton_tem_fused_mm_0", "triton_tem_fused_addmm_1",  # (doc, issue 25)
+    "inductor_mm_template": ["triton_tem_fused_mm_0", "triton_tem_fused_addmm_1",  # (doc)
                              "triton_tem_fused_bmm_2", "triton_tem_fused__unsafe_view_mm_5",
                              "triton_tem_fused__scaled_mm_0"],
     "inductor_conv_template": ["triton_tem_fused_convolution_0"],  # (doc)
@@ -100,7 +100,7 @@ EXAMPLES: dict[str, list[str]] = {
     "triton_kernels_routing": ["_topk_forward", "_combined_routing_compute",  # (trace)
                                "_combined_routing_memset", "_sum_bitmatrix_rows"],
     "trtllm_moe_gemm": ["bmm_Bfloat16_MxE2m1MxE4m3_Fp32_t128x8x512_s3_et128x8_m128x8x32_cga1x1x1_"
-                        "16dp256b_TN_transOut_schedS_bN_sm100a"],  # (doc, issue 25's B200 trace)
+                        "16dp256b_TN_transOut_schedS_bN_sm100a"],  # (doc, a B200 trace)
     "trtllm_moe_routing": ["void moe::dev::routing::routingRenormalize::"
                            "routingIndicesClusterKernel<KernelParams>"],  # (doc)
     "trtllm_moe_finalize": ["void moe::dev::finalize::finalizeKernel<KernelParams>"],  # (doc)

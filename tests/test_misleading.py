@@ -1,4 +1,4 @@
-"""Traces shaped to mislead (issue 32): sample_traces/misleading/, captured on the CPU with
+"""Traces shaped to mislead: sample_traces/misleading/, captured on the CPU with
 module frames by workloads/capture_misleading.py.
 
 Each trace is analysed as users' traces usually look: a copy without its `python_function`

@@ -208,7 +208,7 @@ def test_shuffled_moe_replays_are_not_named(tmp_path, seed):
     assert (bare["operator"].to_numpy(dtype=object)[rows] == "unattributed").all()
 
 
-# ------------------------------------------- batched_mm and Qwen1.5-MoE's shared expert (session 6)
+# ------------------------------------------- batched_mm and Qwen1.5-MoE's shared expert
 FORMS = str(SAMPLES / "cuda_graphs" / "hf-moe-{}-2l_decode_b4_s512_static1024_{}_{}_h200.json.gz")
 
 

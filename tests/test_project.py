@@ -1,4 +1,4 @@
-"""`trace-roofline project` (issue 34): the what-if projection against hand-computed values,
+"""`trace-roofline project`: the what-if projection against hand-computed values,
 and against the measured step times of the committed H100 sweep (sample_traces/step_sweep):
 each trace's projection of the other points of its phase within 15% (decode) and 20%
 (prefill), except the pairs docs/project.md lists as outside the bar."""

@@ -1,4 +1,4 @@
-"""Property tests of the DataFrame stages (issue 35): frames with missing values (NaN, None,
+"""Property tests of the DataFrame stages: frames with missing values (NaN, None,
 pd.NA) in every optional column, and model configs, hardware files and options holding hostile
 values (0, negative, True, inf, NaN, 1e30, strings, huge integers, null, lists). Whatever the
 input, a stage returns or raises the project's InputError: no other exception escapes.

@@ -1,4 +1,4 @@
-"""report: terminal text, the report.json contract (issue 5), markdown."""
+"""report: terminal text, the report.json contract, markdown."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Serving-engine traces (issue 26) on the real MI300X traces of sample_traces/serving/ (TraceLens's
+"""Serving-engine traces on the real MI300X traces of sample_traces/serving/ (TraceLens's
 test data: SGLang Qwen3-8B decode and extend, vLLM gpt-oss-20b decode; README there): HIP-graph
 replays named from their capture traces or, without them, from the kernel families; step
 annotations giving phases and attention; the FLOPs of every GEMM and of attention against a hand
@@ -113,7 +113,7 @@ def test_named_and_costed_without_captures(request, name):
 
 
 def _piecewise_kernels(tmp: Path) -> tuple[tr.Analysis, pd.DataFrame]:
-    """The vLLM decode re-cut as piecewise graphs (issue 32's row: 3.9% named): attention and
+    """The vLLM decode re-cut as piecewise graphs (it was 3.9% named): attention and
     its cache write run eagerly under `vllm::unified_attention_with_output` between 25 graph
     pieces, with no capture folder beside it; its analysis and named kernels."""
     doc = json.loads(gzip.decompress(VLLM_DECODE.read_bytes()))
@@ -143,8 +143,8 @@ def test_piecewise_graphs_named_as_one_step(tmp_path, bare_dir):
 
 
 def test_piecewise_mixed_step_attention_from_the_annotation(tmp_path):
-    """Issue 33's row (a vLLM mixed step of 9 prefill chunks and 37 decodes replayed from
-    piecewise graphs, with its capture: attention 17 GFLOP from the capture's shapes, not the
+    """A vLLM mixed step of 9 prefill chunks and 37 decodes replayed from
+    piecewise graphs, with its capture (attention read 17 GFLOP from the capture's shapes, not the
     annotation's Σq·k terms): the Qwen3 decode replay re-cut as piecewise graphs (paged
     attention and the cache write eager between them), its annotation that mixed step, its
     capture folder beside it. The capture (batch 32, FULL) is said not to match the step and
@@ -176,7 +176,7 @@ def test_piecewise_mixed_step_attention_from_the_annotation(tmp_path):
 
 
 def test_b200_tp8_prefill_of_bmm_experts_named(tmp_path, bare_dir):
-    """Issue 32's row (gpt-oss on a B200, TP=8, bf16 x MXFP4 expert `bmm_*`: 38% `residual`,
+    """gpt-oss on a B200, TP=8, bf16 x MXFP4 expert `bmm_*` (it read 38% `residual`,
     no prefill phase, qkv FLOPs 0): the vLLM replay as a B200 TP=8 rank runs a prefill of
     4 x 2048 tokens (its kernels renamed, an all-reduce after each o_proj and MoE). Every kernel
     the MI300X replay names from its capture gets the same name (the eager lm_head may stay an

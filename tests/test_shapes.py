@@ -247,7 +247,7 @@ def test_triton_kernel_fusing_an_embedding_reads_only_the_gathered_rows():
     # index 4·8 B + rows 4·3584·2 B + weight 3584·2 B + output 4·3584·2 B
     assert c["bytes"] == 4 * 8 + 4 * H * 2 + H * 2 + 4 * H * 2
     # without `embedding` in its name, a buffer of the gathered rows [4, H] says it gathers
-    # (issue 33: vLLM's compiled embedding, triton_poi_fused_0, was charged the whole table)
+    # (vLLM's compiled embedding, triton_poi_fused_0, was charged the whole table)
     plain = one([Op("input_norm", name.replace("embedding_", ""), dims, types)]).iloc[0]
     assert plain["bytes"] == c["bytes"]
     # and without such a buffer (nothing of 4 x H rows), every buffer in full
@@ -358,7 +358,7 @@ def test_compiled_and_eager_rope_and_cache_bytes_agree(eager, compiled):
     c = _per_layer_step(f"{compiled}.json.gz", ops)
     assert 0.15 < c / e < 1.5, (e, c)
     # HF decode: attention reads K, V of the n_kv heads once; the repeat_kv copies (eager) and
-    # Triton expansions (compiled) are repeat_kv rows of their own (issue 33)
+    # Triton expansions (compiled) are repeat_kv rows of their own
     for op in ("attention", "repeat_kv"):
         att = [_per_layer_step(f"{n}.json.gz", [op]) for n in (eager, compiled)]
         assert att[1] == pytest.approx(att[0], rel=0.01), op
@@ -413,7 +413,7 @@ RULE_CASES = [
     # Triton pointwise kernel over xnumel = 32: each buffer moves at most 32 elements
     ("triton_poi_fused_add_0", [[4, 8], [4, 8], []], [BF, BF, "Scalar"], ["", "", "32"],
      "fused", 32, 128),
-    # MoE (issue 12): 4 experts' [6,8]x[8,16] over ΣM_e = 6 rows, 2·6·8·16; activations
+    # MoE: 4 experts' [6,8]x[8,16] over ΣM_e = 6 rows, 2·6·8·16; activations
     # (48 + 96) el; outside a MoE block (no router: tokens and top-k unknown) the weights of
     # the upper bound min(E, ΣM_e) = 4 experts, 4·8·16 el
     ("aten::_grouped_mm", [[6, 8], [4, 8, 16], [4], [], []], [BF, BF, "int", "", ""], None,
@@ -432,7 +432,7 @@ RULE_CASES = [
     ("aten::_local_scalar_dense", [[]], [I64], None, "copy", 0, 16),
     # 16 bools read (the data-dependent output is not counted)
     ("aten::nonzero", [[4, 4]], ["bool"], None, "reduction", 16, 16),
-    # training (issue 33): a grouped GEMM's grad-weight [K=8, S=6] x [S, N=16] into 4 experts'
+    # training: a grouped GEMM's grad-weight [K=8, S=6] x [S, N=16] into 4 experts'
     # [8, 16]: 2·6·8·16; 48 + 96 read, 4·128 written
     ("aten::_grouped_mm", [[8, 6], [6, 16], [4], [], []], [BF, BF, "int", "", ""], None,
      "gemm", 1536, (48 + 96 + 512) * 2),

@@ -1,4 +1,4 @@
-"""Start-up, cached answers and CPU shares (issue 36): behaviour only, never a timing.
+"""Start-up, cached answers and CPU shares: behaviour only, never a timing.
 
 `--help`, `cache info` and a cached `analyze` load none of the analysis stack; a cached answer
 prints and writes exactly what the analysis did; the worker counts follow the CPUs that the

@@ -1,5 +1,5 @@
-"""The GPU captures of sample_traces/step_sweep (issue 34) and sample_traces/training_<gpu>
-(issue 33): each committed trace loads and holds kernels, and each results JSON has every point
+"""The GPU captures of sample_traces/step_sweep and sample_traces/training_<gpu>:
+each committed trace loads and holds kernels, and each results JSON has every point
 (see the folders' README.md for what ran and where)."""
 
 from __future__ import annotations
