@@ -25,13 +25,13 @@ SHARED_EXPERT_GATE = "shared_expert_gate"  # a shared expert's sigmoid gate: `ro
 @dataclass(frozen=True)
 class StepShapes(DecodeShapes):
     """Shapes from a step annotation: GEMMs and the rest over its tokens; attention is left to
-    the step's sums (costs/shapes.py), never to a mean context."""
+    the step's sums (costs/attention.py), never to a mean context."""
 
 
 def step_shapes(step: pd.Series | None, given: DecodeShapes | None
                 ) -> tuple[DecodeShapes | None, str | None]:
     """Shapes for a graph named from kernel names: its annotated step's (M = the step's
-    tokens, context = Σk / requests; attention from the step's sums, costs/shapes.py), else
+    tokens, context = Σk / requests; attention from the step's sums, costs/attention.py), else
     the user's --batch/--context; and a note of which, and of a given option left unused."""
     if step is None or pd.isna(step["tokens"]):
         return given, None
@@ -75,14 +75,14 @@ def user_shapes(res: pd.DataFrame, model: ModelSpec, shapes: DecodeShapes,
     sequence attending to S keys; a step annotation's StepShapes: the step's tokens) into a
     position table's named operators, in place: the projections and lm_head as [B, K] x [K, N];
     attention as SDPA Q [B, n_q, 1, d] over K, V [B, n_kv, S, d] (not for StepShapes: the
-    step's sums cost it, costs/shapes.py); the norms as engine RMSNorms over [B, H] (a fused
+    step's sums cost it, costs/attention.py); the norms as engine RMSNorms over [B, H] (a fused
     residual add where the kernel's role says so, or where no `residual` kernel runs and the
     norm follows a sublayer's output); q/k norms over [B, heads, d]; RoPE over q [B, n_q·d],
     k [B, n_kv·d]; the KV-cache write of B tokens; the gated activation [B, 2I] -> [B, I];
     the embedding's B rows. For a model with experts the router's logits GEMM [B, H] x [H, E],
     the routed experts' gate_up and down as one grouped GEMM over the B·k routed rows
     ([B·k, H] x [E, H, 2I], [B·k, I] x [E, I, H], the weights at the experts' dtype (MXFP4):
-    charged per expected active expert, shapes.py) and the shared expert's projections. Where
+    charged per expected active expert, costs/moe.py) and the shared expert's projections. Where
     the expert GEMMs hold batched_mm's weight gathers (`hints.gathers`), as HF's batched_mm
     runs them: each gather an `index` of the [E, 2I, H] (or [E, H, I]) weights, the GEMM a bmm
     over the B·k gathered copies ([B·k, 2I, H] x [B·k, H, 1]). A shared expert's sigmoid gate

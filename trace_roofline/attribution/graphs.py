@@ -234,7 +234,7 @@ def _own_mapping(trace: Trace, attributed: pd.DataFrame) -> Mapping | None:
 def _step_costed(out: pd.DataFrame, rows: np.ndarray, steps: pd.DataFrame | None,
                  step_of_row: np.ndarray | None) -> np.ndarray:
     """Per replayed row, whether its step annotation's sums cost it (attention in a step with
-    the detailed sums: costs/shapes.py), though it carries no shapes."""
+    the detailed sums: costs/attention.py), though it carries no shapes."""
     if steps is None or step_of_row is None or steps.empty:
         return np.zeros(len(rows), dtype=bool)
     has = steps[["p_sq", "d_sq"]].notna().all(axis=1).to_numpy()

@@ -35,7 +35,7 @@ DECODER = Verdict()
 CAUSAL_ENCODER = Verdict("encoder", "attention is causal, but nothing decodes and no GEMM "
                          "projects onto the vocabulary of its embedding table: a causally masked "
                          "encoder (CLIP's text tower), not a language model")
-# an encoder-decoder's encoder, a model of its own in the trace (attribute._encoder_forwards)
+# an encoder-decoder's encoder, a model of its own in the trace (trace_models.models_of)
 ENCODER_PART = Verdict("encoder", "an encoder-decoder's encoder: its forward attends "
                        "bidirectionally and never decodes; the decoder is the trace's model")
 ENCODER_LABEL = "encoder, "  # the label of such a part starts so

@@ -38,7 +38,7 @@ PASS_COLUMNS = {
 PHASES = ("prefill", "decode", "mixed", "forward", "backward", "recompute", Name.OPTIMIZER,
           Name.BEFORE_WINDOW, "unknown")
 # a training step's parts with a phase of their own (`recompute`: a checkpointed layer's forward
-# run again inside backward, attribute._training)
+# run again inside backward, training.training_parts)
 _TRAINING_PARTS = ("backward", Name.OPTIMIZER, "recompute")
 
 _MODEL_KEY = {Name.EMBEDDING: -1.0, Name.EMBEDDING_NORM: -0.5, Name.FINAL_NORM: 1e12,

@@ -22,7 +22,7 @@ WHOLE = "whole model"
 # the same shapes are bit-identical, so this only absorbs float summation order.
 FLOPS_RTOL = 1e-6
 # The whole model is the same workload within this: fused (torch.compile) elementwise kernels
-# are counted per kernel (shapes.py), so eager and compiled runs of the same model differ in
+# are counted per kernel (costs/fused.py), so eager and compiled runs of the same model differ in
 # those few FLOPs; a batch, context, layer or model change moves the GEMMs' and attention's.
 WORKLOAD_RTOL = 1e-2
 

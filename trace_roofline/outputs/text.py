@@ -29,7 +29,7 @@ ABOVE_ROOF_NOTE = ("above roof: achieved beats the roof. Memory-bound: the analy
                    "high); compute-bound: FLOPs counted too high or the peak understated.")
 
 # The mark after an operator's name in the terminal and report.md tables for each derivation
-# but `shape` (costs/shapes.py DERIVATIONS), and the legend's words for it.
+# but `shape` (costs/call.py DERIVATIONS), and the legend's words for it.
 DERIVATION_MARKS = {"step": ("ˢ", "step annotation"), "layout": ("ᴸ", "layout"),
                     "kernel": ("ᵏ", "generic kernel estimate"), "unknown": ("ˀ", "unknown")}
 

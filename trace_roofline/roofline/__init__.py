@@ -113,7 +113,7 @@ class Subject:
 def place_costed(costed: pd.DataFrame, attributed: pd.DataFrame, options: AnalysisOptions,
                  subject: Subject) -> Analysis:
     """Place, reconcile (and with `options.layers`, extrapolate) one trace's costed instances
-    (costs.shapes.attach_costs of `attributed`).
+    (costs.attach.attach_costs of `attributed`).
 
     `options.by_shape` places each (operator, shape) on its own; measured bytes then stay per
     operator only. Collectives are placed under the link roof and kept out of the whole model.
