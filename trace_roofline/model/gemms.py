@@ -50,19 +50,6 @@ SIGNATURES: dict[str, Signature] = {
 GEMM_OPS = frozenset(SIGNATURES)
 # ops that multiply one 2-D weight per call: an expert loop's GEMMs
 ONE_WEIGHT_OPS = frozenset(op for op, s in SIGNATURES.items() if s.one_weight)
-# ops whose weight is 2-D (K, N readable from one operand)
-WEIGHT_2D_OPS = frozenset(op for op, s in SIGNATURES.items() if not (s.batched or s.experts))
-
-
-def k_n(op: str, dims: list) -> tuple[int, int] | None:
-    """(K, N) of a 2-D-weight GEMM from its Input Dims (a list of shapes), else None."""
-    sig = SIGNATURES.get(op)
-    if sig is None or sig.batched or sig.experts or len(dims) <= sig.weight:
-        return None
-    w = dims[sig.weight]
-    if not (isinstance(w, list) and len(w) == 2 and all(isinstance(v, int) for v in w)):
-        return None
-    return (w[1], w[0]) if sig.weight_nk else (w[0], w[1])
 
 
 def tokens(op: str, dims: list) -> int | None:
