@@ -57,11 +57,11 @@ EOF
 
 # The tests whose code the pinned libraries run (every stage, every output format, the cache, Dask).
 MIN_TESTS=(
-    tests/test_trace.py tests/test_scan.py tests/test_hostile_ingest.py
-    tests/test_attribute.py tests/test_attribute_codes.py tests/test_graphs.py tests/test_passes.py
-    tests/test_shapes.py tests/test_costs.py tests/test_roofline.py tests/test_steptime.py
-    tests/test_report.py tests/test_plot.py tests/test_html.py tests/test_perfetto.py tests/test_diff.py
-    tests/test_cache.py tests/test_parallel.py tests/test_ranks.py tests/test_cli_analyze.py
+    tests/trace/test_trace.py tests/trace/test_scan.py tests/trace/test_hostile_ingest.py
+    tests/attribution/test_attribute.py tests/attribution/test_attribute_codes.py tests/attribution/test_graphs.py tests/attribution/test_passes.py
+    tests/costs/test_shapes.py tests/costs/test_costs.py tests/roofline/test_roofline.py tests/roofline/test_steptime.py
+    tests/outputs/test_report.py tests/outputs/test_plot.py tests/outputs/test_html.py tests/outputs/test_perfetto.py tests/outputs/test_diff.py
+    tests/cli/test_cache.py tests/cli/test_parallel.py tests/cli/test_ranks.py tests/cli/test_cli_analyze.py
 )
 
 start=$(date +%s)

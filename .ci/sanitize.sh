@@ -3,8 +3,8 @@
 # UndefinedBehaviorSanitizer. Builds it with -fsanitize=address,undefined into a temporary
 # directory (the normal build in the checkout is not touched), makes Python import that build
 # (a meta-path finder in a temporary sitecustomize), then runs
-#   1. the scanner's differential tests, tests/test_scan.py (scanner vs msgspec), and
-#      tests/test_hostile_ingest.py;
+#   1. the scanner's differential tests, tests/trace/test_scan.py (scanner vs msgspec), and
+#      tests/trace/test_hostile_ingest.py;
 #   2. a bounded fuzz run: mutated batches of the committed traces' events through the scanner
 #      and through msgspec, which must agree (or the scanner declines), for FUZZ_SECONDS
 #      (default 60) or FUZZ_CASES (default 200000) batches, whichever comes first.
@@ -73,9 +73,9 @@ EOF
 
 status=0
 # (test_hostile_ingest's two compiler tests build their own scanner: nothing to sanitize there)
-logged "$PY" -m pytest -q -s -p no:cacheprovider ${SANITIZE_PYTEST_ARGS:-} tests/test_scan.py tests/test_hostile_ingest.py \
-    --deselect tests/test_hostile_ingest.py::test_the_scanner_has_no_undefined_behaviour_on_empty_keys_and_batches \
-    --deselect tests/test_hostile_ingest.py::test_a_big_endian_build_of_the_scanner_is_refused || status=$?
+logged "$PY" -m pytest -q -s -p no:cacheprovider ${SANITIZE_PYTEST_ARGS:-} tests/trace/test_scan.py tests/trace/test_hostile_ingest.py \
+    --deselect tests/trace/test_hostile_ingest.py::test_the_scanner_has_no_undefined_behaviour_on_empty_keys_and_batches \
+    --deselect tests/trace/test_hostile_ingest.py::test_a_big_endian_build_of_the_scanner_is_refused || status=$?
 reports || status=1
 [ "$status" = 0 ] || { echo "sanitize: FAILED (tests, $((SECONDS - started)) s)" >&2; exit "$status"; }
 

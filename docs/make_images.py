@@ -79,7 +79,7 @@ def projection_chart(tmp: Path) -> Path:
     return tmp / "proj" / "projection.png"
 
 
-# docs/<name>: how it is made. README.md and docs/*.md reference exactly these (tests/test_docs.py).
+# docs/<name>: how it is made. README.md and docs/*.md reference exactly these (tests/repo/test_docs.py).
 IMAGES: dict[str, Callable[[Path], Path | None]] = {
     "roofline_decode_prefill_h200.png": readme_chart,
     "report_html.png": report_html,

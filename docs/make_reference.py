@@ -4,7 +4,7 @@ families, the model families, the CLI's commands and flags, and every module of 
     python docs/make_reference.py            # rewrite docs/reference.md
     python docs/make_reference.py --check    # exit 1 when the committed file is stale
 
-tests/test_reference_docs.py runs the check, so the reference cannot drift from the code.
+tests/repo/test_reference_docs.py runs the check, so the reference cannot drift from the code.
 """
 
 from __future__ import annotations

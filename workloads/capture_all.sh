@@ -59,7 +59,7 @@ captures() {
   fi
   retar
   # 3. GPU tests
-  timeout 110 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_workloads_gpu.py > "$W/pytest_gpu.log" 2>&1
+  timeout 110 python3 -m pytest -m gpu -v -p no:cacheprovider tests/workloads/test_workloads_gpu.py > "$W/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
   retar
   ls -la "$W"

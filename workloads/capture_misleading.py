@@ -6,7 +6,7 @@ whose real shapes differ keep different (K, N)), runs them under torch.profiler
 `ProfilerStep#N` range) and writes `<out>/<name>_cpu.json.gz` holding two metadata objects:
 `trace_roofline_workload` (what ran) and `trace_roofline_modules`, the profiler's name of every
 module instance called (`Linear_3`) -> its qualified name (`model.layers.0.self_attn.q_proj`),
-the truth tests/test_misleading.py checks the analyzer's names against. Each HF model's config
+the truth tests/attribution/test_misleading.py checks the analyzer's names against. Each HF model's config
 is written beside the traces as `<out>/<name>[_draft].config.json`.
 
 - `llama_beam4`: a tiny Llama's `generate(num_beams=4)`;

@@ -13,7 +13,7 @@ others get none), twice, for Nsight Compute to measure each kernel's DRAM bytes:
 
 (ncu flushes the caches before each kernel by default: cold-cache DRAM bytes.) The result on
 the project's H200 is sample_traces/provenance/moe_grouped_mm_ncu_h200.csv: the CUTLASS grouped
-kernel reads A x one expert's weights, within 0.3% (tests/test_moe.py checks it).
+kernel reads A x one expert's weights, within 0.3% (tests/attribution/test_moe.py checks it).
 """
 
 from __future__ import annotations

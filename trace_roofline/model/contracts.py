@@ -54,7 +54,7 @@ _MOE_GLUE = _c("batched_gemm softmax generic", "experts")
 _NORM = _c("norm generic")
 _ANY = Contract(frozenset(WORK))
 
-# (operators, contract): every name of the vocabulary appears once (tests/test_contracts.py)
+# (operators, contract): every name of the vocabulary appears once (tests/model/test_contracts.py)
 _TABLE: tuple[tuple[tuple[str, ...], Contract], ...] = (
     ((Name.Q_PROJ, Name.K_PROJ, Name.V_PROJ, Name.QKV_PROJ, Name.KV_PROJ, Name.O_PROJ,
       Name.GATE_PROJ, Name.UP_PROJ, Name.GATE_UP_PROJ, Name.DOWN_PROJ, Name.Q_A_PROJ,

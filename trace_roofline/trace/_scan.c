@@ -19,7 +19,7 @@
  *
  * Traces are untrusted input (docs/security.md): crafted keys cannot make the string tables
  * quadratic (table_code: a keyed hash once keys collide), column rows are reserved per event
- * read, not per byte, and tests/test_hostile_ingest.py and .ci/sanitize.sh (ASan + UBSan,
+ * read, not per byte, and tests/trace/test_hostile_ingest.py and .ci/sanitize.sh (ASan + UBSan,
  * differential tests and a bounded fuzz run against msgspec) keep it so.
  */
 #define PY_SSIZE_T_CLEAN

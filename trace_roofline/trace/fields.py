@@ -2,7 +2,7 @@
 attribute name, its JSON type and unit (FIELDS), and which table column each one fills (TABLES).
 decode.py's msgspec Structs and columns.py's column plan are derived from them at import; the
 compiled scanner's field table, `_fields.h`, is generated from them (`python -m
-trace_roofline.trace.fields` rewrites it; tests/test_scan.py checks that it matches).
+trace_roofline.trace.fields` rewrites it; tests/trace/test_scan.py checks that it matches).
 
 Design notes: docs/design.md ("trace_roofline/trace/fields.py").
 """

@@ -1,6 +1,7 @@
-"""Every committed LLM trace outside families_h200 (whose own walk is tests/test_families_h200.py),
-named as `analyze --model` names it, against its model's layout: at most 2% of its device time
-may carry a name that layout contradicts (tests/builders.wrong_names)."""
+"""Every committed LLM trace outside families_h200 (whose own walk is
+tests/attribution/test_families_h200.py), named as `analyze --model` names it, against its
+model's layout: at most 2% of its device time may carry a name that layout contradicts
+(tests/builders.wrong_names)."""
 
 from __future__ import annotations
 

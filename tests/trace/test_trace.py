@@ -23,7 +23,7 @@ from tests.builders import (
     read,
     write,
 )
-from tests.test_robustness import FILE_CASES
+from tests.trace.test_robustness import FILE_CASES
 from trace_roofline.errors import InputError
 from trace_roofline.trace import (
     SCHEMAS,

@@ -220,7 +220,7 @@ def test_align_is_banded_lcs():
 #   with profile(CPU, CUDA, record_shapes=True): two eager warm-up steps on a side stream,
 #   torch.cuda.graph capture of step(x), g.replay() x 3, synchronize.
 # Kernels of a replay: two nvjet GEMMs, silu, sum; all with the cudaGraphLaunch's correlation.
-PROBE = Path(__file__).resolve().parent / "data" / "cuda_graph_probe_h200.json.gz"
+PROBE = Path(__file__).resolve().parents[1] / "data" / "cuda_graph_probe_h200.json.gz"
 PROBE_FLOPS = 3 * (2 * 4 * 1024 * 1024 + 4 * 1024 + 2 * 4 * 1024 * 4096 + 4 * 4096)
 
 

@@ -289,7 +289,7 @@ def test_an_inductor_kernel_counts_the_weights_it_multiplies():
     assert kernels.inductor_gemm(FUSED_GEMMS[7][1]).weights == 1  # the input has its shape
 
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.mark.parametrize("rel", [

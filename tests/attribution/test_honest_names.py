@@ -19,7 +19,7 @@ from trace_roofline.model.models import get_model
 from trace_roofline.pipeline import attribute_trace
 from trace_roofline.trace import load_trace
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 TRAINING = SAMPLES / "training" / "qwen-tiny_train_b2_t32_l2_adamw_cpu.json.gz"
 PER_LAYER = {o.name for o in operators.OPERATORS if o.per_layer}
 H, Q, KV, INTER = 256, 256, 64, 768  # qwen-tiny's linears: (256, 256), (256, 64), (256, 768)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trace_roofline.model import kernels, operators
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _generator():

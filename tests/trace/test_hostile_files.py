@@ -16,7 +16,7 @@ from tests.builders import gpu_trace, run_cli, write
 from trace_roofline.model import hardware
 from trace_roofline.pipeline import Run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------- row 3: a subnormal duration
@@ -414,7 +414,7 @@ def test_a_per_user_subdirectory_made_by_another_user_is_refused_with_a_note(tmp
     assert list(planted.iterdir()) == []
 
 
-# ----------------------------------------------------------------- found by tests/test_property_stages.py
+# ------------------------------------------------------ found by tests/roofline/test_property_stages.py
 def test_a_hardware_ceiling_beyond_any_float_is_an_input_error(tmp_path):
     """`"bf16": 1e400` written as an integer (10**400) raised OverflowError in math.isfinite."""
     from trace_roofline.errors import InputError

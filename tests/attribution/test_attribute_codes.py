@@ -5,7 +5,7 @@ frames) against a plain reference computation.
 tests/golden/attributed.parquet holds attribute() of every trace in sample_traces/ (column
 `trace`), as computed by the object-column implementation before the categorical rewrite
 (commit c9ae8a1). After an intended change of attribution, regenerate it with
-`PYTHONPATH=. python3 tests/test_attribute_codes.py --update` (so the worktree's trace_roofline is
+`PYTHONPATH=. python3 tests/attribution/test_attribute_codes.py --update` (so the worktree's trace_roofline is
 the one imported) and say why in the commit.
 """
 

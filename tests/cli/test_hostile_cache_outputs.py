@@ -222,7 +222,7 @@ def _committed_traces() -> list[Path]:
     """Every sample trace (benchmarks/snapshot_outputs.py's list) but the family captures."""
     return sorted(p for p in SAMPLES.rglob("*.json*") if ".json" in p.name
                   and not p.name.endswith(".results.json") and "busbw" not in p.name
-                  and "families_h200" not in p.parts)  # (tests/test_families_h200.py's)
+                  and "families_h200" not in p.parts)  # (tests/attribution/test_families_h200.py's)
 
 
 def _preset(p: Path) -> str | None:

@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 from tests.builders import ROOT, attributed, qwen_layer, run_cli, sweep_lines
-from tests.test_plot import DEC, H200, QWEN
+from tests.outputs.test_plot import DEC, H200, QWEN
 from trace_roofline.pipeline import TraceFacts, analyze
 
 
@@ -292,7 +292,7 @@ def test_diff_chart_labels_overlap_nothing():
 # --------------------------------------------------------------------- the suite's memory
 def test_a_cpu_continuous_batching_capture_stays_small(tmp_path):
     """The suite's 6.6 GB process: transformers' paged cache sized itself from the machine's
-    free memory in tests/test_capture_families.py's llama-batch capture of a toy model."""
+    free memory in tests/workloads/test_capture_families.py's llama-batch capture of a toy model."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import subprocess
