@@ -31,14 +31,16 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 import pandas as pd
+import pytest
 
 from trace_roofline.model.models import ModelSpec
 from trace_roofline.trace import columns, decode, parallel
@@ -46,6 +48,28 @@ from trace_roofline.trace.schema import MISSING
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
+
+
+def walk(items: Iterable, group: Callable[[Any], Hashable] = lambda p: p.parent,
+         ids: Callable[[Any], str] | None = None) -> list:
+    """`items` (paths, or tuples of arguments) as pytest params: the first of each `group`
+    (default: a path's folder) runs in every suite, the others are marked `exhaustive` (CI's
+    leg of its own: `pytest -m exhaustive`). Ids: `ids`, else a path relative to SAMPLES."""
+    seen: set[Hashable] = set()
+    out = []
+    for item in items:
+        key = group(item)
+        args = item if isinstance(item, tuple) else (item,)
+        name = ids(item) if ids else str(item.relative_to(SAMPLES)) if isinstance(item, Path) else None
+        out.append(pytest.param(*args, marks=[pytest.mark.exhaustive] if key in seen else [],
+                                id=name))
+        seen.add(key)
+    return out
+
+
+def by_prefix(path: Path) -> str:
+    """A capture's model, for `walk`: its file name up to the first underscore."""
+    return path.name.split("_")[0]
 BF, F32 = "c10::BFloat16", "float"
 H200 = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150754820096, "computeMajor": 9,
         "computeMinor": 0, "numSms": 132, "warpSize": 32}

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import SAMPLES, Kineto
+from tests.builders import SAMPLES, Kineto, by_prefix, walk
 from trace_roofline.attribution.attribute import (
     ATTRIBUTED_COLUMNS,
     OPERATOR_TABLE_COLUMNS,
@@ -772,7 +772,8 @@ def _expected_layers(path: Path) -> int:
     return int(m.group(1) or m.group(2)) if m else 1
 
 
-@pytest.mark.parametrize("path", _layer_traces(), ids=lambda p: p.name.removesuffix(".json.gz"))
+@pytest.mark.parametrize("path", walk(_layer_traces(), by_prefix,
+                                      lambda p: p.name.removesuffix(".json.gz")))
 def test_real_traces_core_operators_per_layer(path):
     tr = load_trace(path)
     model = get_model("qwen-tiny" if "tiny" in path.name else "qwen2.5-7b")

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.builders import ROOT
+from tests.builders import ROOT, by_prefix, walk
 from trace_roofline.attribution import nn_modules
 from trace_roofline.attribution.attribute import ATTRIBUTED_COLUMNS, attribute
 from trace_roofline.attribution.codes import lookup as _lookup
@@ -51,7 +51,7 @@ def test_golden_covers_every_committed_trace(golden):
     assert sorted(golden["trace"].unique()) == [p.name for p in TRACES]
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk(TRACES, by_prefix, lambda p: p.name))
 def test_attribute_matches_the_golden_frame(path, golden):
     a = _attribute(path)
     want = golden[golden["trace"] == path.name].drop(columns="trace").reset_index(drop=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import trace_roofline as tr
-from tests.builders import SAMPLES, wrong_names
+from tests.builders import SAMPLES, walk, wrong_names
 from trace_roofline.model import operators
 from trace_roofline.outputs import report
 
@@ -30,7 +30,11 @@ def _family(path: Path) -> str:
     return next(f for f in FAMILIES if path.name.startswith(f + "_"))
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name.removesuffix("_h200.json.gz"))
+def _capture(path: Path) -> str:
+    return path.name.removesuffix("_h200.json.gz")
+
+
+@pytest.mark.parametrize("path", walk(TRACES, _family, _capture))
 def test_no_wrong_name_on_any_family_capture(path, tmp_path):
     family = _family(path)
     trace = tr.load_trace(path)
@@ -228,8 +232,8 @@ def test_max_autotune_decode_gemvs_are_named_by_their_weights(family):
     assert not ops.index.str.startswith("linear[").any()
 
 
-@pytest.mark.parametrize("path", [p for p in TRACES if _family(p) != "bert"],
-                         ids=lambda p: p.name.removesuffix("_h200.json.gz"))
+@pytest.mark.parametrize("path", walk([p for p in TRACES if _family(p) != "bert"], _family,
+                                      _capture))
 def test_no_wrong_name_without_a_model(path, tmp_path):
     """Without --model the layout is inferred from the GEMM shapes and the attention's
     geometry; what it names must still fit the family's real layout (each model's own, in

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.builders import BF, F32, SAMPLES, Op, attributed, concat, read
+from tests.builders import BF, F32, SAMPLES, Op, attributed, by_prefix, concat, read, walk
 from trace_roofline.attribution import layer_linears
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.costs import calculator, model_level
@@ -354,7 +354,7 @@ def analysed() -> dict[str, Analysis]:
     return out
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk(TRACES, by_prefix, lambda p: p.name))
 def test_every_layer_names_router_experts_and_shared(path, analysed):
     c = analysed[path.name].costed
     layers = c[c["layer"].notna()].groupby(["step", "layer"], dropna=False)["operator"]
@@ -379,8 +379,8 @@ def test_expert_flops_are_exact(path, analysed):
     assert flops["experts_down"] == moe.down_flops(rows, h, e.intermediate_size)
 
 
-@pytest.mark.parametrize("path", [p for p in TRACES if "qwen3" not in p.name],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk([p for p in TRACES if "qwen3" not in p.name], by_prefix,
+                                      lambda p: p.name))
 def test_no_elementwise_operator_holds_more_than_its_usual_share(path, analysed):
     """The issue: residual held 50-61% (Qwen1.5-MoE) and post_attention_norm 86-89% (Mixtral)."""
     ops = analysed[path.name].operators
@@ -546,7 +546,8 @@ HF_TRACES = [p for p in TRACES if p.name.startswith("hf-moe-")] + sorted(
     (SAMPLES / "cuda_graphs").glob("hf-moe-*_mapping_h200.json.gz"))
 
 
-@pytest.mark.parametrize("path", HF_TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk(HF_TRACES, lambda p: (p.parent, by_prefix(p)),
+                                      lambda p: p.name))
 def test_without_a_model_every_kernel_is_named_as_with_its_preset(path):
     """No --model: the linears inferred from the trace's GEMM counts name every kernel, and
     give it its layer, as the preset does, in every form (eager loop, grouped_mm, batched_mm).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import trace_roofline as tr
-from tests.builders import SAMPLES, wrong_names
+from tests.builders import SAMPLES, walk, wrong_names
 from trace_roofline.attribution.tp import gemm_shapes, infer_tp
 from trace_roofline.pipeline import attribute_trace
 
@@ -33,7 +33,7 @@ for _pattern, _name in MODELS:
 TRACES = sorted(RUNS)
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(SAMPLES)))
+@pytest.mark.parametrize("path", walk(TRACES, group=lambda p: (p.parent, RUNS[p])))
 def test_no_wrong_name_on_any_committed_trace(path):
     trace = tr.load_trace(path)
     model = tr.get_model(RUNS[path])

@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import trace_roofline.cache as cache_mod
-from tests.builders import SAMPLES, run_cli
+from tests.builders import SAMPLES, by_prefix, run_cli, walk
 from trace_roofline import pipeline
 from trace_roofline.attribution.attribute import attribute
 from trace_roofline.cache import TraceCache, cache_dir
@@ -75,7 +75,7 @@ def _files(c: TraceCache, pattern: str) -> list[Path]:
     return sorted(c.root.glob(f"*/{pattern}"))
 
 
-@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.json.gz")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk(sorted(SAMPLES.glob("*.json.gz")), by_prefix))
 def test_hit_is_identical_to_a_parse_on_every_sample(path, tmp_path):
     c = TraceCache(tmp_path / "c")
     fresh = load_trace(path)

@@ -29,7 +29,6 @@ from trace_roofline.roofline import coverage, operators_frame
 # Real traces of every kind: annotated H200, HF eager and compiled, fused, a TP=2 rank.
 TRACES = [SAMPLES / n for n in (
     "qwen2.5-7b_decode_b1_s2048_h200.json.gz",
-    "qwen2.5-7b_prefill_b1_t512_h200.json.gz",
     "hf-qwen2-qwen2.5-7b-2l_decode_b1_s512_h200.json.gz",
     "hf-qwen2-qwen2.5-7b-2l_decode_b1_s2048_static_compiled_h200.json.gz",
     "qwen2.5-7b_decode_b32_s2048_fused_noannot_h200.json.gz",
@@ -208,7 +207,7 @@ def _uncosted_trace(tmp_path) -> Path:
 def test_compact_keeps_every_sum_and_remark(tmp_path):
     """Uncosted instances and preset mismatches (llama-3-8b on Qwen traces) stay one row each;
     device time, FLOPs, bytes and coverage are unchanged; the table shrinks."""
-    for path, model in [(_uncosted_trace(tmp_path), None), (TRACES[2], get_model("llama-3-8b")),
+    for path, model in [(_uncosted_trace(tmp_path), None), (TRACES[1], get_model("llama-3-8b")),
                         (TRACES[0], None)]:
         a = analyze_trace(path, model,
                           options=AnalysisOptions(force=True))  # llama-3-8b contradicts: analysed anyway

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.builders import ROOT, SAMPLES
+from tests.builders import ROOT, SAMPLES, by_prefix, walk
 from trace_roofline import parallel
 from trace_roofline.parallel import Workers
 from trace_roofline.trace import load_trace, read
@@ -173,7 +173,7 @@ def _tables(trace) -> dict[str, pd.DataFrame]:
             ("device", "cpu_ops", "runtime", "annotations", "python_frames", "flows")}
 
 
-@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.json.gz"))[:8], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", walk(sorted(SAMPLES.glob("*.json.gz"))[:8], by_prefix))
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("streamed", [False, True], ids=["inflated first", "streamed"])
 def test_a_gzip_trace_reads_into_the_plain_files_tables(path, workers, streamed, tmp_path,

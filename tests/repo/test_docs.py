@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import ROOT
+from tests.builders import ROOT, walk
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -168,7 +168,7 @@ def _make_inputs(cmd: Command, workdir: Path) -> None:
                 _run([str(workdir) + a if a.startswith("/tmp/") else a for a in prev.argv])
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.id)
+@pytest.mark.parametrize("cmd", walk(COMMANDS, lambda c: c.page, lambda c: c.id))
 def test_example_command(cmd: Command, workdir: Path, monkeypatch):
     if cmd.argv[0] in TORCH_COMMANDS:
         assert cmd.skip, f"{cmd.id}: `{cmd.text}` needs torch: mark it `# needs a GPU` or `# needs torch`"

@@ -12,7 +12,7 @@ from functools import cache
 import pytest
 
 import trace_roofline as tr
-from tests.builders import SAMPLES
+from tests.builders import SAMPLES, walk
 from trace_roofline import project as pj
 from trace_roofline.cli import main
 from trace_roofline.model import formulas
@@ -48,8 +48,9 @@ def _point(phase: str, size: int) -> pj.Point:
     return pj.Point(size, 1024, 1) if phase == "decode" else pj.Point(1, 0, size)
 
 
-@pytest.mark.parametrize("phase,source", [("decode", b) for b in DECODE]
-                         + [("prefill", t) for t in PREFILL])
+@pytest.mark.parametrize("phase,source", walk(
+    [("decode", b) for b in DECODE] + [("prefill", t) for t in PREFILL], lambda v: v[0],
+    lambda v: f"{v[0]}-{v[1]}"))
 def test_each_sweep_trace_projects_the_measured_step_times_of_its_phase(phase, source):
     trace, analysis = _analysed(phase, source)
     sizes = DECODE if phase == "decode" else PREFILL

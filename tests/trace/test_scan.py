@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import SAMPLES, check_batch, gpu_trace
+from tests.builders import SAMPLES, check_batch, gpu_trace, walk
 from trace_roofline.errors import InputError
 from trace_roofline.trace import SCHEMAS, columns, decode, fields, load_trace, parallel
 from trace_roofline.trace import read as trace_read
@@ -199,21 +199,20 @@ def _committed() -> list[Path]:
     return sorted(p for p in SAMPLES.rglob("*") if p.name.endswith((".json", ".json.gz")))
 
 
-def test_every_committed_trace_reads_the_same_both_ways(tmp_path):
+def test_the_committed_files_are_many():
+    assert len(_committed()) > 50
+
+
+@pytest.mark.parametrize("path", walk(_committed()))
+def test_every_committed_trace_reads_the_same_both_ways(path, tmp_path):
     """Every sample file (traces, and the JSON files that are not traces: the same InputError)
     gives the same result; the scanner reads the traces itself (at most the odd batch declined)."""
-    paths = _committed()
-    assert len(paths) > 50
-    traces = batches = declined = 0
-    for p in paths:
-        scanned, plain, calls = both_ways(p, log=tmp_path / "scan.log")
-        assert_same(scanned, plain)
-        if not isinstance(plain, InputError):
-            traces += 1
-            assert calls, p  # (a proven layout: read batch by batch)
-            batches += len(calls)
-            declined += sum(c[1] == "declined" for c in calls)
-    assert traces > 50 and declined <= max(1, batches // 100), (declined, batches)
+    scanned, plain, calls = both_ways(path, log=tmp_path / "scan.log")
+    assert_same(scanned, plain)
+    if not isinstance(plain, InputError):
+        assert calls  # (a proven layout: read batch by batch)
+        declined = sum(c[1] == "declined" for c in calls)
+        assert declined <= max(1, len(calls) // 100), (declined, len(calls))
 
 
 # ----------------------------------------------------------------------------- hand-written cases

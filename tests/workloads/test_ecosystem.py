@@ -145,12 +145,21 @@ def test_tiny_config_keeps_linears_apart() -> None:
     assert eco.tiny_config("gpt2").n_embd == 64
 
 
+@pytest.fixture(scope="module")
+def swept() -> dict[tuple[str, str], dict]:
+    """Every family of the installed transformers built tiny, profiled and judged (the sweep):
+    each (kind, family)'s result. The tests reading it share one xdist group (CI runs this leg
+    with --dist loadgroup), so the sweep runs once."""
+    results = eco.sweep(eco.all_tasks(), jobs=len(os.sched_getaffinity(0)), progress=False)
+    return {(r["kind"], r["family"]): r for r in results}
+
+
 @pytest.mark.exhaustive
-def test_the_whole_ecosystem(tmp_path: os.PathLike) -> None:
+@pytest.mark.xdist_group("ecosystem")
+def test_the_whole_ecosystem(swept: dict[tuple[str, str], dict]) -> None:
     """Every family of the installed transformers: the share of buildable causal LMs with
     <= 2% of op time contradicted, and no decoder-only name on an encoder."""
-    results = eco.sweep(eco.all_tasks(), jobs=len(os.sched_getaffinity(0)), progress=False)
-    s = eco.summary(results)
+    s = eco.summary(list(swept.values()))
     assert s["built"] > 0
     assert s["clean_share"] >= MIN_CLEAN_SHARE, s
     assert not s["encoders_with_decoder_names"], s
@@ -165,8 +174,11 @@ def test_the_whole_ecosystem(tmp_path: os.PathLike) -> None:
 @pytest.mark.parametrize(("kind", "family", "verdict"), [
     ("masked", "deberta", "encoder"), ("masked", "fnet", "encoder"),
     ("masked", "funnel", "encoder"), ("image", "mobilevit", "vision encoder")])
-def test_encoders_say_so(kind: str, family: str, verdict: str, tmp_path) -> None:
-    res, phases = eco.analyze_family(kind, family, tmp_path)
+@pytest.mark.exhaustive
+@pytest.mark.xdist_group("ecosystem")
+def test_encoders_say_so(kind: str, family: str, verdict: str,
+                         swept: dict[tuple[str, str], dict]) -> None:
+    res = swept[(kind, family)]
     assert res["buildable"] and "crash" not in res, res
     assert res["verdict"] == verdict
     assert not set(res["forward"]["names"]) & et.ENCODER_FORBIDDEN
@@ -178,13 +190,16 @@ def test_encoders_say_so(kind: str, family: str, verdict: str, tmp_path) -> None
 # with an embedding norm and none at the end), a shared expert as wide as a routed one told by
 # how its GEMMs run (glm4_moe: routed by _grouped_mm, shared by plain linears)
 @pytest.mark.parametrize("family", ["llama@mha", "olmo2", "gemma2", "bert", "glm4_moe"])
-def test_the_layout_names_families_without_contradiction(family: str, tmp_path) -> None:
-    res, phases = eco.analyze_family("causal", family, tmp_path)
+@pytest.mark.exhaustive
+@pytest.mark.xdist_group("ecosystem")
+def test_the_layout_names_families_without_contradiction(
+        family: str, swept: dict[tuple[str, str], dict]) -> None:
+    res = swept[("causal", family)]
     assert res["buildable"] and "crash" not in res, res
     assert res["verdict"] == "decoder"
     for phase in ("prefill", "decode"):
         assert res[phase]["contradicted_pct"] <= eco.CLEAN_MAX * 100, (phase, res[phase]["top"])
-    names = set(pd.concat(phases.values())["operator"])
+    names = set(res["prefill"]["names"]) | set(res["decode"]["names"])
     if family == "gemma2":
         assert {"pre_feedforward_norm", "post_feedforward_norm", "final_norm"} <= names
     if family == "olmo2":
