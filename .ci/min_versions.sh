@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The minimum-versions leg: a fresh venv with EXACTLY the lowest versions pyproject.toml declares for
 # the libraries the analyzer and its tests use (pandas, pyarrow, numpy, matplotlib, msgspec, bokeh,
-# dask + distributed, isal), then the tests of the code those libraries run under: ingest, attribution,
-# costs, roofline, the outputs (Parquet, Matplotlib, Bokeh), the cache (Arrow IPC) and the Dask
-# cluster (MIN_TESTS below). torch and transformers are not installed: only workloads/ and the
-# tests that build models use them, and their versions are not the analyzer's to declare. pytest,
+# dask + distributed, isal), then the tests of what those libraries do for the analyzer
+# (MIN_TESTS below). torch and transformers are not installed: only workloads/ and the tests
+# that build models use them, and their versions are not the analyzer's to declare. pytest,
 # pytest-xdist and hypothesis resolve to their newest.
 #
 # It runs on a copy of the work tree (tracked and untracked, not ignored files) in a temporary
@@ -55,13 +54,16 @@ if bad:
     sys.exit("min_versions.sh pins differ from pyproject.toml:\n  " + "\n  ".join(bad))
 EOF
 
-# The tests whose code the pinned libraries run (every stage, every output format, the cache, Dask).
+# The tests of what the pinned libraries do for the analyzer: msgspec, numpy and isal read the
+# trace (ingest, the scanner's msgspec reference), pandas and numpy carry every stage (attribution,
+# costs, roofline), Matplotlib, Bokeh and pyarrow write the outputs (charts, report.html, Parquet,
+# the Arrow IPC cache), Dask runs the cluster.
 MIN_TESTS=(
     tests/trace/test_trace.py tests/trace/test_scan.py tests/trace/test_hostile_ingest.py
-    tests/attribution/test_attribute.py tests/attribution/test_attribute_codes.py tests/attribution/test_graphs.py tests/attribution/test_passes.py
-    tests/costs/test_shapes.py tests/costs/test_costs.py tests/roofline/test_roofline.py tests/roofline/test_steptime.py
-    tests/outputs/test_report.py tests/outputs/test_plot.py tests/outputs/test_html.py tests/outputs/test_perfetto.py tests/outputs/test_diff.py
-    tests/cli/test_cache.py tests/cli/test_parallel.py tests/cli/test_ranks.py tests/cli/test_cli_analyze.py
+    tests/attribution/test_attribute.py tests/costs/test_costs.py tests/roofline/test_roofline.py
+    tests/outputs/test_report.py tests/outputs/test_plot.py tests/outputs/test_html.py
+    tests/outputs/test_perfetto.py tests/outputs/test_diff.py
+    tests/cli/test_cache.py tests/cli/test_parallel.py tests/cli/test_cli_analyze.py
 )
 
 start=$(date +%s)
