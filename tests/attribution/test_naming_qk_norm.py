@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import trace_roofline as tr
-from tests.builders import BF, F32, SAMPLES, Kineto, Op
+from tests.builders import BF, F32, SAMPLES, Kineto, Op, walk
 from trace_roofline.attribution import graphs
 from trace_roofline.attribution.attribute import operator_table
 from trace_roofline.model.models import from_hf_config
@@ -106,21 +107,24 @@ def test_user_shapes_cost_one_rmsnorm_over_heads():
         assert set(rows["evidence"]) == {"kernel_name"}
 
 
-@pytest.mark.parametrize("sub", ["moe", "hf_generate", "cuda_graphs"])
-def test_no_q_or_k_norm_without_one(sub):
+def _model_name(path: Path) -> str:
+    return next(m for m in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen2.5-7b") if m in path.name)
+
+
+NO_QK_NORM = [p for sub in ("moe", "hf_generate", "cuda_graphs")
+              for p in sorted((SAMPLES / sub).glob("*.json.gz")) if "qwen3" not in p.name]
+
+
+@pytest.mark.parametrize("path", walk(NO_QK_NORM, lambda p: (p.parent, _model_name(p))))
+def test_no_q_or_k_norm_without_one(path):
     """Traces of models without q/k norms (Mixtral, Qwen1.5-MoE, Qwen2.5; the synthetic vLLM
     ones) name none, with their model or none at all: without a model Qwen1.5-MoE's o_proj
     (2048 x 2048) is taken for a projection of q, k or v, and the post-attention norm after it
     normalises the whole hidden state, not one head."""
-    for path in sorted((SAMPLES / sub).glob("*.json.gz")):
-        if "qwen3" in path.name:
-            continue
-        t = tr.load_trace(path)
-        name = next(m for m in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen2.5-7b")
-                    if m in path.name)
-        for model in (tr.get_model(name), None):
-            ops = set(tr.attribute(t, model)["operator"])
-            assert not ops & {"q_norm", "k_norm"}, (path.name, model)
+    t = tr.load_trace(path)
+    for model in (tr.get_model(_model_name(path)), None):
+        ops = set(tr.attribute(t, model)["operator"])
+        assert not ops & {"q_norm", "k_norm"}, model
 
 
 def _head_norm(operator: str, name: str, t: int, heads: int, d: int) -> Op:
