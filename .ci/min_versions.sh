@@ -9,6 +9,8 @@
 # It runs on a copy of the work tree (tracked and untracked, not ignored files) in a temporary
 # folder, so the editable install's in-place build of the compiled scanner never touches the
 # checkout. Usage: bash .ci/min_versions.sh [extra pytest arguments]. KEEP=1 keeps the folder.
+# With MIN_VERSIONS_DIR=DIR it installs into DIR (kept) and reuses an install already there;
+# `--install-only` stops after the install (CI installs while another leg runs).
 #
 # The pins below must equal pyproject.toml's ">=" minimums: the script checks that before it
 # installs anything, so raising a minimum without updating this list (or the reverse) fails here.
@@ -67,25 +69,33 @@ MIN_TESTS=(
 )
 
 start=$(date +%s)
-work=$(mktemp -d "${TMPDIR:-/tmp}/trace-roofline-min.XXXXXX")
-cleanup() { if [[ "${KEEP:-}" != 1 ]]; then rm -rf "$work"; else echo "kept $work"; fi; }
-trap cleanup EXIT
-
-# The work tree as git sees it (what a commit of it would hold), without build outputs.
-mkdir "$work/src"
-git ls-files -z --cached --others --exclude-standard \
-    | (cd "$repo" && xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _) \
-    | tar -C "$repo" --null -T - -cf - | tar -C "$work/src" -xf -
-
-python3 -m venv "$work/venv"
+if [[ -n "${MIN_VERSIONS_DIR:-}" ]]; then  # a folder of the caller's: kept, and reused once installed
+    work=$MIN_VERSIONS_DIR
+else
+    work=$(mktemp -d "${TMPDIR:-/tmp}/trace-roofline-min.XXXXXX")
+    cleanup() { if [[ "${KEEP:-}" != 1 ]]; then rm -rf "$work"; else echo "kept $work"; fi; }
+    trap cleanup EXIT
+fi
 py="$work/venv/bin/python"
-printf '%s\n' "${PINS[@]}" > "$work/constraints.txt"
-"$py" -m pip install -q --upgrade pip
-# The pins as constraints: if anything asks for a newer version the resolver fails loudly
-# instead of upgrading past the minimum.
-"$py" -m pip install -q -c "$work/constraints.txt" "${PINS[@]}"
-(cd "$work/src" && "$py" -m pip install -q -c "$work/constraints.txt" -e ".[dask,gzip]" \
-    "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6")
+
+if [[ ! -f "$work/installed" ]]; then
+    # The work tree as git sees it (what a commit of it would hold), without build outputs.
+    rm -rf "$work/src" "$work/venv"
+    mkdir -p "$work/src"
+    git ls-files -z --cached --others --exclude-standard \
+        | (cd "$repo" && xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _) \
+        | tar -C "$repo" --null -T - -cf - | tar -C "$work/src" -xf -
+
+    python3 -m venv "$work/venv"
+    printf '%s\n' "${PINS[@]}" > "$work/constraints.txt"
+    "$py" -m pip install -q --upgrade pip
+    # The pins as constraints: if anything asks for a newer version the resolver fails loudly
+    # instead of upgrading past the minimum.
+    "$py" -m pip install -q -c "$work/constraints.txt" "${PINS[@]}"
+    (cd "$work/src" && "$py" -m pip install -q -c "$work/constraints.txt" -e ".[dask,gzip]" \
+        "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6")
+    touch "$work/installed"
+fi
 
 echo "installed:"
 "$py" - <<'EOF'
@@ -94,6 +104,10 @@ print("  " + ", ".join(f"{n} {version(n)}" for n in
       ["pandas", "pyarrow", "numpy", "matplotlib", "msgspec", "bokeh", "dask", "distributed", "isal",
        "pytest", "hypothesis"]))
 EOF
+if [[ "${1:-}" == --install-only ]]; then
+    echo "min_versions.sh: installed in $work after $(( $(date +%s) - start )) s"
+    exit 0
+fi
 
 set +e
 (cd "$work/src" && "$py" -m pytest -q -x -p no:cacheprovider "$@" "${MIN_TESTS[@]}")
