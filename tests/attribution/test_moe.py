@@ -344,14 +344,19 @@ def _preset(path: Path) -> str:
         "-2l_")[0]
 
 
+class _Analysed(dict):
+    """An MoE sample trace's name -> its analysis with its preset, made on first use."""
+
+    def __missing__(self, name: str) -> Analysis:
+        model = get_model(_preset(MOE / name))
+        self[name] = analyze(attribute(load_trace(MOE / name), model), model, None)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def analysed() -> dict[str, Analysis]:
-    """Every MoE sample trace analysed with its preset (each once for the module)."""
-    out = {}
-    for path in TRACES:
-        model = get_model(_preset(path))
-        out[path.name] = analyze(attribute(load_trace(path), model), model, None)
-    return out
+    """The MoE sample traces analysed with their presets (each once for the module)."""
+    return _Analysed()
 
 
 @pytest.mark.parametrize("path", walk(TRACES, by_prefix, lambda p: p.name))
