@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 from numpy.typing import ArrayLike
@@ -41,9 +42,15 @@ _COINCIDENT_DECADES = 0.04
 # A point holding less than this share of its trace's device time (a 0.0% fallback row) does
 # not set the axes' extent: one far-off speck would squeeze every other point into a corner.
 AXIS_MIN_SHARE = 0.001
+# A title's height in axes coordinates: where matplotlib's automatic placement puts it on these
+# axes (no tick labels on top), given rather than computed again on every draw and layout pass.
+TITLE_Y = 1.0
 # Label offsets tried around a point, nearest first (points; angle 0 = right of the point).
 _RADII = (7, 16, 28, 42, 58, 76, 96, 120)
 _ANGLES = (0, 180, 35, -35, 145, -145, 90, -90, 60, -60, 120, -120)
+# (radius, cos, sin) of each offset, in the order tried
+_DIRECTIONS = np.array([(r, math.cos(math.radians(a)), math.sin(math.radians(a)))
+                        for r in _RADII for a in _ANGLES])
 
 
 def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = None, *,
@@ -57,7 +64,6 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     rows = math.ceil(len(panels) / cols)
     width, height = (5.5, 4.2) if small else (11.5 if cols == 1 else 9.0, 7.5)
     fig = Figure(figsize=(width * cols, height * rows), dpi=150 if len(panels) < 7 else 100)
-    fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))  # room for the notes
     FigureCanvasAgg(fig)
     placed = []
     chart = _Chart(title, many=len(panels) > 1, small=small, skipped={}, off_axes={},
@@ -68,8 +74,7 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
         panel = _Panel(group, hw, label_all, [names[id(a)] for a in group])
         placed.append((ax, *_draw_panel(ax, panel, chart)))
     skipped, off_axes, declutter = chart.skipped, chart.off_axes, chart.declutter
-    fig.draw_without_rendering()
-    fig.set_layout_engine("none")  # freeze the layout the labels are placed in
+    lay_out(fig)
     for ax, points, roof_texts in placed:
         place_slope_label(fig, ax, points, roof_texts)
         place_labels(fig, ax, points, Obstacles(roof_texts))
@@ -94,6 +99,13 @@ def roofline_figure(analyses: Sequence[Analysis], hardware: Hardware | None = No
     text = "\n".join(textwrap.fill(n, 200) for n in notes)
     fig.text(0.01, 0.005, text, fontsize=7, color="0.3", ha="left", va="bottom")
     return fig
+
+
+def lay_out(fig: Figure) -> None:
+    """Constrained layout, run once, leaving room for the notes below the axes. The figure
+    keeps no layout engine: the labels are placed in this layout, and no draw or savefig lays
+    the figure out again (nor pre-draws it to do so)."""
+    ConstrainedLayoutEngine(rect=(0, 0.045, 1, 0.955)).execute(fig)
 
 
 def axis_points(share: Sequence[float] | ArrayLike, whole: Sequence[bool] | ArrayLike) -> np.ndarray:
@@ -239,13 +251,13 @@ def _titled(ax, panel: _Panel, chart: _Chart, device: str, points: list[dict]) -
     each trace's largest)."""
     analyses, names = panel.analyses, panel.names
     if not panel.label_all:  # a small multiple: the trace names the panel
-        ax.set_title(f"{names[0]}\non {device}", fontsize=8)
+        ax.set_title(f"{names[0]}\non {device}", fontsize=8, y=TITLE_Y)
         return _largest(points, SMALL_MULTIPLE_LABELS)
     run = short_name(os.path.dirname(analyses[0].trace))
     what = (("rank(s) of " + run if run else "rank(s)")
             if names[0].startswith("rank ") and len(analyses) > 1 else "trace(s)")
     ax.set_title(chart.title or f"Roofline of {len(analyses)} {what} on {device}",
-                 fontsize=11 if not chart.many else 9)
+                 fontsize=11 if not chart.many else 9, y=TITLE_Y)
     if len(analyses) > 2:  # a pile of labels otherwise: each trace's largest operators
         per_trace = max(3, PANEL_LABELS // len(analyses) - 1)
         if sum(not p["whole"] for p in points) > per_trace * len(analyses):
@@ -421,13 +433,14 @@ def place_slope_label(fig: Figure, ax, points: list[dict], roof_texts: list) -> 
         return
     renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # the figures are drawn by Agg
     px_per_pt = fig.dpi / 72.0
-    marks = []
+    marks = []  # each marker's box, 2 pixels wider, and a margin of 6 (x0, y0, x1, y1 rows)
     for p in points:
         if p["y"] is None:
             continue
         cx, cy = ax.transData.transform((p["x"], p["y"]))
         r = math.sqrt(p["s"]) * px_per_pt / 2 + 2
-        marks.append(Bbox.from_extents(cx - r, cy - r, cx + r, cy + r))
+        marks.append((cx - r, cy - r, cx + r, cy + r))
+    margined = np.array(marks).reshape(-1, 4) + (-6, -6, 6, 6)
     (x_lo, _), bw = ax.get_xlim(), label.xy[1] / label.xy[0]
     ridge = next((ln.get_xdata()[0] for ln in ax.get_lines()[1:2]), None)
     if ridge is None or ridge <= x_lo:
@@ -447,7 +460,7 @@ def place_slope_label(fig: Figure, ax, points: list[dict], roof_texts: list) -> 
         # the rotated text is a band along its box's diagonal, not the whole box
         band = _densify(np.array([[box.x0, box.y0], [box.x1, box.y1]]))
         inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 <= frame.y1
-        if inside and not any(_crosses(m.padded(6), band) for m in marks):
+        if inside and not _covering(margined, band).any():
             return
     put(_SLOPE_SPOTS[0])  # crowded everywhere: the default spot
 
@@ -524,12 +537,13 @@ class Obstacles:
 
 @dataclass(frozen=True)
 class _Room:
-    """Where a label may go: inside `frame`, over none of the boxes `taken` or `marks`, crossing
-    none of the sampled `lines` or `leaders` (display coordinates)."""
+    """Where a label may go: inside `frame`, over none of the boxes `taken` or `marks` (rows of
+    x0, y0, x1, y1, x0 <= x1 and y0 <= y1), crossing none of the sampled `lines` or `leaders`
+    (display coordinates)."""
 
     frame: Bbox
-    taken: list[Bbox]
-    marks: list[Bbox]
+    taken: np.ndarray
+    marks: np.ndarray
     lines: np.ndarray
     leaders: np.ndarray
 
@@ -556,11 +570,10 @@ def place_labels(fig: Figure, ax, points: list[dict], obstacles: Obstacles) -> N
         ext = text.get_window_extent(renderer)
         text.remove()
         own = math.sqrt(p["s"]) / 2
-        room = _Room(frame, taken, [m for j, m in enumerate(marks) if j != i] + others, lines,
+        room = _Room(frame, taken, np.concatenate([np.delete(marks, i, axis=0), others]), lines,
                      leaders)
         dx, dy, ha, box = _spot((cx, cy), (ext.width, ext.height), own, px_per_pt, room)
-        leaders = np.concatenate([leaders, np.linspace(
-            (cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)[2:-2]])
+        leaders = np.concatenate([leaders, _leader((cx, cy), box)[2:-2]])
         # Every label has a leader line to its point: a label between two points is never read
         # as the nearer one's.
         ax.annotate(p["label"], (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points",
@@ -568,15 +581,15 @@ def place_labels(fig: Figure, ax, points: list[dict], obstacles: Obstacles) -> N
                     weight="bold" if p["whole"] else None, zorder=6,
                     arrowprops={"arrowstyle": "-", "color": p["c"], "lw": 0.6, "alpha": 0.7,
                                 "shrinkA": 1, "shrinkB": own * 0.9})
-        taken.append(box)
+        taken = np.concatenate([taken, box[None]])
 
 
-def _obstacle_boxes(ax, renderer, obstacles: Obstacles) -> tuple[list[Bbox], np.ndarray]:
-    """The boxes of the fixed texts and the legend, and every line (roof, ridge, measured links,
-    `obstacles.lines`) sampled densely in display space; a rotated text (the slope label) is a
-    band along its box's diagonal, not its whole bounding box."""
-    taken: list[Bbox] = [t.get_window_extent(renderer).padded(4) for t in obstacles.texts
-                         if not t.get_rotation()]
+def _obstacle_boxes(ax, renderer, obstacles: Obstacles) -> tuple[np.ndarray, np.ndarray]:
+    """The boxes of the fixed texts and the legend (x0, y0, x1, y1 rows), and every line (roof,
+    ridge, measured links, `obstacles.lines`) sampled densely in display space; a rotated text
+    (the slope label) is a band along its box's diagonal, not its whole bounding box."""
+    taken = [t.get_window_extent(renderer).padded(4) for t in obstacles.texts
+             if not t.get_rotation()]
     legend = ax.get_legend()
     if legend:
         taken.append(legend.get_window_extent(renderer))
@@ -588,49 +601,77 @@ def _obstacle_boxes(ax, renderer, obstacles: Obstacles) -> tuple[list[Bbox], np.
             b = t.get_window_extent(renderer)
             segs += [_densify(np.array([[b.x0, b.y0 + dy], [b.x1, b.y1 + dy]]))
                      for dy in (-9, -4.5, 0, 4.5, 9)]
-    return taken, np.concatenate(segs) if segs else np.empty((0, 2))
+    return (np.array([b.extents for b in taken]).reshape(-1, 4),
+            np.concatenate(segs) if segs else np.empty((0, 2)))
 
 
-def _marker_boxes(ax, points: Sequence[dict], px_per_pt: float) -> list[Bbox]:
-    """The display box of each point's marker ({x, y, s}), a pixel wider."""
-    return [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
-            for p in points for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
-            for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]
+def _marker_boxes(ax, points: Sequence[dict], px_per_pt: float) -> np.ndarray:
+    """The display box of each point's marker ({x, y, s}), a pixel wider: x0, y0, x1, y1 rows."""
+    return np.array([(cx - r, cy - r, cx + r, cy + r)
+                     for p in points for cx, cy in [ax.transData.transform((p["x"], p["y"]))]
+                     for r in [math.sqrt(p["s"]) * px_per_pt / 2 + 1]]).reshape(-1, 4)
 
 
 def _spot(centre: tuple[float, float], extent: tuple[float, float], own: float,
-          px_per_pt: float, room: _Room) -> tuple[float, float, str, Bbox]:
-    """(dx, dy in points, alignment, box) of a label `extent` wide and high for a marker of
-    radius `own` at `centre`: the nearest free candidate, else the fewest clashes inside the
-    axes, else to the right."""
+          px_per_pt: float, room: _Room) -> tuple[float, float, str, np.ndarray]:
+    """(dx, dy in points, alignment, box: x0, y0, x1, y1) of a label `extent` wide and high for
+    a marker of radius `own` at `centre`: the nearest free candidate, else the fewest clashes
+    inside the axes, else to the right. Every candidate's clashes but its leader's are counted
+    at once; the leader's (a placed label it crosses), only where the rest leave it free."""
     (cx, cy), (w, h), frame = centre, extent, room.frame
-    fallback = None
-    for radius in _RADII:
-        for angle in _ANGLES:
-            dx = (radius + own) * math.cos(math.radians(angle))
-            dy = (radius + own) * math.sin(math.radians(angle))
-            ha = "left" if dx > 1 else "right" if dx < -1 else "center"
-            x0 = cx + dx * px_per_pt - {"left": 0, "right": w, "center": w / 2}[ha]
-            y0 = cy + dy * px_per_pt - h / 2
-            box = Bbox.from_extents(x0 - 1, y0 - 1, x0 + w + 1, y0 + h + 1)
-            inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
-                      and box.y1 <= frame.y1)
-            if not inside:
-                continue
-            leader = np.linspace((cx, cy), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), 24)
-            clashes = (sum(box.overlaps(b) for b in room.taken)
-                       + sum(box.overlaps(m) for m in room.marks)
-                       + _crosses(box, room.lines) + _crosses(box, room.leaders)
-                       + sum(_crosses(b, leader) for b in room.taken))
-            if not clashes:
-                return dx, dy, ha, box
-            if fallback is None or clashes < fallback[0]:
-                fallback = (clashes, (dx, dy, ha, box))
-    if fallback is not None:  # crowded everywhere: the fewest overlaps
-        return fallback[1]
+    offsets, boxes = _candidates(centre, extent, own, px_per_pt)
+    inside = np.flatnonzero((frame.x0 <= boxes[:, 0]) & (boxes[:, 2] <= frame.x1)
+                            & (frame.y0 <= boxes[:, 1]) & (boxes[:, 3] <= frame.y1))
+    clashes = (_overlapping(boxes, room.taken) + _overlapping(boxes, room.marks)
+               + _covering(boxes, room.lines) + _covering(boxes, room.leaders))
+    for k in inside[clashes[inside] == 0]:
+        if not _covering(room.taken, _leader(centre, boxes[k])).any():
+            return (*offsets[k], boxes[k])
+    if len(inside):  # crowded everywhere: the fewest overlaps (the nearest of those)
+        total = [clashes[k] + _covering(room.taken, _leader(centre, boxes[k])).sum()
+                 for k in inside]
+        k = inside[int(np.argmin(total))]
+        return (*offsets[k], boxes[k])
     dx = _RADII[0] + own  # no spot inside the axes at all: to the right
     x0 = cx + dx * px_per_pt
-    return dx, 0.0, "left", Bbox.from_extents(x0, cy - h / 2, x0 + w, cy + h / 2)
+    return dx, 0.0, "left", np.array([x0, cy - h / 2, x0 + w, cy + h / 2])
+
+
+def _candidates(centre: tuple[float, float], extent: tuple[float, float], own: float,
+                px_per_pt: float) -> tuple[list[tuple[float, float, str]], np.ndarray]:
+    """Each candidate spot of a label, nearest first: its offset (dx, dy in points, alignment)
+    and its box (x0, y0, x1, y1 rows, a pixel wider than the label)."""
+    (cx, cy), (w, h) = centre, extent
+    dx = (_DIRECTIONS[:, 0] + own) * _DIRECTIONS[:, 1]
+    dy = (_DIRECTIONS[:, 0] + own) * _DIRECTIONS[:, 2]
+    ha = np.where(dx > 1, "left", np.where(dx < -1, "right", "center"))
+    x0 = cx + dx * px_per_pt - np.where(dx > 1, 0, np.where(dx < -1, w, w / 2))
+    y0 = cy + dy * px_per_pt - h / 2
+    return ([(float(a), float(b), str(c)) for a, b, c in zip(dx, dy, ha, strict=True)],
+            np.stack([x0 - 1, y0 - 1, x0 + w + 1, y0 + h + 1], axis=1))
+
+
+def _leader(centre: tuple[float, float], box: np.ndarray) -> np.ndarray:
+    """A label's leader line, sampled: from its point (`centre`) to its box's centre."""
+    return np.linspace(centre, ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2), 24)
+
+
+def _overlapping(boxes: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """How many of `others` each of `boxes` overlaps, edges touching included (x0, y0, x1, y1
+    rows, as Bbox.overlaps)."""
+    b, o = boxes[:, None, :], others[None, :, :]
+    return ((b[..., 0] <= o[..., 2]) & (o[..., 0] <= b[..., 2])
+            & (b[..., 1] <= o[..., 3]) & (o[..., 1] <= b[..., 3])).sum(axis=1)
+
+
+def _covering(boxes: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Whether each of `boxes` (x0, y0, x1, y1 rows) holds any of the points `pts`."""
+    if len(boxes) and len(pts):  # only the points near the boxes are compared with each one
+        pts = pts[(pts[:, 0] >= boxes[:, 0].min()) & (pts[:, 0] <= boxes[:, 2].max())
+                  & (pts[:, 1] >= boxes[:, 1].min()) & (pts[:, 1] <= boxes[:, 3].max())]
+    b, p = boxes[:, None, :], pts[None, :, :]
+    return np.any((p[..., 0] >= b[..., 0]) & (p[..., 0] <= b[..., 2])
+                  & (p[..., 1] >= b[..., 1]) & (p[..., 1] <= b[..., 3]), axis=1)
 
 
 def _densify(pts: np.ndarray, step: float = 3.0) -> np.ndarray:
@@ -640,11 +681,6 @@ def _densify(pts: np.ndarray, step: float = 3.0) -> np.ndarray:
         n = max(int(np.hypot(*(b - a)) / step), 1)
         out.append(a + (b - a) * np.linspace(0, 1, n + 1)[1:, None])
     return np.concatenate(out)
-
-
-def _crosses(box: Bbox, pts: np.ndarray) -> bool:
-    return bool(np.any((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1)
-                       & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)))
 
 
 # Operators drawn in their own colour in the projection's stacked bars; the rest are "other".

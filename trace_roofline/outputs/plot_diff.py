@@ -17,8 +17,10 @@ from trace_roofline.model.hardware import Hardware
 from trace_roofline.outputs.diff import WHOLE, Side
 from trace_roofline.outputs.plot import (
     PHASE_MARKERS,
+    TITLE_Y,
     Obstacles,
     draw_roof,
+    lay_out,
     place_labels,
     place_slope_label,
     pos,
@@ -72,7 +74,6 @@ def _points(table: pd.DataFrame) -> tuple[list[dict], list[tuple], list[str]]:
 def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = None) -> Figure:
     """A -> B arrows of `diff.diff`'s table on A's roofline (no roofs when A has no device)."""
     fig = Figure(figsize=(11.5, 7.5), dpi=150)
-    fig.set_layout_engine("constrained", rect=(0, 0.045, 1, 0.955))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set_xscale("log")
@@ -109,7 +110,8 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
     ax.yaxis.set_major_formatter(rate_formatter())
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.08)
-    ax.set_title(title or f"A {short_name(a.trace)} → B {short_name(b.trace)}", fontsize=11)
+    ax.set_title(title or f"A {short_name(a.trace)} → B {short_name(b.trace)}", fontsize=11,
+                 y=TITLE_Y)
     handles = [Line2D([], [], ls="", marker="o", color="0.3", markerfacecolor="none", label="A"),
                Line2D([], [], ls="", marker="o", color="0.3", label="B"),
                Line2D([], [], color=FASTER, label="B faster (label: speed-up A/B)"),
@@ -117,8 +119,7 @@ def diff_figure(table: pd.DataFrame, a: Side, b: Side, *, title: str | None = No
                Line2D([], [], color=NEUTRAL, label=f"within ±{NEUTRAL_BAND:.0%} (unchanged)"),
                Line2D([], [], ls="", marker="*", color="0.3", markersize=12, label=WHOLE)]
     ax.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.9)
-    fig.draw_without_rendering()
-    fig.set_layout_engine("none")  # freeze the layout the labels are placed in
+    lay_out(fig)
     place_slope_label(fig, ax, points + [{"x": v[0], "y": v[1], "s": v[6]} for v in arrows],
                       roof_texts)
     place_labels(fig, ax, points, Obstacles(
