@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer. Builds it with -fsanitize=address,undefined into a temporary
 # directory (the normal build in the checkout is not touched), makes Python import that build
 # (a meta-path finder in a temporary sitecustomize), then runs
-#   1. the scanner's differential tests, tests/trace/test_scan.py (scanner vs msgspec), and
+#   1. the scanner's differential tests, tests/trace/test_scan.py (scanner vs msgspec: the
+#      hand-written cases and one committed trace of each folder), and
 #      tests/trace/test_hostile_ingest.py;
 #   2. a bounded fuzz run: mutated batches of the committed traces' events through the scanner
 #      and through msgspec, which must agree (or the scanner declines), for FUZZ_SECONDS
@@ -73,8 +74,10 @@ EOF
 
 status=0
 # (test_hostile_ingest's two compiler tests build their own scanner: nothing to sanitize there;
-# -m "": every committed trace, the walks the default run leaves to the exhaustive leg included)
-logged "$PY" -m pytest -q -s -p no:cacheprovider -m "" ${SANITIZE_PYTEST_ARGS:-} tests/trace/test_scan.py tests/trace/test_hostile_ingest.py \
+# whole files: one committed trace of each folder, the default walk; the fuzz below takes its
+# events from every committed trace. -n 2: the xdist workers inherit this stderr, so their
+# reports reach the log too)
+logged "$PY" -m pytest -q -s -n 2 -p no:cacheprovider ${SANITIZE_PYTEST_ARGS:-} tests/trace/test_scan.py tests/trace/test_hostile_ingest.py \
     --deselect tests/trace/test_hostile_ingest.py::test_the_scanner_has_no_undefined_behaviour_on_empty_keys_and_batches \
     --deselect tests/trace/test_hostile_ingest.py::test_a_big_endian_build_of_the_scanner_is_refused || status=$?
 reports || status=1
