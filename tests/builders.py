@@ -70,6 +70,8 @@ def walk(items: Iterable, group: Callable[[Any], Hashable] = lambda p: p.parent,
 def by_prefix(path: Path) -> str:
     """A capture's model, for `walk`: its file name up to the first underscore."""
     return path.name.split("_")[0]
+
+
 BF, F32 = "c10::BFloat16", "float"
 H200 = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150754820096, "computeMajor": 9,
         "computeMinor": 0, "numSms": 132, "warpSize": 32}

@@ -19,6 +19,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -423,19 +424,26 @@ def _leftovers(*dirs: Path) -> list[str]:
     return [e.name for d in dirs for e in d.iterdir() if e.name.endswith(".tmp")]
 
 
+class OutputSet(NamedTuple):
+    """A complete `--out` directory: its file names, the compared files' bytes, where it is."""
+
+    names: set[str]
+    files: dict[str, bytes]
+    where: Path
+
+
 @pytest.fixture(scope="module")
-def two_sets(tmp_path_factory) -> dict[str, tuple[set[str], dict[str, bytes], Path]]:
+def two_sets(tmp_path_factory) -> dict[str, OutputSet]:
     """The complete sets `--out out` gets from trace a (DECODE) and trace b (HF), each run in
-    a directory holding both as a.json.gz and b.json.gz (the reports name them so): the file
-    names, the compared files' bytes and the directory."""
+    a directory holding both as a.json.gz and b.json.gz (the reports name them so)."""
     sets = {}
     for side in ("a", "b"):
         work = _work(tmp_path_factory.mktemp(f"ref-{side}"))
         assert subprocess.run([sys.executable, "-m", "trace_roofline.cli", *_run(side)],
                               cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)},
                               capture_output=True).returncode == 0
-        sets[side] = ({f.name for f in (work / "out").iterdir()}, _outputs(work / "out"),
-                      work / "out")
+        sets[side] = OutputSet({f.name for f in (work / "out").iterdir()},
+                               _outputs(work / "out"), work / "out")
     return sets
 
 
@@ -460,13 +468,14 @@ def test_kill_during_out_leaves_the_old_or_the_new_set_and_no_temporary(
     work = _work(_mkdir(tmp_path / "work"))
     out = work / "out"
     monkeypatch.chdir(work)
-    shutil.copytree(two_sets["a"][2], out)  # the old set, as `main(_run("a"))` writes it
+    shutil.copytree(two_sets["a"].where, out)  # the old set, as `main(_run("a"))` writes it
     _killed_while_writing(point, n, _run("b"), work, tmp_path)
     names, outputs = {f.name for f in out.iterdir()}, _outputs(out)
-    assert (names, outputs) in (two_sets["a"][:2], two_sets["b"][:2]), \
+    assert (names, outputs) in [(s.names, s.files) for s in two_sets.values()], \
         f"a mixed set: {sorted(names)}"
     assert main(_run("b")) == 0  # the next run: the new set, and nothing left behind
-    assert ({f.name for f in out.iterdir()}, _outputs(out)) == two_sets["b"][:2]
+    assert ({f.name for f in out.iterdir()}, _outputs(out)) == (two_sets["b"].names,
+                                                                 two_sets["b"].files)
     assert _leftovers(out, work) == []
     capsys.readouterr()
 
@@ -482,7 +491,7 @@ def test_kill_during_out_into_a_shared_directory_keeps_user_files(two_sets, tmp_
     assert _killed_while_writing("stage", 3, _run("b"), work, tmp_path)
     assert (out / "notes.txt").read_text() == "mine"
     assert main(_run("b")) == 0
-    assert (out / "notes.txt").read_text() == "mine" and _outputs(out) == two_sets["b"][1]
+    assert (out / "notes.txt").read_text() == "mine" and _outputs(out) == two_sets["b"].files
     assert _leftovers(out, work) == []
     capsys.readouterr()
 
